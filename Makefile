@@ -1,0 +1,64 @@
+# trtpack — set-up and everyday targets. `make run` and `make test` are all a fresh machine needs.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+TRTPACK := $(VENV)/bin/trtpack
+STAMP := $(VENV)/.trtpack-installed
+MODEL ?= bert-large
+PROFILE ?=
+TRTPACK_FLAGS ?=
+OUT ?= build
+
+.PHONY: help install run test test-fast test-slow test-gpu lint clean doctor \
+	g4dn g5 g6 g6e p3 p4d p4de p5 p5e p5en
+
+help:
+	@echo "make run        set up .venv and build the default model (minilm, real weights) for CPU"
+	@echo "make test       set up .venv with the dev extras and run the test suite"
+	@echo "make lint       ruff + mypy"
+	@echo "make g5 MODEL=bert-large   build an engine for an instance family (needs GPU + TensorRT)"
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+# torch: the CPU build pinned here resolves from this machine's disk; a machine that already
+# has a torch (an NGC container's CUDA build) keeps it.
+$(STAMP): pyproject.toml | $(VENV)/bin/python
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --quiet "torch==2.13.0"
+	$(PIP) install --quiet -e ".[all,dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: install
+	$(TRTPACK) build minilm --target cpu --precision fp32 --out $(OUT)/minilm
+
+test: install
+	$(PY) -m pytest -q
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow and not triton"
+
+test-slow: install
+	$(PY) -m pytest -q -m slow
+
+test-gpu: install
+	$(PY) -m pytest -q -m gpu tests/gpu
+
+lint: install
+	$(VENV)/bin/ruff check trtpack tests benchmarks
+	$(VENV)/bin/mypy
+
+doctor: install
+	$(TRTPACK) doctor
+
+# One target per instance family: `make g5 MODEL=bert-large PROFILE=1x128:16x128:128x128`.
+g4dn g5 g6 g6e p3 p4d p4de p5 p5e p5en: install
+	$(TRTPACK) build $(MODEL) --target $@ $(if $(PROFILE),--profile $(PROFILE)) \
+		--out $(OUT)/$(MODEL)-$@ $(TRTPACK_FLAGS)
+
+clean:
+	rm -rf build .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,88 @@
+"""Error types and the exit codes the CLI maps them to.
+
+A ``TrtpackError`` is something the user can act on: the CLI prints its message on one
+line and exits with its code. Any other exception is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class ExitCode:
+    OK = 0
+    ACCURACY = 1
+    BAD_INPUT = 2
+    MISSING_ENVIRONMENT = 3
+    STAGE_FAILED = 4
+    INTERRUPTED = 130
+
+
+class TrtpackError(Exception):
+    """Base for errors that are the user's to fix; ``exit_code`` is what the CLI returns."""
+
+    exit_code: int = ExitCode.STAGE_FAILED
+    hint: str | None = None
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        if hint is not None:
+            self.hint = hint
+
+
+class UserInputError(TrtpackError):
+    """Bad usage, recipe, profile or path (exit 2)."""
+
+    exit_code = ExitCode.BAD_INPUT
+
+
+class RecipeError(UserInputError):
+    """A recipe file that does not load or validate; the message names the file and field."""
+
+
+class ProfileError(UserInputError):
+    """A malformed or inconsistent shape profile; the message names the input and dimension."""
+
+
+class MissingEnvironmentError(TrtpackError):
+    """A package, GPU or tool that this machine does not have (exit 3)."""
+
+    exit_code = ExitCode.MISSING_ENVIRONMENT
+
+
+class StageError(TrtpackError):
+    """A stage that failed to run (exit 4); ``log_path`` says where its details are."""
+
+    exit_code = ExitCode.STAGE_FAILED
+
+    def __init__(self, stage: str, message: str, *, log_path: Path | None = None) -> None:
+        self.stage = stage
+        self.log_path = log_path
+        where = f" (log: {log_path})" if log_path else ""
+        super().__init__(f"stage '{stage}' failed: {message}{where}")
+
+
+class AccuracyError(TrtpackError):
+    """A verification gate that did not pass (exit 1); ``rows`` carry the numbers."""
+
+    exit_code = ExitCode.ACCURACY
+
+    def __init__(self, message: str, rows: list | None = None) -> None:  # type: ignore[type-arg]
+        super().__init__(message)
+        self.rows = rows or []
+
+
+def require_module(module: str, *, package: str | None = None, purpose: str = "") -> None:
+    """Raise ``MissingEnvironmentError`` naming the pip package when ``module`` is not importable."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        for_what = f" for {purpose}" if purpose else ""
+        raise MissingEnvironmentError(
+            f"Python package '{package or module}' is needed{for_what} but is not installed",
+            hint=f"pip install {package or module}",
+        )

