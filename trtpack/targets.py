@@ -7,8 +7,12 @@ it was built with, so the target is part of what an engine *is*.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from trtpack.errors import UserInputError
+
+HardwareCompatibility = Literal["none", "ampere+", "same_compute_capability"]
+AMPERE = (8, 0)
 
 
 @dataclass(frozen=True)
@@ -85,21 +89,73 @@ def resolve_target(name: str) -> Target:
 
 def target_for_gpu(gpu_name: str, compute_capability: tuple[int, int]) -> Target | None:
     """The first target whose GPU has this compute capability and (loosely) this name."""
-    name = gpu_name.lower()
+    words = gpu_name.lower().replace("-", " ").split()
     same_cc = [t for t in TARGETS if t.gpu and t.gpu.compute_capability == compute_capability]
+    for target in same_cc:  # the full name first: A100-SXM4-80GB is p4de, not p4d
+        assert target.gpu is not None
+        if all(w in words for w in target.gpu.name.lower().split("-")):
+            return target
     for target in same_cc:
         assert target.gpu is not None
-        if target.gpu.name.split("-")[0].lower() in name:
+        # whole words: "L4" must not match "NVIDIA L40S"
+        if target.gpu.name.split("-")[0].lower() in words:
             return target
     return same_cc[0] if same_cc else None
 
 
-def gpu_mismatch(target: Target, gpu_name: str, compute_capability: tuple[int, int]) -> str | None:
-    """Why an engine for ``target`` cannot be built or run on this GPU, or None if it can."""
+def architecture_for(compute_capability: tuple[int, int]) -> str:
+    """The GPU architecture of a compute capability (``"unknown"`` past the table)."""
+    major, minor = compute_capability
+    if major == 7:
+        return "Volta" if minor < 5 else "Turing"
+    if major == 8:
+        return "Ada Lovelace" if minor >= 9 else "Ampere"
+    return {6: "Pascal", 9: "Hopper", 10: "Blackwell", 12: "Blackwell"}.get(major, "unknown")
+
+
+def local_gpu_target(gpu_name: str, compute_capability: tuple[int, int]) -> Target:
+    """The target of a local GPU: its family from the table, or one named after its
+    compute capability (``sm86``) when no listed instance family has that GPU."""
+    known = target_for_gpu(gpu_name, compute_capability)
+    if known is not None:
+        return known
+    major, minor = compute_capability
+    gpu = Gpu(gpu_name, compute_capability, architecture_for(compute_capability), 0)
+    return Target(f"sm{major}{minor}", gpu, (), ())
+
+
+def portability_problem(target: Target, level: HardwareCompatibility) -> str | None:
+    """Why ``level`` cannot be used for ``target``'s engines, or None."""
+    if level == "ampere+" and target.gpu is not None and \
+            target.gpu.compute_capability < AMPERE:
+        return (
+            f"hardware compatibility 'ampere+' needs an Ampere or newer GPU (compute "
+            f"capability 8.0+), but target '{target.name}' is {target.gpu.name} "
+            f"({target.gpu.architecture}, {target.gpu.sm})"
+        )
+    return None
+
+
+def gpu_mismatch(target: Target, gpu_name: str, compute_capability: tuple[int, int],
+                 hardware_compatibility: HardwareCompatibility = "none") -> str | None:
+    """Why an engine for ``target`` cannot be built or run on this GPU, or None if it can.
+
+    An engine runs on the compute capability it was built for; with hardware
+    compatibility ``ampere+`` it runs on any GPU of compute capability 8.0 or newer, so
+    any such GPU can build it for any such target.
+    """
     if target.gpu is None:
         return None
+    cc = f"{compute_capability[0]}.{compute_capability[1]}"
+    if hardware_compatibility == "ampere+":
+        if compute_capability >= AMPERE and target.gpu.compute_capability >= AMPERE:
+            return None
+        return (
+            f"an 'ampere+' engine for target '{target.name}' ({target.gpu.name}, "
+            f"{target.gpu.sm}) needs an Ampere or newer GPU, but this machine's GPU is "
+            f"{gpu_name} (compute capability {cc})"
+        )
     if target.gpu.compute_capability != compute_capability:
-        cc = f"{compute_capability[0]}.{compute_capability[1]}"
         return (
             f"target '{target.name}' is {target.gpu.name} (compute capability {target.gpu.sm}) "
             f"but this machine's GPU is {gpu_name} (compute capability {cc})"
