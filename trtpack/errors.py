@@ -56,10 +56,14 @@ class StageError(TrtpackError):
     exit_code = ExitCode.STAGE_FAILED
 
     def __init__(self, stage: str, message: str, *, log_path: Path | None = None) -> None:
+        super().__init__(message)
         self.stage = stage
+        self.message = message
         self.log_path = log_path
-        where = f" (log: {log_path})" if log_path else ""
-        super().__init__(f"stage '{stage}' failed: {message}{where}")
+
+    def __str__(self) -> str:
+        where = f" (log: {self.log_path})" if self.log_path else ""
+        return f"stage '{self.stage}' failed: {self.message}{where}"
 
 
 class AccuracyError(TrtpackError):

@@ -98,6 +98,7 @@ class StageContext:
     options: BuildOptions
     stage: str
     stage_dir: Path
+    build_dir: Path  # the (temporary) output folder being built; renamed to OUT at the end
     artifacts: dict[str, Path]
     log: logging.Logger
     _progress: ProgressCallback
@@ -171,16 +172,16 @@ def _stage_key(stage: Stage, fingerprint: dict[str, Any], upstream: str,
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 
+def link_or_copy(src: str | Path, dst: str | Path) -> object:
+    """Hard-link a file where the file system allows it, else copy it."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+    return dst
+
+
 def _link_tree(src: Path, dst: Path) -> None:
-    """Copy a folder, hard-linking files where the file system allows it."""
-
-    def link_or_copy(s: str, d: str) -> object:
-        try:
-            os.link(s, d)
-        except OSError:
-            shutil.copy2(s, d)
-        return d
-
     shutil.copytree(src, dst, copy_function=link_or_copy, dirs_exist_ok=True)
 
 
@@ -277,6 +278,9 @@ class Pipeline:
             shutil.rmtree(work, ignore_errors=True)
             raise
         except TrtpackError as e:
+            if isinstance(e, StageError) and e.log_path is not None \
+                    and e.log_path.is_relative_to(work):
+                e.log_path = failed_dir / e.log_path.relative_to(work)
             report.status = "accuracy_failed" if isinstance(e, AccuracyError) else "failed"
             report.error = str(e)
             report.total_seconds = time.perf_counter() - started
@@ -345,6 +349,8 @@ class Pipeline:
                 result, rows = reused
                 log_path.write_text(f"reused from cache key {key}\n")
             result.log_path = str(log_path.relative_to(work))
+            if not any(stage_dir.iterdir()):
+                stage_dir.rmdir()
             report.stages.append(result)
             report.verification.extend(rows)
             report.warnings.extend(result.warnings)
@@ -380,7 +386,7 @@ class Pipeline:
         handler = logging.FileHandler(log_path)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         logger.addHandler(handler)
-        ctx = StageContext(self.options, stage.name, stage_dir, dict(artifacts), logger,
+        ctx = StageContext(self.options, stage.name, stage_dir, work, dict(artifacts), logger,
                            self.progress)
         meter = ResourceMeter()
         try:

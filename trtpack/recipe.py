@@ -151,7 +151,14 @@ class Recipe(_Strict):
         default_factory=dict,
         description="architecture config (transformers) used with --random-weights",
     )
-    tokenizer: bool = Field(False, description="the model directory carries a tokenizer")
+    tokenizer: bool = Field(False, description="the model has a tokenizer")
+    tokenizer_source: Source | None = Field(
+        None, description="where the tokenizer comes from when it is not beside the weights "
+        "(e.g. with --random-weights, a package that ships the same vocabulary)"
+    )
+    exporter: Literal["dynamo", "legacy"] = Field(
+        "dynamo", description="torch.onnx exporter (see README: measured on bert-large)"
+    )
     inputs: list[InputSpec]
     outputs: list[OutputSpec]
     opset: int = Field(18, ge=13, le=23)

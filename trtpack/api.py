@@ -1,0 +1,99 @@
+"""Library entry points; the CLI is a thin wrapper over these."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trtpack.errors import UserInputError
+from trtpack.pipeline import BuildOptions, Fallback, ProgressCallback, Serve, default_cache_dir
+from trtpack.pipeline import build as run_pipeline
+from trtpack.recipe import PRECISIONS, Recipe, resolve_model
+from trtpack.report import BuildReport
+from trtpack.shapes import parse_profiles
+from trtpack.targets import AUTO, CPU, Target, resolve_target
+
+
+@dataclass
+class BuildRequest:
+    """What the user asked for, before resolution (CLI flags map 1:1 onto this)."""
+
+    model: str
+    profiles: Sequence[str] = ()
+    precision: str | None = None
+    target: str = AUTO
+    opset: int | None = None
+    random_weights: bool = False
+    out: Path | None = None
+    build_engine: bool = True
+    calibration: Path | None = None
+    fallback: Fallback = "auto"
+    serve: Serve = "tensor"
+    fallback_cpu: bool = False
+    cache_dir: Path | None = None
+    use_cache: bool = True
+    warnings: list[str] = field(default_factory=list)
+
+
+def resolve_target_for_build(name: str, build_engine: bool) -> tuple[Target, list[str]]:
+    """The target to build for, and warnings. ``auto`` picks the local GPU's family when a
+    GPU and TensorRT are present, else ``cpu`` (with a warning). An explicit GPU target
+    never falls back: a missing GPU or TensorRT is an error (exit 3) raised before any work,
+    unless ``--no-engine`` was given."""
+    from trtpack import gpu
+
+    if name.strip().lower() == AUTO:
+        local = gpu.local_target()
+        if local is not None:
+            return local, []
+        return CPU, ["--target auto: no NVIDIA GPU with TensorRT found here, building for "
+                     "'cpu' (ONNX Runtime); pass --target to choose"]
+    target = resolve_target(name)
+    if target.is_gpu and build_engine:
+        gpu.check_engine_environment(target)
+    return target, []
+
+
+def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
+    """Validate everything the build needs before any work starts."""
+    recipe: Recipe = resolve_model(request.model)
+    precision = request.precision or recipe.precision
+    if precision not in PRECISIONS:
+        raise UserInputError(
+            f"unknown precision '{precision}'; choose one of {', '.join(PRECISIONS)}"
+        )
+    profiles = parse_profiles(list(request.profiles) or recipe.profiles, recipe.input_specs())
+    if request.opset is not None and not 13 <= request.opset <= 23:
+        raise UserInputError(f"--opset {request.opset} is outside 13..23")
+    if request.calibration is not None and not request.calibration.is_file():
+        raise UserInputError(f"calibration file '{request.calibration}' does not exist")
+    if request.calibration is not None and precision != "int8":
+        raise UserInputError("--calibration is only used with --precision int8")
+    if request.serve == "text" and not recipe.tokenizer:
+        raise UserInputError(
+            f"--serve text needs a tokenizer, and recipe '{recipe.name}' has none "
+            "(tokenizer: false); use --serve tensor"
+        )
+    target, warnings = resolve_target_for_build(request.target, request.build_engine)
+    out = request.out or Path("build") / recipe.name
+    if out.exists() and not out.is_dir():
+        raise UserInputError(f"--out '{out}' exists and is not a directory")
+    options = BuildOptions(
+        recipe=recipe, profiles=tuple(profiles), precision=precision, target=target,
+        out_dir=out, opset=request.opset or recipe.opset,
+        random_weights=request.random_weights, build_engine=request.build_engine,
+        calibration=request.calibration, fallback=request.fallback, serve=request.serve,
+        fallback_cpu=request.fallback_cpu, cache_dir=request.cache_dir or default_cache_dir(),
+        use_cache=request.use_cache,
+    )
+    return options, warnings
+
+
+def build(request: BuildRequest, progress: ProgressCallback | None = None) -> BuildReport:
+    options, warnings = resolve_options(request)
+    report = run_pipeline(options, progress)
+    report.warnings[:0] = warnings
+    if warnings:
+        report.save(options.out_dir / "report.json")
+    return report

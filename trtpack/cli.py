@@ -1,0 +1,329 @@
+"""The ``trtpack`` command line: thin typer wrappers over the library; the only code that
+prints. Errors the user can fix are one line and an exit code; ``--debug`` shows tracebacks."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from trtpack import __version__
+from trtpack.errors import AccuracyError, ExitCode, TrtpackError
+
+app = typer.Typer(
+    name="trtpack",
+    help="Compile PyTorch / Hugging Face models into verified, ready-to-serve Triton models.\n\n"
+    "Example: trtpack build bert-large --profile 1x128:16x128:128x128 --target g5",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    add_completion=False,
+    rich_markup_mode="rich",
+)
+recipes_app = typer.Typer(help="List and show the built-in recipes.", no_args_is_help=True)
+app.add_typer(recipes_app, name="recipes")
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+STATE: dict[str, bool] = {"debug": False}
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _fail(e: TrtpackError) -> None:
+    err.print(f"[bold red]error:[/] {e}", soft_wrap=True)
+    if e.hint:
+        err.print(f"[dim]hint:[/] {e.hint}", soft_wrap=True)
+    report = getattr(e, "report", None)
+    if report is not None:
+        err.print(f"[dim]report and logs:[/] {report.out_dir}")
+
+
+def handle_errors(func: F) -> F:
+    """Turn the library's errors into a one-line message and their exit code."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except AccuracyError as e:
+            if e.rows:
+                err.print(verification_table(e.rows, only_failed=True))
+            _fail(e)
+            if STATE["debug"]:
+                raise
+            raise typer.Exit(e.exit_code) from None
+        except TrtpackError as e:
+            _fail(e)
+            if STATE["debug"]:
+                raise
+            raise typer.Exit(e.exit_code) from None
+        except KeyboardInterrupt:
+            err.print("[bold red]interrupted[/]: nothing was written to the output folder")
+            raise typer.Exit(ExitCode.INTERRUPTED) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"trtpack {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.")] = False,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    STATE["debug"] = debug
+
+
+def verification_table(rows: list[Any], only_failed: bool = False) -> Table:
+    table = Table(title="verification" + (" — failed checks" if only_failed else ""))
+    for col in ("check", "profile", "corner", "output", "max abs diff", "max rel diff",
+                "metric", "result"):
+        table.add_column(col, justify="right" if "diff" in col else "left")
+    for r in rows:
+        if only_failed and r.passed:
+            continue
+        value = "" if r.metric_value is None else f"{r.metric} {r.metric_value:.6f}"
+        result = "[green]pass[/]" if r.passed else f"[red]FAIL[/] {r.reason}"
+        table.add_row(r.check, str(r.profile), r.corner, r.output, f"{r.max_abs_diff:.3g}",
+                      f"{r.max_rel_diff:.3g}", value, result)
+    return table
+
+
+def summary_table(report: Any) -> Table:
+    table = Table(title=f"trtpack build {report.model} — {report.precision} for {report.target}")
+    for col in ("stage", "status", "seconds", "peak MB", "details"):
+        table.add_column(col, justify="right" if col in ("seconds", "peak MB") else "left")
+    colors = {"ok": "green", "skipped": "yellow", "failed": "red"}
+    for s in report.stages:
+        status = f"[{colors[s.status]}]{s.status}[/]" + (" (cached)" if s.cached else "")
+        peak = "" if s.peak_memory_mb is None else f"{s.peak_memory_mb:,.0f}"
+        table.add_row(s.name, status, f"{s.seconds:.1f}", peak, s.message)
+    return table
+
+
+class ProgressView:
+    """Renders pipeline progress events as a live rich status per stage."""
+
+    def __init__(self, console: Console, enabled: bool) -> None:
+        self.console = console
+        self.enabled = enabled
+        self.status: Any = None
+
+    def __call__(self, event: Any) -> None:
+        if not self.enabled:
+            return
+        if event.kind == "start":
+            self.status = self.console.status(f"[bold]{event.stage}[/] …")
+            self.status.start()
+        elif event.kind == "update" and self.status is not None:
+            self.status.update(f"[bold]{event.stage}[/] {event.message}")
+        elif event.kind == "end":
+            if self.status is not None:
+                self.status.stop()
+                self.status = None
+            result = event.result
+            if result is None:
+                return
+            mark = {"ok": "[green]✓[/]", "skipped": "[yellow]–[/]", "failed": "[red]✗[/]"}
+            cached = " [dim](cached)[/]" if result.cached else ""
+            self.console.print(f"{mark[result.status]} {event.stage:<10} "
+                               f"{result.seconds:6.1f}s  {result.message}{cached}")
+            for w in result.warnings:
+                self.console.print(f"  [bold yellow]warning:[/] {w}")
+
+    def stop(self) -> None:
+        if self.status is not None:
+            self.status.stop()
+
+
+@app.command()
+@handle_errors
+def build(
+    model: Annotated[str, typer.Argument(
+        help="A recipe name (trtpack recipes list), a recipe YAML file, or a local Hugging "
+        "Face model directory.")],
+    profile: Annotated[list[str] | None, typer.Option(
+        "--profile", "-p",
+        help="Shape profile MIN:OPT:MAX over the dynamic axes, e.g. 1x128:16x128:128x128 "
+        "(batch x sequence), or per input: 'input_ids=1x128:16x128:128x128,...'. Repeat for "
+        "several optimization profiles. Default: the recipe's.")] = None,
+    precision: Annotated[str | None, typer.Option(
+        help="fp32, fp16 (ModelOpt AutoCast) or int8 (ModelOpt Q/DQ). Default: the recipe's."
+    )] = None,
+    target: Annotated[str, typer.Option(
+        help="cpu, an instance family (g4dn, g5, p4d, p5 …; see trtpack targets), or auto "
+        "(the local GPU if it has TensorRT, else cpu).")] = "auto",
+    opset: Annotated[int | None, typer.Option(help="ONNX opset. Default: the recipe's.")] = None,
+    random_weights: Annotated[bool, typer.Option(
+        "--random-weights", help="Build from the recipe's architecture config with random "
+        "weights (no weight download).")] = False,
+    out_dir: Annotated[Path | None, typer.Option(
+        "--out", help="Output folder (default build/<name>); replaced only when the build "
+        "succeeds.")] = None,
+    no_engine: Annotated[bool, typer.Option(
+        "--no-engine", help="Stop before the TensorRT engine (everything else is built).")
+    ] = False,
+    calibration: Annotated[Path | None, typer.Option(
+        help="INT8 calibration data: a text file (one sample a line) or a .npz of inputs.")
+    ] = None,
+    fallback: Annotated[str, typer.Option(
+        help="auto: keep sensitive nodes in higher precision until verification passes; off."
+    )] = "auto",
+    serve: Annotated[str, typer.Option(
+        help="tensor: clients send tensors; text: add a tokenizer and post-processing "
+        "ensemble so clients send text.")] = "tensor",
+    fallback_cpu: Annotated[bool, typer.Option(
+        "--fallback-cpu", help="Also emit an ONNX Runtime model with CPU instances beside "
+        "a TensorRT model.")] = False,
+    cache_dir: Annotated[Path | None, typer.Option(
+        help="Stage cache folder (default ~/.cache/trtpack, or $TRTPACK_CACHE_DIR).")] = None,
+    no_cache: Annotated[bool, typer.Option(
+        "--no-cache", help="Rebuild every stage.")] = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print the report as JSON instead of the summary.")] = False,
+) -> None:
+    """Export, simplify, convert precision, build the engine, verify and package a model."""
+    from trtpack.api import BuildRequest, resolve_options
+    from trtpack.errors import UserInputError
+    from trtpack.pipeline import build as run_pipeline
+
+    if fallback not in ("auto", "off"):
+        raise UserInputError(f"--fallback must be auto or off, not '{fallback}'")
+    if serve not in ("tensor", "text"):
+        raise UserInputError(f"--serve must be tensor or text, not '{serve}'")
+    request = BuildRequest(
+        model=model, profiles=profile or [], precision=precision, target=target, opset=opset,
+        random_weights=random_weights, out=out_dir, build_engine=not no_engine,
+        calibration=calibration, fallback=fallback,  # type: ignore[arg-type]
+        serve=serve,  # type: ignore[arg-type]
+        fallback_cpu=fallback_cpu, cache_dir=cache_dir, use_cache=not no_cache,
+    )
+    options, warnings = resolve_options(request)
+    for w in warnings:
+        err.print(f"[bold yellow]warning:[/] {w}")
+    view = ProgressView(err, enabled=not as_json)
+    try:
+        report = run_pipeline(options, view)
+    finally:
+        view.stop()
+    if warnings:
+        report.warnings[:0] = warnings
+        report.save(options.out_dir / "report.json")
+    if as_json:
+        sys.stdout.write(report.to_json() + "\n")
+        return
+    out.print(summary_table(report))
+    out.print(verification_summary(report))
+    out.print(f"[bold green]done[/] in {report.total_seconds:.1f}s → {options.out_dir}/"
+              f"model_repository/  (report: {options.out_dir}/report.json)")
+
+
+def verification_summary(report: Any) -> Table:
+    """Worst numbers per check and output across all shapes."""
+    table = Table(title="verification (worst over every profile corner)")
+    for col in ("check", "output", "cases", "max abs diff", "metric", "result"):
+        table.add_column(col)
+    groups: dict[tuple[str, str], list[Any]] = {}
+    for r in report.verification:
+        groups.setdefault((r.check, r.output), []).append(r)
+    for (check, output), rows in groups.items():
+        values = [r.metric_value for r in rows if r.metric_value is not None]
+        metric = f"{rows[0].metric} {min(values):.6f}" if values else ""
+        passed = all(r.passed for r in rows)
+        table.add_row(check, output, str(len(rows)),
+                      f"{max(r.max_abs_diff for r in rows):.3g}", metric,
+                      "[green]pass[/]" if passed else "[red]FAIL[/]")
+    return table
+
+
+@recipes_app.command("list")
+@handle_errors
+def recipes_list() -> None:
+    """List the built-in recipes."""
+    from trtpack.recipe import builtin_recipe_names, resolve_model
+
+    table = Table(title="recipes")
+    for col in ("name", "task", "precision", "profiles", "description"):
+        table.add_column(col)
+    for name in builtin_recipe_names():
+        r = resolve_model(name)
+        table.add_row(r.name, r.task, r.precision, " ".join(r.profiles), r.description)
+    out.print(table)
+
+
+@recipes_app.command("show")
+@handle_errors
+def recipes_show(
+    name: Annotated[str, typer.Argument(help="Recipe name or YAML file.")],
+) -> None:
+    """Show a recipe with every default filled in (as YAML)."""
+    import yaml
+
+    from trtpack.recipe import resolve_model
+
+    recipe = resolve_model(name)
+    out.print(yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False), end="")
+
+
+@app.command()
+@handle_errors
+def doctor(
+    as_json: Annotated[bool, typer.Option("--json", help="Print as JSON.")] = False,
+) -> None:
+    """Show what is installed: Python packages, GPU, TensorRT — and what that allows."""
+    from trtpack.doctor import environment_report
+
+    report = environment_report()
+    if as_json:
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+        return
+    table = Table(title="trtpack doctor")
+    for col in ("component", "found", "needed for"):
+        table.add_column(col)
+    for item in report["components"]:
+        found = f"[green]{item['version']}[/]" if item["version"] else "[red]missing[/]"
+        table.add_row(item["name"], found, item["purpose"])
+    out.print(table)
+    for line in report["summary"]:
+        out.print(f"• {line}")
+
+
+@app.command()
+@handle_errors
+def targets() -> None:
+    """List the deployment targets: instance families, their GPUs and compute capability."""
+    from trtpack.targets import TARGETS
+
+    table = Table(title="targets (--target)")
+    for col in ("target", "GPU", "compute capability", "architecture", "memory", "aliases",
+                "instance types"):
+        table.add_column(col)
+    for t in TARGETS:
+        if t.gpu is None:
+            table.add_row(t.name, "—", "—", "CPU (ONNX Runtime)", "", ", ".join(t.aliases),
+                          ", ".join(t.instance_types))
+        else:
+            table.add_row(t.name, t.gpu.name, t.gpu.sm, t.gpu.architecture,
+                          f"{t.gpu.memory_gb} GB", ", ".join(t.aliases),
+                          ", ".join(t.instance_types))
+    out.print(table)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""What this machine has, for ``trtpack doctor``: packages, GPU, TensorRT."""
+
+from __future__ import annotations
+
+from importlib import metadata
+from typing import Any
+
+COMPONENTS: tuple[tuple[str, str], ...] = (
+    ("torch", "export (PyTorch → ONNX)"),
+    ("transformers", "loading Hugging Face models"),
+    ("onnx", "every ONNX stage"),
+    ("onnxruntime", "verification on CPU, --target cpu serving"),
+    ("onnxsim", "simplify"),
+    ("polygraphy", "comparison, TensorRT engine build"),
+    ("nvidia-modelopt", "--precision fp16 / int8"),
+    ("tensorrt", "TensorRT engines (NGC containers ship it)"),
+    ("tritonclient", "Triton config schema"),
+)
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def environment_report() -> dict[str, Any]:
+    from trtpack.gpu import detect_gpu, local_target
+
+    components = [{"name": n, "version": _version(n), "purpose": p} for n, p in COMPONENTS]
+    gpu = detect_gpu()
+    components.append({
+        "name": "NVIDIA GPU",
+        "version": f"{gpu.name} (sm {gpu.compute_capability[0]}.{gpu.compute_capability[1]})"
+        if gpu else None,
+        "purpose": "TensorRT engines",
+    })
+    found = {c["name"]: c["version"] for c in components}
+    summary = []
+    if found["torch"] and found["onnx"] and found["onnxruntime"]:
+        summary.append("CPU stages available: export, simplify, verify, Triton repository "
+                       "(--target cpu)")
+    else:
+        summary.append("CPU stages need: pip install 'trtpack[onnx]'")
+    summary.append("precision conversion (fp16/int8): "
+                   + ("available" if found["nvidia-modelopt"] else
+                      "missing — pip install nvidia-modelopt lief cppimport"))
+    target = local_target()
+    summary.append(f"TensorRT engines: available for --target {target.name}" if target else
+                   "TensorRT engines: not available here (needs an NVIDIA GPU and TensorRT); "
+                   "use --target cpu or --no-engine")
+    return {"components": components, "summary": summary}

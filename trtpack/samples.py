@@ -1,0 +1,125 @@
+"""Realistic model inputs for a shape: real tokenized text where there is a tokenizer,
+otherwise in-vocabulary token ids with padded attention masks; images with image-like
+statistics. Never all zeros or all ones: verification on such inputs proves little."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from trtpack.shapes import Shape, TensorSpec
+
+SENTENCES: tuple[str, ...] = (
+    "The quick brown fox jumps over the lazy dog.",
+    "Triton Inference Server runs TensorRT engines, ONNX models and Python code side by side.",
+    "How do I reset my password if I no longer have access to my email account?",
+    "The central bank left interest rates unchanged, citing persistent inflation in services.",
+    "She played the cello every evening after dinner.",
+    "Dynamic batching groups requests that arrive within a short window into one batch.",
+    "A storm knocked out power to thousands of homes along the coast on Tuesday night.",
+    "Is it safe to take ibuprofen together with a course of antibiotics?",
+    "Our quarterly revenue grew twelve percent, driven mostly by subscriptions in Europe.",
+    "The museum's new wing displays ceramics from the Song and Ming dynasties.",
+    "Please deliver the package to the side door; the front gate is locked.",
+    "Mixed precision keeps layer normalization and softmax in float32 to avoid overflow.",
+    "He missed the last train and walked home through the quiet streets.",
+    "What are the opening hours of the public library on weekends?",
+    "Researchers found that the enzyme binds more tightly at lower temperatures.",
+    "The referee's late decision sparked protests from the home crowd.",
+    "Mount the volume read-only and restart the container to apply the configuration.",
+    "Fresh basil, ripe tomatoes and a little olive oil make a perfect summer salad.",
+    "Without a valid visa, travellers may be refused boarding at the airport.",
+    "The novel follows three generations of a family of fishermen in northern Norway.",
+    "Latency rose sharply when the queue filled up during the evening peak.",
+    "Can you recommend a good beginner's book on linear algebra?",
+    "The committee postponed the vote until the budget figures had been audited.",
+    "Small kittens sleep for most of the day and play at night.",
+)
+
+TEXT_PAIRS: tuple[str, ...] = (
+    "What does the author conclude?",
+    "Where did this happen?",
+    "Is this statement positive or negative?",
+    "Summarize the sentence in a few words.",
+)
+
+
+def _text_batch(tokenizer: Any, batch: int, seq: int, with_pairs: bool, offset: int
+                ) -> dict[str, np.ndarray]:
+    texts = [SENTENCES[(offset + i) % len(SENTENCES)] for i in range(batch)]
+    # Vary the lengths so a batch mixes padded and full rows.
+    texts = [t if i % 3 != 2 else " ".join([t] * 4) for i, t in enumerate(texts)]
+    pairs = [TEXT_PAIRS[i % len(TEXT_PAIRS)] if (with_pairs and i % 2) else None
+             for i in range(batch)]
+    if any(pairs):
+        encoded = tokenizer(texts, [p or "" for p in pairs], padding="max_length",
+                            truncation=True, max_length=seq, return_tensors="np")
+    else:
+        encoded = tokenizer(texts, padding="max_length", truncation=True, max_length=seq,
+                            return_tensors="np")
+    return {k: np.asarray(v) for k, v in encoded.items()}
+
+
+def _synthetic_tokens(rng: np.random.Generator, batch: int, seq: int, vocab: int
+                      ) -> dict[str, np.ndarray]:
+    low = min(1000, vocab // 4)
+    ids = rng.integers(low, vocab, size=(batch, seq), dtype=np.int64)
+    lengths = rng.integers(max(1, seq // 3), seq + 1, size=batch)
+    lengths[0] = seq  # at least one full row
+    mask = (np.arange(seq)[None, :] < lengths[:, None]).astype(np.int64)
+    ids = np.where(mask == 1, ids, 0)
+    token_types = np.zeros((batch, seq), dtype=np.int64)
+    for row, length in enumerate(lengths):
+        if row % 2 and length > 2:
+            token_types[row, length // 2 : length] = 1
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": token_types}
+
+
+def _image(rng: np.random.Generator, shape: Shape) -> np.ndarray:
+    """Smooth, normalized, image-like noise (ImageNet mean/std scale)."""
+    coarse = rng.standard_normal((*shape[:-2], max(1, shape[-2] // 16), max(1, shape[-1] // 16)))
+    reps = (1,) * (len(shape) - 2) + (16, 16)
+    img = np.kron(coarse, np.ones(reps))[..., : shape[-2], : shape[-1]]
+    img = img + 0.3 * rng.standard_normal(img.shape)
+    out = np.zeros(shape, dtype=np.float32)
+    out[..., : img.shape[-2], : img.shape[-1]] = img
+    return out
+
+
+def make_inputs(
+    specs: Sequence[TensorSpec],
+    shapes: Mapping[str, Shape],
+    *,
+    tokenizer: Any = None,
+    vocab_size: int = 30522,
+    seed: int = 0,
+    offset: int = 0,
+) -> dict[str, np.ndarray]:
+    """Inputs for one case: ``shapes`` maps input names to concrete shapes."""
+    rng = np.random.default_rng(seed)
+    token_kinds = {"token_ids": "input_ids", "attention_mask": "attention_mask",
+                   "token_type_ids": "token_type_ids"}
+    text: dict[str, np.ndarray] | None = None
+    feeds: dict[str, np.ndarray] = {}
+    for spec in specs:
+        shape = tuple(shapes[spec.name])
+        if spec.kind in token_kinds:
+            if text is None or text["input_ids"].shape != shape:
+                batch, seq = shape[0], shape[-1]
+                with_pairs = any(s.kind == "token_type_ids" for s in specs)
+                text = (_text_batch(tokenizer, batch, seq, with_pairs, offset)
+                        if tokenizer is not None else
+                        _synthetic_tokens(rng, batch, seq, vocab_size))
+            value = text.get(token_kinds[spec.kind])
+            if value is None:  # tokenizer without token types
+                value = np.zeros(shape, dtype=np.int64)
+            feeds[spec.name] = value.reshape(shape).astype(spec.dtype)
+        elif spec.kind == "image":
+            feeds[spec.name] = _image(rng, shape).astype(spec.dtype)
+        elif np.issubdtype(np.dtype(spec.dtype), np.integer):
+            feeds[spec.name] = rng.integers(0, 100, size=shape).astype(spec.dtype)
+        else:
+            feeds[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
+    return feeds

@@ -1,0 +1,291 @@
+"""Export: load the model once, record PyTorch outputs at every profile corner, write ONNX.
+
+The ONNX has the recipe's input/output names, its dynamic axes named as in the recipe and
+the pinned opset. Weights go to ``model.onnx.data`` when the model is over the 2 GB
+protobuf limit. The reference cases (inputs + PyTorch outputs) are saved so later stages
+never need the model or torch again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import shutil
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trtpack.cases import Case, save_cases
+from trtpack.errors import UserInputError
+from trtpack.models import LoadedModel, load_model, source_directory
+from trtpack.pipeline import BuildOptions, StageContext, StageOutcome
+from trtpack.recipe import Recipe
+from trtpack.samples import make_inputs
+
+# Stay well below protobuf's 2 GiB message limit: the graph itself needs room too.
+EXTERNAL_DATA_THRESHOLD = 1_800_000_000
+DATA_SUFFIX = ".data"
+
+
+def _directory_fingerprint(path: Path | None) -> list[tuple[str, int, int]]:
+    if path is None or not path.is_dir():
+        return []
+    return sorted(
+        (str(p.relative_to(path)), p.stat().st_size, int(p.stat().st_mtime))
+        for p in path.rglob("*") if p.is_file()
+    )
+
+
+def fingerprint(options: BuildOptions) -> dict[str, Any]:
+    r = options.recipe
+    return {
+        "source": r.source.model_dump(),
+        "files": _directory_fingerprint(source_directory(r.source)),
+        "task": r.task, "model_class": r.model_class, "config": r.config,
+        "tokenizer": r.tokenizer,
+        "tokenizer_source": r.tokenizer_source.model_dump() if r.tokenizer_source else None,
+        "inputs": [i.model_dump() for i in r.inputs],
+        "outputs": [o.model_dump() for o in r.outputs],
+        "opset": options.opset, "exporter": r.exporter,
+        "profiles": [p.to_dict() for p in options.profiles],
+        "random_weights": options.random_weights, "seed": options.seed,
+    }
+
+
+def _output_selector(model: Any, recipe: Recipe) -> Any:
+    import torch
+
+    input_names = [i.name for i in recipe.inputs]
+    output_names = [o.name for o in recipe.outputs]
+
+    class OutputSelector(torch.nn.Module):
+        """Positional inputs in the recipe's order, a tuple of the recipe's outputs."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, *args: Any) -> tuple[Any, ...]:
+            out = self.model(**dict(zip(input_names, args, strict=True)))
+            if isinstance(out, torch.Tensor):
+                return (out,)
+            if isinstance(out, dict) or hasattr(out, "keys"):
+                missing = [n for n in output_names if n not in out]
+                if missing:
+                    raise UserInputError(
+                        f"model has no output {missing}; it returns {list(out.keys())}"
+                    )
+                return tuple(out[n] for n in output_names)
+            return tuple(out[: len(output_names)])
+
+    return OutputSelector().eval()
+
+
+def _vocab_size(loaded: LoadedModel) -> int:
+    for obj in (loaded.config, loaded.tokenizer):
+        size = getattr(obj, "vocab_size", None)
+        if isinstance(size, int) and size > 0:
+            return size
+    return 30522
+
+
+def build_cases(options: BuildOptions, loaded: LoadedModel) -> list[Case]:
+    specs = options.recipe.input_specs()
+    cases: list[Case] = []
+    for index, profile in enumerate(options.profiles):
+        for k, (corner, shapes) in enumerate(profile.corners()):
+            inputs = make_inputs(specs, shapes, tokenizer=loaded.tokenizer,
+                                 vocab_size=_vocab_size(loaded),
+                                 seed=options.seed + 10 * index + k, offset=5 * k + index)
+            cases.append(Case(index, corner, inputs))
+    return cases
+
+
+def run_torch(wrapper: Any, recipe: Recipe, cases: list[Case]) -> None:
+    import torch
+
+    names = [i.name for i in recipe.inputs]
+    with torch.inference_mode():
+        for case in cases:
+            outs = wrapper(*[torch.from_numpy(case.inputs[n]) for n in names])
+            case.outputs = {o.name: t.detach().float().numpy()
+                            for o, t in zip(recipe.outputs, outs, strict=True)}
+
+
+def _example_inputs(options: BuildOptions) -> dict[str, np.ndarray]:
+    """Example shapes for tracing: the opt shape, with dynamic sizes of 1 raised to 2 where
+    the profile allows (an example size of 1 gets specialized away by the exporter)."""
+    profile = options.profiles[0]
+    shapes = {}
+    for spec in options.recipe.input_specs():
+        r = profile.shapes[spec.name]
+        shapes[spec.name] = tuple(
+            2 if isinstance(axis, str) and r.opt[d] == 1 and r.max[d] >= 2 else r.opt[d]
+            for d, axis in enumerate(spec.axes)
+        )
+    return make_inputs(options.recipe.input_specs(), shapes, vocab_size=1000, seed=1234)
+
+
+def _parameter_bytes(module: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in module.state_dict().values())
+
+
+def export_onnx(wrapper: Any, options: BuildOptions, path: Path, log: Any) -> dict[str, Any]:
+    import torch
+
+    recipe = options.recipe
+    input_names = [i.name for i in recipe.inputs]
+    output_names = [o.name for o in recipe.outputs]
+    input_axes = {a for i in recipe.inputs for a in i.axes if isinstance(a, str)}
+    dynamic_axes: dict[str, dict[int, str]] = {}
+    for spec in recipe.inputs:
+        dynamic_axes[spec.name] = {d: a for d, a in enumerate(spec.axes) if isinstance(a, str)}
+    for out in recipe.outputs:
+        dynamic_axes[out.name] = {d: a for d, a in enumerate(out.axes)
+                                  if isinstance(a, str) and a in input_axes}
+    example = _example_inputs(options)
+    args = tuple(torch.from_numpy(example[n]) for n in input_names)
+    large = _parameter_bytes(wrapper) > EXTERNAL_DATA_THRESHOLD
+    scratch = path.parent / "export-tmp"
+    scratch.mkdir()
+    captured = io.StringIO()
+    with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured), \
+            warnings.catch_warnings(), _torch_logs_to(log):
+        warnings.simplefilter("ignore")
+        kwargs: dict[str, Any] = dict(
+            input_names=input_names, output_names=output_names, dynamic_axes=dynamic_axes,
+            opset_version=options.opset, dynamo=recipe.exporter == "dynamo",
+        )
+        if recipe.exporter == "dynamo":
+            kwargs["external_data"] = large
+            kwargs["dynamic_shapes"] = (_dynamic_shapes(options),)  # forward(*args)
+            del kwargs["dynamic_axes"]
+        torch.onnx.export(wrapper, args, str(scratch / path.name), **kwargs)
+    log.info("torch.onnx.export output:\n%s", captured.getvalue())
+    place_onnx(scratch / path.name, path)
+    shutil.rmtree(scratch)
+    return {"external_data": external_data_path(path).is_file()}
+
+
+@contextlib.contextmanager
+def _torch_logs_to(log: logging.Logger) -> Iterator[None]:
+    """torch logs through ``logging`` (with handlers of its own on some loggers) to the
+    terminal; send all of it to the stage log instead while exporting."""
+    import torch  # noqa: F401  (its loggers exist once it is imported)
+
+    loggers = [logging.getLogger("torch")] + [
+        logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
+        if name.startswith("torch.")
+    ]
+    saved = [(lg, lg.handlers[:], lg.propagate) for lg in loggers]
+    for lg in loggers:
+        lg.handlers = list(log.handlers) if lg.name == "torch" else []
+        lg.propagate = lg.name != "torch"
+    try:
+        yield
+    finally:
+        for lg, handlers, propagate in saved:
+            lg.handlers, lg.propagate = handlers, propagate
+
+
+def _dynamic_shapes(options: BuildOptions) -> tuple[dict[int, Any], ...]:
+    """torch.export dims, one per axis name (shared by the inputs that have it), bounded by
+    the largest profile max, so the exported graph names its dynamic axes as the recipe."""
+    from torch.export import Dim
+
+    dims: dict[str, Any] = {}
+    for spec in options.recipe.input_specs():
+        for d, axis in spec.dynamic_axes.items():
+            if axis not in dims:
+                top = max(p.shapes[spec.name].max[d] for p in options.profiles)
+                dims[axis] = Dim(axis, min=1, max=max(top, 2))
+    return tuple(
+        {d: dims[axis] for d, axis in spec.dynamic_axes.items()}
+        for spec in options.recipe.input_specs()
+    )
+
+
+def external_data_path(path: Path) -> Path:
+    return path.with_name(path.name + DATA_SUFFIX)
+
+
+def place_onnx(src: Path, dst: Path) -> None:
+    """Move an exported model to ``dst``: one file, or ``dst`` + ``dst.data`` when its weights
+    are external (exporters may write one file per tensor; those are gathered into one)."""
+    written = {p.name for p in src.parent.iterdir()}
+    if written == {src.name}:
+        os.replace(src, dst)
+    elif written == {src.name, src.name + DATA_SUFFIX} and src.name == dst.name:
+        os.replace(external_data_path(src), external_data_path(dst))
+        os.replace(src, dst)
+    else:
+        save_with_external_data(src, dst)
+
+
+def save_with_external_data(src: Path, dst: Path) -> None:
+    """Rewrite a model with all its weights in one ``<dst>.data`` file beside ``dst``."""
+    import onnx
+
+    model = onnx.load(str(src), load_external_data=True)
+    onnx.save(model, str(dst), save_as_external_data=True, all_tensors_to_one_file=True,
+              location=dst.name + DATA_SUFFIX, size_threshold=1024)
+
+
+def graph_summary(path: Path) -> dict[str, Any]:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    ops: dict[str, int] = {}
+    for node in model.graph.node:
+        ops[node.op_type] = ops.get(node.op_type, 0) + 1
+    return {
+        "nodes": len(model.graph.node),
+        "opset": next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+                      None),
+        "op_types": dict(sorted(ops.items(), key=lambda kv: -kv[1])),
+    }
+
+
+def run(ctx: StageContext) -> StageOutcome:
+    options = ctx.options
+    recipe = options.recipe
+    ctx.progress("loading the model" + (" (random weights)" if options.random_weights else ""))
+    loaded = load_model(recipe, random_weights=options.random_weights, seed=options.seed)
+    wrapper = _output_selector(loaded.module, recipe)
+    ctx.progress("running PyTorch at every profile corner")
+    cases = build_cases(options, loaded)
+    run_torch(wrapper, recipe, cases)
+    reference = ctx.stage_dir / "reference.npz"
+    save_cases(reference, cases)
+    ctx.progress(f"exporting to ONNX (opset {options.opset}, {recipe.exporter} exporter)")
+    onnx_path = ctx.stage_dir / "model.onnx"
+    exported = export_onnx(wrapper, options, onnx_path, ctx.log)
+    summary = graph_summary(onnx_path)
+    warnings_out: list[str] = []
+    if summary["opset"] != options.opset:
+        warnings_out.append(f"exporter wrote opset {summary['opset']}, asked for {options.opset}")
+    artifacts = {"onnx": onnx_path, "reference": reference}
+    if loaded.tokenizer is not None:
+        tok_dir = ctx.stage_dir / "tokenizer"
+        loaded.tokenizer.save_pretrained(str(tok_dir))
+        artifacts["tokenizer"] = tok_dir
+    if loaded.config is not None:
+        config_path = ctx.stage_dir / "config.json"
+        loaded.config.to_json_file(str(config_path))
+        artifacts["model_config"] = config_path
+    params = sum(p.numel() for p in loaded.module.parameters())
+    return StageOutcome(
+        artifacts=artifacts,
+        metrics={"parameters": params, "weights": loaded.weights, "nodes": summary["nodes"],
+                 "opset": summary["opset"], "exporter": recipe.exporter,
+                 "external_data": exported["external_data"], "cases": len(cases),
+                 "op_types": summary["op_types"]},
+        warnings=warnings_out,
+        message=f"{summary['nodes']} nodes, opset {summary['opset']}, "
+                f"{params / 1e6:.1f}M parameters ({loaded.weights} weights)",
+    )

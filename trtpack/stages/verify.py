@@ -1,0 +1,36 @@
+"""Verify: the FP32 ONNX in ONNX Runtime against PyTorch at every profile corner.
+
+Also saves the ONNX Runtime outputs (``fp32_outputs.npz``): the reference that the precision
+and engine stages are compared with."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trtpack.cases import load_cases, save_cases, with_outputs
+from trtpack.pipeline import BuildOptions, StageContext, StageOutcome
+from trtpack.verification import compare_cases, run_onnxruntime
+
+CHECK = "onnx-vs-torch"
+
+
+def fingerprint(options: BuildOptions) -> dict[str, Any]:
+    r = options.recipe
+    return {"tolerance": r.verify.model_dump(), "metrics": [o.model_dump() for o in r.outputs]}
+
+
+def run(ctx: StageContext) -> StageOutcome:
+    cases = load_cases(ctx.artifact("reference"))
+    ctx.progress(f"ONNX Runtime on {len(cases)} cases (min/opt/max of every profile)")
+    outputs = run_onnxruntime(ctx.artifact("onnx"), cases)
+    rows = compare_cases(CHECK, ctx.options.recipe, "fp32", cases, outputs)
+    fp32_outputs = ctx.stage_dir / "fp32_outputs.npz"
+    save_cases(fp32_outputs, with_outputs(cases, outputs))
+    failed = sum(not r.passed for r in rows)
+    worst = max((r.max_abs_diff for r in rows), default=0.0)
+    return StageOutcome(
+        artifacts={"fp32_outputs": fp32_outputs},
+        verification=rows,
+        metrics={"cases": len(cases), "failed": failed, "max_abs_diff": worst},
+        message=f"{len(rows) - failed}/{len(rows)} checks passed, max abs diff {worst:.2e}",
+    )
