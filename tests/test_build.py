@@ -1,0 +1,182 @@
+"""End-to-end builds on the CPU (tiny-bert, random weights) through the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from tests.conftest import run_cli
+from trtpack.report import BuildReport, sha256_file
+from trtpack.samples import make_inputs
+from trtpack.serving.config import check_config, model_io_from_onnx, read_config
+from trtpack.shapes import TensorSpec
+
+
+def test_repository_config_parses_and_matches_the_onnx(tiny_build: Path) -> None:
+    model_dir = tiny_build / "model_repository" / "tiny-bert"
+    config = read_config(model_dir / "config.pbtxt")
+    onnx_path = model_dir / "1" / "model.onnx"
+    io = model_io_from_onnx(onnx_path)
+    assert config.platform == "onnxruntime_onnx"
+    assert check_config(config, io) == []
+    assert config.max_batch_size == 4  # smallest profile max batch (4 and 8)
+    assert [i.name for i in config.input] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert list(config.output[0].dims) == [-1, 64]
+    assert list(config.dynamic_batching.preferred_batch_size) == [2, 4]
+
+
+def test_exported_onnx_has_named_dynamic_axes_and_pinned_opset(tiny_build: Path) -> None:
+    import onnx
+
+    model = onnx.load(str(tiny_build / "model_repository" / "tiny-bert" / "1" / "model.onnx"))
+    dims = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+            for v in (*model.graph.input, *model.graph.output)}
+    assert dims["input_ids"] == ["batch", "sequence"]
+    assert dims["last_hidden_state"] == ["batch", "sequence", 64]
+    assert {o.version for o in model.opset_import if o.domain in ("", "ai.onnx")} == {18}
+
+
+def test_report_has_stages_artifacts_versions_and_every_corner(tiny_build: Path) -> None:
+    report = BuildReport.load(tiny_build / "report.json")
+    assert report.status == "ok"
+    assert [s.name for s in report.stages] == ["export", "simplify", "verify", "precision",
+                                                "engine", "package"]
+    assert report.stage("precision").status == "skipped"  # type: ignore[union-attr]
+    assert report.stage("engine").status == "skipped"  # type: ignore[union-attr]
+    export = report.stage("export")
+    assert export is not None and export.status == "ok" and export.seconds > 0
+    assert export.peak_memory_mb and export.peak_memory_mb > 100
+    onnx_artifact = next(a for a in export.artifacts if a.name == "onnx")
+    assert sha256_file(tiny_build / onnx_artifact.path) == onnx_artifact.sha256
+    for dist in ("torch", "onnx", "onnxruntime", "trtpack"):
+        assert report.versions[dist]
+    corners = {(r.profile, r.corner) for r in report.verification}
+    assert corners == {(p, c) for p in (0, 1) for c in ("min", "opt", "max")}
+    assert all(r.passed and r.max_abs_diff < 1e-3 for r in report.verification)
+    simplify = report.stage("simplify")
+    assert simplify is not None and simplify.metrics["nodes_before"] > 0
+
+
+def test_served_onnx_matches_the_torch_reference(tiny_build: Path) -> None:
+    """Independent of the pipeline's own check: rerun ORT on fresh inputs at a shape between
+    the corners and compare with the reference saved by export for the same shapes."""
+    from trtpack.cases import load_cases
+
+    session = ort.InferenceSession(
+        str(tiny_build / "model_repository" / "tiny-bert" / "1" / "model.onnx"))
+    cases = load_cases(tiny_build / "artifacts" / "export" / "reference.npz")
+    assert len(cases) == 6
+    for case in cases:
+        assert case.inputs["attention_mask"].min() == 0 or case.corner == "min"  # padded rows
+        assert len(np.unique(case.inputs["input_ids"])) > 3  # not constant inputs
+        got = session.run(None, case.inputs)[0]
+        np.testing.assert_allclose(got, case.outputs["last_hidden_state"], atol=1e-4)
+    specs = [TensorSpec(n, "int64", ("batch", "sequence"), k) for n, k in (
+        ("input_ids", "token_ids"), ("attention_mask", "attention_mask"),
+        ("token_type_ids", "token_type_ids"))]
+    feeds = make_inputs(specs, {s.name: (3, 12) for s in specs}, vocab_size=1000, seed=7)
+    out = session.run(None, feeds)[0]
+    assert out.shape == (3, 12, 64) and np.isfinite(out).all()
+
+
+def test_rebuild_reuses_every_stage(tiny_build: Path, cache_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "again"
+    result = run_cli("build", "tiny-bert", "--random-weights", "--target", "cpu",
+                     "--profile", "1x4:2x8:4x16", "--profile", "2x16:4x32:8x64",
+                     "--out", str(out), "--cache-dir", str(cache_dir), "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    ran = {s["name"]: s for s in report["stages"]}
+    assert all(ran[n]["cached"] for n in ("export", "simplify", "verify"))
+    assert not ran["package"]["cached"]
+    assert (out / "model_repository" / "tiny-bert" / "1" / "model.onnx").is_file()
+    first = BuildReport.load(tiny_build / "report.json")
+    assert [r.max_abs_diff for r in first.verification] == [
+        r["max_abs_diff"] for r in report["verification"]]
+
+
+def test_accuracy_failure_exits_1_and_keeps_the_previous_output(
+    tiny_build: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "keep"
+    ok = run_cli("build", "tiny-bert", "--random-weights", "--target", "cpu",
+                 "--out", str(out), "--cache-dir", str(cache_dir))
+    assert ok.exit_code == 0, ok.output
+    marker = sha256_file(out / "report.json")
+    strict = tmp_path / "strict.yaml"
+    strict.write_text("extends: tiny-bert\nname: tiny-bert\n"
+                      "verify:\n  fp32: {atol: 1.0e-12, min_cosine: 1.0}\n")
+    failed = run_cli("build", str(strict), "--random-weights", "--target", "cpu",
+                     "--out", str(out), "--cache-dir", str(cache_dir))
+    assert failed.exit_code == 1, failed.output
+    assert "FAIL" in failed.output and "max abs diff" in failed.output
+    assert sha256_file(out / "report.json") == marker  # previous build untouched
+    failed_report = BuildReport.load(tmp_path / "keep.failed" / "report.json")
+    assert failed_report.status == "accuracy_failed"
+    assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
+
+
+def test_ctrl_c_mid_build_leaves_nothing_half_written(tmp_path: Path) -> None:
+    out = tmp_path / "interrupted"
+    env = {**os.environ, "TRTPACK_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trtpack.cli", "build", "tiny-bert", "--random-weights",
+         "--target", "cpu", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list(tmp_path.glob(".interrupted.partial-*")):
+        time.sleep(0.1)
+    time.sleep(2.0)  # inside the export stage
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "interrupted" in stderr
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".interrupted")]
+    stages = tmp_path / "cache" / "stages"
+    leftovers = [p for p in stages.rglob("*") if ".tmp-" in p.name] if stages.exists() else []
+    assert not leftovers
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "expected"),
+    [
+        (["build", "no-such-model"], 2, "known recipes: "),
+        (["build", "missing/dir/recipe.yaml"], 2, "does not exist"),
+        (["build", "tiny-bert", "--profile", "1x8:2x4:4x16"], 2, "min <= opt <= max"),
+        (["build", "tiny-bert", "--profile", "1x8x2:2x8x2:4x8x2"], 2, "dynamic axes"),
+        (["build", "tiny-bert", "--precision", "int4"], 2, "unknown precision 'int4'"),
+        (["build", "tiny-bert", "--target", "tpu"], 2, "unknown target 'tpu'"),
+        (["build", "tiny-bert", "--target", "g5"], 3, "--target cpu"),
+        (["build", "resnet-50", "--serve", "text", "--target", "cpu"], 2, "needs a tokenizer"),
+        (["build", "tiny-bert", "--fallback", "maybe"], 2, "--fallback must be"),
+        (["build", "tiny-bert", "--calibration", "nope.txt", "--precision", "int8"], 2,
+         "does not exist"),
+    ],
+)
+def test_bad_input_is_one_clear_line_and_an_exit_code(
+    args: list[str], code: int, expected: str, tmp_path: Path
+) -> None:
+    result = run_cli(*args, "--out", str(tmp_path / "out"))
+    assert result.exit_code == code, result.output
+    assert expected in result.stderr
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_unreadable_yaml_recipe_is_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ninputs: [\n")
+    result = run_cli("build", str(bad), "--out", str(tmp_path / "o"))
+    assert result.exit_code == 2
+    assert "not valid YAML" in result.stderr and str(bad) in result.stderr
