@@ -1,0 +1,99 @@
+"""The engine stage on a machine without GPU/TensorRT: it stops with exit 3 before any work,
+its fingerprint changes with what the engine depends on, and --no-engine skips it."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from trtpack import gpu
+from trtpack.errors import MissingEnvironmentError
+from trtpack.pipeline import STAGES, BuildOptions, StageContext
+from trtpack.recipe import resolve_model
+from trtpack.shapes import parse_profiles
+from trtpack.stages import engine as engine_stage
+from trtpack.targets import resolve_target
+
+needs_no_gpu = pytest.mark.skipif(
+    gpu.detect_gpu() is not None and gpu.tensorrt_available(),
+    reason="this machine has a GPU and TensorRT (tests/gpu covers the engine stage there)",
+)
+
+
+def _options(tmp_path: Path, **changes: object) -> BuildOptions:
+    recipe = resolve_model("minilm")
+    options = BuildOptions(
+        recipe=recipe, profiles=tuple(parse_profiles(recipe.profiles, recipe.input_specs())),
+        precision="fp16", target=resolve_target("g5"), out_dir=tmp_path / "out", opset=18,
+        cache_dir=tmp_path / "cache",
+    )
+    return replace(options, **changes)  # type: ignore[arg-type]
+
+
+def _context(options: BuildOptions, tmp_path: Path) -> StageContext:
+    stage_dir = tmp_path / "build" / "artifacts" / "engine"
+    stage_dir.mkdir(parents=True)
+    return StageContext(options=options, stage="engine", stage_dir=stage_dir,
+                        build_dir=tmp_path / "build", artifacts={},
+                        log=logging.getLogger("test-engine"), _progress=lambda e: None)
+
+
+@needs_no_gpu
+def test_run_stops_with_exit_3_before_any_work(tmp_path: Path) -> None:
+    # no artifacts at all: reaching for one would raise StageError, not this
+    ctx = _context(_options(tmp_path), tmp_path)
+    with pytest.raises(MissingEnvironmentError) as info:
+        engine_stage.run(ctx)
+    assert info.value.exit_code == 3
+    assert "g5" in str(info.value) and "A10G" in str(info.value)
+    assert list(ctx.stage_dir.iterdir()) == []
+    assert not (tmp_path / "cache").exists()
+
+
+def test_fingerprint_is_json_and_tracks_engine_inputs(tmp_path: Path) -> None:
+    import json
+
+    base = _options(tmp_path)
+    fp = engine_stage.fingerprint(base)
+    json.dumps(fp)
+    assert fp["compute_capability"] == "8.6"
+    recipe = base.recipe.model_copy(
+        update={"engine": base.recipe.engine.model_copy(update={"optimization_level": 5})})
+    changed = [
+        _options(tmp_path, target=resolve_target("g6")),
+        _options(tmp_path, precision="int8"),
+        _options(tmp_path, recipe=recipe),
+        _options(tmp_path, profiles=tuple(parse_profiles(["1x8:2x16:4x32"],
+                                                         base.recipe.input_specs()))),
+    ]
+    for options in changed:
+        assert engine_stage.fingerprint(options) != fp
+    # where the output goes does not change the engine
+    assert engine_stage.fingerprint(_options(tmp_path, out_dir=tmp_path / "elsewhere")) == fp
+
+
+def test_no_engine_and_cpu_target_skip_the_stage(tmp_path: Path) -> None:
+    stage = next(s for s in STAGES if s.name == "engine")
+    assert stage.module == "trtpack.stages.engine"
+    assert stage.skip_reason(_options(tmp_path, build_engine=False)) == "--no-engine"
+    assert stage.skip_reason(_options(tmp_path, target=resolve_target("cpu"))) is not None
+    assert stage.skip_reason(_options(tmp_path)) is None
+
+
+def test_final_path_maps_into_the_output_folder(tmp_path: Path) -> None:
+    ctx = _context(_options(tmp_path), tmp_path)
+    inside = ctx.stage_dir / "model.plan"
+    assert engine_stage.final_path(ctx, inside) == \
+        (tmp_path / "out").resolve() / "artifacts" / "engine" / "model.plan"
+    assert engine_stage.final_path(ctx, Path("/elsewhere/x.onnx")) == Path("/elsewhere/x.onnx")
+
+
+def test_engine_onnx_prefers_the_precision_onnx(tmp_path: Path) -> None:
+    ctx = _context(_options(tmp_path), tmp_path)
+    ctx.artifacts.update({"onnx": Path("simplified.onnx")})
+    assert engine_stage.engine_onnx(ctx) == Path("simplified.onnx")
+    ctx.artifacts["precision_onnx"] = Path("fp16.onnx")
+    assert engine_stage.engine_onnx(ctx) == Path("fp16.onnx")

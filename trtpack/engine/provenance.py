@@ -1,0 +1,138 @@
+"""``model.plan.json``: where an engine comes from and where it can run.
+
+Written beside every ``model.plan``: the versions of trtpack, TensorRT, CUDA and the
+driver, the GPU that built it, the profiles, precision and builder options, the sha256 of
+the ONNX and of the plan, and the engine's real I/O (read from the deserialized engine at
+build time, so later steps need no TensorRT to know it). ``runs_here`` decides from it
+whether an engine can run on a given machine.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from trtpack.gpu import parse_version
+from trtpack.report import sha256_file
+from trtpack.serving.config import ModelIO, TensorIO
+
+PROVENANCE_SCHEMA = 1
+AMPERE = (8, 0)
+
+
+def provenance_path(plan: Path) -> Path:
+    """``model.plan`` -> ``model.plan.json``."""
+    return plan.with_name(plan.name + ".json")
+
+
+@dataclass
+class EngineProvenance:
+    trtpack_version: str
+    tensorrt_version: str
+    gpu_name: str
+    compute_capability: str  # "8.6"
+    target: str
+    precision: str
+    profiles: list[dict[str, dict[str, list[int]]]]  # ShapeProfile.to_dict() per profile
+    build_options: dict[str, Any]
+    onnx_sha256: str
+    plan_sha256: str
+    plan_bytes: int
+    inputs: list[dict[str, Any]] = field(default_factory=list)  # {name, dtype, shape, batch}
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    cuda_runtime_version: str | None = None
+    cuda_driver_version: str | None = None
+    driver_version: str | None = None
+    onnx_file: str = ""
+    onnx_data_sha256: str | None = None
+    built_at: str = ""
+    build_seconds: float | None = None
+    timing_cache: dict[str, Any] = field(default_factory=dict)
+    trtexec: str = ""
+    schema: int = PROVENANCE_SCHEMA
+
+    @property
+    def hardware_compatibility(self) -> str:
+        return str(self.build_options.get("hardware_compatibility", "none"))
+
+    @property
+    def version_compatible(self) -> bool:
+        return bool(self.build_options.get("version_compatible", False))
+
+    @property
+    def cc(self) -> tuple[int, int]:
+        major, _, minor = self.compute_capability.partition(".")
+        return int(major), int(minor or 0)
+
+    def model_io(self) -> ModelIO:
+        """The engine's I/O as recorded at build time."""
+
+        def tensor(d: dict[str, Any]) -> TensorIO:
+            return TensorIO(d["name"], d["dtype"], tuple(d["shape"]), bool(d.get("batch")))
+
+        return ModelIO(tuple(tensor(t) for t in self.inputs),
+                       tuple(tensor(t) for t in self.outputs))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EngineProvenance:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @classmethod
+    def load(cls, path: Path) -> EngineProvenance:
+        return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+def io_records(io: ModelIO) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    def record(t: TensorIO) -> dict[str, Any]:
+        return {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "batch": t.batch_dynamic}
+
+    return [record(t) for t in io.inputs], [record(t) for t in io.outputs]
+
+
+def onnx_hashes(onnx: Path) -> tuple[str, str | None]:
+    """sha256 of an ONNX file and of its external data file (``model.onnx.data``), if any."""
+    data = onnx.with_name(onnx.name + ".data")
+    return sha256_file(onnx), sha256_file(data) if data.is_file() else None
+
+
+def runs_here(prov: EngineProvenance, gpu_name: str | None,
+              compute_capability: tuple[int, int] | None,
+              tensorrt_version: str | None) -> tuple[bool, list[str]]:
+    """Whether the engine can be deserialized and run on a machine with this GPU and
+    TensorRT, and if not, why (every reason, not just the first)."""
+    reasons: list[str] = []
+    if compute_capability is None:
+        reasons.append("no NVIDIA GPU on this machine")
+    else:
+        cc = f"{compute_capability[0]}.{compute_capability[1]}"
+        built = f"{prov.gpu_name} (compute capability {prov.compute_capability})"
+        if prov.hardware_compatibility == "ampere+":
+            if compute_capability < AMPERE:
+                reasons.append(f"the engine is 'ampere+' (compute capability 8.0+); this "
+                               f"machine's {gpu_name} is {cc}")
+        elif compute_capability != prov.cc:
+            reasons.append(f"the engine was built for {built}; this machine's GPU is "
+                           f"{gpu_name} ({cc})")
+    if tensorrt_version is None:
+        reasons.append(f"TensorRT is not installed here (the engine needs TensorRT "
+                       f"{prov.tensorrt_version})")
+    else:
+        local, built_v = parse_version(tensorrt_version), parse_version(prov.tensorrt_version)
+        if prov.version_compatible:
+            if local < built_v:
+                reasons.append(f"the engine is version-compatible from TensorRT "
+                               f"{prov.tensorrt_version}; this machine has {tensorrt_version}")
+        elif local != built_v:
+            reasons.append(f"the engine was built with TensorRT {prov.tensorrt_version} and "
+                           f"only runs with exactly that version; this machine has "
+                           f"{tensorrt_version}")
+    return not reasons, reasons

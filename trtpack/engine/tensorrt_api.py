@@ -1,0 +1,198 @@
+"""The only module that touches TensorRT: build, deserialize, read I/O, run.
+
+Engines are built through polygraphy's TensorRT loaders (``NetworkFromOnnxPath``,
+``CreateConfig``, ``Profile``, ``EngineBytesFromNetwork``) and run with its ``TrtRunner``.
+TensorRT and polygraphy's TensorRT backend are imported inside the functions; the values
+passed to them come from ``trtpack.engine.plan`` (plain data, tested on CPU).
+Polygraphy's and TensorRT's log messages go to the given ``logging.Logger``, never stdout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trtpack.cases import Case
+from trtpack.engine.plan import BuilderSettings, TrtProfile
+from trtpack.engine.triton_config import EngineTensor, numpy_dtype
+
+
+@contextlib.contextmanager
+def polygraphy_logging(log: logging.Logger, severity: str = "INFO") -> Iterator[None]:
+    """Route polygraphy's logger (and TensorRT's, which polygraphy forwards) to ``log``."""
+    from polygraphy.logger import G_LOGGER
+
+    saved_python = G_LOGGER.use_python_logging_system
+    saved_severity = G_LOGGER.module_severity
+    G_LOGGER.use_python_logging_system = True
+    G_LOGGER.module_severity = getattr(G_LOGGER, severity)
+    target = logging.getLogger("Polygraphy")
+    saved_handlers, saved_propagate = list(target.handlers), target.propagate
+    target.handlers = list(log.handlers)
+    target.propagate = False
+    target.setLevel(logging.DEBUG)
+    try:
+        yield
+    finally:
+        target.handlers, target.propagate = saved_handlers, saved_propagate
+        G_LOGGER.module_severity = saved_severity
+        G_LOGGER.use_python_logging_system = saved_python
+
+
+def tensorrt_version() -> str:
+    import tensorrt as trt
+
+    return str(trt.__version__)
+
+
+def cuda_versions() -> tuple[str | None, str | None]:
+    """(CUDA runtime version, CUDA driver version) from libcudart, as polygraphy loads it."""
+
+    def fmt(v: int) -> str:
+        return f"{v // 1000}.{(v % 1000) // 10}"
+
+    try:
+        from polygraphy import cuda
+
+        handle = cuda.wrapper().handle
+        runtime, driver = ctypes.c_int(0), ctypes.c_int(0)
+        handle.cudaRuntimeGetVersion(ctypes.byref(runtime))
+        handle.cudaDriverGetVersion(ctypes.byref(driver))
+        return (fmt(runtime.value) if runtime.value else None,
+                fmt(driver.value) if driver.value else None)
+    except Exception:  # provenance is best effort here; the build itself needs CUDA anyway
+        return None, None
+
+
+def _enum(trt: Any, enum_name: str, member: str) -> Any:
+    enum = getattr(trt, enum_name, None)
+    if enum is None or not hasattr(enum, member):
+        raise RuntimeError(f"this TensorRT ({trt.__version__}) has no {enum_name}.{member}")
+    return getattr(enum, member)
+
+
+def resolve_config_kwargs(trt: Any, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Replace TensorRT enum member names in ``BuilderSettings.config_kwargs()`` by members."""
+    resolved = dict(kwargs)
+    if "memory_pool_limits" in resolved:
+        resolved["memory_pool_limits"] = {
+            _enum(trt, "MemoryPoolType", pool): size
+            for pool, size in resolved["memory_pool_limits"].items()
+        }
+    if "hardware_compatibility_level" in resolved:
+        resolved["hardware_compatibility_level"] = _enum(
+            trt, "HardwareCompatibilityLevel", resolved["hardware_compatibility_level"])
+    if "tiling_optimization_level" in resolved:
+        resolved["tiling_optimization_level"] = _enum(
+            trt, "TilingOptimizationLevel", resolved["tiling_optimization_level"])
+    return resolved
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    seconds: float
+    plan_bytes: int
+    timing_cache_bytes_before: int
+    timing_cache_bytes_after: int
+
+
+def build_engine(onnx: Path, plan: Path, profiles: Sequence[TrtProfile],
+                 settings: BuilderSettings, timing_cache: Path | None,
+                 log: logging.Logger) -> BuildResult:
+    """Build a strongly typed engine from ``onnx`` with one optimization profile per entry
+    of ``profiles`` and write it to ``plan``; load and update ``timing_cache``."""
+    import tensorrt as trt
+    from polygraphy.backend.trt import (
+        CreateConfig,
+        EngineBytesFromNetwork,
+        NetworkFromOnnxPath,
+        Profile,
+    )
+
+    before = timing_cache.stat().st_size if timing_cache and timing_cache.is_file() else 0
+    if timing_cache is not None:
+        timing_cache.parent.mkdir(parents=True, exist_ok=True)
+    trt_profiles = []
+    for shapes in profiles:
+        profile = Profile()
+        for name, (mn, opt, mx) in shapes.items():
+            profile.add(name, min=list(mn), opt=list(opt), max=list(mx))
+        trt_profiles.append(profile)
+    config = CreateConfig(
+        profiles=trt_profiles,
+        load_timing_cache=str(timing_cache) if before else None,
+        **resolve_config_kwargs(trt, settings.config_kwargs()),
+    )
+    network = NetworkFromOnnxPath(str(onnx), **settings.network_kwargs())
+    log.info("building %s with %d profile(s), %s", onnx, len(profiles), settings.to_dict())
+    started = time.perf_counter()
+    with polygraphy_logging(log):
+        serialized = EngineBytesFromNetwork(
+            network, config=config,
+            save_timing_cache=str(timing_cache) if timing_cache is not None else None,
+        )()
+    seconds = time.perf_counter() - started
+    with open(plan, "wb") as f:
+        f.write(serialized)
+    after = timing_cache.stat().st_size if timing_cache and timing_cache.is_file() else 0
+    return BuildResult(seconds, plan.stat().st_size, before, after)
+
+
+def load_engine(plan: Path, log: logging.Logger | None = None) -> Any:
+    """Deserialize an engine (``tensorrt.ICudaEngine``)."""
+    from polygraphy.backend.trt import EngineFromBytes
+
+    with polygraphy_logging(log or logging.getLogger("trtpack.tensorrt")):
+        return EngineFromBytes(plan.read_bytes())()
+
+
+def engine_tensors(engine: Any) -> list[EngineTensor]:
+    """The I/O tensors of a deserialized engine, through the TensorRT 10/11 tensor API."""
+    import tensorrt as trt
+
+    tensors = []
+    for i in range(engine.num_io_tensors):
+        name = engine.get_tensor_name(i)
+        is_input = engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT
+        dtype = engine.get_tensor_dtype(name).name
+        shape = tuple(int(d) for d in engine.get_tensor_shape(name))
+        tensors.append(EngineTensor(name, "input" if is_input else "output", dtype, shape))
+    return tensors
+
+
+def engine_profile_count(engine: Any) -> int:
+    return int(engine.num_optimization_profiles)
+
+
+def run_cases(engine: Any, cases: Sequence[Case], log: logging.Logger | None = None
+              ) -> list[dict[str, np.ndarray]]:
+    """Run the engine on each case's inputs, in the case's optimization profile.
+
+    Inputs are cast to the engine's input types (e.g. int64 token ids stay int64 when the
+    engine takes INT64); inputs the engine does not have are left out.
+    """
+    from polygraphy.backend.trt import TrtRunner
+
+    inputs = {t.name: numpy_dtype(t.dtype, t.name) for t in engine_tensors(engine)
+              if t.mode == "input"}
+    outputs: list[dict[str, np.ndarray]] = [{} for _ in cases]
+    by_profile: dict[int, list[int]] = {}
+    for i, case in enumerate(cases):
+        by_profile.setdefault(case.profile, []).append(i)
+    with polygraphy_logging(log or logging.getLogger("trtpack.tensorrt"), "WARNING"):
+        for profile, indices in sorted(by_profile.items()):
+            with TrtRunner(engine, optimization_profile=profile) as runner:
+                for i in indices:
+                    feed = {name: np.ascontiguousarray(cases[i].inputs[name].astype(dtype))
+                            for name, dtype in inputs.items()}
+                    result = runner.infer(feed)
+                    outputs[i] = {k: np.array(v) for k, v in result.items()}
+    return outputs

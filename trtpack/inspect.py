@@ -1,0 +1,189 @@
+"""``trtpack inspect PATH``: an engine's or a model repository's provenance and I/O, and
+whether it can run on this machine. Returns data; the CLI renders it.
+
+PATH may be a ``model.plan`` (its ``model.plan.json`` beside it), a ``model.plan.json``, a
+Triton model repository, one model directory of it, or a build output folder (its
+``model_repository/`` and ``artifacts/engine/``). The I/O comes from the provenance, which
+recorded it from the deserialized engine at build time; an engine without provenance is
+deserialized when TensorRT is installed here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trtpack.engine.provenance import EngineProvenance, provenance_path, runs_here
+from trtpack.errors import UserInputError
+from trtpack.serving.config import ModelIO
+
+
+@dataclass(frozen=True)
+class MachineFacts:
+    """What decides whether an engine runs here (detected, or given in tests)."""
+
+    gpu_name: str | None
+    compute_capability: tuple[int, int] | None
+    tensorrt_version: str | None
+
+    @classmethod
+    def detect(cls) -> MachineFacts:
+        from trtpack.gpu import detect_gpu, tensorrt_version
+
+        gpu = detect_gpu()
+        return cls(gpu.name if gpu else None, gpu.compute_capability if gpu else None,
+                   tensorrt_version())
+
+
+@dataclass
+class EngineInspection:
+    """One engine: its provenance (None when it has no ``model.plan.json``), I/O, and
+    whether it can run on this machine (None: unknown)."""
+
+    path: str
+    provenance: EngineProvenance | None
+    io: ModelIO | None
+    runs_here: bool | None
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ModelInspection:
+    """One model of a Triton repository: its config and the engines of its versions."""
+
+    name: str
+    path: str
+    platform: str
+    max_batch_size: int
+    inputs: list[dict[str, Any]]
+    outputs: list[dict[str, Any]]
+    instance_kind: str
+    profiles: list[str]
+    engines: list[EngineInspection] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Inspection:
+    """Everything found under the inspected path."""
+
+    path: str
+    kind: str  # "engine" | "model_repository" | "build"
+    machine: MachineFacts
+    engines: list[EngineInspection] = field(default_factory=list)
+    models: list[ModelInspection] = field(default_factory=list)
+
+    @property
+    def runs_here(self) -> bool | None:
+        """True when every engine found can run here, False when one cannot, None if unknown
+        (or when there is no engine)."""
+        values = [e.runs_here for e in self.all_engines()]
+        if any(v is False for v in values):
+            return False
+        if not values or any(v is None for v in values):
+            return None
+        return True
+
+    def all_engines(self) -> list[EngineInspection]:
+        return [*self.engines, *(e for m in self.models for e in m.engines)]
+
+
+def _io_from_engine_file(plan: Path) -> ModelIO | None:
+    """Deserialize an engine to read its I/O (only when TensorRT is installed and works)."""
+    from trtpack.gpu import detect_gpu, tensorrt_available
+
+    if not tensorrt_available() or detect_gpu() is None:
+        return None
+    from trtpack.engine import tensorrt_api
+    from trtpack.engine.triton_config import engine_model_io
+
+    try:
+        return engine_model_io(tensorrt_api.engine_tensors(tensorrt_api.load_engine(plan)))
+    except Exception:  # an engine for another GPU/TensorRT does not deserialize: unknown I/O
+        return None
+
+
+def inspect_engine(plan: Path, machine: MachineFacts) -> EngineInspection:
+    prov_file = provenance_path(plan)
+    if not prov_file.is_file():
+        io = _io_from_engine_file(plan)
+        return EngineInspection(str(plan), None, io, None,
+                                [f"no {prov_file.name}: where the engine was built is unknown"])
+    try:
+        prov = EngineProvenance.load(prov_file)
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise UserInputError(f"{prov_file} is not a trtpack provenance file: {e}") from None
+    ok, reasons = runs_here(prov, machine.gpu_name, machine.compute_capability,
+                            machine.tensorrt_version)
+    return EngineInspection(str(plan), prov, prov.model_io(), ok, reasons)
+
+
+def _dims(tensors: Any) -> list[dict[str, Any]]:
+    from tritonclient.grpc import model_config_pb2 as pb
+
+    return [{"name": t.name, "data_type": pb.DataType.Name(t.data_type), "dims": list(t.dims)}
+            for t in tensors]
+
+
+def inspect_model_dir(model_dir: Path, machine: MachineFacts) -> ModelInspection:
+    from tritonclient.grpc import model_config_pb2 as pb
+
+    from trtpack.serving.config import check_config, read_config
+
+    config = read_config(model_dir / "config.pbtxt")
+    kinds = [pb.ModelInstanceGroup.Kind.Name(g.kind) for g in config.instance_group]
+    model = ModelInspection(
+        name=config.name or model_dir.name, path=str(model_dir),
+        platform=config.platform or config.backend, max_batch_size=config.max_batch_size,
+        inputs=_dims(config.input), outputs=_dims(config.output),
+        instance_kind=",".join(kinds) or "KIND_AUTO",
+        profiles=[p for g in config.instance_group for p in g.profile],
+    )
+    filename = config.default_model_filename or "model.plan"
+    for version in sorted((p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()),
+                          key=lambda p: int(p.name)):
+        plan = version / filename
+        if config.platform == "tensorrt_plan" and plan.is_file():
+            engine = inspect_engine(plan, machine)
+            model.engines.append(engine)
+            if engine.io is not None:
+                model.problems += [f"version {version.name}: {p}"
+                                   for p in check_config(config, engine.io)]
+    return model
+
+
+def _model_dirs(repo: Path) -> list[Path]:
+    return sorted(p for p in repo.iterdir() if p.is_dir() and (p / "config.pbtxt").is_file())
+
+
+def inspect_path(path: Path, machine: MachineFacts | None = None) -> Inspection:
+    """Inspect an engine, a model repository (or one model of it) or a build folder."""
+    machine = machine or MachineFacts.detect()
+    if not path.exists():
+        raise UserInputError(f"'{path}' does not exist")
+    if path.is_file():
+        plan = path.with_name(path.name[: -len(".json")]) if path.name.endswith(".plan.json") \
+            else path
+        if not plan.is_file():
+            raise UserInputError(f"'{path}' describes {plan.name}, which is not beside it")
+        return Inspection(str(path), "engine", machine, engines=[inspect_engine(plan, machine)])
+    if (path / "config.pbtxt").is_file():
+        return Inspection(str(path), "model_repository", machine,
+                          models=[inspect_model_dir(path, machine)])
+    if _model_dirs(path):
+        return Inspection(str(path), "model_repository", machine,
+                          models=[inspect_model_dir(d, machine) for d in _model_dirs(path)])
+    repo = path / "model_repository"
+    engine_dir = path / "artifacts" / "engine"
+    if repo.is_dir() or engine_dir.is_dir():
+        result = Inspection(str(path), "build", machine)
+        if repo.is_dir():
+            result.models = [inspect_model_dir(d, machine) for d in _model_dirs(repo)]
+        if (engine_dir / "model.plan").is_file() and not any(
+                m.engines for m in result.models):
+            result.engines = [inspect_engine(engine_dir / "model.plan", machine)]
+        return result
+    raise UserInputError(
+        f"'{path}' is not an engine (model.plan), a model repository or a trtpack build folder"
+    )

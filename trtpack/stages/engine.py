@@ -1,0 +1,133 @@
+"""Engine: a strongly typed TensorRT engine for the target GPU, verified against ONNX Runtime.
+
+Builds ``model.plan`` from the precision ONNX (or the simplified FP32 ONNX for fp32) with
+one optimization profile per ``--profile`` and the recipe's ``engine:`` options, reusing
+the timing cache of this GPU and TensorRT version (``CACHE/tensorrt/``, the one place this
+stage writes outside its folder). Then deserializes it, records its real I/O and the
+versions in ``model.plan.json``, runs it at every profile's min/opt/max and compares with
+the FP32 ONNX Runtime outputs ("engine-vs-onnx" rows), and leaves the equivalent trtexec
+command in the report and in ``trtexec.sh``. TensorRT is imported only inside ``run``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+from trtpack import __version__
+from trtpack.cases import load_cases
+from trtpack.engine import plan as engine_plan
+from trtpack.engine.provenance import EngineProvenance, io_records, onnx_hashes, provenance_path
+from trtpack.engine.triton_config import engine_model_io
+from trtpack.gpu import check_engine_environment, cuda_driver_version, parse_version
+from trtpack.pipeline import BuildOptions, StageContext, StageOutcome
+from trtpack.report import sha256_file
+from trtpack.serving.config import model_io_from_onnx
+from trtpack.verification import compare_cases
+
+CHECK = "engine-vs-onnx"
+PLAN = "model.plan"
+
+
+def fingerprint(options: BuildOptions) -> dict[str, Any]:
+    from trtpack.gpu import tensorrt_version
+
+    gpu = options.target.gpu
+    return {
+        "target": options.target.name,
+        "compute_capability": gpu.sm if gpu else None,
+        "profiles": [p.to_dict() for p in options.profiles],
+        "precision": options.precision,
+        "engine": options.recipe.engine.model_dump(),
+        "tolerance": options.recipe.verify.model_dump(),
+        "tensorrt": tensorrt_version(),
+    }
+
+
+def engine_onnx(ctx: StageContext) -> Path:
+    """The ONNX the engine is built from: the precision stage's, else the simplified FP32."""
+    return ctx.artifacts.get("precision_onnx") or ctx.artifact("onnx")
+
+
+def final_path(ctx: StageContext, path: Path) -> Path:
+    """Where ``path`` (inside the build folder being written) will be once the build
+    folder is renamed to OUT: the paths a reproduce command must use."""
+    build_dir = ctx.stage_dir.parent.parent  # BUILD/artifacts/<stage>
+    if path.is_relative_to(build_dir):
+        return ctx.options.out_dir.resolve() / path.relative_to(build_dir)
+    return path
+
+
+def run(ctx: StageContext) -> StageOutcome:
+    from trtpack.engine import tensorrt_api
+
+    o = ctx.options
+    env = check_engine_environment(o.target, o.recipe.engine.hardware_compatibility)
+    assert env.gpu is not None
+    onnx = engine_onnx(ctx)
+    onnx_io = model_io_from_onnx(onnx)
+    profiles = engine_plan.tensorrt_profiles(o.profiles, [t.name for t in onnx_io.inputs])
+    trt_version = tensorrt_api.tensorrt_version()
+    settings = engine_plan.builder_settings(o.recipe.engine, parse_version(trt_version))
+    cache = engine_plan.timing_cache_path(o.cache_dir, env.gpu.compute_capability, trt_version,
+                                          settings.hardware_compatibility)
+    plan = ctx.stage_dir / PLAN
+    cache_hit = cache.is_file() and cache.stat().st_size > 0
+    ctx.progress(f"building on {env.gpu.name} (sm {env.gpu.sm}) with TensorRT {trt_version}, "
+                 f"{len(profiles)} profile(s), timing cache {'hit' if cache_hit else 'miss'}")
+    built = tensorrt_api.build_engine(onnx, plan, profiles, settings, cache, ctx.log)
+
+    engine = tensorrt_api.load_engine(plan, ctx.log)
+    engine_io = engine_model_io(tensorrt_api.engine_tensors(engine),
+                                {t.name for t in (*onnx_io.inputs, *onnx_io.outputs)
+                                 if t.batch_dynamic})
+    cases = load_cases(ctx.artifact("fp32_outputs"))
+    ctx.progress(f"running the engine on {len(cases)} cases (min/opt/max of every profile)")
+    outputs = tensorrt_api.run_cases(engine, cases, ctx.log)
+    rows = compare_cases(CHECK, o.recipe, o.precision, cases, outputs)
+    del engine
+
+    trtexec = engine_plan.trtexec_command(final_path(ctx, onnx), final_path(ctx, plan), profiles,
+                                          settings, cache)
+    command = engine_plan.command_text(trtexec)
+    script = ctx.stage_dir / "trtexec.sh"
+    script.write_text("#!/usr/bin/env bash\n# Builds the same engine with trtexec "
+                      f"(TensorRT {trt_version}, {env.gpu.name}).\nset -euo pipefail\n"
+                      f"{command}\n", encoding="utf-8")
+    script.chmod(0o755)
+
+    cuda_runtime, cuda_driver = tensorrt_api.cuda_versions()
+    onnx_sha, onnx_data_sha = onnx_hashes(onnx)
+    inputs, outputs_rec = io_records(engine_io)
+    timing = {"path": str(cache), "hit": cache_hit, "bytes_before": built.timing_cache_bytes_before,
+              "bytes_after": built.timing_cache_bytes_after}
+    provenance = EngineProvenance(
+        trtpack_version=__version__, tensorrt_version=trt_version, gpu_name=env.gpu.name,
+        compute_capability=env.gpu.sm, target=o.target.name, precision=o.precision,
+        profiles=[p.to_dict() for p in o.profiles], build_options=settings.to_dict(),
+        onnx_sha256=onnx_sha, plan_sha256=sha256_file(plan), plan_bytes=built.plan_bytes,
+        inputs=inputs, outputs=outputs_rec, cuda_runtime_version=cuda_runtime,
+        cuda_driver_version=cuda_driver or cuda_driver_version(), driver_version=env.gpu.driver,
+        onnx_file=onnx.name, onnx_data_sha256=onnx_data_sha,
+        built_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        build_seconds=round(built.seconds, 3), timing_cache=timing, trtexec=command,
+    )
+    prov_path = provenance_path(plan)
+    provenance.save(prov_path)
+
+    failed = sum(not r.passed for r in rows)
+    return StageOutcome(
+        artifacts={"engine": plan, "engine_provenance": prov_path, "engine_trtexec": script},
+        verification=rows,
+        metrics={
+            "tensorrt": trt_version, "gpu": env.gpu.name, "compute_capability": env.gpu.sm,
+            "profiles": len(profiles), "build_seconds": round(built.seconds, 3),
+            "plan_bytes": built.plan_bytes, "timing_cache": timing, "trtexec": command,
+            "cases": len(cases), "failed": failed,
+        },
+        message=(f"{env.gpu.name} sm{env.gpu.sm}, TensorRT {trt_version}, "
+                 f"{built.plan_bytes / 2**20:.1f} MB in {built.seconds:.1f} s, timing cache "
+                 f"{'hit' if cache_hit else 'miss'}; {len(rows) - failed}/{len(rows)} checks "
+                 "passed"),
+    )
