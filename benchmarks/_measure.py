@@ -1,0 +1,51 @@
+"""Shared by the benchmark scripts: run a command, sample its process tree's RSS."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+
+@dataclass
+class Measured:
+    seconds: float
+    peak_mb: float
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_measured(cmd: list[str], *, env: dict[str, str] | None = None,
+                 cwd: str | None = None, interval: float = 0.05) -> Measured:
+    """Wall time and peak RSS (the process and all its children, summed) of a command."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})}, cwd=cwd)
+    ps = psutil.Process(proc.pid)
+    peak = 0.0
+    while proc.poll() is None:
+        try:
+            total = ps.memory_info().rss + sum(
+                c.memory_info().rss for c in ps.children(recursive=True))
+            peak = max(peak, total / 2**20)
+        except psutil.Error:
+            pass
+        time.sleep(interval)
+    stdout, stderr = proc.communicate()
+    return Measured(time.perf_counter() - started, peak, proc.returncode, stdout, stderr)
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(),
+        "load_average_at_start": os.getloadavg()[0],
+    }

@@ -1,0 +1,67 @@
+"""Stage times and peak memory of one `trtpack build`, from its report.
+
+    python benchmarks/build_stages.py --recipe bert-large --profile 1x16:4x64:8x128 \
+        --precision fp32 --json benchmarks/results/build-bert-large-fp32.json
+
+Runs the CLI in a child process with an empty stage cache (a cold build), then once more
+with the warm cache (a rebuild with nothing changed), and prints both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _measure import machine, run_measured  # noqa: E402
+
+
+def build(recipe: str, profile: str, precision: str, out: Path, cache: Path,
+          extra: list[str]) -> tuple[dict, float, float]:
+    cmd = [sys.executable, "-m", "trtpack.cli", "build", recipe, "--random-weights",
+           "--target", "cpu", "--precision", precision, "--profile", profile,
+           "--out", str(out), "--cache-dir", str(cache), "--json", *extra]
+    m = run_measured(cmd)
+    if m.returncode != 0:
+        raise SystemExit(f"build failed ({m.returncode}):\n{m.stderr[-4000:]}")
+    return json.loads(m.stdout), m.seconds, m.peak_mb
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--recipe", default="bert-large")
+    parser.add_argument("--profile", default="1x16:4x64:8x128")
+    parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("extra", nargs="*", help="more trtpack build flags")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        cache, out = Path(tmp) / "cache", Path(tmp) / "out"
+        cold, cold_s, cold_peak = build(args.recipe, args.profile, args.precision, out, cache,
+                                        args.extra)
+        warm, warm_s, warm_peak = build(args.recipe, args.profile, args.precision, out, cache,
+                                        args.extra)
+    print(f"trtpack build {args.recipe} --random-weights --target cpu --precision "
+          f"{args.precision} --profile {args.profile}")
+    print("| stage | status | seconds | peak MB | details |")
+    print("|---|---|---|---|---|")
+    for s in cold["stages"]:
+        peak = f"{s['peak_memory_mb']:,.0f}" if s["peak_memory_mb"] else ""
+        print(f"| {s['name']} | {s['status']} | {s['seconds']:.1f} | {peak} | {s['message']} |")
+    print(f"| **whole command** | | {cold_s:.1f} | {cold_peak:,.0f} | cold cache |")
+    print(f"| **rebuild, nothing changed** | | {warm_s:.1f} | {warm_peak:,.0f} | "
+          f"stages reused: {sum(s['cached'] for s in warm['stages'])} |")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({
+            "machine": machine(), "recipe": args.recipe, "profile": args.profile,
+            "precision": args.precision, "cold": {"seconds": cold_s, "peak_mb": cold_peak,
+                                                  "report": cold},
+            "warm": {"seconds": warm_s, "peak_mb": warm_peak, "report": warm}}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
