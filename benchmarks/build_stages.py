@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _measure import machine, run_measured  # noqa: E402
+from _measure import machine, run_measured
 
 
 def build(recipe: str, profile: str, precision: str, out: Path, cache: Path,

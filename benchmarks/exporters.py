@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _measure import machine, run_measured  # noqa: E402
+from _measure import machine, run_measured
 
 CHILD = r"""
 import json, sys, time

@@ -90,5 +90,5 @@ def test_recipe_inferred_from_hf_directory(tmp_path: Path) -> None:
 
 
 def test_directory_without_config_is_rejected(tmp_path: Path) -> None:
-    with pytest.raises(UserInputError, match="config.json"):
+    with pytest.raises(UserInputError, match=r"config\.json"):
         resolve_model(str(tmp_path))

@@ -52,4 +52,5 @@ def load_cases(path: Path) -> list[Case]:
 
 
 def with_outputs(cases: Iterable[Case], outputs: Iterable[Mapping[str, np.ndarray]]) -> list[Case]:
-    return [Case(c.profile, c.corner, c.inputs, dict(o)) for c, o in zip(cases, outputs, strict=True)]
+    return [Case(c.profile, c.corner, c.inputs, dict(o))
+            for c, o in zip(cases, outputs, strict=True)]

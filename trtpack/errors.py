@@ -77,7 +77,7 @@ class AccuracyError(TrtpackError):
 
 
 def require_module(module: str, *, package: str | None = None, purpose: str = "") -> None:
-    """Raise ``MissingEnvironmentError`` naming the pip package when ``module`` is not importable."""
+    """Raise ``MissingEnvironmentError`` naming the pip package if ``module`` is missing."""
     import importlib.util
 
     try:

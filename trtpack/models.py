@@ -110,7 +110,8 @@ def load_model(recipe: Recipe, *, random_weights: bool, seed: int = 0) -> Loaded
     if source.factory:
         module = _call(source.factory, "model factory")
         if not isinstance(module, torch.nn.Module):
-            raise UserInputError(f"model factory '{source.factory}' did not return a torch.nn.Module")
+            raise UserInputError(
+                f"model factory '{source.factory}' did not return a torch.nn.Module")
         return LoadedModel(module.eval(), load_tokenizer(recipe, None), None, "factory")
 
     from transformers import AutoConfig

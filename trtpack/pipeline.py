@@ -215,6 +215,9 @@ class StageCache:
         try:
             tmp.mkdir(parents=True)
             _link_tree(src, tmp / "files")
+            for f in (tmp / "files").rglob("*"):
+                if f.is_file():  # shared by hard links with build folders: never edit in place
+                    f.chmod(0o444)
             (tmp / "trtpack-stage.json").write_text(json.dumps(meta, default=str))
             tmp.rename(entry)
         except OSError:
@@ -229,8 +232,8 @@ def _relative_artifacts(artifacts: dict[str, Path], stage_dir: Path) -> dict[str
     return rel
 
 
-def _artifact_records(artifacts: dict[str, Path], stage_dir: Path, root: Path,
-                      known: dict[str, Artifact]) -> list[Artifact]:
+def _artifact_records(artifacts: dict[str, Path], stage_dir: Path, root: Path
+                      ) -> list[Artifact]:
     """Artifacts of this stage (files only; a folder lists its files), with sha256."""
     records: list[Artifact] = []
     for name, path in artifacts.items():
@@ -239,12 +242,7 @@ def _artifact_records(artifacts: dict[str, Path], stage_dir: Path, root: Path,
         files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
         for f in files:
             label = name if f == path else f"{name}/{f.relative_to(path)}"
-            rel = str(f.relative_to(root))
-            cached = known.get(rel)
-            if cached is not None and cached.size == f.stat().st_size:
-                records.append(Artifact(label, rel, cached.size, cached.sha256))
-            else:
-                records.append(Artifact.of(label, f, root))
+            records.append(Artifact.of(label, f, root))
             # data files next to an ONNX model are listed with it
             data = f.with_name(f.name + ".data")
             if f.suffix == ".onnx" and data.is_file() and data not in files:
@@ -309,22 +307,12 @@ class Pipeline:
         work.rename(out)
         shutil.rmtree(old, ignore_errors=True)
 
-    def _previous_artifacts(self) -> dict[str, Artifact]:
-        """sha256s from the report of the build being replaced (saves re-hashing big files)."""
-        path = self.options.out_dir / "report.json"
-        try:
-            old = BuildReport.load(path)
-        except (OSError, ValueError, TypeError, KeyError):
-            return {}
-        return {a.path: a for s in old.stages for a in s.artifacts}
-
     def _run_stages(self, work: Path, report: BuildReport) -> None:
         o = self.options
         artifacts: dict[str, Path] = {}
         upstream = ""
         logs = work / "logs"
         logs.mkdir()
-        known = self._previous_artifacts()
         for stage in STAGES:
             reason = stage.skip_reason(o)
             if reason is not None:
@@ -344,7 +332,7 @@ class Pipeline:
                 stage.cacheable and o.use_cache) else None
             if reused is None:
                 result, rows = self._execute(stage, module, key, stage_dir, artifacts, work,
-                                             log_path, known)
+                                             log_path)
             else:
                 result, rows = reused
                 log_path.write_text(f"reused from cache key {key}\n")
@@ -378,8 +366,8 @@ class Pipeline:
         return result, [VerificationRow(**r) for r in meta.get("verification", [])]
 
     def _execute(self, stage: Stage, module: Any, key: str, stage_dir: Path,
-                 artifacts: dict[str, Path], work: Path, log_path: Path,
-                 known: dict[str, Artifact]) -> tuple[StageResult, list[VerificationRow]]:
+                 artifacts: dict[str, Path], work: Path, log_path: Path
+                 ) -> tuple[StageResult, list[VerificationRow]]:
         logger = logging.getLogger(f"trtpack.stage.{stage.name}.{id(self)}")
         logger.propagate = False
         logger.setLevel(logging.INFO)
@@ -406,7 +394,7 @@ class Pipeline:
         result = StageResult(
             stage.name, outcome.status, seconds=meter.seconds, peak_memory_mb=meter.peak_mb,
             message=outcome.message, metrics=outcome.metrics, warnings=outcome.warnings,
-            artifacts=_artifact_records(outcome.artifacts, stage_dir, work, known),
+            artifacts=_artifact_records(outcome.artifacts, stage_dir, work),
         )
         if stage.cacheable and self.options.use_cache and outcome.status == "ok" and all(
             r.passed for r in outcome.verification

@@ -112,9 +112,11 @@ class Int8Settings(_Strict):
     calibration_method: Literal["max", "entropy", "percentile"] = "max"
     max_calibration_samples: int = 128
     high_precision: Literal["fp32", "fp16"] = "fp32"
-    exclude_nodes: list[str] = Field(default_factory=list, description="node names kept unquantized")
+    exclude_nodes: list[str] = Field(default_factory=list,
+                                     description="node names kept unquantized")
     exclude_op_types: list[str] = Field(default_factory=list)
-    quantize_op_types: list[str] = Field(default_factory=list, description="empty: ModelOpt's default")
+    quantize_op_types: list[str] = Field(default_factory=list,
+                                         description="empty: ModelOpt's default")
 
 
 class PrecisionSettings(_Strict):
@@ -290,7 +292,8 @@ def resolve_model(model: str) -> Recipe:
     )
 
 
-_TEXT_TYPES_WITHOUT_TOKEN_TYPES = {"distilbert", "roberta", "xlm-roberta", "camembert", "deberta-v2"}
+_TEXT_TYPES_WITHOUT_TOKEN_TYPES = {
+    "distilbert", "roberta", "xlm-roberta", "camembert", "deberta-v2"}
 
 
 def infer_recipe_from_hf_dir(path: Path) -> Recipe:
@@ -325,7 +328,8 @@ def infer_recipe_from_hf_dir(path: Path) -> Recipe:
                 "outputs": [
                     {"name": "logits", "axes": ["batch", labels], "metric": "top1"}
                     if classify
-                    else {"name": "pooler_output", "axes": ["batch", hidden, 1, 1], "metric": "cosine"}
+                    else {"name": "pooler_output", "axes": ["batch", hidden, 1, 1],
+                          "metric": "cosine"}
                 ],
                 "profiles": ["1:4:8"],
             }

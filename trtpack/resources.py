@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from types import TracebackType
@@ -15,10 +16,8 @@ def _rss_mb() -> float | None:
     proc = psutil.Process()
     total = proc.memory_info().rss
     for child in proc.children(recursive=True):
-        try:
+        with contextlib.suppress(psutil.Error):
             total += child.memory_info().rss
-        except psutil.Error:
-            pass
     return total / 2**20
 
 

@@ -195,7 +195,8 @@ def check_config(config: Any, io: ModelIO) -> list[str]:
             want_type = NUMPY_TO_TRITON.get(t.dtype)
             got_type = pb.DataType.Name(d.data_type)
             if want_type != got_type:
-                problems.append(f"{section} '{name}': config says {got_type}, model has {want_type}")
+                problems.append(
+                    f"{section} '{name}': config says {got_type}, model has {want_type}")
             want_dims = _dims(t, batched)
             if list(d.dims) != want_dims:
                 problems.append(f"{section} '{name}': config dims {list(d.dims)}, model "
