@@ -174,3 +174,27 @@ def test_inspect_bad_paths(tmp_path: Path) -> None:
     provenance_path(bad).write_text("{not json")
     with pytest.raises(UserInputError, match="not a trtpack provenance"):
         inspect_path(bad, CPU_HERE)
+
+
+def test_cli_inspect_shows_provenance_and_io_and_check_exits_3(tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+
+    plan = _write_plan(tmp_path, make_provenance())
+    result = run_cli("inspect", str(plan))
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert "NVIDIA A10G" in text and "TensorRT 10.13.0.35" in text
+    assert "last_hidden_state" in text and "float16" in text
+    assert "runs on this machine:" in text
+    if gpu_and_tensorrt_here():
+        return
+    assert "no NVIDIA GPU on this machine" in text
+    checked = run_cli("inspect", "--check", str(plan))
+    assert checked.exit_code == 3
+    assert "cannot run here" in checked.output
+
+
+def gpu_and_tensorrt_here() -> bool:
+    from trtpack.gpu import detect_gpu, tensorrt_available
+
+    return detect_gpu() is not None and tensorrt_available()

@@ -321,6 +321,59 @@ def targets() -> None:
     out.print(table)
 
 
+
+def _io_rows(table: Table, inputs: list[Any], outputs: list[Any]) -> None:
+    for kind, tensors in (("input", inputs), ("output", outputs)):
+        for t in tensors:
+            table.add_row(kind, t.name, t.dtype, "x".join(str(d) for d in t.shape))
+
+
+def inspection_view(result: Any) -> None:
+    """Print what ``trtpack.inspect.inspect_path`` found."""
+    for model in result.models:
+        out.print(f"[bold]{model.name}[/] ({model.platform}, max_batch_size "
+                  f"{model.max_batch_size}, {model.instance_kind}, profiles "
+                  f"{','.join(model.profiles) or '-'})  {model.path}")
+        for problem in model.problems:
+            out.print(f"  [red]config does not match the engine:[/] {problem}")
+    for engine in result.all_engines():
+        prov = engine.provenance
+        out.print(f"[bold]engine[/] {engine.path}")
+        if prov is not None:
+            out.print(f"  built for {prov.target}: {prov.gpu_name} (sm {prov.compute_capability})"
+                      f", TensorRT {prov.tensorrt_version}, CUDA {prov.cuda_runtime_version}, "
+                      f"{prov.precision}, {len(prov.profiles)} profile(s), {prov.built_at}")
+            out.print(f"  plan sha256 {prov.plan_sha256[:16]}…, onnx sha256 "
+                      f"{prov.onnx_sha256[:16]}…, options {prov.build_options}")
+        if engine.io is not None:
+            table = Table(show_header=True, box=None, pad_edge=False)
+            for col in ("", "tensor", "dtype", "shape"):
+                table.add_column(col)
+            _io_rows(table, list(engine.io.inputs), list(engine.io.outputs))
+            out.print(table)
+        mark = {True: "[green]yes[/]", False: "[red]no[/]", None: "[yellow]unknown[/]"}
+        out.print(f"  runs on this machine: {mark[engine.runs_here]}"
+                  + "".join(f"\n    - {r}" for r in engine.reasons))
+
+
+@app.command()
+@handle_errors
+def inspect(
+    path: Annotated[Path, typer.Argument(help="A model.plan, a Triton model repository (or one "
+                                               "model of it), or a trtpack build folder.")],
+    check: Annotated[bool, typer.Option(
+        "--check", help="Exit 3 unless every engine found can run on this machine.")] = False,
+) -> None:
+    """Show an engine's provenance and I/O, and whether it can run on this machine."""
+    from trtpack.errors import MissingEnvironmentError
+    from trtpack.inspect import inspect_path
+
+    result = inspect_path(path)
+    inspection_view(result)
+    if check and result.runs_here is not True:
+        reasons = [r for e in result.all_engines() for r in e.reasons] or ["no engine found"]
+        raise MissingEnvironmentError("cannot run here: " + "; ".join(reasons))
+
 def main() -> None:
     app()
 
