@@ -157,3 +157,28 @@ def test_same_compute_capability_spelling() -> None:
 
 def test_command_text_quotes_paths_with_spaces() -> None:
     assert command_text(["trtexec", "--onnx=/a b/m.onnx"]) == "trtexec '--onnx=/a b/m.onnx'"
+
+
+def test_polygraphy_profiles_from_the_plan(minilm_profiles: list) -> None:
+    """The real polygraphy Profile objects (they are plain mappings; TensorRT is only needed
+    when CreateConfig turns them into optimization profiles)."""
+    pytest.importorskip("polygraphy")
+    from trtpack.engine.tensorrt_api import polygraphy_profiles
+
+    p0, p1 = polygraphy_profiles(tensorrt_profiles(minilm_profiles))
+    assert list(p0) == ["input_ids", "attention_mask", "token_type_ids"]
+    shape = p1["token_type_ids"]
+    assert [list(shape.min), list(shape.opt), list(shape.max)] == \
+        [[8, 128], [16, 256], [32, 512]]
+    assert "tensorrt" not in __import__("sys").modules
+
+
+def test_runner_and_loader_signatures_we_call() -> None:
+    import inspect
+
+    pytest.importorskip("polygraphy")
+    from polygraphy.backend.trt import EngineFromBytes, Profile, TrtRunner
+
+    assert list(inspect.signature(Profile.add).parameters)[1:] == ["name", "min", "opt", "max"]
+    assert "optimization_profile" in inspect.signature(TrtRunner.__init__).parameters
+    assert "serialized_engine" in inspect.signature(EngineFromBytes.__init__).parameters

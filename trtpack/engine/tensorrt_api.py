@@ -96,6 +96,20 @@ def resolve_config_kwargs(trt: Any, kwargs: Mapping[str, Any]) -> dict[str, Any]
     return resolved
 
 
+def polygraphy_profiles(profiles: Sequence[TrtProfile]) -> list[Any]:
+    """polygraphy ``Profile`` objects (plain mappings until ``CreateConfig`` turns them into
+    ``IOptimizationProfile`` with ``set_shape``); building them needs no TensorRT."""
+    from polygraphy.backend.trt import Profile
+
+    result = []
+    for shapes in profiles:
+        profile = Profile()
+        for name, (mn, opt, mx) in shapes.items():
+            profile.add(name, min=list(mn), opt=list(opt), max=list(mx))
+        result.append(profile)
+    return result
+
+
 @dataclass(frozen=True)
 class BuildResult:
     seconds: float
@@ -110,24 +124,13 @@ def build_engine(onnx: Path, plan: Path, profiles: Sequence[TrtProfile],
     """Build a strongly typed engine from ``onnx`` with one optimization profile per entry
     of ``profiles`` and write it to ``plan``; load and update ``timing_cache``."""
     import tensorrt as trt
-    from polygraphy.backend.trt import (
-        CreateConfig,
-        EngineBytesFromNetwork,
-        NetworkFromOnnxPath,
-        Profile,
-    )
+    from polygraphy.backend.trt import CreateConfig, EngineBytesFromNetwork, NetworkFromOnnxPath
 
     before = timing_cache.stat().st_size if timing_cache and timing_cache.is_file() else 0
     if timing_cache is not None:
         timing_cache.parent.mkdir(parents=True, exist_ok=True)
-    trt_profiles = []
-    for shapes in profiles:
-        profile = Profile()
-        for name, (mn, opt, mx) in shapes.items():
-            profile.add(name, min=list(mn), opt=list(opt), max=list(mx))
-        trt_profiles.append(profile)
     config = CreateConfig(
-        profiles=trt_profiles,
+        profiles=polygraphy_profiles(profiles),
         load_timing_cache=str(timing_cache) if before else None,
         **resolve_config_kwargs(trt, settings.config_kwargs()),
     )
