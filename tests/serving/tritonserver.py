@@ -1,0 +1,168 @@
+"""A real tritonserver for the tests: the binary that nvidia-pytriton bundles (Triton 2.51).
+
+It lives in its own venv (``make triton-env`` -> ``.venv-triton``: nvidia-pytriton needs
+numpy<2), and has only the Python backend: TensorRT and ONNX Runtime models cannot load.
+How it starts without pytriton's own launcher: the Python backend's stub for this Python
+version is linked beside the backend library in a private backends folder, the venv's
+``bin`` goes first on PATH (so the stub's interpreter finds the venv's packages), and
+LD_LIBRARY_PATH gets the Python installation's ``lib`` and the wheel's ``nvidia_pytriton.libs``.
+The server listens on 127.0.0.1 only, on free ports; ``stop`` always ends it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 90.0
+STOP_TIMEOUT_S = 30.0
+
+
+def triton_venv() -> Path:
+    return Path(os.environ.get("TRTPACK_TRITON_VENV", str(ROOT / ".venv-triton")))
+
+
+def _site_packages(venv: Path) -> Path | None:
+    found = sorted(venv.glob("lib/python3.*/site-packages/pytriton"))
+    return found[0].parent if found else None
+
+
+def missing_reason() -> str | None:
+    """Why the server cannot start here (None when it can)."""
+    venv = triton_venv()
+    site = _site_packages(venv)
+    if site is None:
+        return (f"no nvidia-pytriton venv at {venv}: run `make triton-env` (or set "
+                "TRTPACK_TRITON_VENV)")
+    if not (site / "pytriton" / "tritonserver" / "bin" / "tritonserver").is_file():
+        return f"{site}/pytriton has no bundled tritonserver binary"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _python_version(venv: Path) -> str:
+    site = _site_packages(venv)
+    assert site is not None
+    return site.parent.name.removeprefix("python")  # lib/python3.11/site-packages
+
+
+def _backends_dir(site: Path, workdir: Path, version: str) -> Path:
+    """backends/python/ with the library, its utils and the stub for this Python."""
+    dist = site / "pytriton" / "tritonserver"
+    backends = workdir / "backends"
+    python = backends / "python"
+    python.mkdir(parents=True, exist_ok=True)
+    links = {
+        "libtriton_python.so": dist / "backends" / "python" / "libtriton_python.so",
+        "triton_python_backend_utils.py":
+            dist / "backends" / "python" / "triton_python_backend_utils.py",
+        "triton_python_backend_stub":
+            dist / "python_backend_stubs" / version / "triton_python_backend_stub",
+    }
+    for name, target in links.items():
+        link = python / name
+        if not link.exists():
+            link.symlink_to(target)
+    return backends
+
+
+@dataclass
+class TritonServer:
+    process: subprocess.Popen[bytes]
+    http_port: int
+    grpc_port: int
+    log_path: Path
+    start_seconds: float = 0.0
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def client(self):  # type: ignore[no-untyped-def]
+        import tritonclient.http as httpclient
+
+        return httpclient.InferenceServerClient(self.http_url, network_timeout=60.0,
+                                                connection_timeout=10.0)
+
+    def stop(self) -> None:
+        if self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+
+def _ready(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2) as r:
+            return int(r.status) == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def start_tritonserver(repository: Path, workdir: Path) -> TritonServer:
+    """Start tritonserver on ``repository`` (every model loaded); wait until it is ready."""
+    reason = missing_reason()
+    if reason is not None:
+        raise RuntimeError(reason)
+    venv = triton_venv()
+    site = _site_packages(venv)
+    assert site is not None
+    workdir.mkdir(parents=True, exist_ok=True)
+    backends = _backends_dir(site, workdir, _python_version(venv))
+    binary = site / "pytriton" / "tritonserver" / "bin" / "tritonserver"
+    libdirs = [sysconfig.get_config_var("LIBDIR") or "", str(site / "nvidia_pytriton.libs")]
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = ":".join(p for p in [*libdirs, env.get("LD_LIBRARY_PATH", "")] if p)
+    env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
+    env["HF_HUB_OFFLINE"] = "1"
+    http_port, grpc_port, metrics_port = _free_port(), _free_port(), _free_port()
+    log_path = workdir / "tritonserver.log"
+    cmd = [
+        str(binary), f"--model-repository={repository}", f"--backend-directory={backends}",
+        "--http-address=127.0.0.1", "--grpc-address=127.0.0.1",
+        f"--http-port={http_port}", f"--grpc-port={grpc_port}",
+        f"--metrics-port={metrics_port}", "--allow-metrics=false", "--allow-gpu-metrics=false",
+        "--strict-readiness=true", "--exit-timeout-secs=10",
+        "--backend-config=python,shm-default-byte-size=4194304",
+    ]
+    started = time.perf_counter()
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                   cwd=workdir, start_new_session=True)
+    server = TritonServer(process, http_port, grpc_port, log_path)
+    deadline = started + START_TIMEOUT_S
+    while time.perf_counter() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"tritonserver exited with {process.returncode}:\n"
+                               + server.log()[-4000:])
+        if _ready(http_port):
+            server.start_seconds = time.perf_counter() - started
+            return server
+        time.sleep(0.2)
+    server.stop()
+    raise RuntimeError(f"tritonserver not ready after {START_TIMEOUT_S:.0f} s:\n"
+                       + server.log()[-4000:])

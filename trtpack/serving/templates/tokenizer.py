@@ -1,0 +1,76 @@
+"""Triton Python-backend model written by trtpack: raw text in, the model's token tensors out.
+
+Reads its settings from the ``parameters`` of its ``config.pbtxt`` and its tokenizer from the
+``tokenizer/`` folder beside this file (``tokenizer.json``, loaded with the ``tokenizers``
+package: local files only, no network at load time). Each request is padded to its longest
+sentence, but to at least ``min_sequence`` tokens, and truncated to ``max_sequence``: the
+sequence range of the engine's optimization profiles.
+
+Needs ``numpy`` and ``tokenizers`` in the Python environment of the Triton server.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+FIELDS = ("ids", "attention_mask", "type_ids")
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from tokenizers import Tokenizer
+
+        config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        folder = Path(args["model_repository"]) / args["model_version"]
+        self.tokenizer = Tokenizer.from_file(str(folder / params["tokenizer_file"]))
+        self.min_len = int(params["min_sequence"])
+        self.max_len = int(params["max_sequence"])
+        self.pad_id = int(params["pad_id"])
+        self.text_input = params["text_input"]
+        self.fields = json.loads(params["outputs"])  # output name -> one of FIELDS
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(max_length=self.max_len)
+        self.dtypes = {
+            o["name"]: pb_utils.triton_string_to_numpy(o["data_type"]) for o in config["output"]
+        }
+        self.batched = int(config.get("max_batch_size", 0)) > 0
+        for name, field in self.fields.items():
+            if field not in FIELDS or name not in self.dtypes:
+                raise ValueError(f"output '{name}': unknown field '{field}'")
+
+    def encode(self, texts):
+        flat = [t.decode("utf-8") if isinstance(t, bytes) else str(t) for t in texts.reshape(-1)]
+        encodings = self.tokenizer.encode_batch(flat)
+        longest = max((len(e.ids) for e in encodings), default=0)
+        length = min(max(longest, self.min_len), self.max_len)
+        arrays = {
+            "ids": np.full((len(flat), length), self.pad_id, dtype=np.int64),
+            "attention_mask": np.zeros((len(flat), length), dtype=np.int64),
+            "type_ids": np.zeros((len(flat), length), dtype=np.int64),
+        }
+        for row, enc in enumerate(encodings):
+            n = len(enc.ids)
+            arrays["ids"][row, :n] = enc.ids
+            arrays["attention_mask"][row, :n] = enc.attention_mask
+            arrays["type_ids"][row, :n] = enc.type_ids
+        return arrays
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            try:
+                texts = pb_utils.get_input_tensor_by_name(request, self.text_input).as_numpy()
+                arrays = self.encode(texts)
+                tensors = [
+                    pb_utils.Tensor(name, arrays[field].astype(self.dtypes[name]))
+                    for name, field in self.fields.items()
+                ]
+                responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
+            except Exception as e:  # one bad request must not fail the others
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e))))
+        return responses

@@ -1,0 +1,199 @@
+"""Tuning hand-off: perf_analyzer command lines and a Model Analyzer config.
+
+Shapes come from the shape profiles, so the measured requests are ones the engine accepts:
+one perf_analyzer run per profile at its opt and its max shape (batch from ``-b``, the other
+dims from ``--shape``, which leaves the batch out), and, for text serving, one run of the
+ensemble with real sentences. The Model Analyzer config sweeps the serving options the
+recipe sets (instances, queue delay) around the recipe's values.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trtpack.recipe import TritonSettings
+from trtpack.serving.config import read_config
+from trtpack.shapes import ShapeProfile
+
+if TYPE_CHECKING:
+    from trtpack.serving.repository import ModelRepository
+
+PERF_SCRIPT = "perf_analyzer.sh"
+MODEL_ANALYZER_CONFIG = "model_analyzer.yaml"
+TEXT_INPUT_DATA = "perf_text_inputs.json"
+README = "README.md"
+SAMPLE_SENTENCES = (
+    "A man is playing a guitar on a stage.",
+    "The quarterly report shows revenue grew by eight percent.",
+    "How do I reset my password?",
+    "Triton serves the same model to many clients at once, batching their requests.",
+)
+
+
+def _shape_flags(profile: ShapeProfile, corner: str, batched: bool) -> tuple[int, list[str]]:
+    flags: list[str] = []
+    batch = 1
+    for name, r in profile.shapes.items():
+        shape = r.corner(corner)
+        if batched:
+            batch = shape[0]
+            shape = shape[1:]
+        if shape:
+            flags.append(f"{name}:{','.join(str(d) for d in shape)}")
+    return batch, flags
+
+
+def perf_analyzer_commands(model: str, profiles: Sequence[ShapeProfile], max_batch_size: int,
+                           *, integer_inputs: bool, url: str = "${TRITON_URL}",
+                           concurrency: str = "1:8:1") -> list[list[str]]:
+    """One perf_analyzer argv per profile and corner (opt, max)."""
+    commands: list[list[str]] = []
+    batched = max_batch_size > 0
+    seen: set[str] = set()
+    for profile in profiles:
+        for corner in ("opt", "max"):
+            batch, shapes = _shape_flags(profile, corner, batched)
+            batch = min(batch, max_batch_size) if batched else 1
+            cmd = ["perf_analyzer", "-m", model, "-i", "grpc", "-u", url, "-b", str(batch)]
+            for s in shapes:
+                cmd += ["--shape", s]
+            if integer_inputs:
+                # random integers would index past the vocabulary; zeros are valid token ids
+                cmd += ["--input-data", "zero"]
+            cmd += ["--concurrency-range", concurrency, "--percentile", "95",
+                    "--measurement-interval", "5000"]
+            key = " ".join(cmd)
+            if key not in seen:
+                seen.add(key)
+                commands.append(cmd)
+    return commands
+
+
+def _quote(cmd: list[str]) -> str:
+    # keep ${TRITON_URL} expandable by the shell
+    return " ".join(a if a.startswith("${") else shlex.quote(a) for a in cmd)
+
+
+def model_analyzer_config(repo: ModelRepository, model: str, profiles: Sequence[ShapeProfile],
+                          settings: TritonSettings, *, kind: str,
+                          integer_inputs: bool) -> dict[str, Any]:
+    config = read_config(repo.root / model / "config.pbtxt")
+    mbs = int(config.max_batch_size)
+    batched = mbs > 0
+    _, shapes = _shape_flags(profiles[0], "opt", batched)
+    flags: dict[str, Any] = {"shape": shapes}
+    if integer_inputs:
+        flags["input-data"] = "zero"
+    batch_sizes = sorted({1, *(min(p.axis_range(0)[1], mbs) for p in profiles), mbs}) \
+        if batched else [1]
+    delays = sorted({0, settings.max_queue_delay_us, 100, 500, 1000})
+    counts = sorted({1, 2, settings.instance_count})
+    params: dict[str, Any] = {"instance_group": [{"kind": kind, "count": counts}]}
+    if batched:
+        params["max_batch_size"] = [mbs]
+        params["dynamic_batching"] = {"max_queue_delay_microseconds": delays}
+    return {
+        "model_repository": str(repo.root.resolve()),
+        "output_model_repository_path": "./model_analyzer_repository",
+        "override_output_model_repository": True,
+        "export_path": "./model_analyzer_results",
+        "run_config_search_disable": True,
+        "batch_sizes": batch_sizes,
+        "concurrency": [1, 2, 4, 8, 16],
+        "profile_models": {
+            model: {"perf_analyzer_flags": flags, "model_config_parameters": params},
+        },
+    }
+
+
+def write_tuning_files(dest: Path, repo: ModelRepository, profiles: Sequence[ShapeProfile],
+                       settings: TritonSettings) -> list[Path]:
+    """Write the perf_analyzer script, the Model Analyzer config and a README into ``dest``."""
+    import yaml
+
+    dest.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    main = repo.by_role("model")[0]
+    main_config = read_config(main.path / "config.pbtxt")
+    mbs = int(main_config.max_batch_size)
+    integer_inputs = any(t.data_type in (8, 9) for t in main_config.input)  # INT32, INT64
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# perf_analyzer runs for the Triton model repository {repo.root.name}/ written by",
+        "# trtpack: one run per shape profile at its opt and max shape. Start tritonserver on",
+        "# that repository first; TRITON_URL is its gRPC address.",
+        "set -euo pipefail",
+        'TRITON_URL="${TRITON_URL:-localhost:8001}"',
+        'HERE="$(cd "$(dirname "$0")" && pwd)"',
+        "",
+    ]
+    tensor_models = [main, *repo.by_role("cpu_fallback")]
+    for m in tensor_models:
+        lines.append(f"# {m.name} ({m.backend})")
+        for cmd in perf_analyzer_commands(m.name, profiles, mbs, integer_inputs=integer_inputs):
+            lines.append(_quote(cmd))
+        lines.append("")
+    ensembles = repo.by_role("ensemble")
+    if ensembles:
+        data = {"data": [{"TEXT": {"content": [s], "shape": [1]}} for s in SAMPLE_SENTENCES]}
+        data_path = dest / TEXT_INPUT_DATA
+        data_path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        written.append(data_path)
+        batch = min(profiles[0].axis_range(0)[1], mbs) if mbs > 0 else 1
+        for e in ensembles:
+            lines.append(f"# {e.name}: text in, through {', '.join(e.members)}")
+            cmd = ["perf_analyzer", "-m", e.name, "-i", "grpc", "-u", "${TRITON_URL}",
+                   "-b", str(batch), "--input-data", f"$HERE/{TEXT_INPUT_DATA}",
+                   "--concurrency-range", "1:8:1", "--percentile", "95",
+                   "--measurement-interval", "5000"]
+            lines.append(_quote(cmd).replace(f"'$HERE/{TEXT_INPUT_DATA}'",
+                                             f'"$HERE/{TEXT_INPUT_DATA}"'))
+            lines.append("")
+    script = dest / PERF_SCRIPT
+    script.write_text("\n".join(lines), encoding="utf-8")
+    script.chmod(0o755)
+    written.append(script)
+
+    kind = main_config.instance_group[0].kind if main_config.instance_group else 0
+    kind_name = "KIND_GPU" if kind == 1 else "KIND_CPU"
+    ma = model_analyzer_config(repo, main.name, profiles, settings, kind=kind_name,
+                               integer_inputs=integer_inputs)
+    ma_path = dest / MODEL_ANALYZER_CONFIG
+    ma_path.write_text(
+        "# Model Analyzer sweep for the model trtpack built; run with\n"
+        f"#   model-analyzer profile -f {MODEL_ANALYZER_CONFIG}\n"
+        + yaml.safe_dump(ma, sort_keys=False), encoding="utf-8")
+    written.append(ma_path)
+
+    readme = dest / README
+    readme.write_text(_readme(repo, mbs), encoding="utf-8")
+    written.append(readme)
+    return written
+
+
+def _readme(repo: ModelRepository, mbs: int) -> str:
+    rows = "\n".join(f"| `{m.name}` | {m.role} | {m.backend} |" for m in repo.models)
+    python = [m.name for m in repo.models if m.backend == "python"]
+    deps = ""
+    if python:
+        deps = (
+            f"\nThe Python-backend models ({', '.join(python)}) need `numpy` and "
+            "`tokenizers` in the server's Python environment (`pip install tokenizers` in "
+            "the tritonserver container, or a conda-pack environment named by the "
+            "`EXECUTION_ENV_PATH` parameter).\n"
+        )
+    return (
+        "# Serving and tuning\n\n"
+        f"Model repository: `{repo.root.name}/` (max_batch_size {mbs}).\n\n"
+        "| model | role | backend |\n| --- | --- | --- |\n"
+        f"{rows}\n{deps}\n"
+        "Serve it:\n\n"
+        f"    tritonserver --model-repository $PWD/{repo.root.name}"
+        " --cache-config local,size=268435456   # the cache only if response_cache is on\n\n"
+        f"Measure it: `./{PERF_SCRIPT}` (perf_analyzer, one run per profile corner).\n"
+        f"Sweep the serving options: `model-analyzer profile -f {MODEL_ANALYZER_CONFIG}`.\n"
+    )
