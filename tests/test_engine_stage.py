@@ -97,3 +97,31 @@ def test_engine_onnx_prefers_the_precision_onnx(tmp_path: Path) -> None:
     assert engine_stage.engine_onnx(ctx) == Path("simplified.onnx")
     ctx.artifacts["precision_onnx"] = Path("fp16.onnx")
     assert engine_stage.engine_onnx(ctx) == Path("fp16.onnx")
+
+
+def test_polygraphy_and_tensorrt_messages_go_to_the_stage_log(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The library never prints: polygraphy's logger (which also carries TensorRT's
+    messages) is routed to the stage log while building, and restored afterwards."""
+    pytest.importorskip("polygraphy")
+    from polygraphy.logger import G_LOGGER
+
+    from trtpack.engine.tensorrt_api import polygraphy_logging
+
+    log = logging.getLogger("test-engine-log")
+    log.propagate = False
+    handler = logging.FileHandler(tmp_path / "engine.log")
+    log.addHandler(handler)
+    before = (G_LOGGER.use_python_logging_system, G_LOGGER.module_severity)
+    try:
+        with polygraphy_logging(log):
+            G_LOGGER.info("building the engine")
+            G_LOGGER.warning("a TensorRT warning")
+    finally:
+        log.removeHandler(handler)
+        handler.close()
+    captured = capsys.readouterr()
+    assert "building the engine" not in captured.out + captured.err
+    text = (tmp_path / "engine.log").read_text()
+    assert "building the engine" in text and "a TensorRT warning" in text
+    assert (G_LOGGER.use_python_logging_system, G_LOGGER.module_severity) == before

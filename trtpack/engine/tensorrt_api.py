@@ -35,14 +35,15 @@ def polygraphy_logging(log: logging.Logger, severity: str = "INFO") -> Iterator[
     G_LOGGER.use_python_logging_system = True
     G_LOGGER.module_severity = getattr(G_LOGGER, severity)
     target = logging.getLogger("Polygraphy")
-    saved_handlers, saved_propagate = list(target.handlers), target.propagate
+    saved = list(target.handlers), target.propagate, target.level
     target.handlers = list(log.handlers)
     target.propagate = False
     target.setLevel(logging.DEBUG)
     try:
         yield
     finally:
-        target.handlers, target.propagate = saved_handlers, saved_propagate
+        target.handlers, target.propagate = saved[0], saved[1]
+        target.setLevel(saved[2])
         G_LOGGER.module_severity = saved_severity
         G_LOGGER.use_python_logging_system = saved_python
 
