@@ -1,0 +1,147 @@
+"""A model past protobuf's 2 GB limit (recipe big-embedding: 2.46 GB of float32 weights) builds
+into a Triton repository whose ``1/model.onnx`` keeps its weights in an external data file next
+to it, referenced by a relative name: the version folder still runs after it is moved away
+from the build output and everything else of the build is deleted.
+
+Slow: the factory fills 2.46 GB of weights and the build writes them once more (about a minute,
+2.5 GB of disk, 3 GB of memory).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow
+
+MODEL = "big-embedding"
+OUTPUT = "sentence_embedding"
+PROTOBUF_LIMIT = 2**31
+BUILD_TIMEOUT_SECONDS = 1800
+
+
+@pytest.fixture(scope="module")
+def big_model() -> Any:
+    from trtpack.testing.models import big_embedding_model
+
+    return big_embedding_model()
+
+
+@pytest.fixture(scope="module")
+def build_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``trtpack build big-embedding`` as a user runs it, in its own process."""
+    out = tmp_path_factory.mktemp("big-build") / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "trtpack.cli", "build", MODEL, "--target", "cpu",
+         "--precision", "fp32", "--out", str(out), "--no-cache"],
+        capture_output=True, text=True, timeout=BUILD_TIMEOUT_SECONDS, check=False,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def moved_version_dir(build_out: Path, tmp_path_factory: pytest.TempPathFactory
+                      ) -> Iterator[Path]:
+    """The model's folder moved to an unrelated place, with the rest of the build deleted:
+    only relative external-data paths still resolve."""
+    elsewhere = tmp_path_factory.mktemp("elsewhere") / "served-models"
+    elsewhere.mkdir()
+    shutil.move(str(build_out / "model_repository" / MODEL), str(elsewhere / MODEL))
+    shutil.rmtree(build_out)
+    yield elsewhere / MODEL / "1"
+
+
+def _external_locations(model_path: Path) -> dict[str, list[str]]:
+    """location -> names of the initializers stored there."""
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    locations: dict[str, list[str]] = {}
+    for tensor in model.graph.initializer:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            entry = {e.key: e.value for e in tensor.external_data}
+            locations.setdefault(entry["location"], []).append(tensor.name)
+    return locations
+
+
+def test_build_exits_zero(build_out: Path) -> None:
+    assert (build_out / "model_repository" / MODEL / "config.pbtxt").is_file()
+    assert (build_out / "model_repository" / MODEL / "1" / "model.onnx").is_file()
+
+
+def test_version_folder_holds_the_model_and_its_external_data(moved_version_dir: Path
+                                                              ) -> None:
+    model_path = moved_version_dir / "model.onnx"
+    assert model_path.is_file()
+    # the graph is small; the weights are elsewhere
+    assert model_path.stat().st_size < 1_000_000
+    locations = _external_locations(model_path)
+    assert list(locations) == ["model.onnx.data"], locations
+    data = moved_version_dir / "model.onnx.data"
+    assert data.is_file()
+    assert data.stat().st_size > PROTOBUF_LIMIT
+    assert "embeddings.weight" in " ".join(locations["model.onnx.data"])
+    # nothing but the model and its weights: Triton's onnxruntime backend loads the folder
+    assert sorted(p.name for p in moved_version_dir.iterdir()) == ["model.onnx",
+                                                                   "model.onnx.data"]
+
+
+def _realistic_inputs(vocab_size: int, batch: int, sequence: int, seed: int
+                      ) -> dict[str, np.ndarray]:
+    """Token ids over the whole vocabulary (the last rows too) and right-padded masks of
+    different lengths, one row fully unpadded and one of a single token."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, vocab_size, size=(batch, sequence), dtype=np.int64)
+    ids[0, 0] = vocab_size - 1
+    lengths = rng.integers(1, sequence + 1, size=batch)
+    lengths[0] = sequence
+    if batch > 1:
+        lengths[1] = 1
+    mask = (np.arange(sequence)[None, :] < lengths[:, None]).astype(np.int64)
+    ids = np.where(mask == 1, ids, 0)
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+@pytest.mark.parametrize(("batch", "sequence"), [(1, 16), (4, 64), (8, 128)])
+def test_moved_repository_runs_in_onnxruntime_like_torch(
+    moved_version_dir: Path, big_model: Any, batch: int, sequence: int
+) -> None:
+    import onnxruntime as ort
+    import torch
+
+    session = ort.InferenceSession(str(moved_version_dir / "model.onnx"),
+                                   providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == ["input_ids", "attention_mask"]
+    inputs = _realistic_inputs(big_model.vocab_size, batch, sequence, seed=batch)
+    (got,) = session.run([OUTPUT], inputs)
+    with torch.inference_mode():
+        want = big_model(*(torch.from_numpy(inputs[k]) for k in ("input_ids",
+                                                                "attention_mask"))).numpy()
+    assert got.shape == want.shape == (batch, 256)
+    assert np.abs(got - want).max() < 1e-5
+    cosine = (got * want).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
+    assert cosine.min() > 0.99999
+
+
+def test_factory_is_deterministic_and_past_the_protobuf_limit(big_model: Any) -> None:
+    import torch
+
+    from trtpack.testing.models import big_embedding_model
+
+    weight_bytes = sum(t.numel() * t.element_size() for t in big_model.state_dict().values())
+    assert weight_bytes > PROTOBUF_LIMIT
+    inputs = _realistic_inputs(big_model.vocab_size, 2, 8, seed=0)
+    args = [torch.from_numpy(inputs[k]) for k in ("input_ids", "attention_mask")]
+    again = big_embedding_model()
+    with torch.inference_mode():
+        assert torch.equal(big_model(*args), again(*args))
