@@ -187,6 +187,9 @@ def build(
     fallback_cpu: Annotated[bool, typer.Option(
         "--fallback-cpu", help="Also emit an ONNX Runtime model with CPU instances beside "
         "a TensorRT model.")] = False,
+    portable: Annotated[str | None, typer.Option(
+        help="Engine hardware compatibility: ampere+ (runs on any GPU of compute capability "
+        "8.0+, a little slower) or same_compute_capability. Default: the recipe's.")] = None,
     cache_dir: Annotated[Path | None, typer.Option(
         help="Stage cache folder (default ~/.cache/trtpack, or $TRTPACK_CACHE_DIR).")] = None,
     no_cache: Annotated[bool, typer.Option(
@@ -209,6 +212,7 @@ def build(
         calibration=calibration, fallback=fallback,  # type: ignore[arg-type]
         serve=serve,  # type: ignore[arg-type]
         fallback_cpu=fallback_cpu, cache_dir=cache_dir, use_cache=not no_cache,
+        portable=portable,
     )
     options, warnings = resolve_options(request)
     for w in warnings:
@@ -373,6 +377,31 @@ def inspect(
     if check and result.runs_here is not True:
         reasons = [r for e in result.all_engines() for r in e.reasons] or ["no engine found"]
         raise MissingEnvironmentError("cannot run here: " + "; ".join(reasons))
+
+
+@app.command()
+@handle_errors
+def package(
+    path: Annotated[Path, typer.Argument(help="A trtpack build folder or a Triton model "
+                                               "repository.")],
+    sagemaker: Annotated[bool, typer.Option(
+        "--sagemaker", help="One <model>.tar.gz per served model for SageMaker multi-model "
+        "endpoints (an ensemble packed with its members), and SAGEMAKER.md.")] = False,
+    dest: Annotated[Path | None, typer.Option(
+        "--dest", help="Where to write the archives (default PATH/sagemaker).")] = None,
+) -> None:
+    """Package a built model repository for a serving platform."""
+    from trtpack.errors import UserInputError
+    from trtpack.serving.sagemaker import package_sagemaker
+
+    if not sagemaker:
+        raise UserInputError("choose a format to package for: --sagemaker")
+    result = package_sagemaker(path, dest)
+    for archive in result.archives:
+        out.print(f"{archive.path}  [dim]loads {archive.entry}: {', '.join(archive.members)}[/]",
+                  soft_wrap=True)
+    out.print(f"container environment: {result.note}", soft_wrap=True)
+
 
 def main() -> None:
     app()
