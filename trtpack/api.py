@@ -33,10 +33,12 @@ class BuildRequest:
     fallback_cpu: bool = False
     cache_dir: Path | None = None
     use_cache: bool = True
+    portable: str | None = None  # hardware compatibility override, e.g. "ampere+"
     warnings: list[str] = field(default_factory=list)
 
 
-def resolve_target_for_build(name: str, build_engine: bool) -> tuple[Target, list[str]]:
+def resolve_target_for_build(name: str, build_engine: bool,
+                             hardware_compatibility: str = "none") -> tuple[Target, list[str]]:
     """The target to build for, and warnings. ``auto`` picks the local GPU's family when a
     GPU and TensorRT are present, else ``cpu`` (with a warning). An explicit GPU target
     never falls back: a missing GPU or TensorRT is an error (exit 3) raised before any work,
@@ -51,13 +53,20 @@ def resolve_target_for_build(name: str, build_engine: bool) -> tuple[Target, lis
                      "'cpu' (ONNX Runtime); pass --target to choose"]
     target = resolve_target(name)
     if target.is_gpu and build_engine:
-        gpu.check_engine_environment(target)
+        gpu.check_engine_environment(target, hardware_compatibility)  # type: ignore[arg-type]
     return target, []
 
 
 def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
     """Validate everything the build needs before any work starts."""
     recipe: Recipe = resolve_model(request.model)
+    if request.portable is not None:
+        if request.portable not in ("none", "ampere+", "same_compute_capability"):
+            raise UserInputError(
+                f"--portable must be ampere+, same_compute_capability or none, not "
+                f"'{request.portable}'")
+        recipe = recipe.model_copy(update={"engine": recipe.engine.model_copy(
+            update={"hardware_compatibility": request.portable})})
     precision = request.precision or recipe.precision
     if precision not in PRECISIONS:
         raise UserInputError(
@@ -75,7 +84,8 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
             f"--serve text needs a tokenizer, and recipe '{recipe.name}' has none "
             "(tokenizer: false); use --serve tensor"
         )
-    target, warnings = resolve_target_for_build(request.target, request.build_engine)
+    target, warnings = resolve_target_for_build(request.target, request.build_engine,
+                                                recipe.engine.hardware_compatibility)
     out = request.out or Path("build") / recipe.name
     if out.exists() and not out.is_dir():
         raise UserInputError(f"--out '{out}' exists and is not a directory")

@@ -76,7 +76,7 @@ def load_tokenizer(recipe: Recipe, model_dir: Path | None) -> Any | None:
         return None
     from transformers import AutoTokenizer
 
-    candidates = [model_dir] if model_dir is not None else []
+    candidates: list[Path | None] = [model_dir]
     if recipe.tokenizer_source is not None:
         candidates.append(source_directory(recipe.tokenizer_source))
     for directory in candidates:

@@ -154,11 +154,14 @@ def tool_versions() -> dict[str, str | None]:
 
     versions: dict[str, str | None] = {"trtpack": __version__}
     for dist in ("torch", "transformers", "onnx", "onnxruntime", "onnxsim", "polygraphy",
-                 "nvidia-modelopt", "tensorrt"):
+                 "nvidia-modelopt"):
         try:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             versions[dist] = None
+    from trtpack.gpu import tensorrt_version
+
+    versions["tensorrt"] = tensorrt_version()
     return versions
 
 
