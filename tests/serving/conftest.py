@@ -86,8 +86,8 @@ def minilm(minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> BuiltM
 
 @pytest.fixture(scope="session")
 def classifier(minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> BuiltModel:
-    """A tiny random BERT sequence classifier (3 labels) with MiniLM's tokenizer; its
-    recipe is inferred from the folder as for any Hugging Face directory."""
+    """A tiny random BERT sequence classifier (3 labels) with MiniLM's tokenizer set to pad on
+    the left; its recipe is inferred from the folder as for any Hugging Face directory."""
     import torch
     from transformers import BertConfig, BertForSequenceClassification
 
@@ -96,6 +96,9 @@ def classifier(minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Bu
     for name in TOKENIZER_FILES:
         if (minilm_dir / name).is_file():
             shutil.copy(minilm_dir / name, folder / name)
+    # this tokenizer pads on the left (transformers reads that from tokenizer_config.json)
+    tok_config = json.loads((folder / "tokenizer_config.json").read_text())
+    write_json(folder / "tokenizer_config.json", {**tok_config, "padding_side": "left"})
     torch.manual_seed(0)
     config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2,
                         num_attention_heads=2, intermediate_size=64, num_labels=3,

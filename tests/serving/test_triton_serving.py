@@ -140,6 +140,22 @@ def test_classifier_ensemble_returns_probabilities_and_label_names(
     assert labels == [CLASSIFIER_LABELS[int(i)] for i in probs.argmax(axis=1)]
 
 
+def test_left_padding_tokenizer_matches_transformers(server: TritonServer,
+                                                     classifier: BuiltModel) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(classifier.hf_dir))
+    assert tok.padding_side == "left"
+    sentences = ["short", "a somewhat longer sentence than that", "word " * 100]
+    out = _infer(server, "tiny-classifier_tokenizer", {"TEXT": _text(sentences)},
+                 ["input_ids", "attention_mask"])
+    expected = tok(sentences, padding="max_length", truncation=True, max_length=64,
+                   return_tensors="np")  # profile 1x4:2x16:4x64: the long one is cut at 64
+    np.testing.assert_array_equal(out["input_ids"], expected["input_ids"])
+    np.testing.assert_array_equal(out["attention_mask"], expected["attention_mask"])
+    assert out["attention_mask"][0, 0] == 0 and out["attention_mask"][0, -1] == 1
+
+
 def test_postprocess_softmax_served_alone(server: TritonServer) -> None:
     logits = np.array([[0.0, 1.0, 2.0], [5.0, 0.0, 0.0]], dtype=np.float32)
     out = _infer(server, "tiny-classifier_postprocess", {"logits": logits},

@@ -136,8 +136,14 @@ def tokenizer_io(model_io: ModelIO, fields: Mapping[str, TokenField]) -> ModelIO
 
 def tokenizer_config(name: str, model_io: ModelIO, fields: Mapping[str, TokenField],
                      profiles: Sequence[ShapeProfile], settings: TritonSettings,
-                     seq: SequenceRange, pad_id: int) -> Any:
+                     seq: SequenceRange, pad_id: int, padding_side: str = "right",
+                     truncation_side: str = "right") -> Any:
+    for side in (padding_side, truncation_side):
+        if side not in ("left", "right"):
+            raise UserInputError(f"tokenizer padding/truncation side '{side}' is not left/right")
     params = {
+        "padding_side": padding_side,
+        "truncation_side": truncation_side,
         "tokenizer_file": f"{TOKENIZER_FOLDER}/tokenizer.json",
         "min_sequence": str(seq.min),
         "max_sequence": str(seq.max),

@@ -82,6 +82,8 @@ class ModelRepository:
 class TokenizerInfo:
     pad_id: int
     model_max_length: int | None
+    padding_side: str = "right"
+    truncation_side: str = "right"
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -158,7 +160,8 @@ def prepare_tokenizer(tokenizer_dir: Path, dst: Path) -> TokenizerInfo:
         pad_id = int(tokenizer.padding["pad_id"])
     max_len = settings.get("model_max_length")
     model_max_length = int(max_len) if isinstance(max_len, int | float) and max_len < 1e6 else None
-    return TokenizerInfo(pad_id if pad_id is not None else 0, model_max_length)
+    sides = [str(settings.get(k) or "right") for k in ("padding_side", "truncation_side")]
+    return TokenizerInfo(pad_id if pad_id is not None else 0, model_max_length, *sides)
 
 
 def _warmup(config: Any, io: ModelIO, profiles: Sequence[ShapeProfile]) -> None:
@@ -327,7 +330,7 @@ def write_model_repository(
         info = prepare_tokenizer(tokenizer_dir, dest / tok_name / VERSION / ens.TOKENIZER_FOLDER)
         seq = ens.sequence_range(fields, profiles, info.model_max_length)
         tok_config = ens.tokenizer_config(tok_name, io, fields, profiles, settings, seq,
-                                          info.pad_id)
+                                          info.pad_id, info.padding_side, info.truncation_side)
         shutil.copyfile(ens.TEMPLATES_DIR / "tokenizer.py",
                         write(tok_name, "tokenizer", "python", tok_config) / "model.py")
         if plan is not None:

@@ -10,6 +10,7 @@ recipe sets (instances, queue delay) around the recipe's values.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
@@ -79,8 +80,9 @@ def _quote(cmd: list[str]) -> str:
 
 
 def model_analyzer_config(repo: ModelRepository, model: str, profiles: Sequence[ShapeProfile],
-                          settings: TritonSettings, *, kind: str,
-                          integer_inputs: bool) -> dict[str, Any]:
+                          settings: TritonSettings, *, kind: str, integer_inputs: bool,
+                          repository_path: str) -> dict[str, Any]:
+    """``repository_path`` as Model Analyzer will see it (relative to where it runs)."""
     config = read_config(repo.root / model / "config.pbtxt")
     mbs = int(config.max_batch_size)
     batched = mbs > 0
@@ -97,7 +99,7 @@ def model_analyzer_config(repo: ModelRepository, model: str, profiles: Sequence[
         params["max_batch_size"] = [mbs]
         params["dynamic_batching"] = {"max_queue_delay_microseconds": delays}
     return {
-        "model_repository": str(repo.root.resolve()),
+        "model_repository": repository_path,
         "output_model_repository_path": "./model_analyzer_repository",
         "override_output_model_repository": True,
         "export_path": "./model_analyzer_results",
@@ -117,6 +119,8 @@ def write_tuning_files(dest: Path, repo: ModelRepository, profiles: Sequence[Sha
 
     dest.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
+    # relative: the build folder is renamed into place after this is written
+    rel = os.path.relpath(repo.root.resolve(), dest.resolve())
     main = repo.by_role("model")[0]
     main_config = read_config(main.path / "config.pbtxt")
     mbs = int(main_config.max_batch_size)
@@ -161,21 +165,21 @@ def write_tuning_files(dest: Path, repo: ModelRepository, profiles: Sequence[Sha
     kind = main_config.instance_group[0].kind if main_config.instance_group else 0
     kind_name = "KIND_GPU" if kind == 1 else "KIND_CPU"
     ma = model_analyzer_config(repo, main.name, profiles, settings, kind=kind_name,
-                               integer_inputs=integer_inputs)
+                               integer_inputs=integer_inputs, repository_path=rel)
     ma_path = dest / MODEL_ANALYZER_CONFIG
     ma_path.write_text(
-        "# Model Analyzer sweep for the model trtpack built; run with\n"
+        "# Model Analyzer sweep for the model trtpack built; run from this folder with\n"
         f"#   model-analyzer profile -f {MODEL_ANALYZER_CONFIG}\n"
         + yaml.safe_dump(ma, sort_keys=False), encoding="utf-8")
     written.append(ma_path)
 
     readme = dest / README
-    readme.write_text(_readme(repo, mbs), encoding="utf-8")
+    readme.write_text(_readme(repo, mbs, rel), encoding="utf-8")
     written.append(readme)
     return written
 
 
-def _readme(repo: ModelRepository, mbs: int) -> str:
+def _readme(repo: ModelRepository, mbs: int, rel: str) -> str:
     rows = "\n".join(f"| `{m.name}` | {m.role} | {m.backend} |" for m in repo.models)
     python = [m.name for m in repo.models if m.backend == "python"]
     deps = ""
@@ -188,11 +192,12 @@ def _readme(repo: ModelRepository, mbs: int) -> str:
         )
     return (
         "# Serving and tuning\n\n"
-        f"Model repository: `{repo.root.name}/` (max_batch_size {mbs}).\n\n"
+        f"Model repository: `{rel}/` from this folder (max_batch_size {mbs}). Run the "
+        "commands below from this folder.\n\n"
         "| model | role | backend |\n| --- | --- | --- |\n"
         f"{rows}\n{deps}\n"
         "Serve it:\n\n"
-        f"    tritonserver --model-repository $PWD/{repo.root.name}"
+        f"    tritonserver --model-repository $PWD/{rel}"
         " --cache-config local,size=268435456   # the cache only if response_cache is on\n\n"
         f"Measure it: `./{PERF_SCRIPT}` (perf_analyzer, one run per profile corner).\n"
         f"Sweep the serving options: `model-analyzer profile -f {MODEL_ANALYZER_CONFIG}`.\n"

@@ -33,8 +33,10 @@ class TritonPythonModel:
         self.pad_id = int(params["pad_id"])
         self.text_input = params["text_input"]
         self.fields = json.loads(params["outputs"])  # output name -> one of FIELDS
+        self.pad_left = params.get("padding_side", "right") == "left"
         self.tokenizer.no_padding()
-        self.tokenizer.enable_truncation(max_length=self.max_len)
+        self.tokenizer.enable_truncation(max_length=self.max_len,
+                                         direction=params.get("truncation_side", "right"))
         self.dtypes = {
             o["name"]: pb_utils.triton_string_to_numpy(o["data_type"]) for o in config["output"]
         }
@@ -55,9 +57,10 @@ class TritonPythonModel:
         }
         for row, enc in enumerate(encodings):
             n = len(enc.ids)
-            arrays["ids"][row, :n] = enc.ids
-            arrays["attention_mask"][row, :n] = enc.attention_mask
-            arrays["type_ids"][row, :n] = enc.type_ids
+            cols = slice(length - n, length) if self.pad_left else slice(0, n)
+            arrays["ids"][row, cols] = enc.ids
+            arrays["attention_mask"][row, cols] = enc.attention_mask
+            arrays["type_ids"][row, cols] = enc.type_ids
         return arrays
 
     def execute(self, requests):
