@@ -131,6 +131,12 @@ class TritonSettings(_Strict):
     cuda_graphs: bool = False
     warmup: bool = False
     version_policy: Literal["latest", "all"] = "latest"
+    serve: Literal["tensor", "text"] = Field(
+        "tensor", description="text: also tokenizer, post-processing and ensemble models, so "
+        "clients send strings (needs a tokenizer); --serve overrides it")
+    fallback_cpu: bool = Field(
+        False, description="also the FP32 ONNX on ONNX Runtime with CPU instances beside a "
+        "GPU model; --fallback-cpu overrides it")
 
 
 class EngineSettings(_Strict):

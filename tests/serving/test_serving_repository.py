@@ -226,3 +226,15 @@ def test_onnx_on_gpu_without_engine(minilm: BuiltModel, tmp_path: Path) -> None:
     repo = minilm.write(tmp_path / "repo", gpu=True, fallback_cpu=True)
     assert read_config(repo.root / "minilm" / "config.pbtxt").instance_group[0].kind == 1
     assert read_config(repo.root / "minilm_cpu" / "config.pbtxt").instance_group[0].kind == 2
+
+
+def test_recipe_can_ask_for_text_serving_and_cpu_fallback(minilm: BuiltModel) -> None:
+    from pydantic import ValidationError
+
+    from trtpack.recipe import TritonSettings
+
+    settings = TritonSettings.model_validate({"serve": "text", "fallback_cpu": True})
+    assert (settings.serve, settings.fallback_cpu) == ("text", True)
+    assert (TritonSettings().serve, TritonSettings().fallback_cpu) == ("tensor", False)
+    with pytest.raises(ValidationError):
+        TritonSettings.model_validate({"serve": "image"})
