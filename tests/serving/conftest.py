@@ -164,7 +164,7 @@ def servable_copy(repos: list[ModelRepository], dest: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def triton_server(tmp_path_factory: pytest.TempPathFactory
-                  ) -> Iterator[Callable[[Path], TritonServer]]:
+                  ) -> Iterator[Callable[..., TritonServer]]:
     """Start servers on repositories; every server started here is stopped afterwards."""
     reason = missing_reason()
     if reason is not None:
@@ -172,8 +172,9 @@ def triton_server(tmp_path_factory: pytest.TempPathFactory
     pytest.importorskip("tritonclient.http", reason="tritonclient[http] is not installed")
     started: list[TritonServer] = []
 
-    def start(repository: Path) -> TritonServer:
-        server = start_tritonserver(repository, tmp_path_factory.mktemp("tritonserver"))
+    def start(repository: Path, cache_bytes: int = 0) -> TritonServer:
+        server = start_tritonserver(repository, tmp_path_factory.mktemp("tritonserver"),
+                                    cache_bytes=cache_bytes)
         started.append(server)
         return server
 

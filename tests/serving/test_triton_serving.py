@@ -32,7 +32,7 @@ SENTENCES = [
 
 
 @pytest.fixture(scope="module")
-def server(triton_server: Callable[[Path], TritonServer], minilm_text_repo: ModelRepository,
+def server(triton_server: Callable[..., TritonServer], minilm_text_repo: ModelRepository,
            classifier_text_repo: ModelRepository,
            tmp_path_factory: pytest.TempPathFactory) -> TritonServer:
     repo = servable_copy([minilm_text_repo, classifier_text_repo],
@@ -185,3 +185,28 @@ def test_ensemble_latency_is_bounded(server: TritonServer) -> None:
         _infer(server, "minilm_ensemble", {"TEXT": text}, ["embedding"])
         times.append(time.perf_counter() - started)
     assert float(np.median(times)) < 1.0, times
+
+
+def test_serving_options_are_accepted_by_the_server(
+        triton_server: Callable[..., TritonServer], minilm: BuiltModel, tmp_path: Path) -> None:
+    """Instances, queue delay, warmup, version policy and the response cache, as written."""
+    settings = minilm.recipe.triton.model_copy(update={
+        "instance_count": 2, "max_queue_delay_us": 500, "response_cache": True,
+        "warmup": True, "version_policy": "all"})
+    repo = minilm.write(tmp_path / "repo", settings=settings, serve="text")
+    server = triton_server(servable_copy([repo], tmp_path / "served"), cache_bytes=16 << 20)
+    text = _text(["cache me", "and me"])
+    first = _infer(server, "minilm_ensemble", {"TEXT": text}, ["embedding"])["embedding"]
+    second = _infer(server, "minilm_ensemble", {"TEXT": text}, ["embedding"])["embedding"]
+    np.testing.assert_array_equal(first, second)
+    client = server.client()
+    try:
+        stats = client.get_inference_statistics("minilm_ensemble")["model_stats"][0]
+        config = client.get_model_config("minilm")
+    finally:
+        client.close()
+    assert int(stats["inference_stats"]["cache_hit"]["count"]) == 1, stats
+    assert config["instance_group"][0]["count"] == 2
+    assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 500
+    assert config["model_warmup"][0]["name"] == "profile_0_opt"
+    assert config["version_policy"] == {"all": {}}

@@ -123,8 +123,11 @@ def _ready(port: int) -> bool:
         return False
 
 
-def start_tritonserver(repository: Path, workdir: Path) -> TritonServer:
-    """Start tritonserver on ``repository`` (every model loaded); wait until it is ready."""
+def start_tritonserver(repository: Path, workdir: Path, *, cache_bytes: int = 0
+                       ) -> TritonServer:
+    """Start tritonserver on ``repository`` (every model loaded); wait until it is ready.
+
+    ``cache_bytes`` > 0 starts the local response cache (for configs that enable it)."""
     reason = missing_reason()
     if reason is not None:
         raise RuntimeError(reason)
@@ -149,6 +152,9 @@ def start_tritonserver(repository: Path, workdir: Path) -> TritonServer:
         "--strict-readiness=true", "--exit-timeout-secs=10",
         "--backend-config=python,shm-default-byte-size=4194304",
     ]
+    if cache_bytes > 0:
+        cmd += [f"--cache-directory={site / 'pytriton' / 'tritonserver' / 'caches'}",
+                f"--cache-config=local,size={cache_bytes}"]
     started = time.perf_counter()
     with log_path.open("wb") as log:
         process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
