@@ -29,8 +29,8 @@ class BuildRequest:
     build_engine: bool = True
     calibration: Path | None = None
     fallback: Fallback = "auto"
-    serve: Serve = "tensor"
-    fallback_cpu: bool = False
+    serve: Serve | None = None  # None: the recipe's triton.serve
+    fallback_cpu: bool | None = None  # None: the recipe's triton.fallback_cpu
     cache_dir: Path | None = None
     use_cache: bool = True
     portable: str | None = None  # hardware compatibility override, e.g. "ampere+"
@@ -79,13 +79,20 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
         raise UserInputError(f"calibration file '{request.calibration}' does not exist")
     if request.calibration is not None and precision != "int8":
         raise UserInputError("--calibration is only used with --precision int8")
-    if request.serve == "text" and not recipe.tokenizer:
+    serve = request.serve or recipe.triton.serve
+    fallback_cpu = recipe.triton.fallback_cpu if request.fallback_cpu is None \
+        else request.fallback_cpu
+    if serve == "text" and not recipe.tokenizer:
         raise UserInputError(
             f"--serve text needs a tokenizer, and recipe '{recipe.name}' has none "
             "(tokenizer: false); use --serve tensor"
         )
     target, warnings = resolve_target_for_build(request.target, request.build_engine,
                                                 recipe.engine.hardware_compatibility)
+    if fallback_cpu and not target.is_gpu:
+        raise UserInputError(
+            "--fallback-cpu adds an ONNX Runtime CPU model beside a GPU model; a --target cpu "
+            "build already serves the ONNX model with ONNX Runtime on the CPU")
     out = request.out or Path("build") / recipe.name
     if out.exists() and not out.is_dir():
         raise UserInputError(f"--out '{out}' exists and is not a directory")
@@ -93,8 +100,8 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
         recipe=recipe, profiles=tuple(profiles), precision=precision, target=target,
         out_dir=out, opset=request.opset or recipe.opset,
         random_weights=request.random_weights, build_engine=request.build_engine,
-        calibration=request.calibration, fallback=request.fallback, serve=request.serve,
-        fallback_cpu=request.fallback_cpu, cache_dir=request.cache_dir or default_cache_dir(),
+        calibration=request.calibration, fallback=request.fallback, serve=serve,
+        fallback_cpu=fallback_cpu, cache_dir=request.cache_dir or default_cache_dir(),
         use_cache=request.use_cache,
     )
     return options, warnings

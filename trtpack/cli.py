@@ -181,12 +181,12 @@ def build(
     fallback: Annotated[str, typer.Option(
         help="auto: keep sensitive nodes in higher precision until verification passes; off."
     )] = "auto",
-    serve: Annotated[str, typer.Option(
+    serve: Annotated[str | None, typer.Option(
         help="tensor: clients send tensors; text: add a tokenizer and post-processing "
-        "ensemble so clients send text.")] = "tensor",
-    fallback_cpu: Annotated[bool, typer.Option(
-        "--fallback-cpu", help="Also emit an ONNX Runtime model with CPU instances beside "
-        "a TensorRT model.")] = False,
+        "ensemble so clients send text. Default: the recipe's (triton.serve).")] = None,
+    fallback_cpu: Annotated[bool | None, typer.Option(
+        "--fallback-cpu/--no-fallback-cpu", help="Also emit an ONNX Runtime model with CPU "
+        "instances beside a TensorRT model. Default: the recipe's.")] = None,
     portable: Annotated[str | None, typer.Option(
         help="Engine hardware compatibility: ampere+ (runs on any GPU of compute capability "
         "8.0+, a little slower) or same_compute_capability. Default: the recipe's.")] = None,
@@ -204,7 +204,7 @@ def build(
 
     if fallback not in ("auto", "off"):
         raise UserInputError(f"--fallback must be auto or off, not '{fallback}'")
-    if serve not in ("tensor", "text"):
+    if serve not in (None, "tensor", "text"):
         raise UserInputError(f"--serve must be tensor or text, not '{serve}'")
     request = BuildRequest(
         model=model, profiles=profile or [], precision=precision, target=target, opset=opset,
