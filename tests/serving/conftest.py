@@ -122,6 +122,22 @@ def minilm_text_repo(minilm: BuiltModel, tmp_path_factory: pytest.TempPathFactor
 
 
 @pytest.fixture(scope="session")
+def unbatched_text_repo(minilm: BuiltModel, tmp_path_factory: pytest.TempPathFactory
+                        ) -> ModelRepository:
+    """MiniLM whose ONNX batch axis is not named 'batch': Triton cannot batch it
+    (max_batch_size 0, full dims), served as 'minilm-nobatch'."""
+    import onnx
+
+    root = tmp_path_factory.mktemp("minilm-nobatch")
+    model = onnx.load(str(minilm.onnx))
+    for value in (*model.graph.input, *model.graph.output):
+        value.type.tensor_type.shape.dim[0].dim_param = "n"
+    onnx.save(model, str(root / "model.onnx"))
+    return minilm.write(root / "model_repository", model_path=root / "model.onnx",
+                        serve="text", name="minilm-nobatch")
+
+
+@pytest.fixture(scope="session")
 def classifier_text_repo(classifier: BuiltModel, tmp_path_factory: pytest.TempPathFactory
                          ) -> ModelRepository:
     root = tmp_path_factory.mktemp("classifier-text")

@@ -81,3 +81,15 @@ def test_cli_text_repository_tokenizer_served(
     expected = AutoTokenizer.from_pretrained(str(minilm_dir))(
         sentences, padding="max_length", truncation=True, max_length=128, return_tensors="np")
     np.testing.assert_array_equal(ids, expected["input_ids"])
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(reason="the package stage writes the repository and tuning/ under temporary "
+                   "names: it needs repository_ref='../model_repository'", strict=False)
+def test_cli_tuning_files_point_at_the_built_repository(built: Path) -> None:
+    import yaml
+
+    tuning = built / "tuning"
+    config = yaml.safe_load((tuning / "model_analyzer.yaml").read_text())
+    assert (tuning / config["model_repository"]).resolve() == (built / "model_repository"
+                                                                ).resolve()

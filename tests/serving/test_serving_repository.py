@@ -38,7 +38,8 @@ def test_text_repository_layout(minilm_text_repo: ModelRepository) -> None:
         "minilm_tokenizer", "minilm", "minilm_postprocess")
 
 
-@pytest.mark.parametrize("repo_fixture", ["minilm_text_repo", "classifier_text_repo"])
+@pytest.mark.parametrize("repo_fixture", ["minilm_text_repo", "classifier_text_repo",
+                                          "unbatched_text_repo"])
 def test_every_config_parses_and_matches_the_model(repo_fixture: str,
                                                    request: pytest.FixtureRequest) -> None:
     repo: ModelRepository = request.getfixturevalue(repo_fixture)
@@ -65,6 +66,16 @@ def test_tokenizer_config_follows_the_profiles_and_the_model_inputs(
     model = read_config(minilm_text_repo.root / "minilm" / "config.pbtxt")
     assert [(t.name, t.data_type, list(t.dims)) for t in config.output] == [
         (t.name, t.data_type, list(t.dims)) for t in model.input]
+
+
+def test_unbatched_model_gets_full_dims_everywhere(unbatched_text_repo: ModelRepository
+                                                   ) -> None:
+    for m in unbatched_text_repo.models:
+        config = read_config(m.path / "config.pbtxt")
+        assert config.max_batch_size == 0, m.name
+        assert all(t.dims[0] == -1 for t in [*config.input, *config.output]), m.name
+    tok = read_config(unbatched_text_repo.root / "minilm-nobatch_tokenizer" / "config.pbtxt")
+    assert tok.parameters["max_texts"].string_value == "8"
 
 
 def test_classifier_postprocess_has_the_config_json_labels(

@@ -57,3 +57,18 @@ def test_model_analyzer_config(minilm_text_repo: ModelRepository) -> None:
     assert model["model_config_parameters"]["max_batch_size"] == [8]
     assert model["model_config_parameters"]["instance_group"][0]["kind"] == "KIND_CPU"
     assert config["batch_sizes"] == [1, 4, 8]
+
+
+def test_repository_ref_names_the_final_repository(minilm_text_repo: ModelRepository,
+                                                   tmp_path: Path) -> None:
+    from trtpack.recipe import RECIPES_DIR, load_recipe_file
+    from trtpack.serving.tuning import write_tuning_files
+    from trtpack.shapes import parse_profiles
+
+    recipe = load_recipe_file(RECIPES_DIR / "minilm.yaml")
+    profiles = parse_profiles(recipe.profiles, recipe.input_specs())
+    write_tuning_files(tmp_path / ".tuning.tmp", minilm_text_repo, profiles, recipe.triton,
+                       repository_ref="../model_repository")
+    config = yaml.safe_load((tmp_path / ".tuning.tmp" / "model_analyzer.yaml").read_text())
+    assert config["model_repository"] == "../model_repository"
+    assert "$PWD/../model_repository" in (tmp_path / ".tuning.tmp" / "README.md").read_text()

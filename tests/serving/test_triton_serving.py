@@ -33,9 +33,9 @@ SENTENCES = [
 
 @pytest.fixture(scope="module")
 def server(triton_server: Callable[..., TritonServer], minilm_text_repo: ModelRepository,
-           classifier_text_repo: ModelRepository,
+           classifier_text_repo: ModelRepository, unbatched_text_repo: ModelRepository,
            tmp_path_factory: pytest.TempPathFactory) -> TritonServer:
-    repo = servable_copy([minilm_text_repo, classifier_text_repo],
+    repo = servable_copy([minilm_text_repo, classifier_text_repo, unbatched_text_repo],
                          tmp_path_factory.mktemp("served") / "repository")
     return triton_server(repo)
 
@@ -163,6 +163,21 @@ def test_postprocess_softmax_served_alone(server: TritonServer) -> None:
     e = np.exp(logits - logits.max(axis=1, keepdims=True))
     np.testing.assert_allclose(out["probabilities"], e / e.sum(axis=1, keepdims=True), atol=1e-6)
     assert [b.decode() for b in out["label"].reshape(-1)] == ["positive", "negative"]
+
+
+def test_unbatched_model_serves_text_too(server: TritonServer) -> None:
+    texts = np.array([s.encode() for s in SENTENCES[:2]], dtype=np.object_)  # [texts], no batch
+    batched = _infer(server, "minilm_ensemble", {"TEXT": _text(SENTENCES[:2])}, ["embedding"])
+    out = _infer(server, "minilm-nobatch_ensemble", {"TEXT": texts}, ["embedding"])
+    np.testing.assert_allclose(out["embedding"], batched["embedding"], atol=1e-5)
+
+
+def test_more_texts_than_the_profiles_take_is_an_error(server: TritonServer) -> None:
+    from tritonclient.utils import InferenceServerException
+
+    texts = np.array([b"one text"] * 9, dtype=np.object_)  # profile 1x8:4x32:8x128: at most 8
+    with pytest.raises(InferenceServerException, match="at most 8"):
+        _infer(server, "minilm-nobatch_tokenizer", {"TEXT": texts}, ["input_ids"])
 
 
 def test_a_bad_request_is_an_error_and_the_server_keeps_serving(server: TritonServer) -> None:

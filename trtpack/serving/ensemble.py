@@ -141,7 +141,9 @@ def tokenizer_config(name: str, model_io: ModelIO, fields: Mapping[str, TokenFie
     for side in (padding_side, truncation_side):
         if side not in ("left", "right"):
             raise UserInputError(f"tokenizer padding/truncation side '{side}' is not left/right")
+    max_texts = min(p.axis_range(0)[2] for p in profiles)
     params = {
+        "max_texts": str(max_texts),
         "padding_side": padding_side,
         "truncation_side": truncation_side,
         "tokenizer_file": f"{TOKENIZER_FOLDER}/tokenizer.json",

@@ -244,6 +244,7 @@ def write_model_repository(
     settings: TritonSettings | None = None,
     name: str | None = None,
     tuning_dir: Path | None = None,
+    repository_ref: str | None = None,
 ) -> ModelRepository:
     """Write the Triton model repository for one built model into ``dest`` (new or empty).
 
@@ -255,7 +256,9 @@ def write_model_repository(
     post-processing and ensemble models; it needs ``tokenizer_dir`` and, for classifiers'
     label names, ``model_config_json`` (the model's config.json). ``settings`` default to
     ``recipe.triton``. ``tuning_dir`` (outside ``dest``) receives a perf_analyzer script, a
-    Model Analyzer config and a README.
+    Model Analyzer config and a README; they name the repository by ``repository_ref``
+    (relative to ``tuning_dir``; default the relative path between the two folders now, so
+    pass e.g. ``"../model_repository"`` when both are written under temporary names).
     """
     settings = settings or recipe.triton
     name = name or recipe.name
@@ -362,5 +365,6 @@ def write_model_repository(
     if tuning_dir is not None:
         from trtpack.serving.tuning import write_tuning_files
 
-        repo.tuning_files = write_tuning_files(tuning_dir, repo, profiles, settings)
+        repo.tuning_files = write_tuning_files(tuning_dir, repo, profiles, settings,
+                                               repository_ref)
     return repo

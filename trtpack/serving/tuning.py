@@ -113,14 +113,19 @@ def model_analyzer_config(repo: ModelRepository, model: str, profiles: Sequence[
 
 
 def write_tuning_files(dest: Path, repo: ModelRepository, profiles: Sequence[ShapeProfile],
-                       settings: TritonSettings) -> list[Path]:
-    """Write the perf_analyzer script, the Model Analyzer config and a README into ``dest``."""
+                       settings: TritonSettings, repository_ref: str | None = None
+                       ) -> list[Path]:
+    """Write the perf_analyzer script, the Model Analyzer config and a README into ``dest``.
+
+    ``repository_ref`` is how they name the repository, relative to ``dest`` (default: the
+    path from ``dest`` to ``repo.root`` now; give the final one when both are renamed later).
+    """
     import yaml
 
     dest.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     # relative: the build folder is renamed into place after this is written
-    rel = os.path.relpath(repo.root.resolve(), dest.resolve())
+    rel = repository_ref or os.path.relpath(repo.root.resolve(), dest.resolve())
     main = repo.by_role("model")[0]
     main_config = read_config(main.path / "config.pbtxt")
     mbs = int(main_config.max_batch_size)

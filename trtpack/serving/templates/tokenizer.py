@@ -4,7 +4,8 @@ Reads its settings from the ``parameters`` of its ``config.pbtxt`` and its token
 ``tokenizer/`` folder beside this file (``tokenizer.json``, loaded with the ``tokenizers``
 package: local files only, no network at load time). Each request is padded to its longest
 sentence, but to at least ``min_sequence`` tokens, and truncated to ``max_sequence``: the
-sequence range of the engine's optimization profiles.
+sequence range of the engine's optimization profiles; a request with more texts than the
+profiles' batch range allows is an error.
 
 Needs ``numpy`` and ``tokenizers`` in the Python environment of the Triton server.
 """
@@ -31,6 +32,7 @@ class TritonPythonModel:
         self.min_len = int(params["min_sequence"])
         self.max_len = int(params["max_sequence"])
         self.pad_id = int(params["pad_id"])
+        self.max_texts = int(params["max_texts"])
         self.text_input = params["text_input"]
         self.fields = json.loads(params["outputs"])  # output name -> one of FIELDS
         self.pad_left = params.get("padding_side", "right") == "left"
@@ -47,6 +49,9 @@ class TritonPythonModel:
 
     def encode(self, texts):
         flat = [t.decode("utf-8") if isinstance(t, bytes) else str(t) for t in texts.reshape(-1)]
+        if len(flat) > self.max_texts:
+            raise ValueError(f"{len(flat)} texts in one request; the model's profiles take at "
+                             f"most {self.max_texts}")
         encodings = self.tokenizer.encode_batch(flat)
         longest = max((len(e.ids) for e in encodings), default=0)
         length = min(max(longest, self.min_len), self.max_len)
