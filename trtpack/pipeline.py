@@ -365,7 +365,6 @@ class Pipeline:
         result.cached = True
         result.seconds = time.perf_counter() - started
         result.peak_memory_mb = None
-        result.message = f"reused ({result.message})" if result.message else "reused"
         return result, [VerificationRow(**r) for r in meta.get("verification", [])]
 
     def _execute(self, stage: Stage, module: Any, key: str, stage_dir: Path,

@@ -1,0 +1,63 @@
+"""The stage cache: a rebuild reuses every stage, a change re-runs only the stages after it,
+and nothing half-written is ever taken for a result."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from trtpack.pipeline import StageCache
+
+
+def _build(out: Path, cache: Path, *extra: str) -> dict[str, dict]:
+    result = run_cli("build", "tiny-bert", "--random-weights", "--target", "cpu",
+                     "--out", str(out), "--cache-dir", str(cache), "--json", *extra)
+    assert result.exit_code == 0, result.output
+    return {s["name"]: s for s in json.loads(result.stdout)["stages"]}
+
+
+def _ran(stages: dict[str, dict]) -> list[str]:
+    return [n for n, s in stages.items() if s["status"] != "skipped" and not s["cached"]]
+
+
+@pytest.mark.slow
+def test_only_the_stages_after_a_change_run_again(tmp_path: Path) -> None:
+    pytest.importorskip("modelopt", reason="the precision stage needs nvidia-modelopt")
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    first = _build(out, cache, "--precision", "fp32")
+    assert _ran(first) == ["export", "simplify", "verify", "package"]
+    again = _build(out, cache, "--precision", "fp32")
+    assert _ran(again) == ["package"]  # the repository is always written (hard links)
+    fp16 = _build(out, cache, "--precision", "fp16")
+    assert _ran(fp16) == ["precision", "package"]
+    assert all(fp16[n]["cached"] for n in ("export", "simplify", "verify"))
+    fp16_again = _build(out, cache, "--precision", "fp16")
+    assert _ran(fp16_again) == ["package"]
+    other_opset = _build(out, cache, "--precision", "fp16", "--opset", "17")
+    assert _ran(other_opset) == ["export", "simplify", "verify", "precision", "package"]
+    forced = _build(out, cache, "--precision", "fp16", "--no-cache")
+    assert _ran(forced) == ["export", "simplify", "verify", "precision", "package"]
+
+
+def test_half_written_cache_entries_are_never_hits(tmp_path: Path) -> None:
+    cache = StageCache(tmp_path)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "model.onnx").write_bytes(b"onnx bytes")
+    # an interrupted store: files under the temporary name, never renamed
+    stale = tmp_path / "stages" / "export" / "k1.tmp-4242" / "files"
+    stale.mkdir(parents=True)
+    (stale / "model.onnx").write_bytes(b"half")
+    assert cache.load("export", "k1", tmp_path / "dst1") is None
+    # an entry folder without its metadata (written last) is not a hit either
+    (tmp_path / "stages" / "export" / "k2" / "files").mkdir(parents=True)
+    assert cache.load("export", "k2", tmp_path / "dst2") is None
+    cache.store("export", "k3", src, {"artifacts": {"onnx": "model.onnx"}})
+    dst = tmp_path / "dst3"
+    meta = cache.load("export", "k3", dst)
+    assert meta == {"artifacts": {"onnx": "model.onnx"}}
+    assert (dst / "model.onnx").read_bytes() == b"onnx bytes"
+    assert not list((tmp_path / "stages" / "export").glob("k3.tmp-*"))
