@@ -170,8 +170,8 @@ def _note(package: SageMakerPackage, configs: dict[str, Any]) -> str:
     shm = _largest_python_tensor_bytes(package.repository, configs)
     shm_default = max(16 * 2**20, 1 << (max(shm, 1) * 2 - 1).bit_length())
     env = [
-        "| `SAGEMAKER_MULTI_MODEL` | `true` | set by SageMaker for `Mode: MultiModel`: the "
-        "container registers each archive as its own repository |",
+        "| `SAGEMAKER_MULTI_MODEL` | `true` | what `Mode: MultiModel` gives the container; its "
+        "serve script then registers each archive as its own repository |",
         f"| `SAGEMAKER_TRITON_SHM_DEFAULT_BYTE_SIZE` | `{shm_default}` | Python backend shared "
         f"memory; the largest tensor a Python model here exchanges is about {shm} bytes "
         "(dynamic dims taken as 512) |" if python else "",
@@ -188,10 +188,11 @@ def _note(package: SageMakerPackage, configs: dict[str, Any]) -> str:
         deps = (
             "\n## Python-backend models\n\n"
             f"{', '.join(f'`{n}`' for n in python)} run in the container's Python and need "
-            "`numpy` and `tokenizers`. The SageMaker Triton images do not ship `tokenizers`: "
-            "pack an environment with conda-pack (same Python as the image's backend stub), put "
-            "it in the model folder and point the model at it with the `EXECUTION_ENV_PATH` "
-            "parameter (`$$TRITON_MODEL_DIRECTORY/env.tar.gz`).\n"
+            "`numpy` and `tokenizers`. `tokenizers` is not part of Triton's Python backend: "
+            "unless the image has it, pack an environment with conda-pack (the Python version "
+            "of the image's backend stub), put it in the model folder and point the model at "
+            "it with the `EXECUTION_ENV_PATH` parameter "
+            "(`$$TRITON_MODEL_DIRECTORY/env.tar.gz`).\n"
         )
     return (
         "# SageMaker multi-model endpoint archives\n\n"
