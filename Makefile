@@ -20,8 +20,12 @@ help:
 	@echo "make lint       ruff + mypy"
 	@echo "make g5 MODEL=bert-large   build an engine for an instance family (needs GPU + TensorRT)"
 
+# In an NGC container: make VENV_ARGS=--system-site-packages, so the venv sees the
+# container's torch and TensorRT.
+VENV_ARGS ?=
+
 $(VENV)/bin/python:
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV_ARGS) $(VENV)
 	$(PIP) install --quiet --upgrade pip
 
 # torch: the CPU build pinned here resolves from this machine's disk; a machine that already
@@ -36,7 +40,11 @@ install: $(STAMP)
 run: install
 	$(TRTPACK) build minilm --target cpu --precision fp32 --out $(OUT)/minilm
 
-test: install
+# The serving tests start a real tritonserver from nvidia-pytriton, in its own venv
+# (.venv-triton: it needs numpy<2); mk/triton.mk creates it.
+include mk/triton.mk
+
+test: install triton-env
 	$(PY) -m pytest -q
 
 test-fast: install

@@ -4,7 +4,6 @@ transformers token ids."""
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,16 +26,8 @@ def test_serve_text_for_a_model_without_tokenizer_is_exit_2(tmp_path: Path) -> N
     assert not (tmp_path / "out").exists()
 
 
-def _package_stage_writes_text_repositories() -> bool:
-    from trtpack.stages import package
-
-    return "write_model_repository" in inspect.getsource(package)
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not _package_stage_writes_text_repositories():
-        pytest.skip("the package stage does not call serving.write_model_repository yet")
     out = tmp_path_factory.mktemp("cli-text") / "out"
     result = run_cli("build", "minilm", "--target", "cpu", "--serve", "text", "--out", str(out),
                      "--cache-dir", str(tmp_path_factory.mktemp("cache")))
@@ -84,8 +75,6 @@ def test_cli_text_repository_tokenizer_served(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="the package stage writes the repository and tuning/ under temporary "
-                   "names: it needs repository_ref='../model_repository'", strict=False)
 def test_cli_tuning_files_point_at_the_built_repository(built: Path) -> None:
     import yaml
 

@@ -50,6 +50,7 @@ def run(ctx: StageContext) -> StageOutcome:
         tokenizer_dir=ctx.artifacts.get("tokenizer"),
         model_config_json=ctx.artifacts.get("model_config"),
         tuning_dir=tmp_tuning,
+        repository_ref=f"../{REPOSITORY}",  # tuning files name the final folder
     )
     os.replace(tmp, final)
     if tmp_tuning.exists():
