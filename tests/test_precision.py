@@ -1,0 +1,355 @@
+"""The precision stage on a real tiny-bert build (2 layers, random weights): FP16 through
+ModelOpt AutoCast, INT8 through ModelOpt Q/DQ, the fallback search, the recipe overlay, and
+the isolation of ModelOpt in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import yaml
+
+from tests.conftest import run_cli
+from tests.conftest_precision import (
+    build_options,
+    fp32_artifacts,
+    make_context,
+    pooled_cosine,
+    run_stage,
+    tiny_npz,
+    with_recipe,
+)
+from trtpack.errors import StageError, UserInputError
+from trtpack.quantization_search import (
+    SurrogateBuilder,
+    fp16_nodes,
+    int8_quantized_nodes,
+    low_precision_stats,
+    node_groups,
+    producers,
+    run_model,
+)
+from trtpack.recipe import load_recipe_file
+from trtpack.report import BuildReport
+from trtpack.samples import make_inputs
+from trtpack.stages import precision
+
+TINY_PROFILES = ["1x4:2x8:4x16", "2x16:4x32:8x64"]  # those of conftest's tiny_build
+MODELOPT_LEFTOVERS = ("sym_shape_infer_temp.onnx", "augmented_model.onnx")
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_build: Path) -> dict[str, Path]:
+    return fp32_artifacts(tiny_build)
+
+
+def _strict(options, precision_name: str, **tolerance):  # type: ignore[no-untyped-def]
+    verify = options.recipe.verify.model_dump()
+    verify[precision_name] = tolerance
+    return with_recipe(options, verify=verify)
+
+
+def _fresh_inputs(shape: tuple[int, int], seed: int = 11) -> dict[str, np.ndarray]:
+    """Inputs at a shape between the profile corners, unlike any verification case."""
+    from trtpack.recipe import resolve_model
+
+    specs = resolve_model("tiny-bert").input_specs()
+    return make_inputs(specs, {s.name: shape for s in specs}, vocab_size=1000, seed=seed)
+
+
+def _assert_no_modelopt_leftovers(*folders: Path) -> None:
+    for folder in folders:
+        names = {p.name for p in folder.rglob("*")}
+        assert not names & set(MODELOPT_LEFTOVERS), (folder, names)
+        assert not [n for n in names if n.endswith(".data") and "-" in n], names  # <uuid>.data
+        assert not [n for n in names if n.startswith(("modelopt-", ".work-"))], names
+
+
+# ----------------------------------------------------------------------------- FP16
+
+
+def test_fp16_autocast_keeps_io_types_and_matches_fp32(tiny: dict[str, Path], tmp_path: Path
+                                                       ) -> None:
+    options = build_options("tiny-bert", "fp16", tmp_path / "out", TINY_PROFILES)
+    cwd_before = set(os.listdir())
+    outcome, messages, log = run_stage(options, tiny, tmp_path / "precision")
+    model_path = outcome.artifacts["precision_onnx"]
+    assert model_path == tmp_path / "precision" / "model.onnx"
+    model = onnx.load(str(model_path))
+    elem = {v.name: v.type.tensor_type.elem_type for v in (*model.graph.input,
+                                                           *model.graph.output)}
+    assert elem == {"input_ids": onnx.TensorProto.INT64, "attention_mask": onnx.TensorProto.INT64,
+                    "token_type_ids": onnx.TensorProto.INT64,
+                    "last_hidden_state": onnx.TensorProto.FLOAT}
+    matmuls = [n.name for n in model.graph.node if n.op_type in ("MatMul", "Gemm")]
+    assert matmuls and fp16_nodes(model) == set(matmuls)
+    assert outcome.metrics["low_precision"]["matmul_gemm_share"] == 1.0
+    # one passing row per profile corner, compared with the FP32 ONNX
+    assert {(r.profile, r.corner) for r in outcome.verification} == {
+        (p, c) for p in (0, 1) for c in ("min", "opt", "max")}
+    assert all(r.check == "fp16-vs-fp32" and r.passed for r in outcome.verification)
+    assert all(r.metric_value is not None and r.metric_value >= 0.999
+               for r in outcome.verification)
+    # independent check on inputs the stage never saw
+    feed = _fresh_inputs((3, 24))
+    (ref,) = ort.InferenceSession(str(tiny["onnx"])).run(None, feed)
+    (got,) = ort.InferenceSession(str(model_path)).run(None, feed)
+    assert got.dtype == np.float32
+    assert pooled_cosine(ref, got, feed["attention_mask"]).min() >= 0.999
+    assert 0 < np.abs(ref - got).max() < 0.05  # FP16 really ran, and stayed close
+    # ModelOpt ran elsewhere and left nothing behind
+    assert "modelopt" not in sys.modules
+    assert any("AutoCast" in m for m in messages)
+    assert "ModelOpt autocast: exit 0" in log.read_text()
+    assert sorted(p.name for p in (tmp_path / "precision").iterdir()) == ["model.onnx"]
+    assert set(os.listdir()) == cwd_before
+    _assert_no_modelopt_leftovers(tmp_path)
+
+
+def test_fp16_recipe_keeps_nodes_and_op_types_in_fp32(tiny: dict[str, Path], tmp_path: Path
+                                                      ) -> None:
+    fp32 = onnx.load(str(tiny["onnx"]), load_external_data=False)
+    first_matmul = next(n.name for n in fp32.graph.node if n.op_type == "MatMul")
+    options = build_options("tiny-bert", "fp16", tmp_path / "out", TINY_PROFILES)
+    options = with_recipe(options, precision_options={"fp16": {
+        "keep_fp32_nodes": [first_matmul, "no_such_node.*"],
+        "keep_fp32_op_types": ["Softmax"]}})
+    outcome, _, _ = run_stage(options, tiny, tmp_path / "precision")
+    model = onnx.load(str(outcome.artifacts["precision_onnx"]))
+    low = fp16_nodes(model)
+    assert first_matmul not in low
+    stats = low_precision_stats(model, "fp16")
+    assert stats.low == stats.total - 1
+    from trtpack.quantization_search import tensor_types
+
+    types = tensor_types(model)
+    softmax = [n for n in model.graph.node if n.op_type == "Softmax"]
+    assert softmax and all(types[n.input[0]] == onnx.TensorProto.FLOAT for n in softmax)
+    assert any("no_such_node" in w and "match no node" in w for w in outcome.warnings)
+
+
+def test_fp16_fallback_keeps_the_worst_nodes_in_fp32_and_writes_an_overlay(
+        tiny: dict[str, Path], tmp_path: Path) -> None:
+    options = build_options("tiny-bert", "fp16", tmp_path / "out", TINY_PROFILES)
+    options = _strict(options, "fp16", atol=1e-3, min_cosine=0.999)
+    outcome, messages, _ = run_stage(options, tiny, tmp_path / "precision")
+    m = outcome.metrics
+    assert not m["before"]["passed"] and m["after"]["passed"]
+    assert m["after"]["max_abs_diff"] <= 1e-3 < m["before"]["max_abs_diff"]
+    added = m["excluded_by_fallback"]
+    assert added and m["fallback"]["rounds"] >= 1
+    assert any("fallback round 1" in msg for msg in messages)
+    assert all(r.passed for r in outcome.verification)
+    assert 0 < m["low_precision"]["low_precision_nodes"] < m["low_precision"]["compute_nodes"]
+    overlay = yaml.safe_load(outcome.artifacts["recipe_overlay"].read_text())
+    assert overlay == {"extends": "tiny-bert",
+                       "precision_options": {"fp16": {"keep_fp32_nodes": added}}}
+
+
+# ----------------------------------------------------------------------------- INT8
+
+
+def test_int8_fallback_search_keeps_groups_in_fp32_and_the_overlay_reproduces_it(
+        tiny: dict[str, Path], tmp_path: Path) -> None:
+    npz = tiny_npz(tmp_path / "calibration.npz")
+    options = build_options("tiny-bert", "int8", tmp_path / "out", TINY_PROFILES,
+                            calibration=npz)
+    options = _strict(options, "int8", min_cosine=0.99999)
+    outcome, messages, log = run_stage(options, tiny, tmp_path / "first")
+    m = outcome.metrics
+    # ModelOpt's default placement fails this gate; the search finds what to keep in FP32
+    assert not m["before"]["passed"] and m["after"]["passed"]
+    assert m["after"]["worst_metric"] > m["before"]["worst_metric"]
+    assert m["calibration"]["source"] == "npz" and m["calibration"]["holdout_samples"] > 0
+    assert m["quantize_op_types"] == ["MatMul", "Gemm", "Conv"]
+    excluded = m["excluded_nodes"]
+    assert excluded and excluded == m["excluded_by_fallback"]
+    assert set(m["excluded_node_hints"]) == set(excluded)
+    stats = m["low_precision"]
+    assert 0 < stats["matmul_gemm_low_precision"] < stats["matmul_gemm_nodes"]
+    assert m["fallback"]["evaluations"] > len(m["fallback"]["sensitivity"]) > 1
+    assert any("sensitivity" in msg for msg in messages)
+    assert any(msg.startswith("fallback round 1") for msg in messages)
+    model = onnx.load(str(outcome.artifacts["precision_onnx"]))
+    quantized = int8_quantized_nodes(model)
+    assert not quantized & set(excluded)
+    assert len(quantized) == stats["matmul_gemm_low_precision"]
+    # Q/DQ only in front of quantized nodes: residual Adds read the FP32 tensors
+    produced_by = producers(model)
+    for node in model.graph.node:
+        if node.op_type in ("Add", "LayerNormalization") or node.name in excluded:
+            assert all(getattr(produced_by.get(t), "op_type", None) != "DequantizeLinear"
+                       for t in node.input), node.name
+    # the overlay: extends the recipe, names the nodes; loading it reproduces the model
+    overlay_path = outcome.artifacts["recipe_overlay"]
+    overlay = yaml.safe_load(overlay_path.read_text())
+    assert overlay["extends"] == "tiny-bert"
+    assert overlay["precision_options"]["int8"] == {
+        "quantize_op_types": ["MatMul", "Gemm", "Conv"], "exclude_nodes": excluded}
+    recipe = load_recipe_file(overlay_path)
+    assert recipe.name == "tiny-bert" and recipe.precision_options.int8.exclude_nodes == excluded
+    again = _strict(options.__class__(**{**options.__dict__, "recipe": recipe}), "int8",
+                    min_cosine=0.99999)
+    second, _, _ = run_stage(again, tiny, tmp_path / "second")
+    assert second.metrics["before"]["passed"] and second.metrics["fallback"]["rounds"] == 0
+    assert "recipe_overlay" not in second.artifacts and second.metrics["conversions"] == 1
+    feed = _fresh_inputs((2, 12))
+    (a,) = ort.InferenceSession(str(outcome.artifacts["precision_onnx"])).run(None, feed)
+    (b,) = ort.InferenceSession(str(second.artifacts["precision_onnx"])).run(None, feed)
+    np.testing.assert_array_equal(a, b)
+    (ref,) = ort.InferenceSession(str(tiny["onnx"])).run(None, feed)
+    assert pooled_cosine(ref, a, feed["attention_mask"]).min() >= 0.9999
+    assert "ModelOpt fallback1: exit 0" in log.read_text()
+    _assert_no_modelopt_leftovers(tmp_path)
+
+
+def test_int8_fallback_off_reports_the_failed_gate(tiny: dict[str, Path], tmp_path: Path
+                                                   ) -> None:
+    npz = tiny_npz(tmp_path / "calibration.npz")
+    options = build_options("tiny-bert", "int8", tmp_path / "out", TINY_PROFILES,
+                            calibration=npz, fallback="off")
+    options = _strict(options, "int8", min_cosine=0.99999)
+    outcome, _, _ = run_stage(options, tiny, tmp_path / "precision")
+    failed = [r for r in outcome.verification if not r.passed]
+    assert failed and all("cosine" in r.reason for r in failed)
+    assert outcome.metrics["fallback"] == {"mode": "off", "rounds": 0}
+    assert "recipe_overlay" not in outcome.artifacts
+    assert outcome.metrics["conversions"] == 1
+
+
+def test_surrogates_equal_modelopt_conversions_with_those_nodes_excluded(
+        tiny: dict[str, Path], tmp_path: Path) -> None:
+    """What the search evaluates is what ModelOpt builds for the exclusions it picks."""
+    from trtpack.calibration import load_calibration, save_feeds
+
+    options = build_options("tiny-bert", "int8", tmp_path / "out", TINY_PROFILES)
+    ctx, _, _ = make_context(options, tiny, tmp_path / "stage")
+    work = tmp_path / "work"
+    work.mkdir()
+    source = precision._prepare_source(tiny["onnx"], work / "source")
+    conv = precision._Int8(ctx, work, source)
+    cal = load_calibration(options.recipe, options.profiles, tiny_npz(tmp_path / "c.npz"),
+                           tokenizer_dir=None, max_samples=64, seed=0)
+    save_feeds(work / "calibration.npz", cal.feeds)
+    conv.calibration = cal
+    base = conv.convert("all", ["MatMul", "Gemm", "Conv"], [], "fp32")
+    fp32 = onnx.load(str(source))
+    quantized = onnx.load(str(base.path))
+    groups = node_groups(fp32, int8_quantized_nodes(quantized))
+    qkv = max(groups, key=lambda g: len(g.nodes))
+    assert len(qkv.nodes) == 3  # Q, K and V read the same activation
+    excluded = [*qkv.nodes, groups[-1].nodes[0]]
+    real = conv.convert("excluded", ["MatMul", "Gemm", "Conv"], excluded, "fp32")
+    builder = SurrogateBuilder(quantized, fp32)
+    feeds = [_fresh_inputs((2, 12)), _fresh_inputs((4, 40), seed=5)]
+    surrogate = run_model(builder.build(excluded), feeds)
+    converted = run_model(real.path, feeds)
+    for s, c in zip(surrogate, converted, strict=True):
+        np.testing.assert_allclose(s["last_hidden_state"], c["last_hidden_state"], atol=1e-6)
+    everything = run_model(builder.build(int8_quantized_nodes(quantized)), feeds)
+    reference = run_model(source, feeds)
+    for s, r in zip(everything, reference, strict=True):
+        np.testing.assert_allclose(s["last_hidden_state"], r["last_hidden_state"], atol=1e-5)
+    quantized_out = run_model(base.path, feeds)
+    assert np.abs(quantized_out[0]["last_hidden_state"]
+                  - reference[0]["last_hidden_state"]).max() > 1e-4  # INT8 does change it
+
+
+def test_worker_failure_is_a_stage_error_with_the_reason(tiny: dict[str, Path], tmp_path: Path
+                                                         ) -> None:
+    options = build_options("tiny-bert", "fp16", tmp_path / "out", TINY_PROFILES)
+    ctx, _, log = make_context(options, tiny, tmp_path / "stage")
+    work = tmp_path / "work"
+    work.mkdir()
+    conv = precision._Fp16(ctx, work, precision._prepare_source(tiny["onnx"], work / "src"))
+    with pytest.raises(StageError, match=r"ModelOpt fp16 conversion \(broken\) failed: "
+                                         r"unknown mode 'nonsense'"):
+        conv.modelopt({"mode": "nonsense"}, "broken")
+    assert "exit 2" in log.read_text()
+    assert [p.name for p in (tmp_path / "stage").iterdir()] == []  # its temp folder is gone
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def test_cli_int8_with_synthetic_calibration_warns_visibly(tmp_path: Path, cache_dir: Path
+                                                          ) -> None:
+    out = tmp_path / "out"
+    profiles = [a for p in TINY_PROFILES for a in ("--profile", p)]
+    result = run_cli("build", "tiny-bert", "--random-weights", "--target", "cpu",
+                     "--precision", "int8", *profiles, "--out", str(out),
+                     "--cache-dir", str(cache_dir))
+    assert result.exit_code == 0, result.output
+    assert "SYNTHETIC" in result.output and "UNKNOWN" in result.output
+    assert "NVML" not in result.output
+    report = BuildReport.load(out / "report.json")
+    assert any("SYNTHETIC" in w for w in report.warnings)
+    stage = report.stage("precision")
+    assert stage is not None and stage.metrics["calibration"]["source"] == "synthetic"
+    rows = [r for r in report.verification if r.check == "int8-vs-fp32"]
+    assert len(rows) == 6 and all(r.passed for r in rows)
+    served = out / "model_repository" / "tiny-bert" / "1" / "model.onnx"
+    assert int8_quantized_nodes(onnx.load(str(served)))  # the INT8 model is what is served
+
+
+def test_cli_calibration_file_without_samples_exits_2(tmp_path: Path, cache_dir: Path) -> None:
+    empty = tmp_path / "calibration.txt"
+    empty.write_text("\n   \n")
+    profiles = [a for p in TINY_PROFILES for a in ("--profile", p)]
+    result = run_cli("build", "tiny-bert", "--random-weights", "--target", "cpu",
+                     "--precision", "int8", "--calibration", str(empty), *profiles,
+                     "--out", str(tmp_path / "out"), "--cache-dir", str(cache_dir))
+    assert result.exit_code == 2, result.output
+    assert "no usable samples" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_cli_failed_int8_gate_with_fallback_off_exits_1(tmp_path: Path, cache_dir: Path) -> None:
+    recipe = tmp_path / "strict.yaml"
+    recipe.write_text("extends: tiny-bert\nverify:\n  int8: {min_cosine: 0.999999}\n")
+    npz = tiny_npz(tmp_path / "calibration.npz")
+    profiles = [a for p in TINY_PROFILES for a in ("--profile", p)]
+    result = run_cli("build", str(recipe), "--random-weights", "--target", "cpu",
+                     "--precision", "int8", "--calibration", str(npz), "--fallback", "off",
+                     *profiles, "--out", str(tmp_path / "out"), "--cache-dir", str(cache_dir))
+    assert result.exit_code == 1, result.output
+    report = BuildReport.load(tmp_path / "out.failed" / "report.json")
+    assert report.status == "accuracy_failed"
+    assert any(r.check == "int8-vs-fp32" and not r.passed for r in report.verification)
+
+
+# ----------------------------------------------------------------------------- pure helpers
+
+
+def test_node_patterns_are_exact_names_or_whole_name_regexes() -> None:
+    names = ["MatMul", "MatMul_1", "/enc/layer.0/MatMul", "Gemm_3"]
+    assert precision.resolve_node_patterns(names, ["MatMul"]) == (["MatMul"], [])
+    assert precision.resolve_node_patterns(names, ["MatMul.*", "nope", "Gemm_3"]) == (
+        ["MatMul", "MatMul_1", "Gemm_3"], ["nope"])
+    assert precision.resolve_node_patterns(names, ["/enc/layer.0/MatMul"]) == (
+        ["/enc/layer.0/MatMul"], [])
+    assert precision.resolve_node_patterns(names, ["(bad"]) == ([], ["(bad"])
+
+
+def test_fingerprint_follows_calibration_content_fallback_and_seed(tmp_path: Path) -> None:
+    import dataclasses
+
+    path = tmp_path / "c.txt"
+    path.write_text("first sentence\n")
+    options = build_options("tiny-bert", "int8", tmp_path / "out", calibration=path)
+    base = precision.fingerprint(options)
+    assert json.dumps(base)  # JSON-able
+    path.write_text("another sentence\n")
+    assert precision.fingerprint(options) != base
+    changed = precision.fingerprint(options)
+    for change in ({"fallback": "off"}, {"seed": 1}):
+        assert precision.fingerprint(dataclasses.replace(options, **change)) != changed
+    path.unlink()
+    with pytest.raises(UserInputError, match="does not exist"):
+        precision.fingerprint(options)

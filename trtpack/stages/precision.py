@@ -1,0 +1,613 @@
+"""Precision: the FP32 ONNX made FP16 (ModelOpt AutoCast) or INT8 (ModelOpt PTQ, Q/DQ), then
+verified against the FP32 ONNX at every profile corner (ONNX Runtime CPU, polygraphy's
+comparator). TensorRT 11 takes precision from the ONNX, so this model is what the engine
+stage builds.
+
+When the variant fails its gate and ``--fallback auto`` (the default), nodes are kept in
+higher precision and the conversion redone until the gate passes or the budget is spent
+(see ``trtpack.quantization_search``). The chosen exclusions are written to a recipe
+overlay (``extends: <recipe>`` + ``precision_options``) that makes the build reproducible.
+
+Every ModelOpt call runs in ``trtpack.stages._modelopt_worker``, in its own process and a
+temporary working directory inside the stage folder, with its output in the stage log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trtpack.calibration import (
+    CalibrationData,
+    calibration_path,
+    file_sha256,
+    load_calibration,
+    save_feeds,
+)
+from trtpack.cases import Case, load_cases
+from trtpack.errors import StageError, UserInputError
+from trtpack.pipeline import BuildOptions, StageContext, StageOutcome
+from trtpack.report import VerificationRow
+
+# Bump when the conversion or the search changes what this stage produces (cache key).
+ALGORITHM_VERSION = 1
+# Op types quantized by the fallback (ModelOpt's default also quantizes Add inputs, which
+# costs MiniLM the most accuracy; see FACTS.md).
+FALLBACK_QUANTIZE_OP_TYPES = ["MatMul", "Gemm", "Conv"]
+# The search aims this share of (1 - min_cosine) above the gate, so that its choice, made
+# on the held-out calibration samples and the profile corners, holds on unseen inputs.
+SEARCH_MARGIN = 0.5
+# Conversions after the first one that the INT8 fallback may spend.
+MAX_INT8_ROUNDS = 3
+# Rounds of the FP16 fallback; round r keeps FP16_FIRST_NODES * 2**(r-1) more nodes in FP32.
+MAX_FP16_ROUNDS = 4
+FP16_FIRST_NODES = 4
+# ONNX Runtime runs the search spends at most (each a few seconds on MiniLM).
+MAX_SEARCH_EVALUATIONS = 60
+SENSITIVITY_HOLDOUT_BATCHES = 2
+WORKER_TIMEOUT_SECONDS = 4 * 3600
+
+
+def fingerprint(options: BuildOptions) -> dict[str, Any]:
+    r = options.recipe
+    path = calibration_path(options) if options.precision == "int8" else None
+    if path is not None and not path.is_file():
+        raise UserInputError(f"calibration file {path} does not exist")
+    return {
+        "algorithm": ALGORITHM_VERSION,
+        "search": [SEARCH_MARGIN, MAX_INT8_ROUNDS, MAX_FP16_ROUNDS, FP16_FIRST_NODES,
+                   MAX_SEARCH_EVALUATIONS, SENSITIVITY_HOLDOUT_BATCHES,
+                   FALLBACK_QUANTIZE_OP_TYPES],
+        "precision": options.precision,
+        "precision_options": r.precision_options.model_dump(),
+        "verify": r.verify.model_dump(),
+        "outputs": [o.model_dump() for o in r.outputs],
+        "calibration_sha256": file_sha256(path) if path is not None else None,
+        "fallback": options.fallback,
+        "seed": options.seed,
+        "profiles": [p.to_dict() for p in options.profiles],
+    }
+
+
+def run(ctx: StageContext) -> StageOutcome:
+    precision = ctx.options.precision
+    if precision not in ("fp16", "int8"):
+        raise UserInputError(f"the precision stage converts to fp16 or int8, not {precision}")
+    work = Path(tempfile.mkdtemp(prefix=".work-", dir=ctx.stage_dir))
+    try:
+        source = _prepare_source(ctx.artifact("onnx"), work / "source")
+        if precision == "fp16":
+            return _Fp16(ctx, work, source).run()
+        return _Int8(ctx, work, source).run()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _external_locations(model: Any) -> set[str]:
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    found = set()
+    for tensor in model.graph.initializer:
+        if uses_external_data(tensor):
+            found.add(ExternalDataInfo(tensor).location)
+    return found
+
+
+def _prepare_source(onnx_path: Path, folder: Path) -> Path:
+    """The FP32 model in a folder of our own (links), every node with a unique name.
+
+    ModelOpt writes temporary files beside its input, and names unnamed nodes itself; the
+    exclusions written to the overlay must name the nodes the same way on the next build,
+    so unnamed nodes get deterministic names (``<op type>_<index>``) here first.
+    """
+    import onnx
+
+    folder.mkdir(parents=True)
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    for location in _external_locations(model):
+        _link_or_copy(onnx_path.parent / location, folder / location)
+    dst = folder / "model.onnx"
+    seen: set[str] = set()
+    renamed = False
+    for i, node in enumerate(model.graph.node):
+        if not node.name or node.name in seen:
+            base = f"{node.op_type}_{i}"
+            name = base
+            while name in seen:
+                name += "_"
+            node.name = name
+            renamed = True
+        seen.add(node.name)
+    if renamed:
+        onnx.save_model(model, str(dst))
+    else:
+        _link_or_copy(onnx_path, dst)
+    return dst
+
+
+def resolve_node_patterns(names: Sequence[str], patterns: Sequence[str]
+                          ) -> tuple[list[str], list[str]]:
+    """(matched node names, patterns that matched nothing). A pattern is an exact node name
+    or a regular expression matching a whole name."""
+    matched: list[str] = []
+    unmatched: list[str] = []
+    name_set = set(names)
+    for pattern in patterns:
+        if pattern in name_set:
+            hits = [pattern]
+        else:
+            try:
+                regex = re.compile(pattern)
+            except re.error:
+                hits = []
+            else:
+                hits = [n for n in names if regex.fullmatch(n)]
+        if not hits:
+            unmatched.append(pattern)
+        matched.extend(h for h in hits if h not in matched)
+    return matched, unmatched
+
+
+def _move_model(src: Path, dst: Path) -> None:
+    os.replace(src, dst)
+    data = src.with_name(src.name + ".data")
+    if data.is_file():
+        os.replace(data, dst.with_name(dst.name + ".data"))
+
+
+@dataclass
+class Attempt:
+    """One converted model and how it fared."""
+
+    label: str
+    path: Path
+    excluded: list[str]
+    rows: list[VerificationRow]
+    holdout_worst: float | None = None
+    holdout_passed: bool = True
+    holdout_reasons: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.rows) and self.holdout_passed
+
+    @property
+    def worst(self) -> float | None:
+        values = [r.metric_value for r in self.rows if r.metric_value is not None]
+        return min(values) if values else None
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "worst_metric": self.worst,
+            "holdout_worst_metric": self.holdout_worst,
+            "max_abs_diff": max((r.max_abs_diff for r in self.rows), default=None),
+            "failed_checks": sum(not r.passed for r in self.rows),
+            "holdout_passed": self.holdout_passed,
+            "passed": self.passed,
+        }
+
+
+class _Conversion:
+    """What the FP16 and INT8 paths share: the worker, the gate, the output."""
+
+    precision: str
+
+    def __init__(self, ctx: StageContext, work: Path, source: Path) -> None:
+        import onnx
+
+        self.ctx = ctx
+        self.options = ctx.options
+        self.recipe = ctx.options.recipe
+        self.work = work
+        self.source = source
+        self.cases = load_cases(ctx.artifact("fp32_outputs"))
+        self.node_names = [n.name for n in
+                           onnx.load(str(source), load_external_data=False).graph.node]
+        self.conversion_seconds = 0.0
+        self.conversions = 0
+        self.warnings: list[str] = []
+        self.check = f"{self.precision}-vs-fp32"
+
+    def modelopt(self, job: dict[str, Any], label: str) -> Path:
+        """Run the worker; returns the converted model (``<work>/<label>/model.onnx``)."""
+        out_dir = self.work / label
+        out_dir.mkdir()
+        output = out_dir / "model.onnx"
+        cwd = Path(tempfile.mkdtemp(prefix="modelopt-", dir=self.ctx.stage_dir))
+        try:
+            job = {**job, "input": str(self.source), "output": str(output),
+                   "result": str(cwd / "result.json")}
+            (cwd / "job.json").write_text(json.dumps(job, indent=1))
+            env = dict(os.environ)
+            root = str(Path(__file__).resolve().parents[2])
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (root, env.get("PYTHONPATH")) if p)
+            env.setdefault("HF_HUB_OFFLINE", "1")
+            started = time.perf_counter()
+            try:
+                proc = subprocess.run(
+                    [sys.executable, "-m", "trtpack.stages._modelopt_worker",
+                     str(cwd / "job.json")],
+                    cwd=cwd, env=env, capture_output=True, text=True, check=False,
+                    timeout=WORKER_TIMEOUT_SECONDS,
+                )
+            except subprocess.TimeoutExpired as e:
+                raise StageError(self.ctx.stage, f"ModelOpt ({label}) timed out after "
+                                 f"{WORKER_TIMEOUT_SECONDS} s") from e
+            seconds = time.perf_counter() - started
+            self.ctx.log.info("ModelOpt %s: exit %s in %.1f s\n--- stdout\n%s\n--- stderr\n%s",
+                              label, proc.returncode, seconds, proc.stdout, proc.stderr)
+            if proc.returncode != 0 or not output.is_file():
+                lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+                last = lines[-1] if lines else f"exit code {proc.returncode}"
+                raise StageError(self.ctx.stage, f"ModelOpt {self.precision} conversion "
+                                 f"({label}) failed: {last}")
+            self.conversion_seconds += seconds
+            self.conversions += 1
+            result = json.loads((cwd / "result.json").read_text())
+            self.ctx.log.info("ModelOpt %s result: %s", label, json.dumps(result))
+            return output
+        finally:
+            shutil.rmtree(cwd, ignore_errors=True)
+
+    def verify(self, path: Path) -> list[VerificationRow]:
+        from trtpack.verification import compare_cases, run_onnxruntime
+
+        outputs = run_onnxruntime(path, self.cases)
+        return compare_cases(self.check, self.recipe, self.precision, self.cases, outputs)
+
+    def resolve(self, patterns: Sequence[str], field_name: str) -> list[str]:
+        matched, unmatched = resolve_node_patterns(self.node_names, patterns)
+        if unmatched:
+            shown = ", ".join(unmatched[:5]) + (" ..." if len(unmatched) > 5 else "")
+            self.warnings.append(
+                f"precision_options.{self.precision}.{field_name}: {len(unmatched)} name(s) "
+                f"match no node of this model ({shown}); was the overlay written for another "
+                "export?")
+        return matched
+
+    def stats(self, path: Path) -> dict[str, Any]:
+        import onnx
+
+        from trtpack.quantization_search import low_precision_stats
+
+        model = onnx.load(str(path), load_external_data=False)
+        return low_precision_stats(model, self.precision).as_dict()
+
+    def hints(self, names: Sequence[str]) -> dict[str, str]:
+        import onnx
+
+        from trtpack.quantization_search import node_hint
+
+        model = onnx.load(str(self.source), load_external_data=False)
+        inits = {i.name for i in model.graph.initializer}
+        by_name = {n.name: n for n in model.graph.node}
+        return {n: node_hint(by_name[n], inits) for n in names if n in by_name}
+
+    def write_overlay(self, section: dict[str, Any], note: str) -> Path:
+        import yaml
+
+        path = self.ctx.stage_dir / f"{self.recipe.name}-{self.precision}.yaml"
+        body = yaml.safe_dump(
+            {"extends": self.recipe.name, "precision_options": {self.precision: section}},
+            sort_keys=False, width=100)
+        header = (f"# Written by trtpack's {self.precision} fallback: {note}\n"
+                  f"# Build with it: trtpack build {path.name} --precision {self.precision} ...\n")
+        path.write_text(header + body)
+        return path
+
+    def finish(self, final: Attempt, metrics: dict[str, Any], overlay: Path | None,
+               message: str) -> StageOutcome:
+        out = self.ctx.stage_dir / "model.onnx"
+        _move_model(final.path, out)
+        artifacts = {"precision_onnx": out}
+        if overlay is not None:
+            artifacts["recipe_overlay"] = overlay
+        metrics.update({"conversions": self.conversions,
+                        "conversion_seconds": round(self.conversion_seconds, 2)})
+        return StageOutcome(artifacts=artifacts, metrics=metrics, verification=final.rows,
+                            warnings=self.warnings, message=message)
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
+
+
+# ----------------------------------------------------------------------------- FP16
+
+
+class _Fp16(_Conversion):
+    precision = "fp16"
+
+    def convert(self, label: str, keep_fp32: Sequence[str]) -> Attempt:
+        s = self.recipe.precision_options.fp16
+        ref_dir = self.work / "reference_inputs"
+        if not ref_dir.is_dir():
+            import numpy as np
+
+            ref_dir.mkdir()
+            for i, case in enumerate(self.cases):
+                with open(ref_dir / f"{i:04d}.npz", "wb") as f:
+                    np.savez(f, **case.inputs)  # type: ignore[arg-type]
+        path = self.modelopt({"mode": "fp16", "fp16": {
+            "keep_io_types": s.keep_io_types, "nodes_to_exclude": list(keep_fp32),
+            "op_types_to_exclude": list(s.keep_fp32_op_types),
+            "reference_inputs": str(ref_dir)}}, label)
+        return Attempt(label, path, list(keep_fp32), self.verify(path))
+
+    def run(self) -> StageOutcome:
+        from trtpack.quantization_search import rank_fp16_nodes
+
+        s = self.recipe.precision_options.fp16
+        user_nodes = self.resolve(s.keep_fp32_nodes, "keep_fp32_nodes")
+        self.ctx.progress("ModelOpt AutoCast to FP16")
+        first = self.convert("autocast", user_nodes)
+        final = first
+        added: list[str] = []
+        rounds = 0
+        if not first.passed and self.options.fallback == "auto":
+            while not final.passed and rounds < MAX_FP16_ROUNDS:
+                rounds += 1
+                failing = [c for c, r in zip(self.cases, self._case_pass(final), strict=True)
+                           if not r] or self.cases
+                probe = min(failing, key=lambda c: sum(v.size for v in c.inputs.values()))
+                ranked = rank_fp16_nodes(self.source, final.path, probe.inputs,
+                                         skip=[*user_nodes, *added])
+                take = FP16_FIRST_NODES * 2 ** (rounds - 1)
+                new = [name for name, err in ranked[:take] if err > 0]
+                if not new:
+                    break
+                added.extend(new)
+                self.ctx.progress(f"fallback round {rounds}: {len(added)} nodes kept in FP32 "
+                                  f"(worst metric {_fmt(final.worst)})")
+                final = self.convert(f"fallback{rounds}", [*user_nodes, *added])
+        overlay = None
+        if added and final.passed:
+            overlay = self.write_overlay(
+                {"keep_fp32_nodes": [*s.keep_fp32_nodes, *added]},
+                f"{len(added)} nodes kept in FP32 so that the FP16 model passes its gate")
+        stats = self.stats(final.path)
+        metrics: dict[str, Any] = {
+            "precision": "fp16",
+            "keep_io_types": s.keep_io_types,
+            "excluded_nodes": [*user_nodes, *added],
+            "excluded_by_fallback": added,
+            "excluded_node_hints": self.hints(added),
+            "low_precision": stats,
+            "before": first.summary(),
+            "after": final.summary(),
+            "fallback": {"mode": self.options.fallback, "rounds": rounds},
+        }
+        message = (f"fp16: {stats['matmul_gemm_low_precision']}/{stats['matmul_gemm_nodes']} "
+                   f"MatMul/Gemm in FP16, worst metric {_fmt(final.worst)}")
+        if added:
+            message += f" ({len(added)} nodes kept in FP32 by fallback, was {_fmt(first.worst)})"
+        return self.finish(final, metrics, overlay, message)
+
+    def _case_pass(self, attempt: Attempt) -> list[bool]:
+        by_case: dict[tuple[int, str], bool] = {}
+        for r in attempt.rows:
+            key = (r.profile, r.corner)
+            by_case[key] = by_case.get(key, True) and r.passed
+        return [by_case.get((c.profile, c.corner), True) for c in self.cases]
+
+
+# ----------------------------------------------------------------------------- INT8
+
+
+class _Int8(_Conversion):
+    precision = "int8"
+
+    def __init__(self, ctx: StageContext, work: Path, source: Path) -> None:
+        super().__init__(ctx, work, source)
+        self.settings = self.recipe.precision_options.int8
+        self.calibration: CalibrationData | None = None
+        self.holdout: list[Case] = []
+
+    def load_calibration(self) -> None:
+        from trtpack.quantization_search import run_model
+
+        path = calibration_path(self.options)
+        tokenizer = self.ctx.artifacts.get("tokenizer")
+        self.ctx.progress("loading calibration data")
+        cal = load_calibration(self.recipe, self.options.profiles, path,
+                               tokenizer_dir=tokenizer,
+                               max_samples=self.settings.max_calibration_samples,
+                               seed=self.options.seed)
+        self.calibration = cal
+        self.warnings.extend(cal.warnings)
+        save_feeds(self.work / "calibration.npz", cal.feeds)
+        if cal.holdout:
+            refs = run_model(self.source, cal.holdout)
+            self.holdout = [Case(-1, f"holdout{i}", feed, out)
+                            for i, (feed, out) in enumerate(zip(cal.holdout, refs, strict=True))]
+        if self.settings.calibration_method == "percentile":
+            self.warnings.append("ModelOpt's INT8 path calibrates with max or entropy; "
+                                 "'percentile' runs as max")
+
+    def convert(self, label: str, op_types: Sequence[str], excluded: Sequence[str],
+                high_precision: str) -> Attempt:
+        assert self.calibration is not None
+        s = self.settings
+        method = "entropy" if s.calibration_method == "entropy" else "max"
+        self.ctx.progress(f"ModelOpt INT8 quantization ({label}): calibrating on "
+                          f"{self.calibration.samples} samples")
+        path = self.modelopt({"mode": "int8", "int8": {
+            "calibration": str(self.work / "calibration.npz"),
+            "calibration_method": method, "high_precision": high_precision,
+            "nodes_to_exclude": list(excluded),
+            "op_types_to_exclude": list(s.exclude_op_types),
+            "op_types_to_quantize": list(op_types)}}, label)
+        return self.judge(label, path, excluded)
+
+    def judge(self, label: str, path: Path, excluded: Sequence[str]) -> Attempt:
+        from trtpack.quantization_search import run_model, score_outputs
+
+        attempt = Attempt(label, path, list(excluded), self.verify(path))
+        if self.holdout:
+            score = score_outputs(self.recipe, "int8", self.holdout,
+                                  run_model(path, [c.inputs for c in self.holdout]))
+            attempt.holdout_worst = score.worst
+            attempt.holdout_passed = score.passed
+            attempt.holdout_reasons = score.reasons[:5]
+        return attempt
+
+    def run(self) -> StageOutcome:
+        s = self.settings
+        user_excluded = self.resolve(s.exclude_nodes, "exclude_nodes")
+        self.load_calibration()
+        first = self.convert("quantize", s.quantize_op_types, user_excluded, s.high_precision)
+        final = first
+        search: dict[str, Any] = {"mode": self.options.fallback, "rounds": 0}
+        op_types = list(s.quantize_op_types)
+        if not first.passed and self.options.fallback == "auto":
+            final, op_types, search = self.fallback(first, user_excluded)
+        added = [n for n in final.excluded if n not in user_excluded]
+        overlay = None
+        if final.passed and final is not first:
+            section: dict[str, Any] = {}
+            if op_types != list(s.quantize_op_types):
+                section["quantize_op_types"] = op_types
+            section["exclude_nodes"] = [*s.exclude_nodes, *added]
+            overlay = self.write_overlay(
+                section, f"{len(added)} nodes kept in {s.high_precision} after a measured "
+                "per-node-group search so that the INT8 model passes its gate")
+        stats = self.stats(final.path)
+        if stats["compute_nodes"] and stats["low_precision_nodes"] == 0:
+            self.warnings.append("no MatMul/Gemm/Conv node is quantized: this INT8 model "
+                                 f"computes in {s.high_precision}")
+        assert self.calibration is not None
+        cal = self.calibration
+        metrics: dict[str, Any] = {
+            "precision": "int8",
+            "calibration": {"source": cal.source, "path": str(cal.path) if cal.path else None,
+                            "samples": cal.samples, "batches": len(cal.feeds),
+                            "holdout_samples": cal.holdout_samples,
+                            "method": s.calibration_method},
+            "quantize_op_types": op_types or "modelopt default",
+            "high_precision": s.high_precision,
+            "excluded_nodes": final.excluded,
+            "excluded_by_fallback": added,
+            "excluded_node_hints": self.hints(added),
+            "low_precision": stats,
+            "before": first.summary(),
+            "after": final.summary(),
+            "fallback": search,
+        }
+        message = (f"int8: {stats['matmul_gemm_low_precision']}/{stats['matmul_gemm_nodes']} "
+                   f"MatMul/Gemm quantized ({stats['matmul_gemm_share']:.0%}), worst metric "
+                   f"{_fmt(final.worst)}")
+        if final is not first:
+            changes = []
+            if op_types != list(s.quantize_op_types):
+                changes.append(f"only {'/'.join(op_types)} quantized")
+            if added:
+                changes.append(f"{len(added)} nodes kept in {s.high_precision}")
+            message += f" (fallback: {', '.join(changes)}; was {_fmt(first.worst)})"
+        if not final.passed and final.holdout_reasons and all(r.passed for r in final.rows):
+            self.warnings.append("INT8 model passes at the profile corners but not on the "
+                                 "held-out calibration samples: "
+                                 + "; ".join(final.holdout_reasons))
+        return self.finish(final, metrics, overlay, message)
+
+    def fallback(self, first: Attempt, user_excluded: list[str]
+                 ) -> tuple[Attempt, list[str], dict[str, Any]]:
+        import onnx
+
+        from trtpack.quantization_search import (
+            Evaluator,
+            SurrogateBuilder,
+            int8_quantized_nodes,
+            measure_sensitivity,
+            node_groups,
+            select_groups,
+        )
+
+        s = self.settings
+        started = time.perf_counter()
+        op_types = list(s.quantize_op_types) or list(FALLBACK_QUANTIZE_OP_TYPES)
+        # The surrogates are cut from a model with every candidate quantized and the rest
+        # in FP32 (the first attempt, when it is that model).
+        if list(s.quantize_op_types) == op_types and s.high_precision == "fp32":
+            base = first
+        else:
+            base = self.convert("all-quantized", op_types, user_excluded, "fp32")
+            if base.passed and s.high_precision == "fp32":
+                return base, op_types, {"mode": "auto", "rounds": 1, "evaluations": 0,
+                                        "seconds": round(time.perf_counter() - started, 2),
+                                        "note": f"quantizing only {'/'.join(op_types)} passes"}
+        fp32 = onnx.load(str(self.source))
+        quantized = onnx.load(str(base.path))
+        candidates = sorted(int8_quantized_nodes(quantized) - set(user_excluded))
+        groups = node_groups(fp32, candidates)
+        builder = SurrogateBuilder(quantized, fp32)
+        opt_cases = [c for c in self.cases if c.corner == "opt"] or self.cases[:1]
+        quick = Evaluator(self.recipe, "int8",
+                          [*opt_cases, *self.holdout[:SENSITIVITY_HOLDOUT_BATCHES]])
+        self.ctx.progress(f"fallback: measuring the sensitivity of {len(groups)} node groups "
+                          f"({len(candidates)} quantized nodes)")
+        ranked = measure_sensitivity(builder, groups, quick, self.ctx.progress)
+        evaluations = quick.evaluations
+        margin = SEARCH_MARGIN
+        final = first
+        history: list[dict[str, Any]] = []
+        tried: set[tuple[str, ...]] = set()
+        rounds = 0
+        while rounds < MAX_INT8_ROUNDS:
+            rounds += 1
+            judge = Evaluator(self.recipe, "int8", [*self.cases, *self.holdout], margin)
+            self.ctx.progress(f"fallback round {rounds}: searching the node groups to keep "
+                              f"quantized (target margin {margin:.2f})")
+            selection = select_groups(builder, ranked, judge, self.ctx.progress,
+                                      MAX_SEARCH_EVALUATIONS)
+            evaluations += judge.evaluations
+            excluded = [*user_excluded, *selection.excluded]
+            key = tuple(sorted(excluded))
+            if key in tried:
+                margin = 1.0 - (1.0 - margin) / 2
+                continue
+            tried.add(key)
+            final = self.convert(f"fallback{rounds}", op_types, excluded, s.high_precision)
+            history.append({"round": rounds, "margin": round(margin, 4),
+                            "quantized_groups": len(selection.quantized_groups),
+                            "excluded_nodes": len(excluded), **final.summary()})
+            self.ctx.progress(f"fallback round {rounds}: {len(selection.excluded)} nodes kept "
+                              f"in {s.high_precision}, worst metric {_fmt(final.worst)}, "
+                              f"{'passed' if final.passed else 'failed'}")
+            if final.passed:
+                break
+            margin = 1.0 - (1.0 - margin) / 2
+        info: dict[str, Any] = {
+            "mode": "auto",
+            "rounds": rounds,
+            "evaluations": evaluations,
+            "seconds": round(time.perf_counter() - started, 2),
+            "node_groups": len(groups),
+            "sensitivity": [
+                {"nodes": r.group.nodes, "hint": r.group.label,
+                 "damage": float(f"{r.damage:.3g}")}
+                for r in ranked
+            ],
+            "history": history,
+        }
+        return final, op_types, info
