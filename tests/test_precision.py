@@ -152,6 +152,35 @@ def test_fp16_fallback_keeps_the_worst_nodes_in_fp32_and_writes_an_overlay(
                        "precision_options": {"fp16": {"keep_fp32_nodes": added}}}
 
 
+def test_models_with_external_data_convert_and_save_their_data_beside(
+        tiny: dict[str, Path], tmp_path: Path) -> None:
+    """A >2 GB model keeps its weights in model.onnx.data: the stage reads such a model,
+    and the worker writes one the same way (tested small, with the same code path)."""
+    from trtpack.stages._modelopt_worker import model_bytes, save_model
+
+    folder = tmp_path / "simplify"
+    folder.mkdir()
+    model = onnx.load(str(tiny["onnx"]))
+    save_model(model, folder / "model.onnx", external=True)
+    assert (folder / "model.onnx.data").stat().st_size > (folder / "model.onnx").stat().st_size
+    assert model_bytes(folder / "model.onnx") > 100_000
+    options = build_options("tiny-bert", "fp16", tmp_path / "out", TINY_PROFILES)
+    outcome, _, _ = run_stage(options, {**tiny, "onnx": folder / "model.onnx"},
+                              tmp_path / "precision")
+    assert all(r.passed for r in outcome.verification)
+    out = tmp_path / "moved"
+    out.mkdir()
+    (tmp_path / "written").mkdir()
+    save_model(onnx.load(str(outcome.artifacts["precision_onnx"])),
+               tmp_path / "written" / "model.onnx", external=True)
+    precision._move_model(tmp_path / "written" / "model.onnx", out / "model.onnx")
+    assert sorted(p.name for p in out.iterdir()) == ["model.onnx", "model.onnx.data"]
+    feed = _fresh_inputs((2, 12))
+    (a,) = ort.InferenceSession(str(out / "model.onnx")).run(None, feed)
+    (b,) = ort.InferenceSession(str(outcome.artifacts["precision_onnx"])).run(None, feed)
+    np.testing.assert_array_equal(a, b)
+
+
 # ----------------------------------------------------------------------------- INT8
 
 

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 COMPUTE_OP_TYPES = ("MatMul", "Gemm", "Conv")
 # Ops that carry a dequantized tensor to a MatMul input unchanged in value (K^T, casts).
 _PASS_THROUGH = {"Cast", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Identity"}
-_PROTOBUF_LIMIT = 2_000_000_000
+_PROTOBUF_LIMIT = 1_800_000_000  # bytes of weights a serialized model may hold (2 GiB cap)
 # Ops that only move or select values: FP16 cannot add error in them.
 _DATA_MOVEMENT = _PASS_THROUGH | {"Shape", "Constant", "Concat", "Slice", "Expand", "Flatten",
                                   "Where", "Range"}
@@ -395,7 +395,7 @@ def run_model(model: onnx.ModelProto | Path, feeds: Sequence[Mapping[str, np.nda
     with tempfile.TemporaryDirectory(prefix="trtpack-surrogate-") as tmp:
         if isinstance(model, Path):
             source: Any = str(model)
-        elif model.ByteSize() < _PROTOBUF_LIMIT:
+        elif _fits_in_protobuf(model):
             source = model.SerializeToString()
         else:
             import onnx
@@ -562,6 +562,16 @@ def rank_fp16_nodes(fp32_path: Path, fp16_path: Path, feed: Mapping[str, np.ndar
     return ranked
 
 
+def _fits_in_protobuf(model: onnx.ModelProto) -> bool:
+    """Whether the model serializes to one protobuf (weights well below the 2 GiB cap)."""
+    total = 0
+    for init in model.graph.initializer:
+        total += len(init.raw_data) or 4 * len(init.float_data) or 8 * len(init.int64_data)
+        if total > _PROTOBUF_LIMIT:
+            return False
+    return True
+
+
 def _all_tensors(path: Path, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Every intermediate tensor of a model for one feed (polygraphy marks them outputs)."""
     import onnx
@@ -581,7 +591,7 @@ def _all_tensors(path: Path, feed: Mapping[str, np.ndarray]) -> dict[str, np.nda
     options.log_severity_level = 3
     with tempfile.TemporaryDirectory(prefix="trtpack-tensors-") as tmp:
         source: Any
-        if marked.ByteSize() < _PROTOBUF_LIMIT:
+        if _fits_in_protobuf(marked):
             source = marked.SerializeToString()
         else:
             source = os.path.join(tmp, "model.onnx")

@@ -114,7 +114,7 @@ def _external_locations(model: Any) -> set[str]:
 
 
 def _prepare_source(onnx_path: Path, folder: Path) -> Path:
-    """The FP32 model in a folder of our own (links), every node with a unique name.
+    """The FP32 model in a folder of our own, every node with a unique name.
 
     ModelOpt writes temporary files beside its input, and names unnamed nodes itself; the
     exclusions written to the overlay must name the nodes the same way on the next build,
@@ -125,7 +125,9 @@ def _prepare_source(onnx_path: Path, folder: Path) -> Path:
     folder.mkdir(parents=True)
     model = onnx.load(str(onnx_path), load_external_data=False)
     for location in _external_locations(model):
-        _link_or_copy(onnx_path.parent / location, folder / location)
+        # A copy, not a link: onnx (>= 1.23) refuses external data files that are symlinks
+        # or have more than one hard link, and the stage cache hard-links build files.
+        shutil.copyfile(onnx_path.parent / location, folder / location)
     dst = folder / "model.onnx"
     seen: set[str] = set()
     renamed = False
@@ -169,6 +171,10 @@ def resolve_node_patterns(names: Sequence[str], patterns: Sequence[str]
 
 
 def _move_model(src: Path, dst: Path) -> None:
+    """Move a model and its ``<name>.data`` (the model refers to it by that file name)."""
+    if src.name != dst.name:
+        raise ValueError(f"cannot rename {src.name} to {dst.name}: its data file is named "
+                         "after it")
     os.replace(src, dst)
     data = src.with_name(src.name + ".data")
     if data.is_file():
