@@ -382,3 +382,17 @@ def test_fingerprint_follows_calibration_content_fallback_and_seed(tmp_path: Pat
     path.unlink()
     with pytest.raises(UserInputError, match="does not exist"):
         precision.fingerprint(options)
+
+
+def test_precision_modules_import_without_heavy_packages() -> None:
+    from tests.test_import_pure import _run
+
+    proc = _run(
+        "import trtpack.stages.precision, trtpack.calibration, trtpack.quantization_search\n"
+        "import trtpack.stages._modelopt_worker\n"
+        "heavy = [m for m in sys.modules if m.split('.')[0] in HEAVY]\n"
+        "assert not heavy, heavy\n"
+        "print('ok')\n"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
