@@ -180,3 +180,21 @@ def test_unreadable_yaml_recipe_is_exit_2(tmp_path: Path) -> None:
     result = run_cli("build", str(bad), "--out", str(tmp_path / "o"))
     assert result.exit_code == 2
     assert "not valid YAML" in result.stderr and str(bad) in result.stderr
+
+
+@pytest.mark.parametrize("module", ["modelopt", "onnxslim"])
+def test_missing_modelopt_dependency_is_exit_3_before_any_work(
+    module: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # sys.modules[name] = None makes find_spec report the package as not installed
+    monkeypatch.setitem(sys.modules, module, None)
+    out = tmp_path / "out"
+    result = run_cli("build", "tiny-bert", "--random-weights", "--target", "cpu",
+                     "--precision", "fp16", "--out", str(out))
+    assert result.exit_code == 3, result.output
+    assert "--precision fp16 (NVIDIA ModelOpt) needs" in result.stderr
+    assert "trtpack[modelopt]" in result.stderr
+    assert not out.exists() and not list(tmp_path.iterdir())
+    doctor = run_cli("doctor")
+    assert doctor.exit_code == 0
+    assert "precision conversion (fp16/int8) needs" in doctor.stdout

@@ -6,13 +6,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trtpack.errors import UserInputError
+from trtpack.errors import UserInputError, require_modules
 from trtpack.pipeline import BuildOptions, Fallback, ProgressCallback, Serve, default_cache_dir
 from trtpack.pipeline import build as run_pipeline
 from trtpack.recipe import PRECISIONS, Recipe, resolve_model
 from trtpack.report import BuildReport
 from trtpack.shapes import parse_profiles
 from trtpack.targets import AUTO, CPU, Target, resolve_target
+
+# What the stages import (import name → pip package), checked before any work starts so a
+# missing package is exit 3 at once, not exit 4 after minutes of export.
+CPU_STAGE_MODULES = {
+    "torch": "torch", "transformers": "transformers", "onnx": "onnx",
+    "onnxruntime": "onnxruntime", "onnxsim": "onnxsim", "polygraphy": "polygraphy",
+}
+# ModelOpt's ONNX path without its [onnx] extra: modelopt.onnx imports these at import time.
+MODELOPT_MODULES = {
+    "modelopt": "nvidia-modelopt", "onnxslim": "onnxslim", "onnx_graphsurgeon":
+    "onnx-graphsurgeon", "ml_dtypes": "ml_dtypes", "lief": "lief", "cppimport": "cppimport",
+}
 
 
 @dataclass
@@ -73,6 +85,11 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
             f"unknown precision '{precision}'; choose one of {', '.join(PRECISIONS)}"
         )
     profiles = parse_profiles(list(request.profiles) or recipe.profiles, recipe.input_specs())
+    require_modules(CPU_STAGE_MODULES, purpose="trtpack build",
+                    install="'trtpack[onnx]' (and torch==2.13.0 on a CPU machine)")
+    if precision != "fp32":
+        require_modules(MODELOPT_MODULES, purpose=f"--precision {precision} (NVIDIA ModelOpt)",
+                        install="'trtpack[modelopt]'")
     if request.opset is not None and not 13 <= request.opset <= 23:
         raise UserInputError(f"--opset {request.opset} is outside 13..23")
     if request.calibration is not None and not request.calibration.is_file():

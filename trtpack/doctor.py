@@ -26,6 +26,8 @@ def _version(dist: str) -> str | None:
 
 
 def environment_report() -> dict[str, Any]:
+    from trtpack.api import MODELOPT_MODULES
+    from trtpack.errors import MissingEnvironmentError, require_modules
     from trtpack.gpu import detect_gpu, local_target
 
     components = [{"name": n, "version": _version(n), "purpose": p} for n, p in COMPONENTS]
@@ -43,9 +45,13 @@ def environment_report() -> dict[str, Any]:
                        "(--target cpu)")
     else:
         summary.append("CPU stages need: pip install 'trtpack[onnx]'")
-    summary.append("precision conversion (fp16/int8): "
-                   + ("available" if found["nvidia-modelopt"] else
-                      "missing — pip install nvidia-modelopt lief cppimport"))
+    try:
+        require_modules(MODELOPT_MODULES, purpose="precision conversion (fp16/int8)",
+                        install="'trtpack[modelopt]'")
+        summary.append("precision conversion (fp16/int8): available")
+    except MissingEnvironmentError as e:
+        summary.append(f"{e} — {e.hint} (nvidia-modelopt without its [onnx] extra, which "
+                       "would replace onnxruntime)")
     target = local_target()
     summary.append(f"TensorRT engines: available for --target {target.name}" if target else
                    "TensorRT engines: not available here (needs an NVIDIA GPU and TensorRT); "

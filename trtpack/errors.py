@@ -76,17 +76,20 @@ class AccuracyError(TrtpackError):
         self.rows = rows or []
 
 
-def require_module(module: str, *, package: str | None = None, purpose: str = "") -> None:
-    """Raise ``MissingEnvironmentError`` naming the pip package if ``module`` is missing."""
+def require_modules(modules: dict[str, str], *, purpose: str, install: str) -> None:
+    """Raise ``MissingEnvironmentError`` naming every missing package in ``modules``
+    (import name → pip package), found with ``find_spec`` (nothing is imported)."""
     import importlib.util
 
-    try:
-        found = importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found:
-        for_what = f" for {purpose}" if purpose else ""
+    missing = []
+    for module, package in modules.items():
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(package)
+    if missing:
         raise MissingEnvironmentError(
-            f"Python package '{package or module}' is needed{for_what} but is not installed",
-            hint=f"pip install {package or module}",
-        )
+            f"{purpose} needs {', '.join(missing)}, not installed here",
+            hint=f"pip install {install}")
