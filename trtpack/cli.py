@@ -12,6 +12,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from trtpack import __version__
@@ -37,12 +38,13 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _fail(e: TrtpackError) -> None:
-    err.print(f"[bold red]error:[/] {e}", soft_wrap=True)
+    # escape: messages quote paths, extras ('trtpack[modelopt]') and tensor shapes in brackets
+    err.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
     if e.hint:
-        err.print(f"[dim]hint:[/] {e.hint}", soft_wrap=True)
+        err.print(f"[dim]hint:[/] {escape(e.hint)}", soft_wrap=True)
     report = getattr(e, "report", None)
     if report is not None:
-        err.print(f"[dim]report and logs:[/] {report.out_dir}")
+        err.print(f"[dim]report and logs:[/] {escape(str(report.out_dir))}", soft_wrap=True)
 
 
 def handle_errors(func: F) -> F:
@@ -128,7 +130,7 @@ class ProgressView:
             self.status = self.console.status(f"[bold]{event.stage}[/] …")
             self.status.start()
         elif event.kind == "update" and self.status is not None:
-            self.status.update(f"[bold]{event.stage}[/] {event.message}")
+            self.status.update(f"[bold]{event.stage}[/] {escape(event.message)}")
         elif event.kind == "end":
             if self.status is not None:
                 self.status.stop()
@@ -139,9 +141,9 @@ class ProgressView:
             mark = {"ok": "[green]✓[/]", "skipped": "[yellow]–[/]", "failed": "[red]✗[/]"}
             cached = " [dim](cached)[/]" if result.cached else ""
             self.console.print(f"{mark[result.status]} {event.stage:<10} "
-                               f"{result.seconds:6.1f}s  {result.message}{cached}")
+                               f"{result.seconds:6.1f}s  {escape(result.message)}{cached}")
             for w in result.warnings:
-                self.console.print(f"  [bold yellow]warning:[/] {w}")
+                self.console.print(f"  [bold yellow]warning:[/] {escape(w)}", soft_wrap=True)
 
     def stop(self) -> None:
         if self.status is not None:
@@ -216,7 +218,7 @@ def build(
     )
     options, warnings = resolve_options(request)
     for w in warnings:
-        err.print(f"[bold yellow]warning:[/] {w}")
+        err.print(f"[bold yellow]warning:[/] {escape(w)}", soft_wrap=True)
     view = ProgressView(err, enabled=not as_json)
     try:
         report = run_pipeline(options, view)
@@ -278,7 +280,8 @@ def recipes_show(
     from trtpack.recipe import resolve_model
 
     recipe = resolve_model(name)
-    out.print(yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False), end="")
+    out.print(yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False), end="",
+              markup=False)
 
 
 @app.command()
@@ -301,7 +304,7 @@ def doctor(
         table.add_row(item["name"], found, item["purpose"])
     out.print(table)
     for line in report["summary"]:
-        out.print(f"• {line}")
+        out.print(f"• {line}", markup=False)
 
 
 @app.command()
