@@ -2,9 +2,9 @@
 
     python benchmarks/exporters.py --recipe bert-large --json exporters.json
 
-Each exporter runs in its own process on the recipe's
-architecture with random weights (seed 0), at the recipe's first profile's opt shape. "export peak" is the process's RSS peak while
-in the export call (the loaded model included); "process peak" covers the whole child
+Each exporter runs in its own process on the recipe's architecture with random weights
+(seed 0), at the recipe's first profile's opt shape. "export peak" is the process's RSS peak
+while in the export call (the loaded model included); "process peak" covers the whole child
 (model load, export, a PyTorch and an ONNX Runtime run for the accuracy column).
 """
 

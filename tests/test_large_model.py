@@ -90,6 +90,8 @@ def test_version_folder_holds_the_model_and_its_external_data(moved_version_dir:
     data = moved_version_dir / "model.onnx.data"
     assert data.is_file()
     assert data.stat().st_size > PROTOBUF_LIMIT
+    # readable by a tritonserver running as another user (a 0600 data file would not load)
+    assert data.stat().st_mode & 0o044 == 0o044, oct(data.stat().st_mode)
     assert "embeddings.weight" in " ".join(locations["model.onnx.data"])
     # nothing but the model and its weights: Triton's onnxruntime backend loads the folder
     assert sorted(p.name for p in moved_version_dir.iterdir()) == ["model.onnx",
