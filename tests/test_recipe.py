@@ -4,9 +4,15 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from trtpack.errors import RecipeError, UserInputError
-from trtpack.recipe import builtin_recipe_names, load_recipe_file, resolve_model
+from trtpack.recipe import (
+    builtin_recipe_names,
+    load_recipe_file,
+    overlay_document,
+    resolve_model,
+)
 from trtpack.shapes import parse_profiles
 
 
@@ -75,6 +81,41 @@ def test_overlay_extends_a_builtin_recipe(tmp_path: Path) -> None:
     assert recipe.name == "minilm-int8"
     assert recipe.precision_options.int8.exclude_nodes == ["node_a", "node_b"]
     assert recipe.source.package == resolve_model("minilm").source.package
+
+
+CHANGE = {"precision_options": {"int8": {"exclude_nodes": ["node_a"]}}}
+
+
+def _reload(document: dict, where: Path) -> object:
+    path = where / "overlay.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return resolve_model(str(path))
+
+
+@pytest.mark.parametrize("origin", ["builtin", "user file", "model directory"])
+def test_overlay_document_reproduces_the_recipe_it_came_from(origin: str, tmp_path: Path
+                                                             ) -> None:
+    """The fallback's overlay extends what the recipe came from and keeps its settings."""
+    if origin == "builtin":
+        recipe = resolve_model("tiny-bert")
+    elif origin == "user file":  # a user recipe elsewhere, extending a built-in
+        user = tmp_path / "recipes" / "strict.yaml"
+        user.parent.mkdir()
+        user.write_text("extends: tiny-bert\nverify:\n  fp16:\n    min_cosine: 0.9999\n")
+        recipe = resolve_model(str(user))
+    else:
+        model_dir = tmp_path / "tiny-bert"  # named like a built-in, but it is not one
+        model_dir.mkdir()
+        (model_dir / "config.json").write_text(json.dumps({"model_type": "bert"}))
+        recipe = resolve_model(str(model_dir))
+    document = overlay_document(recipe, CHANGE)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    again = _reload(document, elsewhere)
+    expected = recipe.model_dump()
+    expected["precision_options"]["int8"]["exclude_nodes"] = ["node_a"]
+    assert again.model_dump() == expected
+    assert ("extends" in document) is (origin != "model directory")
 
 
 def test_recipe_inferred_from_hf_directory(tmp_path: Path) -> None:

@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from trtpack.errors import RecipeError, UserInputError
 from trtpack.shapes import TensorSpec
@@ -176,6 +184,16 @@ class Recipe(_Strict):
     precision_options: PrecisionSettings = PrecisionSettings()
     triton: TritonSettings = TritonSettings()
     engine: EngineSettings = EngineSettings()
+    # The recipe file, or the model directory a recipe was inferred from (not a field).
+    _origin: Path | None = PrivateAttr(default=None)
+
+    @property
+    def origin(self) -> Path | None:
+        return self._origin
+
+    def with_origin(self, origin: Path) -> Recipe:
+        self._origin = origin.resolve()
+        return self
 
     @field_validator("inputs")
     @classmethod
@@ -272,9 +290,23 @@ def load_recipe_file(path: Path) -> Recipe:
     data = _recipe_data(path)
     data.setdefault("name", path.stem)
     try:
-        return Recipe.model_validate(data)
+        return Recipe.model_validate(data).with_origin(path)
     except ValidationError as e:
         raise RecipeError(_format_validation_error(str(path), e)) from None
+
+
+def overlay_document(recipe: Recipe, changes: dict[str, Any]) -> dict[str, Any]:
+    """A recipe file that is ``recipe`` with ``changes`` (nested, merged key by key) on top.
+
+    It extends what the recipe came from: a built-in by name, a recipe file by its absolute
+    path. A recipe inferred from a model directory has no file to extend, so the document is
+    the whole recipe."""
+    origin = recipe.origin
+    if origin is None or origin.parent == RECIPES_DIR.resolve():
+        return {"extends": recipe.name, **changes}
+    if origin.is_file():
+        return {"extends": str(origin), **changes}
+    return _deep_merge(recipe.model_dump(mode="json"), changes)
 
 
 def resolve_model(model: str) -> Recipe:
@@ -282,7 +314,7 @@ def resolve_model(model: str) -> Recipe:
     path = Path(model)
     if path.is_dir():
         if (path / "config.json").is_file():
-            return infer_recipe_from_hf_dir(path)
+            return infer_recipe_from_hf_dir(path).with_origin(path)
         raise UserInputError(
             f"'{model}' is a directory without config.json: not a Hugging Face model directory"
         )

@@ -313,9 +313,11 @@ class _Conversion:
     def write_overlay(self, section: dict[str, Any], note: str) -> Path:
         import yaml
 
+        from trtpack.recipe import overlay_document
+
         path = self.ctx.stage_dir / f"{self.recipe.name}-{self.precision}.yaml"
         body = yaml.safe_dump(
-            {"extends": self.recipe.name, "precision_options": {self.precision: section}},
+            overlay_document(self.recipe, {"precision_options": {self.precision: section}}),
             sort_keys=False, width=100)
         header = (f"# Written by trtpack's {self.precision} fallback: {note}\n"
                   f"# Build with it: trtpack build {path.name} --precision {self.precision} ...\n")
