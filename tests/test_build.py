@@ -198,3 +198,32 @@ def test_missing_modelopt_dependency_is_exit_3_before_any_work(
     doctor = run_cli("doctor")
     assert doctor.exit_code == 0
     assert "precision conversion (fp16/int8) needs" in doctor.stdout
+
+
+def test_onnxsim_failure_keeps_the_exported_model_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trtpack.stages import simplify
+
+    # a real onnxsim worker, killed by its timeout: the build goes on with the export
+    monkeypatch.setattr(simplify, "TIMEOUT_SECONDS", 0.01)
+    out = tmp_path / "out"
+    result = run_cli("build", "tiny-bert", "--random-weights", "--target", "cpu",
+                     "--profile", "1x4:2x8:4x16", "--out", str(out),
+                     "--cache-dir", str(tmp_path / "cache"), "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    stage = next(s for s in report["stages"] if s["name"] == "simplify")
+    assert stage["status"] == "skipped"
+    assert "onnxsim failed (timed out after 0.01 s); kept the unsimplified model" \
+        in stage["message"]
+    assert any("onnxsim failed" in w for w in report["warnings"])
+    served = onnx_nodes(out / "model_repository" / "tiny-bert" / "1" / "model.onnx")
+    exported = onnx_nodes(out / "artifacts" / "export" / "model.onnx")
+    assert served == exported == stage["metrics"]["nodes_before"]
+
+
+def onnx_nodes(path: Path) -> int:
+    import onnx
+
+    return len(onnx.load(str(path), load_external_data=False).graph.node)
