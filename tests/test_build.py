@@ -227,3 +227,50 @@ def onnx_nodes(path: Path) -> int:
     import onnx
 
     return len(onnx.load(str(path), load_external_data=False).graph.node)
+
+
+def test_gpu_target_without_gpu_names_what_is_missing(tmp_path: Path) -> None:
+    """Issue 4's CPU check: `trtpack build minilm --target g5` on this machine."""
+    if os.path.exists("/dev/nvidia0"):
+        pytest.skip("this machine has an NVIDIA GPU")
+    out = tmp_path / "out"
+    result = run_cli("build", "minilm", "--target", "g5", "--out", str(out))
+    assert result.exit_code == 3, result.output
+    first = result.stderr.splitlines()[0]
+    assert "--target g5 (A10G, compute capability 8.6)" in first
+    assert "found no GPU" in first and "no TensorRT" in first
+    assert "--target cpu" in result.stderr and "--no-engine" in result.stderr
+    assert not out.exists()
+
+
+def test_volta_target_cannot_have_engines_but_no_engine_builds(tmp_path: Path) -> None:
+    result = run_cli("build", "tiny-bert", "--random-weights", "--target", "p3",
+                     "--out", str(tmp_path / "out"))
+    assert result.exit_code == 2, result.output
+    assert "TensorRT 10.5 and later do not support it" in result.stderr
+    targets = run_cli("targets")
+    assert targets.exit_code == 0
+    assert "* target 'p3' is V100" in targets.stdout
+
+
+def test_gpu_target_with_no_engine_builds_everything_up_to_the_engine(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    from trtpack.serving.config import read_config
+
+    out = tmp_path / "out"
+    result = run_cli("build", "tiny-bert", "--random-weights", "--target", "g5", "--no-engine",
+                     "--fallback-cpu", "--profile", "1x4:2x8:4x16", "--out", str(out),
+                     "--cache-dir", str(cache_dir), "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    stages = {s["name"]: s for s in report["stages"]}
+    assert stages["engine"]["status"] == "skipped" and stages["engine"]["message"] == \
+        "--no-engine"
+    assert report["target"] == "g5"
+    repo = out / "model_repository"
+    gpu_model = read_config(repo / "tiny-bert" / "config.pbtxt")
+    assert gpu_model.platform == "onnxruntime_onnx"
+    assert (repo / "tiny-bert" / "1" / "model.onnx").is_file()
+    cpu_model = read_config(repo / "tiny-bert_cpu" / "config.pbtxt")
+    assert [g.kind for g in cpu_model.instance_group] == [cpu_model.instance_group[0].KIND_CPU]

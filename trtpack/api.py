@@ -12,7 +12,7 @@ from trtpack.pipeline import build as run_pipeline
 from trtpack.recipe import PRECISIONS, Recipe, resolve_model
 from trtpack.report import BuildReport
 from trtpack.shapes import parse_profiles
-from trtpack.targets import AUTO, CPU, Target, resolve_target
+from trtpack.targets import AUTO, CPU, Target, engine_support_problem, resolve_target
 
 # What the stages import (import name → pip package), checked before any work starts so a
 # missing package is exit 3 at once, not exit 4 after minutes of export.
@@ -59,12 +59,18 @@ def resolve_target_for_build(name: str, build_engine: bool,
 
     if name.strip().lower() == AUTO:
         local = gpu.local_target()
-        if local is not None:
+        if local is not None and engine_support_problem(local) is None:
             return local, []
-        return CPU, ["--target auto: no NVIDIA GPU with TensorRT found here, building for "
-                     "'cpu' (ONNX Runtime); pass --target to choose"]
+        why = (engine_support_problem(local) if local is not None else
+               "no NVIDIA GPU with TensorRT found here")
+        return CPU, [f"--target auto: {why}; building for 'cpu' (ONNX Runtime); pass "
+                     "--target to choose"]
     target = resolve_target(name)
     if target.is_gpu and build_engine:
+        problem = engine_support_problem(target)
+        if problem is not None:
+            raise UserInputError(problem, hint="use --target cpu, or --no-engine for the ONNX "
+                                 "models only")
         gpu.check_engine_environment(target, hardware_compatibility)  # type: ignore[arg-type]
     return target, []
 

@@ -310,23 +310,28 @@ def doctor(
 @app.command()
 @handle_errors
 def targets() -> None:
-    """List the deployment targets: instance families, their GPUs and compute capability."""
-    from trtpack.targets import TARGETS
+    """List the deployment targets: instance families, their GPUs and compute capability.
+
+    The 'here' column marks the targets whose engines this machine's GPU can build."""
+    from trtpack.gpu import detect_gpu, targets_table
 
     table = Table(title="targets (--target)")
-    for col in ("target", "GPU", "compute capability", "architecture", "memory", "aliases",
-                "instance types"):
+    for col in ("target", "GPU", "sm", "architecture", "also", "here", "engines"):
         table.add_column(col)
-    for t in TARGETS:
-        if t.gpu is None:
-            table.add_row(t.name, "—", "—", "CPU (ONNX Runtime)", "", ", ".join(t.aliases),
-                          ", ".join(t.instance_types))
-        else:
-            table.add_row(t.name, t.gpu.name, t.gpu.sm, t.gpu.architecture,
-                          f"{t.gpu.memory_gb} GB", ", ".join(t.aliases),
-                          ", ".join(t.instance_types))
+    problems = []
+    for r in targets_table(detect_gpu()):
+        gpu = r.gpu if r.name == "cpu" else f"{r.gpu} {r.memory_gb} GB"
+        engines = "—" if r.name == "cpu" else "yes" if r.engine_problem is None else "no *"
+        if r.engine_problem is not None:
+            problems.append(r.engine_problem)
+        table.add_row(r.name, gpu, r.compute_capability, r.architecture, ", ".join(r.aliases),
+                      "[green]✓[/]" if r.local else "", engines)
     out.print(table)
-
+    out.print("--target also takes an instance type (g5.xlarge), or 'auto' (this machine's "
+              "GPU when it has TensorRT, else cpu). 'here': engines this machine can build.",
+              markup=False)
+    for problem in problems:
+        out.print(f"* {problem}", markup=False)
 
 
 def _io_rows(table: Table, inputs: list[Any], outputs: list[Any]) -> None:

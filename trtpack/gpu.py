@@ -26,6 +26,7 @@ from trtpack.targets import (
     TARGETS,
     HardwareCompatibility,
     Target,
+    engine_support_problem,
     gpu_mismatch,
     local_gpu_target,
     portability_problem,
@@ -409,6 +410,7 @@ class TargetRow:
     instance_types: tuple[str, ...]
     aliases: tuple[str, ...]
     local: bool
+    engine_problem: str | None = None  # why trtpack cannot build engines for it at all
 
 
 def targets_table(local_gpu: LocalGpu | None = None) -> list[TargetRow]:
@@ -422,7 +424,7 @@ def targets_table(local_gpu: LocalGpu | None = None) -> list[TargetRow]:
         local = local_gpu is not None and gpu_mismatch(
             t, local_gpu.name, local_gpu.compute_capability) is None
         rows.append(TargetRow(t.name, t.gpu.name, t.gpu.sm, t.gpu.architecture, t.gpu.memory_gb,
-                              t.instance_types, t.aliases, local))
+                              t.instance_types, t.aliases, local, engine_support_problem(t)))
     return rows
 
 

@@ -13,6 +13,9 @@ from trtpack.errors import UserInputError
 
 HardwareCompatibility = Literal["none", "ampere+", "same_compute_capability"]
 AMPERE = (8, 0)
+# TensorRT 10.5 removed Volta (compute capability 7.0), and trtpack builds with TensorRT
+# 10.12+, so the oldest GPU trtpack can build engines for is Turing (7.5).
+MIN_ENGINE_COMPUTE_CAPABILITY = (7, 5)
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,15 @@ def local_gpu_target(gpu_name: str, compute_capability: tuple[int, int]) -> Targ
     major, minor = compute_capability
     gpu = Gpu(gpu_name, compute_capability, architecture_for(compute_capability), 0)
     return Target(f"sm{major}{minor}", gpu, (), ())
+
+
+def engine_support_problem(target: Target) -> str | None:
+    """Why no TensorRT that trtpack supports can build engines for ``target``, or None."""
+    if target.gpu is None or target.gpu.compute_capability >= MIN_ENGINE_COMPUTE_CAPABILITY:
+        return None
+    return (f"target '{target.name}' is {target.gpu.name} ({target.gpu.architecture}, compute "
+            f"capability {target.gpu.sm}): TensorRT 10.5 and later do not support it, and "
+            f"trtpack builds engines with TensorRT 10.12+")
 
 
 def portability_problem(target: Target, level: HardwareCompatibility) -> str | None:
