@@ -99,6 +99,14 @@ def test_runs_here_portable_and_version_compatible() -> None:
     assert runs_here(prov, "NVIDIA L4", (8, 9), "11.0.0")[0]
     ok, reasons = runs_here(prov, "Tesla T4", (7, 5), "10.12.0")
     assert not ok and len(reasons) == 2  # pre-Ampere GPU and an older TensorRT
+    # across majors only 10 -> 11 (and 8 -> 10): a TensorRT 12 runtime is refused
+    ok, reasons = runs_here(prov, "NVIDIA H100", (9, 0), "12.0.0")
+    assert not ok and "10.x into 11.x" in reasons[0]
+    eleven = make_provenance(tensorrt_version="11.1.0",
+                             build_options={"hardware_compatibility": "none",
+                                            "version_compatible": True})
+    assert runs_here(eleven, "NVIDIA A10G", (8, 6), "11.4.1")[0]
+    assert not runs_here(eleven, "NVIDIA A10G", (8, 6), "10.16.1")[0]
 
 
 def test_runs_here_reasons_name_both_sides() -> None:

@@ -207,7 +207,10 @@ def _check_engine_build(out: Path, report: BuildReport, profiles: int) -> None:
     assert stage.metrics["trtexec"].startswith("trtexec ") and "--minShapes=" in \
         stage.metrics["trtexec"]
     assert str(out.resolve()) in stage.metrics["trtexec"]  # final paths, not the temp folder
-    assert "hit" in stage.metrics["timing_cache"]
+    timing = stage.metrics["timing_cache"]
+    # the build saved its tactic timings into the per-(compute capability, TensorRT) cache
+    assert timing["hit"] in (True, False) and Path(timing["path"]).is_file(), timing
+    assert timing["bytes_after"] > 0 and timing["bytes_after"] >= timing["bytes_before"]
 
 
 def test_tiny_bert_fp16_two_profiles(tmp_path: Path, gpu_cache_dir: Path,

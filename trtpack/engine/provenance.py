@@ -104,6 +104,11 @@ def onnx_hashes(onnx: Path) -> tuple[str, str | None]:
     return sha256_file(onnx), sha256_file(data) if data.is_file() else None
 
 
+# Version-compatible engines run on newer runtimes of their major version, and across these
+# majors only (TensorRT 11 support matrix, "Engine Portability").
+VERSION_COMPATIBLE_ACROSS_MAJORS = {(8, 10), (10, 11)}
+
+
 def runs_here(prov: EngineProvenance, gpu_name: str | None,
               compute_capability: tuple[int, int] | None,
               tensorrt_version: str | None) -> tuple[bool, list[str]]:
@@ -128,9 +133,12 @@ def runs_here(prov: EngineProvenance, gpu_name: str | None,
     else:
         local, built_v = parse_version(tensorrt_version), parse_version(prov.tensorrt_version)
         if prov.version_compatible:
-            if local < built_v:
+            majors = (built_v[0], local[0])
+            if local < built_v or (majors[0] != majors[1]
+                                   and majors not in VERSION_COMPATIBLE_ACROSS_MAJORS):
                 reasons.append(f"the engine is version-compatible from TensorRT "
-                               f"{prov.tensorrt_version}; this machine has {tensorrt_version}")
+                               f"{prov.tensorrt_version} on within its major version (and "
+                               f"10.x into 11.x); this machine has {tensorrt_version}")
         elif local != built_v:
             reasons.append(f"the engine was built with TensorRT {prov.tensorrt_version} and "
                            f"only runs with exactly that version; this machine has "
