@@ -274,3 +274,38 @@ def test_gpu_target_with_no_engine_builds_everything_up_to_the_engine(
     assert (repo / "tiny-bert" / "1" / "model.onnx").is_file()
     cpu_model = read_config(repo / "tiny-bert_cpu" / "config.pbtxt")
     assert [g.kind for g in cpu_model.instance_group] == [cpu_model.instance_group[0].KIND_CPU]
+
+
+def test_set_overrides_recipe_serving_options_in_the_config(tmp_path: Path,
+                                                            cache_dir: Path) -> None:
+    from trtpack.serving.config import read_config
+
+    out = tmp_path / "out"
+    result = run_cli("build", "tiny-bert", "--random-weights", "--target", "cpu",
+                     "--profile", "1x4:2x8:4x16", "--out", str(out), "--cache-dir",
+                     str(cache_dir), "--set", "triton.instance_count=3",
+                     "--set", "triton.max_queue_delay_us=750",
+                     "--set", "triton.response_cache=true")
+    assert result.exit_code == 0, result.output
+    config = read_config(out / "model_repository" / "tiny-bert" / "config.pbtxt")
+    assert [g.count for g in config.instance_group] == [3]
+    assert config.dynamic_batching.max_queue_delay_microseconds == 750
+    assert config.response_cache.enable
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("triton.instance_count=0", "triton.instance_count: Input should be greater than"),
+        ("triton.no_such_option=1", "triton.no_such_option: Extra inputs are not permitted"),
+        ("triton.instance_count", "expected KEY=VALUE"),
+        ("engine.optimization_level=fast", "engine.optimization_level"),
+    ],
+)
+def test_bad_set_override_is_exit_2_naming_it(override: str, expected: str,
+                                              tmp_path: Path) -> None:
+    result = run_cli("build", "tiny-bert", "--random-weights", "--target", "cpu",
+                     "--set", override, "--out", str(tmp_path / "out"))
+    assert result.exit_code == 2, result.output
+    assert expected in result.stderr
+    assert "Traceback" not in result.output and not (tmp_path / "out").exists()

@@ -9,7 +9,7 @@ from pathlib import Path
 from trtpack.errors import UserInputError, require_modules
 from trtpack.pipeline import BuildOptions, Fallback, ProgressCallback, Serve, default_cache_dir
 from trtpack.pipeline import build as run_pipeline
-from trtpack.recipe import PRECISIONS, Recipe, resolve_model
+from trtpack.recipe import PRECISIONS, Recipe, apply_overrides, resolve_model
 from trtpack.report import BuildReport
 from trtpack.shapes import parse_profiles
 from trtpack.targets import AUTO, CPU, Target, engine_support_problem, resolve_target
@@ -46,6 +46,7 @@ class BuildRequest:
     cache_dir: Path | None = None
     use_cache: bool = True
     portable: str | None = None  # hardware compatibility override, e.g. "ampere+"
+    overrides: Sequence[str] = ()  # --set KEY=VALUE on the recipe, e.g. triton.instance_count=2
     warnings: list[str] = field(default_factory=list)
 
 
@@ -77,7 +78,7 @@ def resolve_target_for_build(name: str, build_engine: bool,
 
 def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
     """Validate everything the build needs before any work starts."""
-    recipe: Recipe = resolve_model(request.model)
+    recipe: Recipe = apply_overrides(resolve_model(request.model), list(request.overrides))
     if request.portable is not None:
         if request.portable not in ("none", "ampere+", "same_compute_capability"):
             raise UserInputError(

@@ -192,6 +192,11 @@ def build(
     portable: Annotated[str | None, typer.Option(
         help="Engine hardware compatibility: ampere+ (runs on any GPU of compute capability "
         "8.0+, a little slower) or same_compute_capability. Default: the recipe's.")] = None,
+    overrides: Annotated[list[str] | None, typer.Option(
+        "--set", metavar="KEY=VALUE",
+        help="Override a recipe setting; repeatable, VALUE is YAML. E.g. "
+        "triton.instance_count=2, triton.max_queue_delay_us=500, triton.response_cache=true; "
+        "every key: trtpack recipes show NAME.")] = None,
     cache_dir: Annotated[Path | None, typer.Option(
         help="Stage cache folder (default ~/.cache/trtpack, or $TRTPACK_CACHE_DIR).")] = None,
     no_cache: Annotated[bool, typer.Option(
@@ -199,7 +204,18 @@ def build(
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print the report as JSON instead of the summary.")] = False,
 ) -> None:
-    """Export, simplify, convert precision, build the engine, verify and package a model."""
+    """Export, simplify, convert precision, build the engine, verify and package a model.
+
+    Examples:
+
+      trtpack build minilm --target cpu
+
+      trtpack build bert-large --random-weights --profile 1x128:16x128:128x128 --target g5
+
+      trtpack build minilm --precision int8 --calibration sentences.txt --target cpu
+
+      trtpack build minilm --serve text --set triton.instance_count=2 --target cpu
+    """
     from trtpack.api import BuildRequest, resolve_options
     from trtpack.errors import UserInputError
     from trtpack.pipeline import build as run_pipeline
@@ -214,7 +230,7 @@ def build(
         calibration=calibration, fallback=fallback,  # type: ignore[arg-type]
         serve=serve,  # type: ignore[arg-type]
         fallback_cpu=fallback_cpu, cache_dir=cache_dir, use_cache=not no_cache,
-        portable=portable,
+        portable=portable, overrides=overrides or [],
     )
     options, warnings = resolve_options(request)
     for w in warnings:

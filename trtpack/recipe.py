@@ -295,6 +295,39 @@ def load_recipe_file(path: Path) -> Recipe:
         raise RecipeError(_format_validation_error(str(path), e)) from None
 
 
+def apply_overrides(recipe: Recipe, overrides: list[str]) -> Recipe:
+    """``recipe`` with ``--set KEY=VALUE`` overrides applied: KEY is a dotted path into the
+    recipe (``triton.instance_count``), VALUE is read as YAML (``2``, ``true``, ``[a, b]``).
+    The result is validated like a recipe file; errors name the override."""
+    if not overrides:
+        return recipe
+    changes: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        path = key.strip().split(".")
+        if not sep or not all(path):
+            raise UserInputError(f"--set '{item}': expected KEY=VALUE, e.g. "
+                                 "--set triton.instance_count=2")
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError:
+            value = text
+        node = changes
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise UserInputError(f"--set '{item}' conflicts with another --set")
+        node[path[-1]] = value
+    try:
+        updated = Recipe.model_validate(_deep_merge(recipe.model_dump(mode="json"), changes))
+    except ValidationError as e:
+        raise RecipeError(_format_validation_error(f"{recipe.name} with --set "
+                                                   + " --set ".join(overrides), e)) from None
+    if recipe.origin is not None:
+        updated.with_origin(recipe.origin)
+    return updated
+
+
 def overlay_document(recipe: Recipe, changes: dict[str, Any]) -> dict[str, Any]:
     """A recipe file that is ``recipe`` with ``changes`` (nested, merged key by key) on top.
 
