@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tests.serving.conftest import CLASSIFIER_LABELS, BuiltModel, servable_copy
-from tests.serving.tritonserver import TritonServer
+from tests.serving.tritonserver import TritonServer, bundled_backends
 from trtpack.serving.repository import ModelRepository
 
 pytestmark = pytest.mark.triton
@@ -225,3 +225,27 @@ def test_serving_options_are_accepted_by_the_server(
     assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 500
     assert config["model_warmup"][0]["name"] == "profile_0_opt"
     assert config["version_policy"] == {"all": {}}
+
+
+def test_onnxruntime_backend_serves_the_model_as_written(
+        triton_server: Callable[..., TritonServer], minilm: BuiltModel,
+        tmp_path: Path) -> None:
+    """The model with trtpack's own config (platform onnxruntime_onnx), no stand-in."""
+    if "onnxruntime" not in bundled_backends():
+        pytest.skip("nvidia-pytriton's tritonserver has no onnxruntime backend (it bundles "
+                    f"{sorted(bundled_backends())}): trtpack's onnxruntime_onnx config is "
+                    "checked against Triton's schema, and its model.onnx is served through "
+                    "the Python-backend stand-in in the other tests")
+    import onnxruntime as ort
+    from transformers import AutoTokenizer
+
+    repo = minilm.write(tmp_path / "repository", serve="tensor")
+    server = triton_server(repo.root)
+    enc = AutoTokenizer.from_pretrained(str(minilm.hf_dir))(SENTENCES[:2], padding=True,
+                                                             return_tensors="np")
+    feed = {k: v.astype(np.int64) for k, v in enc.items()}
+    name = minilm.recipe.name
+    output = minilm.recipe.outputs[0].name
+    got = _infer(server, name, feed, [output])[output]
+    (expected,) = ort.InferenceSession(str(minilm.onnx)).run([output], feed)
+    np.testing.assert_allclose(got, expected, atol=1e-4)

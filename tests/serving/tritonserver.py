@@ -77,7 +77,19 @@ def _backends_dir(site: Path, workdir: Path, version: str) -> Path:
         link = python / name
         if not link.exists():
             link.symlink_to(target)
+    for other in bundled_backends() - {"python"}:  # as they are, should a bundle ship more
+        link = backends / other
+        if not link.exists():
+            link.symlink_to(dist / "backends" / other)
     return backends
+
+
+def bundled_backends() -> set[str]:
+    """The backends the bundled tritonserver has (Triton 2.51 in pytriton 0.7.0: python)."""
+    site = _site_packages(triton_venv())
+    folder = site / "pytriton" / "tritonserver" / "backends" if site else None
+    return {p.name for p in folder.iterdir() if p.is_dir()} if folder and folder.is_dir() \
+        else set()
 
 
 @dataclass
