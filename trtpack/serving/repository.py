@@ -115,7 +115,9 @@ def copy_onnx(src: Path, version_dir: Path) -> None:
         data = src.parent / location
         if not data.is_file():
             raise UserInputError(f"{src} refers to external data '{location}', which is missing")
-        _link_or_copy(data, version_dir / location)
+        # a copy: onnx (>= 1.23) refuses external data files with more than one hard link
+        version_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(data, version_dir / location)
     _link_or_copy(src, version_dir / ONNX_FILENAME)
 
 

@@ -1,27 +1,149 @@
-"""Runs onnxsim in a child process (a crash in its C++ code must not take the build down).
+"""Runs onnxsim in a child process (a crash in its C++ code must not take the build down),
+on the graph without its weights.
 
 Usage: python -m trtpack.stages._simplify_worker SRC DST RESULT_JSON
+
+onnxsim copies a model several times over (Python proto, C++ proto, ONNX Runtime session for
+constant folding, the result): about 8x the weights, 10 GB for bert-large. Its work on a
+transformer is on the graph (shape arithmetic, identities, fusions), not on the big weights.
+So every large initializer that no constant folding can touch (each node reading it also
+reads a runtime tensor, e.g. MatMul(x, W) or Gather(E, ids)) is written once to
+``DST.data`` and stands in the graph as an input of its shape and type while onnxsim runs;
+afterwards it is attached again as an external initializer. Large initializers that a
+foldable node reads (e.g. Transpose(W)) stay in the graph so onnxsim can fold them. The
+weights are never copied in memory, and a model over 2 GB is simplified like any other.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
+from typing import Any
+
+# Initializers at least this large (64 KiB: every weight matrix, no bias) are taken out of
+# the graph onnxsim sees.
+LARGE_INITIALIZER_BYTES = 1 << 16
+DATA_SUFFIX = ".data"
+
+
+def _tensor_bytes(tensor: Any) -> int:
+    import numpy as np
+    from onnx import helper
+
+    if tensor.HasField("raw_data"):
+        return len(tensor.raw_data)
+    for entry in tensor.external_data:
+        if entry.key == "length":
+            return int(entry.value)
+    count = int(np.prod(tensor.dims)) if tensor.dims else 1
+    return count * np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+
+
+def unfoldable_large_initializers(graph: Any, min_bytes: int = LARGE_INITIALIZER_BYTES
+                                  ) -> list[str]:
+    """Names of initializers of at least ``min_bytes`` that constant folding cannot reach:
+    every node reading one also reads a tensor that is not a constant."""
+    constant = {t.name for t in graph.initializer}
+    for node in graph.node:  # topologically sorted: propagate constness forward
+        if all(i in constant for i in node.input if i):
+            constant.update(o for o in node.output if o)
+    readers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    outputs = {o.name for o in graph.output}
+    found = []
+    for t in graph.initializer:
+        users = readers.get(t.name, [])
+        if (t.name not in outputs and users and _tensor_bytes(t) >= min_bytes
+                and all(any(i and i not in constant for i in n.input) for n in users)):
+            found.append(t.name)
+    return found
 
 
 def main(src: str, dst: str, result_path: str) -> int:
     import onnx
     import onnxsim
+    from onnx import helper
+    from onnx.external_data_helper import (
+        load_external_data_for_tensor,
+        set_external_data,
+        uses_external_data,
+        write_external_data_tensors,
+    )
 
-    model = onnx.load(src)
+    src_path, dst_path = Path(src), Path(dst)
+    data_name = dst_path.name + DATA_SUFFIX
+    model = onnx.load(src, load_external_data=False)  # external weights stay on disk
     before = len(model.graph.node)
-    simplified, ok = onnxsim.simplify(model, check_n=0)
+    if uses_any_external(model):
+        # the weights already live in SRC.data: start DST.data as a copy (appended to below)
+        src_data = src_path.with_name(src_path.name + DATA_SUFFIX)
+        shutil.copyfile(src_data, dst_path.parent / data_name)
+        for t in model.graph.initializer:
+            for entry in t.external_data:
+                if entry.key == "location":
+                    entry.value = data_name
+    stripped = set(unfoldable_large_initializers(model.graph))
+    for t in model.graph.initializer:
+        if uses_external_data(t) and t.name not in stripped:
+            load_external_data_for_tensor(t, str(dst_path.parent))  # onnxsim folds these
+            t.data_location = onnx.TensorProto.DEFAULT
+            del t.external_data[:]
+        elif t.name in stripped and not uses_external_data(t):
+            set_external_data(t, location=data_name)
+    # write the stripped weights' bytes to DST.data, one tensor at a time, and drop them
+    # from memory (onnx appends each to the file and records its offset)
+    data_path = dst_path.parent / data_name
+    if stripped and not data_path.exists():
+        data_path.touch()
+    write_external_data_tensors(model, str(dst_path.parent))
+    # fresh copies (now only names, shapes and file offsets) so the loaded model's memory
+    # is released with it
+    weights: dict[str, Any] = {}
+    for t in model.graph.initializer:
+        if t.name in stripped:
+            weights[t.name] = onnx.TensorProto()
+            weights[t.name].CopyFrom(t)
+    graph_only = onnx.ModelProto()
+    graph_only.CopyFrom(model)
+    del model
+    kept = [t for t in graph_only.graph.initializer if t.name not in stripped]
+    graph_only.graph.ClearField("initializer")
+    graph_only.graph.initializer.extend(kept)
+    graph_only.graph.input.extend(
+        helper.make_tensor_value_info(name, t.data_type, list(t.dims))
+        for name, t in weights.items())
+
+    simplified, ok = onnxsim.simplify(graph_only, check_n=0)
+
+    used = {i for n in simplified.graph.node for i in n.input}
+    inputs = [i for i in simplified.graph.input if i.name not in weights]
+    simplified.graph.ClearField("input")
+    simplified.graph.input.extend(inputs)
+    simplified.graph.initializer.extend(t for name, t in weights.items() if name in used)
+    # anything onnxsim folded into a large new constant goes to DST.data too
+    for t in simplified.graph.initializer:
+        if t.HasField("raw_data") and len(t.raw_data) >= LARGE_INITIALIZER_BYTES:
+            set_external_data(t, location=data_name)
+    write_external_data_tensors(simplified, str(dst_path.parent))
+    if not uses_any_external(simplified):
+        data_path.unlink(missing_ok=True)
     onnx.save(simplified, dst)
-    Path(result_path).write_text(json.dumps(
-        {"nodes_before": before, "nodes_after": len(simplified.graph.node), "check": bool(ok)}
-    ))
+    Path(result_path).write_text(json.dumps({
+        "nodes_before": before, "nodes_after": len(simplified.graph.node), "check": bool(ok),
+        "weights_outside_onnxsim": len(weights),
+        "external_data": uses_any_external(simplified)}))
     return 0
+
+
+def uses_any_external(model: Any) -> bool:
+    from onnx.external_data_helper import uses_external_data
+
+    return any(uses_external_data(t) for t in model.graph.initializer)
+
 
 
 if __name__ == "__main__":
