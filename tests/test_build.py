@@ -309,3 +309,21 @@ def test_bad_set_override_is_exit_2_naming_it(override: str, expected: str,
     assert result.exit_code == 2, result.output
     assert expected in result.stderr
     assert "Traceback" not in result.output and not (tmp_path / "out").exists()
+
+
+def test_error_in_the_export_process_keeps_its_exit_code_and_hint(tmp_path: Path) -> None:
+    """The export stage runs in a child process; a user error there is exit 3 with its
+    hint here, the failed build's report names the stage, and the process is gone."""
+    out = tmp_path / "out"
+    result = run_cli("build", "tiny-bert", "--target", "cpu", "--out", str(out),
+                     "--cache-dir", str(tmp_path / "cache"),
+                     env={"HF_HUB_OFFLINE": "1"})  # no --random-weights: weights needed
+    assert result.exit_code == 3, result.output
+    assert "cannot load weights of 'trtpack/tiny-bert'" in result.stderr
+    assert "add --random-weights" in result.stderr
+    report = json.loads((tmp_path / "out.failed" / "report.json").read_text())
+    assert report["status"] == "failed" and "cannot load weights" in report["error"]
+    assert not out.exists()
+    import multiprocessing
+
+    assert not multiprocessing.active_children()

@@ -122,6 +122,9 @@ class Stage:
     skip_reason: Callable[[BuildOptions], str | None] = lambda o: None
     cacheable: bool = True
     gated: bool = True  # a failed verification row stops the build
+    # Run in a child process: what the stage allocates (a whole PyTorch model) is returned to
+    # the system when it ends, instead of staying in this process for the rest of the build.
+    isolated: bool = False
 
     def load(self) -> Any:
         return importlib.import_module(self.module)
@@ -140,7 +143,7 @@ def _engine_skip(o: BuildOptions) -> str | None:
 
 
 STAGES: tuple[Stage, ...] = (
-    Stage("export", "trtpack.stages.export"),
+    Stage("export", "trtpack.stages.export", isolated=True),
     Stage("simplify", "trtpack.stages.simplify"),
     Stage("verify", "trtpack.stages.verify"),
     Stage("precision", "trtpack.stages.precision", _precision_skip),
@@ -149,12 +152,25 @@ STAGES: tuple[Stage, ...] = (
 )
 
 
+def _source_digest() -> str:
+    """sha256 of trtpack's own Python files: a changed stage never reuses an old result,
+    whatever ``__version__`` says."""
+    digest = hashlib.sha256()
+    root = Path(__file__).resolve().parent
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def tool_versions() -> dict[str, str | None]:
     from importlib import metadata
 
-    versions: dict[str, str | None] = {"trtpack": __version__}
-    for dist in ("torch", "transformers", "onnx", "onnxruntime", "onnxsim", "polygraphy",
-                 "nvidia-modelopt"):
+    versions: dict[str, str | None] = {"trtpack": __version__,
+                                       "trtpack_source": _source_digest()}
+    for dist in ("torch", "transformers", "onnx", "onnxruntime", "onnxscript", "onnx-ir",
+                 "onnxsim", "onnx-graphsurgeon", "polygraphy", "nvidia-modelopt", "onnxslim",
+                 "tokenizers"):
         try:
             versions[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -176,7 +192,12 @@ def _stage_key(stage: Stage, fingerprint: dict[str, Any], upstream: str,
 
 
 def link_or_copy(src: str | Path, dst: str | Path) -> object:
-    """Hard-link a file where the file system allows it, else copy it."""
+    """Hard-link a file where the file system allows it, else copy it. ONNX external data
+    files (``*.data``) are always copied: onnx (>= 1.23) refuses to load a data file with
+    more than one hard link."""
+    if str(src).endswith(".data"):
+        shutil.copyfile(src, dst)
+        return dst
     try:
         os.link(src, dst)
     except OSError:
@@ -381,7 +402,8 @@ class Pipeline:
         meter = ResourceMeter()
         try:
             with meter:
-                outcome: StageOutcome = module.run(ctx)
+                outcome: StageOutcome = (run_in_child_process(stage, ctx, log_path)
+                                         if stage.isolated else module.run(ctx))
         except (TrtpackError, KeyboardInterrupt):
             logger.error("".join(traceback.format_exc()))
             raise
@@ -410,6 +432,83 @@ class Pipeline:
             }
             self.cache.store(stage.name, key, stage_dir, meta)
         return result, outcome.verification
+
+
+class ChildStageError(TrtpackError):
+    """A user error raised by a stage in its child process, with its message and exit code."""
+
+    def __init__(self, message: str, exit_code: int, hint: str | None) -> None:
+        super().__init__(message, hint=hint)
+        self.exit_code = exit_code
+
+
+def _child_stage_main(conn: Any, name: str, module: str, options: BuildOptions,
+                      stage_dir: Path, build_dir: Path, artifacts: dict[str, Path],
+                      log_path: Path) -> None:
+    """The child side of ``run_in_child_process``: runs the stage, sends back progress
+    messages, then its outcome or what went wrong."""
+    logger = logging.getLogger(f"trtpack.stage.{name}.child")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    handler = logging.FileHandler(log_path)  # appends to the parent's stage log
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logger.addHandler(handler)
+
+    def forward(event: ProgressEvent) -> None:
+        conn.send(("progress", event.message))
+
+    ctx = StageContext(options, name, stage_dir, build_dir, artifacts, logger, forward)
+    try:
+        conn.send(("outcome", importlib.import_module(module).run(ctx)))
+    except KeyboardInterrupt:
+        pass
+    except TrtpackError as e:
+        message = e.message if isinstance(e, StageError) else str(e)
+        conn.send(("user_error", (message, e.exit_code, e.hint)))
+    except BaseException as e:
+        logger.error("".join(traceback.format_exc()))
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+    finally:
+        handler.close()
+        conn.close()
+
+
+def run_in_child_process(stage: Stage, ctx: StageContext, log_path: Path) -> StageOutcome:
+    """``stage.run(ctx)`` in a fresh (spawned) Python process; progress comes back as it
+    happens. A user error keeps its message and exit code; anything else becomes this
+    process's exception with the traceback in the stage log. Ctrl-C ends the child."""
+    import multiprocessing
+
+    mp = multiprocessing.get_context("spawn")
+    parent_end, child_end = mp.Pipe(duplex=False)
+    child = mp.Process(target=_child_stage_main, name=f"trtpack-{stage.name}", args=(
+        child_end, stage.name, stage.module, ctx.options, ctx.stage_dir, ctx.build_dir,
+        ctx.artifacts, log_path))
+    child.start()
+    child_end.close()
+    try:
+        while True:
+            try:
+                kind, payload = parent_end.recv()
+            except EOFError:
+                child.join()
+                raise RuntimeError(f"the {stage.name} process ended without a result (exit "
+                                   f"code {child.exitcode})") from None
+            if kind == "progress":  # the child logged it already
+                ctx._progress(ProgressEvent(stage.name, "update", payload))
+            elif kind == "outcome":
+                return payload  # type: ignore[no-any-return]
+            elif kind == "user_error":
+                message, exit_code, hint = payload
+                raise ChildStageError(message, exit_code, hint)
+            else:
+                raise RuntimeError(payload)
+    finally:
+        parent_end.close()
+        child.join(timeout=30)
+        if child.is_alive():
+            child.kill()
+            child.join()
 
 
 def build(options: BuildOptions, progress: ProgressCallback | None = None) -> BuildReport:
