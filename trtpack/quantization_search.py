@@ -1,7 +1,8 @@
 """Finding the nodes to keep in high precision when a precision variant fails its gate.
 
 INT8: which MatMul/Gemm/Conv nodes may stay quantized is measured, per *node group*, on
-the model and its data (op-type rules do not work: see FACTS.md). A group is the set of
+the model and its data (on MiniLM, keeping whole op types such as Softmax, LayerNorm or Add
+in FP32 did not help, and which MatMuls hurt most differed by layer). A group is the set of
 quantized nodes that read the same activation (e.g. the Q, K and V projections of one
 layer), since they share one Q/DQ pair on it. The search works on *surrogates*: the model
 quantized once with every candidate node quantized, from which a node is taken back to high

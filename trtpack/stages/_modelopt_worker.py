@@ -18,7 +18,8 @@ stage log. The job (JSON) says:
                   dedicated_qdq (default true: with op_types_to_quantize, nodes that are
                   not quantized read the original tensor, not a shared dequantized copy)
     fp16          keep_io_types, nodes_to_exclude (exact names), op_types_to_exclude,
-                  reference_inputs (a folder of .npz feeds for AutoCast's reference run)
+                  reference_inputs (one .npz feed for the I/O range rule), range_nodes_file
+                  (where the nodes that rule keeps in FP32 are kept between conversions)
 
 Node names are passed as exact names and escaped here: ModelOpt treats them as regexes
 matched at the start of a name, so "MatMul" would also exclude "MatMul_1".
@@ -133,23 +134,245 @@ def run_int8(job: dict[str, Any], work: Path) -> dict[str, Any]:
     return {"external_data": external, "dedicated_qdq_rewired": rewired}
 
 
+def out_of_range_nodes(source: Path, feed: dict[str, Any], data_max: float) -> list[str]:
+    """The nodes AutoCast's I/O range rule keeps in FP32: any input or output whose largest
+    absolute value on ``feed`` exceeds ``data_max`` (graph inputs and every node output;
+    initializers are its init_max rule's). One ONNX Runtime run with every tensor marked as
+    an output, on the graph alone next to the source's weight file: unlike AutoCast's own
+    reference run, no copy of the model or its weights is made."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    model = onnx.load(str(source), load_external_data=False)
+    typed = onnx.shape_inference.infer_shapes(model)
+    known = {v.name: v for v in (*typed.graph.value_info, *typed.graph.output)}
+    listed = {o.name for o in model.graph.output}
+    for node in model.graph.node:
+        for name in node.output:
+            if name and name not in listed and name in known:
+                model.graph.output.append(known[name])
+                listed.add(name)
+    probe = source.with_name("ranges-" + source.name)  # beside the source: same weight file
+    onnx.save_model(model, str(probe))
+    del model, typed
+    try:
+        session = ort.InferenceSession(str(probe), providers=["CPUExecutionProvider"])
+        names = [o.name for o in session.get_outputs()]
+        values = dict(zip(names, session.run(names, feed), strict=True))
+        del session
+    finally:
+        probe.unlink(missing_ok=True)
+    absmax = {k: float(np.abs(v).max()) for k, v in {**feed, **values}.items() if v.size}
+    graph = onnx.load(str(source), load_external_data=False).graph
+    return [n.name for n in graph.node if n.op_type != "Constant" and any(
+        absmax.get(t, 0.0) > data_max for t in (*n.input, *n.output))]
+
+
+# Initializers at least this large are kept out of AutoCast (see run_fp16).
+LARGE_INITIALIZER_BYTES = 1 << 16
+
+
+def _weight_array(tensor: Any, folder: Path) -> Any:
+    """An initializer's values: from its bytes, or mapped from its external data file."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    if not uses_external_data(tensor):
+        return numpy_helper.to_array(tensor)
+    info = ExternalDataInfo(tensor)
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
+    return np.memmap(folder / info.location, dtype=dtype, mode="r", offset=info.offset or 0,
+                     shape=tuple(tensor.dims))
+
+
+def fp16_initializer(values: Any, name: str) -> Any:
+    """``values`` as an FP16 initializer, the way AutoCast converts one: clamped to FP16's
+    range, non-zero values below its smallest subnormal set to that subnormal."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    top, lowest = np.finfo(np.float16).max, np.finfo(np.float16).smallest_subnormal
+    array = np.clip(np.asarray(values, dtype=np.float32), -top, top)
+    array = np.where((array != 0.0) & (np.abs(array) < lowest), lowest, array)
+    return numpy_helper.from_array(array.astype(np.float16), name)
+
+
+def strip_weights(source: Path, graph_path: Path) -> tuple[dict[str, Any], list[str]]:
+    """Write ``source`` without its large float initializers to ``graph_path``, each one a
+    graph input of its shape and type instead. Returns those initializers (values not
+    loaded when external) and the nodes AutoCast's initializer range rule would keep in FP32
+    (they read a weight beyond FP16's range), which it can no longer see."""
+    import numpy as np
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(str(source), load_external_data=False)
+    readers: dict[str, list[str]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node.name)
+    weights: dict[str, Any] = {}
+    kept, beyond = [], []
+    for t in model.graph.initializer:
+        size = int(np.prod(t.dims)) * 4 if t.dims else 4
+        if t.data_type == onnx.TensorProto.FLOAT and size >= LARGE_INITIALIZER_BYTES:
+            weights[t.name] = onnx.TensorProto()
+            weights[t.name].CopyFrom(t)
+            if float(np.abs(_weight_array(t, source.parent)).max(initial=0.0)) > \
+                    np.finfo(np.float16).max:
+                beyond.extend(readers.get(t.name, []))
+        else:
+            kept.append(t)
+    model.graph.ClearField("initializer")
+    model.graph.initializer.extend(kept)
+    model.graph.input.extend(helper.make_tensor_value_info(n, t.data_type, list(t.dims))
+                             for n, t in weights.items())
+    onnx.save_model(model, str(graph_path))
+    return weights, beyond
+
+
+def restore_weights(model: Any, weights: dict[str, Any], folder: Path) -> list[Any]:
+    """Put the stripped weights back into AutoCast's result: an FP16 initializer where it
+    made the weight FP16 (a graph input of type FP16, or Cast-to-FP16 nodes reading it, which
+    are removed), the FP32 one where a node still reads it as FP32. FP32 weights that are in
+    an external data file stay there: they are returned for ``save_converted`` to copy."""
+    import onnx
+
+    graph = model.graph
+    inputs = {i.name: i for i in graph.input}
+    casts = [n for n in graph.node if n.op_type == "Cast" and n.input and n.input[0] in weights
+             and any(a.name == "to" and a.i == onnx.TensorProto.FLOAT16 for a in n.attribute)]
+    cast_outputs: dict[str, list[str]] = {}
+    for n in casts:
+        cast_outputs.setdefault(n.input[0], []).append(n.output[0])
+    drop = {id(n) for n in casts}
+    nodes = [n for n in graph.node if id(n) not in drop]
+    graph.ClearField("node")
+    graph.node.extend(nodes)
+    readers = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    restored, external = [], []
+    for name, tensor in weights.items():
+        values = _weight_array(tensor, folder)
+        as_input = inputs.get(name)
+        if as_input is not None and \
+                as_input.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16:
+            restored.append(fp16_initializer(values, name))
+            continue
+        for output in cast_outputs.get(name, []):
+            restored.append(fp16_initializer(values, output))
+        if name in readers:
+            fp32 = onnx.TensorProto()
+            fp32.CopyFrom(tensor)
+            restored.append(fp32)
+            if fp32.data_location == onnx.TensorProto.EXTERNAL:
+                external.append(fp32)
+    kept_inputs = [i for i in graph.input if i.name not in weights]
+    graph.ClearField("input")
+    graph.input.extend(kept_inputs)
+    graph.initializer.extend(restored)
+    return [t for t in graph.initializer if t.name in {e.name for e in external}]
+
+
+def save_converted(model: Any, path: Path, external_weights: list[Any], source_folder: Path,
+                   external: bool) -> None:
+    """Save AutoCast's result with its weights. ``external_weights`` are initializers still
+    pointing into the source's data file: copied into ``<name>.data`` beside ``path`` in
+    chunks when the model is saved with external data, read into the model otherwise."""
+    import onnx
+    from onnx.external_data_helper import (
+        ExternalDataInfo,
+        set_external_data,
+        write_external_data_tensors,
+    )
+
+    if not external:
+        for t in external_weights:
+            values = _weight_array(t, source_folder)
+            t.data_location = onnx.TensorProto.DEFAULT
+            del t.external_data[:]
+            t.raw_data = values.tobytes()
+        save_model(model, path, external=False)
+        return
+    data = path.with_name(path.name + ".data")
+    data.write_bytes(b"")
+    for t in model.graph.initializer:
+        if t.HasField("raw_data") and len(t.raw_data) >= 1024:
+            set_external_data(t, location=data.name)
+    write_external_data_tensors(model, str(path.parent))  # appends each, records offsets
+    chunk = 64 << 20
+    with open(data, "ab") as out:
+        for t in external_weights:
+            info = ExternalDataInfo(t)
+            length = info.length if info.length is not None else \
+                _weight_array(t, source_folder).nbytes
+            offset = out.tell()
+            with open(source_folder / info.location, "rb") as src:
+                src.seek(info.offset or 0)
+                left = length
+                while left:
+                    block = src.read(min(chunk, left))
+                    if not block:
+                        raise ValueError(f"{info.location} ends inside tensor {t.name}")
+                    out.write(block)
+                    left -= len(block)
+            del t.external_data[:]
+            for key, value in (("location", data.name), ("offset", str(offset)),
+                               ("length", str(length))):
+                entry = t.external_data.add()
+                entry.key, entry.value = key, value
+    onnx.save_model(model, str(path))
+
+
 def run_fp16(job: dict[str, Any], work: Path) -> dict[str, Any]:
+    import numpy as np
     from modelopt.onnx.autocast import convert_to_mixed_precision
+    from modelopt.onnx.autocast.convert import DEFAULT_DATA_MAX
 
     spec = job["fp16"]
     source = Path(job["input"])
-    model = convert_to_mixed_precision(
-        onnx_path=str(source),
-        low_precision_type="fp16",
-        keep_io_types=bool(spec.get("keep_io_types", True)),
-        nodes_to_exclude=_exact(spec.get("nodes_to_exclude") or []) or None,
-        op_types_to_exclude=spec.get("op_types_to_exclude") or None,
-        calibration_data=spec.get("reference_inputs"),
-        providers=["cpu"],
-    )
+    range_nodes: list[str] = []
+    reference = spec.get("reference_inputs")
+    if reference:
+        # the range rule computed once per stage and kept in a file across its conversions
+        cached = Path(spec["range_nodes_file"])
+        if cached.is_file():
+            range_nodes = json.loads(cached.read_text())
+        else:
+            with np.load(reference) as data:
+                feed = {k: data[k] for k in data.files}
+            range_nodes = out_of_range_nodes(source, feed, DEFAULT_DATA_MAX)
+            cached.write_text(json.dumps(range_nodes))
+    excluded = [*(spec.get("nodes_to_exclude") or []), *range_nodes]
+    # With reference inputs both of AutoCast's value rules are applied here (I/O range
+    # above, initializer range in strip_weights), so AutoCast converts the graph alone: its
+    # own reference run and its copies of the weights (8 GB for bert-large's 1.3 GB) are
+    # skipped, and the weights are cast to FP16 one at a time afterwards.
+    weights: dict[str, Any] = {}
+    onnx_path = source
+    if reference:
+        onnx_path = source.with_name("graph-" + source.name)
+        weights, beyond = strip_weights(source, onnx_path)
+        excluded += beyond
+    try:
+        model = convert_to_mixed_precision(
+            onnx_path=str(onnx_path),
+            low_precision_type="fp16",
+            keep_io_types=bool(spec.get("keep_io_types", True)),
+            nodes_to_exclude=_exact(list(dict.fromkeys(excluded))) or None,
+            op_types_to_exclude=spec.get("op_types_to_exclude") or None,
+            data_max=np.inf if reference else DEFAULT_DATA_MAX,
+            providers=["cpu"],
+        )
+    finally:
+        if onnx_path != source:
+            onnx_path.unlink(missing_ok=True)
+    pending = restore_weights(model, weights, source.parent)
     external = model_bytes(source) > EXTERNAL_DATA_THRESHOLD or _needs_external(model)
-    save_model(model, Path(job["output"]), external)
-    return {"external_data": external}
+    save_converted(model, Path(job["output"]), pending, source.parent, external)
+    return {"external_data": external, "out_of_range_nodes": range_nodes,
+            "weights_outside_autocast": len(weights)}
 
 
 def main(argv: list[str]) -> int:

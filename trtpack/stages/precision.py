@@ -40,9 +40,9 @@ from trtpack.pipeline import BuildOptions, StageContext, StageOutcome
 from trtpack.report import VerificationRow
 
 # Bump when the conversion or the search changes what this stage produces (cache key).
-ALGORITHM_VERSION = 1
+ALGORITHM_VERSION = 2
 # Op types quantized by the fallback (ModelOpt's default also quantizes Add inputs, which
-# costs MiniLM the most accuracy; see FACTS.md).
+# costs MiniLM the most accuracy, measured one node group at a time).
 FALLBACK_QUANTIZE_OP_TYPES = ["MatMul", "Gemm", "Conv"]
 # The search aims this share of (1 - min_cosine) above the gate, so that its choice, made
 # on the held-out calibration samples and the profile corners, holds on unseen inputs.
@@ -344,23 +344,48 @@ def _fmt(value: float | None) -> str:
 # ----------------------------------------------------------------------------- FP16
 
 
+def autocast_reference_inputs(cases: Sequence[Case], recipe: Any) -> dict[str, Any]:
+    """The one input the FP16 range rule sees: one row of the largest profile corner (real
+    tokens, the longest sequence; the row with the fewest padding tokens).
+
+    The values it looks for (what would overflow FP16) are per token, not per batch, and the
+    variant is verified at every corner afterwards, with the fallback behind that. AutoCast's
+    own reference run over every corner kept all their intermediate tensors in memory:
+    21 GB on bert-large."""
+    batched = {i.name for i in recipe.input_specs() if i.has_dynamic_batch}
+    largest = max(cases, key=lambda c: sum(v.size for v in c.inputs.values()))
+    mask = next((i.name for i in recipe.inputs if i.kind == "attention_mask"
+                 and i.name in batched and largest.inputs[i.name].ndim == 2), None)
+    row = int(largest.inputs[mask].sum(axis=1).argmax()) if mask else 0
+    return {k: (v[row:row + 1] if k in batched else v) for k, v in largest.inputs.items()}
+
+
 class _Fp16(_Conversion):
     precision = "fp16"
 
+    @property
+    def range_nodes_file(self) -> Path:
+        return self.work / "fp16_range_nodes.json"
+
+    def range_nodes(self) -> list[str]:
+        """Nodes kept in FP32 because their values on the reference input exceed FP16's
+        safe range (AutoCast's I/O range rule)."""
+        path = self.range_nodes_file
+        return list(json.loads(path.read_text())) if path.is_file() else []
+
     def convert(self, label: str, keep_fp32: Sequence[str]) -> Attempt:
         s = self.recipe.precision_options.fp16
-        ref_dir = self.work / "reference_inputs"
-        if not ref_dir.is_dir():
+        reference = self.work / "reference_input.npz"
+        if not reference.is_file():
             import numpy as np
 
-            ref_dir.mkdir()
-            for i, case in enumerate(self.cases):
-                with open(ref_dir / f"{i:04d}.npz", "wb") as f:
-                    np.savez(f, **case.inputs)  # type: ignore[arg-type]
+            with open(reference, "wb") as f:
+                np.savez(f, **autocast_reference_inputs(self.cases, self.recipe))
         path = self.modelopt({"mode": "fp16", "fp16": {
             "keep_io_types": s.keep_io_types, "nodes_to_exclude": list(keep_fp32),
             "op_types_to_exclude": list(s.keep_fp32_op_types),
-            "reference_inputs": str(ref_dir)}}, label)
+            "reference_inputs": str(reference),
+            "range_nodes_file": str(self.range_nodes_file)}}, label)
         return Attempt(label, path, list(keep_fp32), self.verify(path))
 
     def run(self) -> StageOutcome:
@@ -401,6 +426,7 @@ class _Fp16(_Conversion):
             "excluded_nodes": [*user_nodes, *added],
             "excluded_by_fallback": added,
             "excluded_node_hints": self.hints(added),
+            "kept_fp32_out_of_range": self.range_nodes(),
             "low_precision": stats,
             "before": first.summary(),
             "after": final.summary(),

@@ -1,0 +1,172 @@
+"""onnxsim and ModelOpt AutoCast run on the graph without its large weights (the workers of
+the simplify and precision stages). The results must be what the tools give on the whole
+model: checked in ONNX Runtime on a small model built here with weights over the 64 KiB
+threshold, a shape subgraph for onnxsim, a weight onnxsim can fold, one beyond FP16's range
+and values below FP16's smallest subnormal."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from trtpack.stages._simplify_worker import unfoldable_large_initializers
+
+HIDDEN, INNER = 128, 256
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _model(external: Path | None = None) -> onnx.ModelProto:
+    rng = np.random.default_rng(7)
+    w_in = rng.normal(0, 0.05, (HIDDEN, INNER)).astype(np.float32)
+    w_in[0, :4] = [1e-9, -1e-9, 3e-8, 0.0]  # below FP16's smallest subnormal
+    w_out_t = rng.normal(0, 0.05, (HIDDEN, INNER)).astype(np.float32)  # used transposed
+    w_big = rng.normal(0, 0.05, (HIDDEN, HIDDEN)).astype(np.float32)
+    w_big[3, 5] = 1e5  # beyond FP16: AutoCast keeps its reader in FP32
+    inits = [
+        numpy_helper.from_array(w_in, "w_in"),
+        numpy_helper.from_array(rng.normal(0, 0.1, INNER).astype(np.float32), "b_in"),
+        numpy_helper.from_array(w_out_t, "w_out_t"),
+        numpy_helper.from_array(w_big, "w_big"),
+        numpy_helper.from_array(np.ones(HIDDEN, np.float32), "ln_scale"),
+        numpy_helper.from_array(np.zeros(HIDDEN, np.float32), "ln_bias"),
+        numpy_helper.from_array(np.array([0], np.int64), "zero"),
+        numpy_helper.from_array(np.array([-1, HIDDEN], np.int64), "flat"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w_in"], ["h"], name="up"),
+        helper.make_node("Add", ["h", "b_in"], ["hb"], name="up_bias"),
+        helper.make_node("Softmax", ["hb"], ["p"], axis=-1, name="softmax"),
+        helper.make_node("Transpose", ["w_out_t"], ["w_out"], perm=[1, 0], name="fold_me"),
+        helper.make_node("MatMul", ["p", "w_out"], ["d"], name="down"),
+        helper.make_node("MatMul", ["x", "w_big"], ["e"], name="big_reader"),
+        helper.make_node("Mul", ["e", "ln_scale"], ["e_small"], name="scale"),
+        helper.make_node("Add", ["d", "e_small"], ["s"], name="residual"),
+        helper.make_node("LayerNormalization", ["s", "ln_scale", "ln_bias"], ["n"], axis=-1,
+                         name="norm"),
+        # shape arithmetic onnxsim folds away: reshape to (-1, HIDDEN) and back
+        helper.make_node("Shape", ["x"], ["x_shape"], name="shape"),
+        helper.make_node("Reshape", ["n", "flat"], ["n2"], name="flatten"),
+        helper.make_node("Reshape", ["n2", "x_shape"], ["y"], name="unflatten"),
+        helper.make_node("Gather", ["x_shape", "zero"], ["batch_dim"], axis=0, name="batch"),
+    ]
+    graph = helper.make_graph(
+        nodes, "weights",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", HIDDEN])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", HIDDEN])],
+        inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    if external is not None:
+        onnx.save_model(model, str(external), save_as_external_data=True,
+                        all_tensors_to_one_file=True, location=external.name + ".data",
+                        size_threshold=1024)
+    return model
+
+
+def _run(path: Path, x: np.ndarray) -> np.ndarray:
+    (y,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x})
+    return y  # type: ignore[no-any-return]
+
+
+X = np.random.default_rng(3).normal(0, 1, (2, 9, HIDDEN)).astype(np.float32)
+
+
+def test_only_weights_no_folding_can_reach_are_taken_out() -> None:
+    graph = _model().graph
+    # w_out_t is read by a Transpose of constants only (foldable); the rest is small
+    assert sorted(unfoldable_large_initializers(graph)) == ["w_big", "w_in"]
+
+
+@pytest.mark.parametrize("external", [False, True], ids=["inline", "external-data"])
+def test_simplify_worker_matches_the_model_and_keeps_weights_outside(external: bool,
+                                                                     tmp_path: Path) -> None:
+    src_dir, dst_dir = tmp_path / "src", tmp_path / "dst"
+    src_dir.mkdir()
+    dst_dir.mkdir()
+    src = src_dir / "model.onnx"
+    if external:
+        _model(src)
+    else:
+        onnx.save_model(_model(), str(src))
+    dst = dst_dir / "model.onnx"
+    proc = subprocess.run([sys.executable, "-m", "trtpack.stages._simplify_worker", str(src),
+                           str(dst), str(tmp_path / "result.json")],
+                          capture_output=True, text=True, check=False, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["weights_outside_onnxsim"] == 2
+    assert result["nodes_after"] < result["nodes_before"]  # onnxsim did work on the graph
+    model = onnx.load(str(dst), load_external_data=False)
+    ops = [n.op_type for n in model.graph.node]
+    assert "Transpose" not in ops and "Gather" not in ops  # folded / dead code removed
+    assert [i.name for i in model.graph.input] == ["x"]
+    # the weights (and the folded transpose, a new large constant) are in dst's data file
+    external_names = {t.name for t in model.graph.initializer
+                      if t.data_location == TensorProto.EXTERNAL}
+    assert {"w_in", "w_big"} <= external_names and len(external_names) == 3
+    assert sorted(p.name for p in dst_dir.iterdir()) == ["model.onnx", "model.onnx.data"]
+    np.testing.assert_allclose(_run(dst, X), _run(src, X), rtol=1e-5, atol=1e-5)
+
+
+AUTOCAST_BOTH_WAYS = """
+import json, sys
+from pathlib import Path
+import numpy as np, onnx
+from modelopt.onnx.autocast import convert_to_mixed_precision
+from trtpack.stages import _modelopt_worker as w
+
+src, ref, out, tmp = map(Path, sys.argv[1:5])
+job = {"mode": "fp16", "input": str(src), "output": str(out), "fp16": {
+    "keep_io_types": True, "reference_inputs": str(ref),
+    "range_nodes_file": str(tmp / "ranges.json")}}
+result = w.run_fp16(job, tmp)
+# AutoCast on the whole model, told the same I/O range exclusions, no own reference run
+whole = convert_to_mixed_precision(
+    onnx_path=str(src), low_precision_type="fp16", keep_io_types=True,
+    nodes_to_exclude=w._exact(result["out_of_range_nodes"]) or None, data_max=np.inf,
+    providers=["cpu"])
+onnx.save(whole, str(tmp / "whole.onnx"))
+print(json.dumps(result))
+"""
+
+
+def test_autocast_on_the_graph_alone_equals_autocast_on_the_whole_model(tmp_path: Path
+                                                                       ) -> None:
+    if importlib.util.find_spec("modelopt") is None:  # not imported here: see below
+        pytest.skip("the precision stage needs nvidia-modelopt")
+    src_dir = tmp_path / "src"
+    src_dir.mkdir()
+    src = src_dir / "model.onnx"
+    _model(src)
+    reference = tmp_path / "reference.npz"
+    feed = {"x": (X[:1] * 3).astype(np.float32)}
+    np.savez(reference, **feed)
+    out = tmp_path / "out" / "model.onnx"
+    out.parent.mkdir()
+    proc = subprocess.run([sys.executable, "-c", AUTOCAST_BOTH_WAYS, str(src), str(reference),
+                           str(out), str(tmp_path)], capture_output=True, text=True,
+                          check=False, cwd=ROOT)  # ModelOpt stays out of the test process
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["weights_outside_autocast"] == 3
+    mine, whole = onnx.load(str(out)), onnx.load(str(tmp_path / "whole.onnx"))
+    inits = {t.name: t for t in mine.graph.initializer}
+    # the weight beyond FP16's range stays FP32, and so does the node reading it
+    assert inits["w_big"].data_type == TensorProto.FLOAT
+    fp16 = [t for t in mine.graph.initializer if t.data_type == TensorProto.FLOAT16]
+    assert len(fp16) >= 2
+    assert [n.op_type for n in mine.graph.node] == [n.op_type for n in whole.graph.node]
+    x = X.astype(np.float32)
+    np.testing.assert_array_equal(_run(out, x), _run(tmp_path / "whole.onnx", x))
+    # and it is an FP16 model that stays close to the FP32 one
+    assert 0 < np.abs(_run(out, x) - _run(src, x)).max() < 0.05
