@@ -11,7 +11,7 @@ stage log. The job (JSON) says:
     input         FP32 ONNX path (its external data file, if any, beside it)
     output        where to write the converted model (external data as ``<name>.data``
                   when the model is over the protobuf limit)
-    result        where to write a JSON result (seconds, external_data)
+    result        where to write a JSON result (seconds, ...)
     int8          calibration (feeds .npz, see trtpack.calibration.save_feeds),
                   calibration_method, high_precision, nodes_to_exclude (exact names),
                   op_types_to_exclude, op_types_to_quantize (empty: ModelOpt's default),
@@ -35,8 +35,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-# Over this size a model's weights go to an external data file (protobuf's limit is 2 GiB).
+# Over this size ModelOpt itself must write external data (protobuf's limit is 2 GiB).
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000
+# Initializers at least this large are kept out of AutoCast (see run_fp16) and saved in the
+# model's data file.
+LARGE_INITIALIZER_BYTES = 1 << 16
 
 
 def _exact(names: list[str]) -> list[str]:
@@ -48,27 +51,16 @@ def model_bytes(path: Path) -> int:
     return path.stat().st_size + (data.stat().st_size if data.is_file() else 0)
 
 
-def save_model(model: Any, path: Path, external: bool) -> None:
-    """Save an ONNX model; with ``external`` its tensors go to ``<name>.data`` beside it."""
+def save_model(model: Any, path: Path) -> None:
+    """Save an ONNX model with its weight matrices (tensors of 64 KiB or more) in
+    ``<name>.data`` beside it: the layout of every stage's model from simplify on."""
     import onnx
 
     data = path.with_name(path.name + ".data")
     if data.exists():
         data.unlink()
-    if external:
-        onnx.save_model(model, str(path), save_as_external_data=True,
-                        all_tensors_to_one_file=True, location=data.name, size_threshold=1024)
-    else:
-        onnx.save_model(model, str(path))
-
-
-def _needs_external(model: Any) -> bool:
-    total = 0
-    for t in model.graph.initializer:
-        total += len(t.raw_data) if t.raw_data else 0
-        if total > EXTERNAL_DATA_THRESHOLD:
-            return True
-    return False
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=data.name, size_threshold=LARGE_INITIALIZER_BYTES)
 
 
 def _calibration_reader(feeds_path: str) -> Any:
@@ -130,8 +122,8 @@ def run_int8(job: dict[str, Any], work: Path) -> dict[str, Any]:
         from trtpack.quantization_search import dedicate_qdq
 
         rewired = dedicate_qdq(model, spec["op_types_to_quantize"])
-    save_model(model, Path(job["output"]), external or _needs_external(model))
-    return {"external_data": external, "dedicated_qdq_rewired": rewired}
+    save_model(model, Path(job["output"]))
+    return {"dedicated_qdq_rewired": rewired}
 
 
 def out_of_range_nodes(source: Path, feed: dict[str, Any], data_max: float) -> list[str]:
@@ -167,10 +159,6 @@ def out_of_range_nodes(source: Path, feed: dict[str, Any], data_max: float) -> l
     graph = onnx.load(str(source), load_external_data=False).graph
     return [n.name for n in graph.node if n.op_type != "Constant" and any(
         absmax.get(t, 0.0) > data_max for t in (*n.input, *n.output))]
-
-
-# Initializers at least this large are kept out of AutoCast (see run_fp16).
-LARGE_INITIALIZER_BYTES = 1 << 16
 
 
 def _weight_array(tensor: Any, folder: Path) -> Any:
@@ -275,11 +263,10 @@ def restore_weights(model: Any, weights: dict[str, Any], folder: Path) -> list[A
     return [t for t in graph.initializer if t.name in {e.name for e in external}]
 
 
-def save_converted(model: Any, path: Path, external_weights: list[Any], source_folder: Path,
-                   external: bool) -> None:
-    """Save AutoCast's result with its weights. ``external_weights`` are initializers still
-    pointing into the source's data file: copied into ``<name>.data`` beside ``path`` in
-    chunks when the model is saved with external data, read into the model otherwise."""
+def save_converted(model: Any, path: Path, external_weights: list[Any], source_folder: Path
+                   ) -> None:
+    """Save AutoCast's result as ``save_model`` does. ``external_weights`` are initializers
+    still pointing into the source's data file: copied into ``<name>.data`` in chunks."""
     import onnx
     from onnx.external_data_helper import (
         ExternalDataInfo,
@@ -287,18 +274,10 @@ def save_converted(model: Any, path: Path, external_weights: list[Any], source_f
         write_external_data_tensors,
     )
 
-    if not external:
-        for t in external_weights:
-            values = _weight_array(t, source_folder)
-            t.data_location = onnx.TensorProto.DEFAULT
-            del t.external_data[:]
-            t.raw_data = values.tobytes()
-        save_model(model, path, external=False)
-        return
     data = path.with_name(path.name + ".data")
     data.write_bytes(b"")
     for t in model.graph.initializer:
-        if t.HasField("raw_data") and len(t.raw_data) >= 1024:
+        if t.HasField("raw_data") and len(t.raw_data) >= LARGE_INITIALIZER_BYTES:
             set_external_data(t, location=data.name)
     write_external_data_tensors(model, str(path.parent))  # appends each, records offsets
     chunk = 64 << 20
@@ -369,9 +348,8 @@ def run_fp16(job: dict[str, Any], work: Path) -> dict[str, Any]:
         if onnx_path != source:
             onnx_path.unlink(missing_ok=True)
     pending = restore_weights(model, weights, source.parent)
-    external = model_bytes(source) > EXTERNAL_DATA_THRESHOLD or _needs_external(model)
-    save_converted(model, Path(job["output"]), pending, source.parent, external)
-    return {"external_data": external, "out_of_range_nodes": range_nodes,
+    save_converted(model, Path(job["output"]), pending, source.parent)
+    return {"out_of_range_nodes": range_nodes,
             "weights_outside_autocast": len(weights)}
 
 
