@@ -125,7 +125,10 @@ def test_accuracy_failure_exits_1_and_keeps_the_previous_output(
     assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
 
 
-def test_ctrl_c_mid_build_leaves_nothing_half_written(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "kill"])
+def test_ctrl_c_mid_build_leaves_nothing_half_written(signum: int, tmp_path: Path) -> None:
+    import psutil
+
     out = tmp_path / "interrupted"
     env = {**os.environ, "TRTPACK_CACHE_DIR": str(tmp_path / "cache")}
     proc = subprocess.Popen(
@@ -136,11 +139,15 @@ def test_ctrl_c_mid_build_leaves_nothing_half_written(tmp_path: Path) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not list(tmp_path.glob(".interrupted.partial-*")):
         time.sleep(0.1)
-    time.sleep(2.0)  # inside the export stage
-    proc.send_signal(signal.SIGINT)
+    time.sleep(2.0)  # inside the export stage, which runs in a child process
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert children
+    proc.send_signal(signum)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr
     assert "interrupted" in stderr
+    _, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, [p.cmdline() for p in alive]
     assert not out.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".interrupted")]
     stages = tmp_path / "cache" / "stages"

@@ -65,3 +65,33 @@ def test_half_written_cache_entries_are_never_hits(tmp_path: Path) -> None:
     assert meta == {"artifacts": {"onnx": "model.onnx"}}
     assert (dst / "model.onnx").read_bytes() == b"onnx bytes"
     assert not list((tmp_path / "stages" / "export").glob("k3.tmp-*"))
+
+
+def test_changed_trtpack_code_is_never_served_from_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trtpack import pipeline
+
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    _build(out, cache, "--profile", "1x4:2x8:4x16")
+    assert _ran(_build(out, cache, "--profile", "1x4:2x8:4x16")) == ["package"]
+    monkeypatch.setattr(pipeline, "_source_digest", lambda: "a-changed-trtpack")
+    assert _ran(_build(out, cache, "--profile", "1x4:2x8:4x16")) == [
+        "export", "simplify", "verify", "package"]
+
+
+def test_external_data_files_are_copies_not_links(tmp_path: Path) -> None:
+    """onnx refuses external data files with several hard links: the cache links everything
+    else, and copies ``*.data`` both ways."""
+    cache = StageCache(tmp_path)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "model.onnx").write_bytes(b"graph")
+    (src / "model.onnx.data").write_bytes(b"weights")
+    cache.store("simplify", "k", src, {"artifacts": {}})
+    dst = tmp_path / "dst"
+    assert cache.load("simplify", "k", dst) is not None
+    assert (dst / "model.onnx").stat().st_nlink == 3  # src, cache, dst
+    assert (dst / "model.onnx.data").stat().st_nlink == 1
+    assert (src / "model.onnx.data").stat().st_nlink == 1
+    assert (dst / "model.onnx.data").read_bytes() == b"weights"

@@ -427,7 +427,14 @@ def package(
     out.print(f"container environment: {result.note}", soft_wrap=True)
 
 
+def _terminate(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # a killed build cleans up like an interrupted one
+
+
 def main() -> None:
+    import signal
+
+    signal.signal(signal.SIGTERM, _terminate)
     app()
 
 

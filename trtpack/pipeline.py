@@ -442,11 +442,26 @@ class ChildStageError(TrtpackError):
         self.exit_code = exit_code
 
 
+def _exit_with_parent() -> None:
+    """End this process when the build's process is gone (killed, not interrupted)."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="trtpack-parent-watch", daemon=True).start()
+
+
 def _child_stage_main(conn: Any, name: str, module: str, options: BuildOptions,
                       stage_dir: Path, build_dir: Path, artifacts: dict[str, Path],
                       log_path: Path) -> None:
     """The child side of ``run_in_child_process``: runs the stage, sends back progress
     messages, then its outcome or what went wrong."""
+    _exit_with_parent()
     logger = logging.getLogger(f"trtpack.stage.{name}.child")
     logger.propagate = False
     logger.setLevel(logging.INFO)
@@ -503,6 +518,10 @@ def run_in_child_process(stage: Stage, ctx: StageContext, log_path: Path) -> Sta
                 raise ChildStageError(message, exit_code, hint)
             else:
                 raise RuntimeError(payload)
+    except BaseException:
+        if child.is_alive():  # interrupted, or its error is in hand: no need to wait
+            child.kill()
+        raise
     finally:
         parent_end.close()
         child.join(timeout=30)
