@@ -78,20 +78,3 @@ def test_changed_trtpack_code_is_never_served_from_the_cache(
     monkeypatch.setattr(pipeline, "_source_digest", lambda: "a-changed-trtpack")
     assert _ran(_build(out, cache, "--profile", "1x4:2x8:4x16")) == [
         "export", "simplify", "verify", "package"]
-
-
-def test_external_data_files_are_copies_not_links(tmp_path: Path) -> None:
-    """onnx refuses external data files with several hard links: the cache links everything
-    else, and copies ``*.data`` both ways."""
-    cache = StageCache(tmp_path)
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "model.onnx").write_bytes(b"graph")
-    (src / "model.onnx.data").write_bytes(b"weights")
-    cache.store("simplify", "k", src, {"artifacts": {}})
-    dst = tmp_path / "dst"
-    assert cache.load("simplify", "k", dst) is not None
-    assert (dst / "model.onnx").stat().st_nlink == 3  # src, cache, dst
-    assert (dst / "model.onnx.data").stat().st_nlink == 1
-    assert (src / "model.onnx.data").stat().st_nlink == 1
-    assert (dst / "model.onnx.data").read_bytes() == b"weights"

@@ -6,9 +6,10 @@ precision ONNX -> engine -> Triton model repository. Each stage runs in its own 
 ``StageResult`` in the report. Stage modules are imported only when they run.
 
 Caching: a stage's key hashes its name, its fingerprint (the options it depends on), the
-keys of the stages before it and the tool versions. A finished stage folder is copied into
-``CACHE/stages/<stage>/<key>/`` through a temporary name and a rename, so an interrupted
-build never leaves anything that could be taken for a result; a hit hard-links it back.
+keys of the stages before it, the tool versions and a digest of trtpack's own code. A
+finished stage folder is hard-linked into ``CACHE/stages/<stage>/<key>/`` through a
+temporary name and a rename, so an interrupted build never leaves anything that could be
+taken for a result; a hit hard-links it back (gigabytes of weights cost nothing to reuse).
 """
 
 from __future__ import annotations
@@ -192,12 +193,9 @@ def _stage_key(stage: Stage, fingerprint: dict[str, Any], upstream: str,
 
 
 def link_or_copy(src: str | Path, dst: str | Path) -> object:
-    """Hard-link a file where the file system allows it, else copy it. ONNX external data
-    files (``*.data``) are always copied: onnx (>= 1.23) refuses to load a data file with
-    more than one hard link."""
-    if str(src).endswith(".data"):
-        shutil.copyfile(src, dst)
-        return dst
+    """Hard-link a file where the file system allows it, else copy it. (onnx >= 1.23 refuses
+    to load an external data file with several links: stages that load weights with onnx
+    copy them first, and the served repository holds copies.)"""
     try:
         os.link(src, dst)
     except OSError:
