@@ -131,7 +131,9 @@ def load_model(recipe: Recipe, *, random_weights: bool, seed: int = 0) -> Loaded
             raise UserInputError(
                 f"recipe {recipe.name} has no 'config' to build random weights from"
             )
-        module = cls.from_config(config)
+        # Auto classes build from a config with from_config; a concrete class
+        # (ResNetForImageClassification) is constructed from it
+        module = cls.from_config(config) if hasattr(cls, "from_config") else cls(config)
         weights = "random"
     else:
         location = str(model_dir) if model_dir is not None else source.hf_id
