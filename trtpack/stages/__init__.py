@@ -12,11 +12,13 @@
 
 Artifacts by name (what each stage adds to ``ctx.artifacts``):
 
-    export     onnx          model.onnx (+ model.onnx.data when over 2 GB)
+    export     onnx          model.onnx + model.onnx.data (the weights; the stage runs in a
+                             child process, see ``Stage.isolated``)
                reference     reference.npz: inputs at every profile corner + PyTorch outputs
                tokenizer     tokenizer/ (tokenizer files), when the recipe has one
                model_config  config.json of the model (labels, geometry)
-    simplify   onnx          the simplified model (or export's, when onnxsim is skipped)
+    simplify   onnx          the simplified model, weight matrices in model.onnx.data (or
+                             export's, when onnxsim failed)
     verify     fp32_outputs  fp32_outputs.npz: the same cases with ONNX Runtime FP32 outputs
     precision  precision_onnx  the FP16 / INT8 ONNX (skipped for fp32)
                recipe_overlay  recipe overlay with the nodes kept in high precision
