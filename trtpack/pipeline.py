@@ -272,6 +272,17 @@ def _artifact_records(artifacts: dict[str, Path], stage_dir: Path, root: Path
     return records
 
 
+def stage_logger(name: str, log_path: Path) -> tuple[logging.Logger, logging.Handler]:
+    """A logger writing (appending) to a stage's log file only; close the handler after."""
+    logger = logging.getLogger(name)
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    handler = logging.FileHandler(log_path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logger.addHandler(handler)
+    return logger, handler
+
+
 class Pipeline:
     def __init__(self, options: BuildOptions, progress: ProgressCallback | None = None) -> None:
         self.options = options
@@ -389,12 +400,7 @@ class Pipeline:
     def _execute(self, stage: Stage, module: Any, key: str, stage_dir: Path,
                  artifacts: dict[str, Path], work: Path, log_path: Path
                  ) -> tuple[StageResult, list[VerificationRow]]:
-        logger = logging.getLogger(f"trtpack.stage.{stage.name}.{id(self)}")
-        logger.propagate = False
-        logger.setLevel(logging.INFO)
-        handler = logging.FileHandler(log_path)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-        logger.addHandler(handler)
+        logger, handler = stage_logger(f"trtpack.stage.{stage.name}.{id(self)}", log_path)
         ctx = StageContext(self.options, stage.name, stage_dir, work, dict(artifacts), logger,
                            self.progress)
         meter = ResourceMeter()
@@ -460,12 +466,8 @@ def _child_stage_main(conn: Any, name: str, module: str, options: BuildOptions,
     """The child side of ``run_in_child_process``: runs the stage, sends back progress
     messages, then its outcome or what went wrong."""
     _exit_with_parent()
-    logger = logging.getLogger(f"trtpack.stage.{name}.child")
-    logger.propagate = False
-    logger.setLevel(logging.INFO)
-    handler = logging.FileHandler(log_path)  # appends to the parent's stage log
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    logger.addHandler(handler)
+    # appends to the parent's stage log
+    logger, handler = stage_logger(f"trtpack.stage.{name}.child", log_path)
 
     def forward(event: ProgressEvent) -> None:
         conn.send(("progress", event.message))

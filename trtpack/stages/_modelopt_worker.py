@@ -35,11 +35,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trtpack.stages._simplify_worker import LARGE_INITIALIZER_BYTES, tensor_bytes
+
 # Over this size ModelOpt itself must write external data (protobuf's limit is 2 GiB).
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000
-# Initializers at least this large are kept out of AutoCast (see run_fp16) and saved in the
-# model's data file.
-LARGE_INITIALIZER_BYTES = 1 << 16
+# Initializers of LARGE_INITIALIZER_BYTES or more (the simplify worker's threshold: the same
+# model layout) are kept out of AutoCast (see run_fp16) and saved in the model's data file.
 
 
 def _exact(names: list[str]) -> list[str]:
@@ -204,8 +205,7 @@ def strip_weights(source: Path, graph_path: Path) -> tuple[dict[str, Any], list[
     weights: dict[str, Any] = {}
     kept, beyond = [], []
     for t in model.graph.initializer:
-        size = int(np.prod(t.dims)) * 4 if t.dims else 4
-        if t.data_type == onnx.TensorProto.FLOAT and size >= LARGE_INITIALIZER_BYTES:
+        if t.data_type == onnx.TensorProto.FLOAT and tensor_bytes(t) >= LARGE_INITIALIZER_BYTES:
             weights[t.name] = onnx.TensorProto()
             weights[t.name].CopyFrom(t)
             if float(np.abs(_weight_array(t, source.parent)).max(initial=0.0)) > \
@@ -240,7 +240,7 @@ def restore_weights(model: Any, weights: dict[str, Any], folder: Path) -> list[A
     graph.ClearField("node")
     graph.node.extend(nodes)
     readers = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
-    restored, external = [], []
+    restored, external = [], set()
     for name, tensor in weights.items():
         values = _weight_array(tensor, folder)
         as_input = inputs.get(name)
@@ -255,12 +255,12 @@ def restore_weights(model: Any, weights: dict[str, Any], folder: Path) -> list[A
             fp32.CopyFrom(tensor)
             restored.append(fp32)
             if fp32.data_location == onnx.TensorProto.EXTERNAL:
-                external.append(fp32)
+                external.add(name)
     kept_inputs = [i for i in graph.input if i.name not in weights]
     graph.ClearField("input")
     graph.input.extend(kept_inputs)
     graph.initializer.extend(restored)
-    return [t for t in graph.initializer if t.name in {e.name for e in external}]
+    return [t for t in graph.initializer if t.name in external]  # the graph's own copies
 
 
 def save_converted(model: Any, path: Path, external_weights: list[Any], source_folder: Path

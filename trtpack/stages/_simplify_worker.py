@@ -23,12 +23,14 @@ from pathlib import Path
 from typing import Any
 
 # Initializers at least this large (64 KiB: every weight matrix, no bias) are taken out of
-# the graph onnxsim sees.
+# the graph onnxsim sees and kept in the model's data file (the precision worker uses the
+# same threshold, so every stage's model has the same layout).
 LARGE_INITIALIZER_BYTES = 1 << 16
 DATA_SUFFIX = ".data"
 
 
-def _tensor_bytes(tensor: Any) -> int:
+def tensor_bytes(tensor: Any) -> int:
+    """An initializer's size in bytes, whether its data is inline or external."""
     import numpy as np
     from onnx import helper
 
@@ -57,7 +59,7 @@ def unfoldable_large_initializers(graph: Any, min_bytes: int = LARGE_INITIALIZER
     found = []
     for t in graph.initializer:
         users = readers.get(t.name, [])
-        if (t.name not in outputs and users and _tensor_bytes(t) >= min_bytes
+        if (t.name not in outputs and users and tensor_bytes(t) >= min_bytes
                 and all(any(i and i not in constant for i in n.input) for n in users)):
             found.append(t.name)
     return found
@@ -143,7 +145,6 @@ def uses_any_external(model: Any) -> bool:
     from onnx.external_data_helper import uses_external_data
 
     return any(uses_external_data(t) for t in model.graph.initializer)
-
 
 
 if __name__ == "__main__":
