@@ -203,6 +203,11 @@ def build(
         "--no-cache", help="Rebuild every stage.")] = False,
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print the report as JSON instead of the summary.")] = False,
+    timing_cache: Annotated[Path | None, typer.Option(
+        "--timing-cache", metavar="DIR",
+        help="A TensorRT timing-cache folder to share (e.g. across a CI matrix): one file per "
+        "compute capability and TensorRT version, read and updated; sha256 before/after in "
+        "the report. Default: under --cache-dir.")] = None,
 ) -> None:
     """Export, simplify, convert precision, build the engine, verify and package a model.
 
@@ -230,7 +235,7 @@ def build(
         calibration=calibration, fallback=fallback,  # type: ignore[arg-type]
         serve=serve,  # type: ignore[arg-type]
         fallback_cpu=fallback_cpu, cache_dir=cache_dir, use_cache=not no_cache,
-        portable=portable, overrides=overrides or [],
+        portable=portable, overrides=overrides or [], timing_cache=timing_cache,
     )
     options, warnings = resolve_options(request)
     for w in warnings:
