@@ -132,8 +132,12 @@ def test_inspect_lists_the_gpu_families_and_runs_on_any_of_them(
 
 def test_fallback_cpu_adds_the_onnx_runtime_model(fleet: list[Path], tmp_path: Path) -> None:
     out = tmp_path / "merged"
-    result = run_cli("merge", *map(str, fleet[:2]), "--out", str(out), "--fallback-cpu")
+    result = run_cli("merge", *map(str, fleet[:2]), "--out", str(out), "--fallback-cpu",
+                     "--json")
     assert result.exit_code == 0, result.output
+    printed = json.loads(result.stdout)  # --json: nothing but the JSON on stdout
+    assert printed["engines"] == {"7.5": "model.sm75.plan", "8.6": "model.sm86.plan"}
+    assert printed["models"] == ["tiny-bert", "tiny-bert_cpu"]
     cpu = out / "model_repository" / "tiny-bert_cpu"
     config = read_config(cpu / "config.pbtxt")
     assert config.platform == "onnxruntime_onnx" and (cpu / "1" / "model.onnx").is_file()
