@@ -7,7 +7,9 @@ Three parts, used by tests/test_engine_tensorrt_names.py:
   ``tensorrt_names(wheel)`` reads the names their ``tensorrt_bindings/tensorrt.so`` defines.
   The .so cannot be imported without libnvinfer, but it is a pybind11 module: every class,
   attribute, method, enum member and argument name is stored in it as a string. The
-  package's ``__init__.py`` adds a few (``__version__``, ``Logger.Severity``).
+  package's ``__init__.py`` adds a few (``__version__``, ``Logger.Severity``). The ``tensorrt``
+  module a user imports after ``pip install tensorrt-cu12`` (11.4.0.106's sdist) is exactly
+  ``from tensorrt_bindings import *`` and ``from tensorrt_bindings import __version__``.
 - ``used_tensorrt_names(source)`` reads trtpack's TensorRT module's AST and returns every
   attribute it takes from TensorRT (the ``tensorrt`` module and objects that come from it).
 - ``StandInTensorRT`` is a module object installed as ``tensorrt`` that answers only the
