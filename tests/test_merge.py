@@ -123,6 +123,13 @@ def test_inspect_lists_the_gpu_families_and_runs_on_any_of_them(
     assert len(model.engines) == 3 and model.problems == []
     assert on_a10g.runs_here is True
     assert inspect_path(out, MachineFacts("NVIDIA L4", (8, 9), TENSORRT)).runs_here is False
+    # an engine filed under another GPU's compute capability is reported
+    config_file = out / "model_repository" / "tiny-bert" / "config.pbtxt"
+    config_file.write_text(config_file.read_text().replace('"7.5"', '"8.9"'))
+    (wrong,) = inspect_path(out, MachineFacts(None, None, None)).models
+    assert any("model.sm75.plan to compute capability 8.9, but it was built for 7.5" in p
+               for p in wrong.problems), wrong.problems
+    config_file.write_text(config_file.read_text().replace('"8.9"', '"7.5"'))
     shown = run_cli("inspect", str(out / "model_repository"))
     assert shown.exit_code == 0, shown.output
     text = " ".join(shown.stdout.split())

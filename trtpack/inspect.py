@@ -180,11 +180,17 @@ def inspect_model_dir(model_dir: Path, machine: MachineFacts) -> ModelInspection
                     model.problems += [f"version {version.name}: {p}"
                                        for p in check_config(config, engine.io)]
     latest = versions[-1] if versions else model_dir / "1"
+    built_for = {e.path: e.provenance.compute_capability for e in model.engines
+                 if e.provenance is not None}
     for cc, file in by_cc.items():
         model.gpu_families.append(_gpu_family(cc, file, (latest / file).is_file()))
         if not (latest / file).is_file():
             model.problems.append(f"cc_model_filenames names {file} for compute capability "
                                   f"{cc}, which is not in version {latest.name}")
+        elif built_for.get(str(latest / file), cc) != cc:
+            model.problems.append(f"cc_model_filenames gives {file} to compute capability "
+                                  f"{cc}, but it was built for "
+                                  f"{built_for[str(latest / file)]}")
     return model
 
 
