@@ -309,3 +309,29 @@ def test_building_the_loaders_and_the_engine_prints_nothing_to_stdout(
         assert capfd.readouterr().out == "", settings
     tensorrt_api_module.engine_loaders(onnx, profiles, settings, None)  # not routed
     assert "TF32 is disabled" in capfd.readouterr().out
+
+
+def test_fetching_skips_only_when_nothing_is_cached_and_pypi_is_unreachable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    import tests.tensorrt_names as names_module
+
+    def failing_pip(*args: object, **kwargs: object) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess([], 1, "", "ERROR: No matching distribution found")
+
+    monkeypatch.setattr(names_module.subprocess, "run", failing_pip)
+    monkeypatch.setattr(names_module, "_pypi_reachable", lambda timeout=5: False)
+    offline = bindings_wheels(tmp_path / "empty")
+    assert offline.skip_reason is not None and "PyPI cannot be reached" in offline.skip_reason
+    monkeypatch.setattr(names_module, "_pypi_reachable", lambda timeout=5: True)
+    broken = bindings_wheels(tmp_path / "empty")
+    assert broken.skip_reason is None and len(broken.errors) == len(SUPPORTED_BINDINGS)
+    assert "No matching distribution" in broken.errors[0]
+    cached = tmp_path / "cached"
+    cached.mkdir()
+    (cached / "tensorrt_cu12_bindings-10.12.0.36-cp312-none-manylinux_2_28_x86_64.whl").touch()
+    monkeypatch.setattr(names_module, "_pypi_reachable", lambda timeout=5: False)
+    partial = bindings_wheels(cached)  # a cache that is not empty is used, the rest is an error
+    assert partial.skip_reason is None and list(partial.wheels) == \
+        ["tensorrt-cu12-bindings 10.12.0.36"] and len(partial.errors) == 3
