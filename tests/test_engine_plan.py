@@ -182,3 +182,38 @@ def test_runner_and_loader_signatures_we_call() -> None:
     assert list(inspect.signature(Profile.add).parameters)[1:] == ["name", "min", "opt", "max"]
     assert "optimization_profile" in inspect.signature(TrtRunner.__init__).parameters
     assert "serialized_engine" in inspect.signature(EngineFromBytes.__init__).parameters
+
+
+def test_shared_timing_cache_folder_keeps_one_file_per_gpu_and_version(tmp_path: Path) -> None:
+    shared = tmp_path / "ci-timing"
+    a = timing_cache_path(tmp_path, (8, 6), "10.13.0.35", shared_dir=shared)
+    assert a == shared / "timing-sm86-trt10.13.0.35.cache"
+    assert timing_cache_path(tmp_path, (7, 5), "10.13.0.35", shared_dir=shared).parent == shared
+    assert timing_cache_path(tmp_path, (7, 5), "10.13.0.35", shared_dir=shared) != a
+
+
+def test_timing_cache_option_takes_a_folder(tmp_path: Path) -> None:
+    from trtpack.api import BuildRequest, resolve_options
+
+    folder = tmp_path / "timing"
+    options, _ = resolve_options(BuildRequest("tiny-bert", target="g5", build_engine=False,
+                                              timing_cache=folder, out=tmp_path / "o"))
+    assert options.timing_cache == folder.resolve()
+    file = tmp_path / "timing.cache"
+    file.write_bytes(b"x")
+    with pytest.raises(UserInputError, match="is a file; give a folder"):
+        resolve_options(BuildRequest("tiny-bert", target="g5", build_engine=False,
+                                     timing_cache=file, out=tmp_path / "o"))
+
+
+def test_provenance_names_the_fields_that_may_differ_between_builds() -> None:
+    from dataclasses import fields
+
+    from trtpack.engine.provenance import VARIES_BETWEEN_BUILDS, EngineProvenance
+
+    known = {f.name for f in fields(EngineProvenance)}
+    assert set(VARIES_BETWEEN_BUILDS) <= known
+    assert {"plan_sha256", "built_at", "timing_cache"} <= set(VARIES_BETWEEN_BUILDS)
+    # what identifies the inputs is never among them (merge compares these)
+    assert not {"onnx_sha256", "precision", "profiles", "inputs", "outputs",
+                "tensorrt_version", "compute_capability"} & set(VARIES_BETWEEN_BUILDS)

@@ -47,6 +47,7 @@ class BuildRequest:
     use_cache: bool = True
     portable: str | None = None  # hardware compatibility override, e.g. "ampere+"
     overrides: Sequence[str] = ()  # --set KEY=VALUE on the recipe, e.g. triton.instance_count=2
+    timing_cache: Path | None = None  # --timing-cache DIR: a timing-cache folder to share
     warnings: list[str] = field(default_factory=list)
 
 
@@ -126,9 +127,20 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
         random_weights=request.random_weights, build_engine=request.build_engine,
         calibration=request.calibration, fallback=request.fallback, serve=serve,
         fallback_cpu=fallback_cpu, cache_dir=request.cache_dir or default_cache_dir(),
-        use_cache=request.use_cache,
+        use_cache=request.use_cache, timing_cache=_timing_cache_dir(request.timing_cache),
     )
     return options, warnings
+
+
+def _timing_cache_dir(path: Path | None) -> Path | None:
+    """``--timing-cache DIR``: a folder (created when missing), not a file: it holds one
+    cache per compute capability and TensorRT version, so a CI matrix can share it."""
+    if path is None:
+        return None
+    if path.exists() and not path.is_dir():
+        raise UserInputError(f"--timing-cache '{path}' is a file; give a folder: it holds one "
+                             "timing cache per GPU compute capability and TensorRT version")
+    return path.resolve()
 
 
 def build(request: BuildRequest, progress: ProgressCallback | None = None) -> BuildReport:

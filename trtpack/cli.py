@@ -203,6 +203,11 @@ def build(
         "--no-cache", help="Rebuild every stage.")] = False,
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print the report as JSON instead of the summary.")] = False,
+    timing_cache: Annotated[Path | None, typer.Option(
+        "--timing-cache", metavar="DIR",
+        help="A TensorRT timing-cache folder to share (e.g. across a CI matrix): one file per "
+        "compute capability and TensorRT version, read and updated; sha256 before/after in "
+        "the report. Default: under --cache-dir.")] = None,
 ) -> None:
     """Export, simplify, convert precision, build the engine, verify and package a model.
 
@@ -230,7 +235,7 @@ def build(
         calibration=calibration, fallback=fallback,  # type: ignore[arg-type]
         serve=serve,  # type: ignore[arg-type]
         fallback_cpu=fallback_cpu, cache_dir=cache_dir, use_cache=not no_cache,
-        portable=portable, overrides=overrides or [],
+        portable=portable, overrides=overrides or [], timing_cache=timing_cache,
     )
     options, warnings = resolve_options(request)
     for w in warnings:
@@ -362,6 +367,13 @@ def inspection_view(result: Any) -> None:
         out.print(f"[bold]{model.name}[/] ({model.platform}, max_batch_size "
                   f"{model.max_batch_size}, {model.instance_kind}, profiles "
                   f"{','.join(model.profiles) or '-'})  {model.path}")
+        if model.gpu_families:
+            out.print("  serves GPU families (cc_model_filenames):")
+            for fam in model.gpu_families:
+                where = ", ".join(fam.targets) + (f" ({', '.join(fam.gpus)})" if fam.gpus else "")
+                out.print(f"    compute capability {fam.compute_capability}: {fam.filename}"
+                          f"  {escape(where) or 'no listed instance family'}"
+                          + ("" if fam.present else "  [red]file missing[/]"))
         for problem in model.problems:
             out.print(f"  [red]config does not match the engine:[/] {problem}")
     for engine in result.all_engines():
@@ -425,6 +437,46 @@ def package(
         out.print(f"{archive.path}  [dim]loads {archive.entry}: {', '.join(archive.members)}[/]",
                   soft_wrap=True)
     out.print(f"container environment: {result.note}", soft_wrap=True)
+
+
+@app.command()
+@handle_errors
+def merge(
+    build_dirs: Annotated[list[Path] | None, typer.Argument(
+        metavar="BUILD_DIR...",
+        help="Output folders of 'trtpack build' for different GPU targets (e.g. the GPU CI "
+        "matrix's artifacts), same model, ONNX, precision and profiles.")] = None,
+    out_dir: Annotated[Path | None, typer.Option(
+        "--out", help="The merged folder (new or empty): model_repository/ and merge.json."
+    )] = None,
+    fallback_cpu: Annotated[bool, typer.Option(
+        "--fallback-cpu", help="Also serve the FP32 ONNX on ONNX Runtime with CPU instances "
+        "(<name>_cpu), unless the builds already have it.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """One Triton model for several GPU families: one engine per compute capability in one
+    version folder (model.sm75.plan, model.sm86.plan, ...), chosen by Triton through
+    cc_model_filenames.
+
+    Example: trtpack merge out/minilm-g4dn out/minilm-g5 out/minilm-p4d --out out/minilm-fleet
+    """
+    from trtpack.errors import UserInputError
+    from trtpack.serving.merge import merge_builds
+
+    if out_dir is None:
+        raise UserInputError("merge needs --out DIR")
+    result = merge_builds(build_dirs or [], out_dir, fallback_cpu=fallback_cpu)
+    for w in result.warnings:
+        err.print(f"[bold yellow]warning:[/] {escape(w)}", soft_wrap=True)
+    if as_json:
+        sys.stdout.write(json.dumps({"out_dir": str(result.out_dir), "model": result.name,
+                                     "engines": result.engines, "targets": result.targets,
+                                     "models": result.models}, indent=2) + "\n")
+        return
+    for cc, file in result.engines.items():
+        out.print(f"compute capability {cc} ({escape(result.targets[cc])}): {file}")
+    out.print(f"[bold green]merged[/] → {escape(str(result.repository))}/{escape(result.name)}"
+              f"  (models: {escape(', '.join(result.models))})", soft_wrap=True)
 
 
 def _terminate(signum: int, frame: Any) -> None:

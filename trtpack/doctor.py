@@ -13,7 +13,7 @@ COMPONENTS: tuple[tuple[str, str], ...] = (
     ("onnxsim", "simplify"),
     ("polygraphy", "comparison, TensorRT engine build"),
     ("nvidia-modelopt", "--precision fp16 / int8"),
-    ("tensorrt", "TensorRT engines (NGC containers ship it)"),
+    ("tensorrt", "TensorRT engines (pip install 'trtpack[tensorrt-cu12]', or NGC)"),
     ("tritonclient", "Triton config schema"),
 )
 
@@ -28,9 +28,11 @@ def _version(dist: str) -> str | None:
 def environment_report() -> dict[str, Any]:
     from trtpack.api import MODELOPT_MODULES
     from trtpack.errors import MissingEnvironmentError, require_modules
-    from trtpack.gpu import detect_gpu, local_target
+    from trtpack.gpu import TENSORRT_INSTALL, detect_gpu, local_target, tensorrt_version
 
-    components = [{"name": n, "version": _version(n), "purpose": p} for n, p in COMPONENTS]
+    # TensorRT is installed as 'tensorrt' (NGC) or 'tensorrt-cu12/-cu13' (pip): any of them
+    components = [{"name": n, "version": tensorrt_version() if n == "tensorrt" else _version(n),
+                   "purpose": p} for n, p in COMPONENTS]
     gpu = detect_gpu()
     components.append({
         "name": "NVIDIA GPU",
@@ -53,7 +55,11 @@ def environment_report() -> dict[str, Any]:
         summary.append(f"{e} — {e.hint} (nvidia-modelopt without its [onnx] extra, which "
                        "would replace onnxruntime)")
     target = local_target()
-    summary.append(f"TensorRT engines: available for --target {target.name}" if target else
-                   "TensorRT engines: not available here (needs an NVIDIA GPU and TensorRT); "
-                   "use --target cpu or --no-engine")
+    if target:
+        summary.append(f"TensorRT engines: available for --target {target.name}")
+    else:
+        summary.append("TensorRT engines: not available here (needs an NVIDIA GPU and "
+                       "TensorRT); use --target cpu or --no-engine")
+    if not found["tensorrt"]:
+        summary.append(f"TensorRT: {TENSORRT_INSTALL}")
     return {"components": components, "summary": summary}

@@ -39,6 +39,13 @@ TENSORRT_DISTRIBUTIONS = ("tensorrt", "tensorrt-cu13", "tensorrt-cu12", "tensorr
                           "tensorrt-cu12-bindings")
 """Names the TensorRT Python bindings are installed under (NGC containers use ``tensorrt``)."""
 
+TENSORRT_INSTALL = (
+    "pip install 'trtpack[tensorrt-cu12]' (CUDA 12 driver) or 'trtpack[tensorrt-cu13]' (CUDA "
+    "13): PyPI's tensorrt packages fetch TensorRT's libraries from NVIDIA's index at install "
+    "time; or run in an NGC container that ships TensorRT (Dockerfile.ngc)"
+)
+"""How to get TensorRT: the exit-3 hint, ``trtpack doctor`` and the README say this."""
+
 TRTEXEC_LOCATIONS = ("/usr/src/tensorrt/bin/trtexec", "/opt/tensorrt/bin/trtexec")
 TRITONSERVER_LOCATIONS = ("/opt/tritonserver/bin/tritonserver",)
 
@@ -345,8 +352,7 @@ def engine_environment(
                          f"CUDA_VISIBLE_DEVICES={other.index}")
     probe = tensorrt if tensorrt is not None else probe_tensorrt()
     if not probe.ok:
-        problems.append(f"TensorRT is not usable: {probe.error} (TensorRT wheels are not on "
-                        "PyPI; NGC TensorRT and PyTorch containers ship it)")
+        problems.append(f"TensorRT is not usable: {probe.error}")
     elif probe.version is not None and parse_version(probe.version)[:2] < MIN_TENSORRT:
         problems.append(f"TensorRT {probe.version} is installed; trtpack needs "
                         f"{MIN_TENSORRT[0]}.{MIN_TENSORRT[1]} or newer")
@@ -380,7 +386,9 @@ def check_engine_environment(
     found += f", TensorRT {report.tensorrt_version}" if report.tensorrt_version else \
         ", no TensorRT"
     hint = ("use --target cpu for an ONNX Runtime model, or --no-engine to build everything "
-            "up to the engine; engines are built inside the NGC container (Dockerfile.ngc)")
+            "up to the engine")
+    if any("TensorRT" in p for p in report.problems):
+        hint += "; to install TensorRT: " + TENSORRT_INSTALL
     if report.notes:
         hint = "; ".join(report.notes) + "; or " + hint
     raise MissingEnvironmentError(

@@ -62,6 +62,31 @@ class ModelInspection:
     profiles: list[str]
     engines: list[EngineInspection] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    gpu_families: list[GpuFamily] = field(default_factory=list)  # cc_model_filenames entries
+
+    @property
+    def runs_here(self) -> bool | None:
+        """With one engine per GPU family (``trtpack merge``) the model runs here when one of
+        them does; otherwise when every engine does (None: unknown or no engine)."""
+        values = [e.runs_here for e in self.engines]
+        if self.gpu_families:
+            if any(v is True for v in values):
+                return True
+            return None if any(v is None for v in values) else False
+        if any(v is False for v in values):
+            return False
+        return None if not values or any(v is None for v in values) else True
+
+
+@dataclass(frozen=True)
+class GpuFamily:
+    """One ``cc_model_filenames`` entry of a model: a compute capability and its engine."""
+
+    compute_capability: str
+    filename: str
+    targets: tuple[str, ...]  # the instance families with that compute capability
+    gpus: tuple[str, ...]
+    present: bool  # the file is in the version folder
 
 
 @dataclass
@@ -78,7 +103,8 @@ class Inspection:
     def runs_here(self) -> bool | None:
         """True when every engine found can run here, False when one cannot, None if unknown
         (or when there is no engine)."""
-        values = [e.runs_here for e in self.all_engines()]
+        values = [e.runs_here for e in self.engines] + \
+            [m.runs_here for m in self.models if m.engines]
         if any(v is False for v in values):
             return False
         if not values or any(v is None for v in values):
@@ -141,16 +167,42 @@ def inspect_model_dir(model_dir: Path, machine: MachineFacts) -> ModelInspection
         profiles=[p for g in config.instance_group for p in g.profile],
     )
     filename = config.default_model_filename or "model.plan"
-    for version in sorted((p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()),
-                          key=lambda p: int(p.name)):
-        plan = version / filename
-        if config.platform == "tensorrt_plan" and plan.is_file():
-            engine = inspect_engine(plan, machine)
-            model.engines.append(engine)
-            if engine.io is not None:
-                model.problems += [f"version {version.name}: {p}"
-                                   for p in check_config(config, engine.io)]
+    versions = sorted((p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()),
+                      key=lambda p: int(p.name))
+    by_cc = dict(sorted(config.cc_model_filenames.items()))
+    for version in versions:
+        files = [version / filename] + [version / f for f in by_cc.values()]
+        for plan in dict.fromkeys(files):
+            if config.platform == "tensorrt_plan" and plan.is_file():
+                engine = inspect_engine(plan, machine)
+                model.engines.append(engine)
+                if engine.io is not None:
+                    model.problems += [f"version {version.name}: {p}"
+                                       for p in check_config(config, engine.io)]
+    latest = versions[-1] if versions else model_dir / "1"
+    built_for = {e.path: e.provenance.compute_capability for e in model.engines
+                 if e.provenance is not None}
+    for cc, file in by_cc.items():
+        model.gpu_families.append(_gpu_family(cc, file, (latest / file).is_file()))
+        if not (latest / file).is_file():
+            model.problems.append(f"cc_model_filenames names {file} for compute capability "
+                                  f"{cc}, which is not in version {latest.name}")
+        elif built_for.get(str(latest / file), cc) != cc:
+            model.problems.append(f"cc_model_filenames gives {file} to compute capability "
+                                  f"{cc}, but it was built for "
+                                  f"{built_for[str(latest / file)]}")
     return model
+
+
+def _gpu_family(cc: str, filename: str, present: bool) -> GpuFamily:
+    from trtpack.targets import TARGETS
+
+    major, _, minor = cc.partition(".")
+    key = (int(major), int(minor or 0)) if major.isdigit() and (minor or "0").isdigit() \
+        else None
+    same = [t for t in TARGETS if t.gpu is not None and t.gpu.compute_capability == key]
+    return GpuFamily(cc, filename, tuple(t.name for t in same),
+                     tuple(dict.fromkeys(t.gpu.name for t in same if t.gpu)), present)
 
 
 def _model_dirs(repo: Path) -> list[Path]:

@@ -63,6 +63,7 @@ class BuildOptions:
     cache_dir: Path = field(default_factory=default_cache_dir)
     use_cache: bool = True
     seed: int = 0
+    timing_cache: Path | None = None  # --timing-cache DIR: a TensorRT timing-cache folder to share
 
     @property
     def name(self) -> str:

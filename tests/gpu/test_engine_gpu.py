@@ -249,3 +249,22 @@ def test_minilm_fp32_two_profiles_repository_and_inspect(tmp_path: Path, gpu_cac
                    "--profile", "8x128:16x128:32x128")
     timing = again.stage("engine").metrics["timing_cache"]  # type: ignore[union-attr]
     assert timing["hit"] is True, json.dumps(timing)
+
+
+def test_shared_timing_cache_folder_records_its_sha256(tmp_path: Path, gpu_cache_dir: Path,
+                                                       local_target: Target) -> None:
+    """--timing-cache DIR (one folder a CI matrix shares): the first build writes this GPU's
+    file there, the second reads it; the report has the file's sha256 before and after."""
+    shared = tmp_path / "shared-timing"
+    args = ("--random-weights", "--precision", "fp32", "--profile", "1x4:2x8:4x16",
+            "--no-cache", "--timing-cache", str(shared))
+    first = _built(tmp_path / "a", "tiny-bert", local_target, gpu_cache_dir, *args)
+    t1 = first.stage("engine").metrics["timing_cache"]  # type: ignore[union-attr]
+    assert Path(t1["path"]).parent == shared.resolve() and t1["shared"] is True, t1
+    assert t1["sha256_before"] is None and t1["sha256_after"] == sha256_file(Path(t1["path"]))
+    second = _built(tmp_path / "b", "tiny-bert", local_target, gpu_cache_dir, *args)
+    t2 = second.stage("engine").metrics["timing_cache"]  # type: ignore[union-attr]
+    assert t2["hit"] is True and t2["sha256_before"] == t1["sha256_after"], t2
+    prov = EngineProvenance.load(tmp_path / "b" / "artifacts" / "engine" / "model.plan.json")
+    assert prov.timing_cache["sha256_before"] == t1["sha256_after"]
+    assert "plan_sha256" in prov.varies_between_builds

@@ -126,8 +126,11 @@ def builder_settings(engine: EngineSettings, tensorrt_version: tuple[int, ...]) 
 
 
 def timing_cache_path(cache_dir: Path, compute_capability: tuple[int, int],
-                      tensorrt_version: str, hardware_compatibility: str = "none") -> Path:
-    """One timing cache per (GPU compute capability, TensorRT version), shared by builds.
+                      tensorrt_version: str, hardware_compatibility: str = "none",
+                      shared_dir: Path | None = None) -> Path:
+    """One timing cache per (GPU compute capability, TensorRT version), shared by builds:
+    under ``cache_dir/tensorrt/``, or in ``shared_dir`` (``--timing-cache DIR``: one folder
+    a CI matrix restores and saves, each GPU family reading and updating its own file).
 
     Tactic timings are only valid for the GPU and TensorRT that measured them, and an
     ``ampere+`` build times a different set of tactics, so it has its own file.
@@ -136,7 +139,8 @@ def timing_cache_path(cache_dir: Path, compute_capability: tuple[int, int],
     suffix = "" if hardware_compatibility == "none" else \
         "-" + HARDWARE_COMPATIBILITY_TRTEXEC[hardware_compatibility].replace("+", "plus")
     major, minor = compute_capability
-    return cache_dir / "tensorrt" / f"timing-sm{major}{minor}-trt{version}{suffix}.cache"
+    folder = shared_dir if shared_dir is not None else cache_dir / "tensorrt"
+    return folder / f"timing-sm{major}{minor}-trt{version}{suffix}.cache"
 
 
 def _shape_spec(shapes: Mapping[str, Shape]) -> str:

@@ -21,6 +21,14 @@ from trtpack.serving.config import ModelIO, TensorIO
 PROVENANCE_SCHEMA = 1
 AMPERE = (8, 0)
 
+VARIES_BETWEEN_BUILDS = ("plan_sha256", "plan_bytes", "built_at", "build_seconds",
+                         "timing_cache", "trtexec", "driver_version", "cuda_driver_version")
+"""Fields that may differ between two builds of the same ONNX, profiles, options, GPU
+family and TensorRT: TensorRT picks tactics by timing them, so engines are not
+bit-reproducible (another plan sha256 and size), and the time, the timing cache's state,
+the output paths in the trtexec command and the machine's driver may differ. Every other
+field is the same for the same inputs; ``trtpack merge`` compares those."""
+
 
 def provenance_path(plan: Path) -> Path:
     """``model.plan`` -> ``model.plan.json``."""
@@ -52,6 +60,7 @@ class EngineProvenance:
     timing_cache: dict[str, Any] = field(default_factory=dict)
     trtexec: str = ""
     schema: int = PROVENANCE_SCHEMA
+    varies_between_builds: list[str] = field(default_factory=lambda: list(VARIES_BETWEEN_BUILDS))
 
     @property
     def hardware_compatibility(self) -> str:

@@ -16,13 +16,17 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from trtpack.cases import Case
 from trtpack.engine.plan import BuilderSettings, TrtProfile
 from trtpack.engine.triton_config import EngineTensor, numpy_dtype
+from trtpack.report import sha256_file
+
+if TYPE_CHECKING:  # for annotations only (tests read them: TensorRT names this module uses)
+    import tensorrt as trt
 
 
 @contextlib.contextmanager
@@ -32,7 +36,11 @@ def polygraphy_logging(log: logging.Logger, severity: str = "INFO") -> Iterator[
 
     saved_python = G_LOGGER.use_python_logging_system
     saved_severity = G_LOGGER.module_severity
+    saved_colors = G_LOGGER.colors
     G_LOGGER.use_python_logging_system = True
+    # colours off: without the 'colored' package polygraphy's first coloured message print()s
+    # "[W] 'colored' module is not installed" to stdout, routed or not
+    G_LOGGER.colors = False
     G_LOGGER.module_severity = getattr(G_LOGGER, severity)
     target = logging.getLogger("Polygraphy")
     saved = list(target.handlers), target.propagate, target.level
@@ -46,6 +54,7 @@ def polygraphy_logging(log: logging.Logger, severity: str = "INFO") -> Iterator[
         target.setLevel(saved[2])
         G_LOGGER.module_severity = saved_severity
         G_LOGGER.use_python_logging_system = saved_python
+        G_LOGGER.colors = saved_colors
 
 
 def tensorrt_version() -> str:
@@ -117,6 +126,30 @@ class BuildResult:
     plan_bytes: int
     timing_cache_bytes_before: int
     timing_cache_bytes_after: int
+    timing_cache_sha256_before: str | None = None
+    timing_cache_sha256_after: str | None = None
+
+
+def engine_loaders(onnx: Path, profiles: Sequence[TrtProfile], settings: BuilderSettings,
+                   timing_cache: Path | None) -> tuple[Any, Any]:
+    """polygraphy's network loader and ``CreateConfig`` for one build (nothing runs yet).
+
+    Call it inside ``polygraphy_logging``: ``CreateConfig`` logs when it is constructed
+    ("TF32 is disabled ..." since trtpack passes ``tf32=False``), and polygraphy's logger
+    writes to stdout unless it is routed, which would break ``trtpack build --json``.
+    """
+    import tensorrt as trt
+    from polygraphy.backend.trt import CreateConfig, NetworkFromOnnxPath
+
+    load_cache = timing_cache is not None and timing_cache.is_file() and \
+        timing_cache.stat().st_size > 0
+    config = CreateConfig(
+        profiles=polygraphy_profiles(profiles),
+        load_timing_cache=str(timing_cache) if load_cache else None,
+        **resolve_config_kwargs(trt, settings.config_kwargs()),
+    )
+    network = NetworkFromOnnxPath(str(onnx), **settings.network_kwargs())
+    return network, config
 
 
 def build_engine(onnx: Path, plan: Path, profiles: Sequence[TrtProfile],
@@ -124,21 +157,16 @@ def build_engine(onnx: Path, plan: Path, profiles: Sequence[TrtProfile],
                  log: logging.Logger) -> BuildResult:
     """Build a strongly typed engine from ``onnx`` with one optimization profile per entry
     of ``profiles`` and write it to ``plan``; load and update ``timing_cache``."""
-    import tensorrt as trt
-    from polygraphy.backend.trt import CreateConfig, EngineBytesFromNetwork, NetworkFromOnnxPath
+    from polygraphy.backend.trt import EngineBytesFromNetwork
 
     before = timing_cache.stat().st_size if timing_cache and timing_cache.is_file() else 0
+    sha_before = sha256_file(timing_cache) if before and timing_cache else None
     if timing_cache is not None:
         timing_cache.parent.mkdir(parents=True, exist_ok=True)
-    config = CreateConfig(
-        profiles=polygraphy_profiles(profiles),
-        load_timing_cache=str(timing_cache) if before else None,
-        **resolve_config_kwargs(trt, settings.config_kwargs()),
-    )
-    network = NetworkFromOnnxPath(str(onnx), **settings.network_kwargs())
     log.info("building %s with %d profile(s), %s", onnx, len(profiles), settings.to_dict())
     started = time.perf_counter()
     with polygraphy_logging(log):
+        network, config = engine_loaders(onnx, profiles, settings, timing_cache)
         serialized = EngineBytesFromNetwork(
             network, config=config,
             save_timing_cache=str(timing_cache) if timing_cache is not None else None,
@@ -147,10 +175,11 @@ def build_engine(onnx: Path, plan: Path, profiles: Sequence[TrtProfile],
     with open(plan, "wb") as f:
         f.write(serialized)
     after = timing_cache.stat().st_size if timing_cache and timing_cache.is_file() else 0
-    return BuildResult(seconds, plan.stat().st_size, before, after)
+    sha_after = sha256_file(timing_cache) if after and timing_cache else None
+    return BuildResult(seconds, plan.stat().st_size, before, after, sha_before, sha_after)
 
 
-def load_engine(plan: Path, log: logging.Logger | None = None) -> Any:
+def load_engine(plan: Path, log: logging.Logger | None = None) -> trt.ICudaEngine:
     """Deserialize an engine (``tensorrt.ICudaEngine``)."""
     from polygraphy.backend.trt import EngineFromBytes
 
@@ -158,7 +187,7 @@ def load_engine(plan: Path, log: logging.Logger | None = None) -> Any:
         return EngineFromBytes(plan.read_bytes())()
 
 
-def engine_tensors(engine: Any) -> list[EngineTensor]:
+def engine_tensors(engine: trt.ICudaEngine) -> list[EngineTensor]:
     """The I/O tensors of a deserialized engine, through the TensorRT 10/11 tensor API."""
     import tensorrt as trt
 
@@ -172,11 +201,11 @@ def engine_tensors(engine: Any) -> list[EngineTensor]:
     return tensors
 
 
-def engine_profile_count(engine: Any) -> int:
+def engine_profile_count(engine: trt.ICudaEngine) -> int:
     return int(engine.num_optimization_profiles)
 
 
-def run_cases(engine: Any, cases: Sequence[Case], log: logging.Logger | None = None
+def run_cases(engine: trt.ICudaEngine, cases: Sequence[Case], log: logging.Logger | None = None
               ) -> list[dict[str, np.ndarray]]:
     """Run the engine on each case's inputs, in the case's optimization profile.
 

@@ -71,7 +71,7 @@ def run(ctx: StageContext) -> StageOutcome:
     trt_version = tensorrt_api.tensorrt_version()
     settings = engine_plan.builder_settings(o.recipe.engine, parse_version(trt_version))
     cache = engine_plan.timing_cache_path(o.cache_dir, env.gpu.compute_capability, trt_version,
-                                          settings.hardware_compatibility)
+                                          settings.hardware_compatibility, o.timing_cache)
     plan = ctx.stage_dir / PLAN
     cache_hit = cache.is_file() and cache.stat().st_size > 0
     ctx.progress(f"building on {env.gpu.name} (sm {env.gpu.sm}) with TensorRT {trt_version}, "
@@ -100,8 +100,11 @@ def run(ctx: StageContext) -> StageOutcome:
     cuda_runtime, cuda_driver = tensorrt_api.cuda_versions()
     onnx_sha, onnx_data_sha = onnx_hashes(onnx)
     inputs, outputs_rec = io_records(engine_io)
-    timing = {"path": str(cache), "hit": cache_hit, "bytes_before": built.timing_cache_bytes_before,
-              "bytes_after": built.timing_cache_bytes_after}
+    timing = {"path": str(cache), "hit": cache_hit, "shared": o.timing_cache is not None,
+              "bytes_before": built.timing_cache_bytes_before,
+              "bytes_after": built.timing_cache_bytes_after,
+              "sha256_before": built.timing_cache_sha256_before,
+              "sha256_after": built.timing_cache_sha256_after}
     provenance = EngineProvenance(
         trtpack_version=__version__, tensorrt_version=trt_version, gpu_name=env.gpu.name,
         compute_capability=env.gpu.sm, target=o.target.name, precision=o.precision,

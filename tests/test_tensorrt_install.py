@@ -1,0 +1,85 @@
+"""How to install TensorRT: one text (``gpu.TENSORRT_INSTALL``) in the exit-3 hint, in
+``trtpack doctor`` and in the README; extras pinning the supported range; and no file of the
+project claiming TensorRT is not on PyPI (it is, for machines that can reach NVIDIA's index)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from trtpack import gpu
+from trtpack.errors import MissingEnvironmentError
+from trtpack.targets import resolve_target
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_exit_3_hint_and_doctor_give_the_same_install_routes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    no_trt = gpu.TensorRTProbe(False, None, "the Python package 'tensorrt' is not installed")
+    a10g = gpu.LocalGpu("NVIDIA A10G", (8, 6), "550.54", 24000)
+    with pytest.raises(MissingEnvironmentError) as info:
+        gpu.check_engine_environment(resolve_target("g5"), gpus=[a10g], tensorrt=no_trt,
+                                     polygraphy=True)
+    assert info.value.hint is not None and gpu.TENSORRT_INSTALL in info.value.hint
+    assert "tensorrt-cu12" in gpu.TENSORRT_INSTALL and "NGC" in gpu.TENSORRT_INSTALL
+
+    from trtpack import doctor
+
+    monkeypatch.setattr(gpu, "tensorrt_version", lambda: None)
+    report = doctor.environment_report()
+    assert f"TensorRT: {gpu.TENSORRT_INSTALL}" in report["summary"]
+    monkeypatch.setattr(gpu, "tensorrt_version", lambda: "10.13.0.35")  # e.g. tensorrt-cu12
+    report = doctor.environment_report()
+    row = next(c for c in report["components"] if c["name"] == "tensorrt")
+    assert row["version"] == "10.13.0.35"
+    assert not any(line.startswith("TensorRT: pip install") for line in report["summary"])
+
+
+def test_a_gpu_mismatch_alone_does_not_tell_to_install_tensorrt() -> None:
+    l4 = gpu.LocalGpu("NVIDIA L4", (8, 9), "550.54", 24000)
+    with pytest.raises(MissingEnvironmentError) as info:
+        gpu.check_engine_environment(resolve_target("g5"), gpus=[l4],
+                                     tensorrt=gpu.TensorRTProbe(True, "10.13.0.35"),
+                                     polygraphy=True)
+    assert info.value.hint is not None and "pip install" not in info.value.hint
+
+
+def test_extras_pin_the_supported_tensorrt_and_stay_out_of_all() -> None:
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    for cuda in ("cu12", "cu13"):
+        (requirement,) = extras[f"tensorrt-{cuda}"]
+        match = re.fullmatch(rf"tensorrt-{cuda}>=([\d.]+),<(\d+)", requirement)
+        assert match, requirement
+        assert gpu.parse_version(match[1])[:2] >= gpu.MIN_TENSORRT
+        assert int(match[2]) == 12  # 10.x and 11.x: the majors trtpack's engine code handles
+    assert not any("tensorrt" in e for e in extras["all"])
+
+
+def test_readme_says_how_to_install_tensorrt() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert "### Installing TensorRT" in readme
+    for text in ("pip install 'trtpack[onnx,tensorrt-cu12]'", "tensorrt-cu13", "Dockerfile.ngc",
+                 "trtpack doctor"):
+        assert text in readme
+
+
+def test_nothing_in_the_project_claims_tensorrt_is_not_on_pypi() -> None:
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()
+    claims = re.compile(r"(not\s+on\s+PyPI|PyPI\s+cannot\s+provide|never\s+a\s+pip)",
+                        re.IGNORECASE)
+    found = []
+    for name in files:
+        path = ROOT / name
+        if path.suffix in {".npz", ".onnx", ".png"} or not path.is_file() or \
+                name == "tests/test_tensorrt_install.py":
+            continue
+        text = path.read_text(errors="ignore")
+        found += [f"{name}: {m[0]}" for m in claims.finditer(text)]
+    assert not found, found
