@@ -79,10 +79,10 @@ def copy_model(src: Path, dst: Path, axes: dict[str, list[str | int]]) -> bool:
             out.write(raw)
             t.ClearField("raw_data")
             del t.external_data[:]
-            for key, value in (("location", data_path.name), ("offset", str(offset)),
+            for key, text in (("location", data_path.name), ("offset", str(offset)),
                                ("length", str(len(raw)))):
                 entry = t.external_data.add()
-                entry.key, entry.value = key, value
+                entry.key, entry.value = key, text
             t.data_location = onnx.TensorProto.EXTERNAL
             offset += len(raw)
     for value in (*model.graph.input, *model.graph.output):
