@@ -135,8 +135,8 @@ def test_head_is_built_served_and_matches_transformers(kind: str, models_root: P
 @pytest.mark.slow
 def test_sentence_transformers_directory_pools_as_its_modules_json(
         models_root: Path, cache_dir: Path, tmp_path: Path) -> None:
-    from sentence_transformers import SentenceTransformer
     import torch
+    from sentence_transformers import SentenceTransformer
 
     folder = make_sentence_transformers_dir(models_root)
     out = tmp_path / "out"
