@@ -50,8 +50,14 @@ def models_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("hf-heads")
 
 
-def build(model: Path | str, out: Path, cache_dir: Path, *extra: str) -> dict[str, Any]:
-    result = run_cli("build", str(model), "--target", "cpu", "--profile", PROFILE,
+def model_dir(kind: str, root: Path) -> Path:
+    """The tiny model ``kind`` under ``root`` (made once per module)."""
+    return root / kind if (root / kind).is_dir() else make_model_dir(kind, root)
+
+
+def build(model: Path | str, out: Path, cache_dir: Path, *extra: str,
+          profile: str = PROFILE) -> dict[str, Any]:
+    result = run_cli("build", str(model), "--target", "cpu", "--profile", profile,
                      "--out", str(out), "--cache-dir", str(cache_dir), "--json", *extra)
     assert result.exit_code == 0, result.output
     report: dict[str, Any] = json.loads(result.stdout)
@@ -97,11 +103,12 @@ def transformers_outputs(folder: Path, cls_name: str, inputs: dict[str, np.ndarr
 def test_head_is_built_served_and_matches_transformers(kind: str, models_root: Path,
                                                        cache_dir: Path, tmp_path: Path) -> None:
     task, metrics, cls_name = HEADS[kind]
-    folder = make_model_dir(kind, models_root)
+    folder = model_dir(kind, models_root)
     recipe = run_cli("recipes", "show", str(folder))
     assert recipe.exit_code == 0 and f"task: {task}" in recipe.stdout
     out = tmp_path / "out"
-    report = build(folder, out, cache_dir)
+    vision = task == "image-classification"
+    report = build(folder, out, cache_dir, profile="1:2:4" if vision else PROFILE)
     rows = [r for r in report["verification"] if r["check"] == "onnx-vs-torch"]
     assert {(r["corner"], r["output"]) for r in rows} == {
         (c, o) for c in ("min", "opt", "max") for o in metrics}
@@ -172,3 +179,72 @@ def test_task_override_picks_another_head(models_root: Path) -> None:
     assert shown.exit_code == 0, shown.output
     assert "model_class: BertForQuestionAnswering" in shown.stdout
     assert "start_logits" in shown.stdout and "metric: span" in shown.stdout
+
+
+class _StandInTensor:
+    def __init__(self, name: str, value: np.ndarray) -> None:
+        self.name, self.value = name, value
+
+    def as_numpy(self) -> np.ndarray:
+        return self.value
+
+
+def _run_postprocess(model_dir: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run the generated post-processing model.py in this process, with a stand-in for
+    Triton's ``triton_python_backend_utils`` (only Tensor and input lookup are used)."""
+    import importlib.util
+    import sys
+    import types
+
+    from google.protobuf.json_format import MessageToDict
+
+    stand_in = types.ModuleType("triton_python_backend_utils")
+    stand_in.Tensor = _StandInTensor  # type: ignore[attr-defined]
+    stand_in.get_input_tensor_by_name = (  # type: ignore[attr-defined]
+        lambda request, name: _StandInTensor(name, request[name]))
+    sys.modules["triton_python_backend_utils"] = stand_in
+    try:
+        spec = importlib.util.spec_from_file_location("postprocess", model_dir / "1" / "model.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        config = MessageToDict(read_config(model_dir / "config.pbtxt"),
+                               preserving_proto_field_name=True)
+        model = module.TritonPythonModel()
+        model.initialize({"model_config": json.dumps(config),
+                          "model_repository": str(model_dir), "model_version": "1"})
+        return {t.name: t.value for t in model.run(feeds)}
+    finally:
+        del sys.modules["triton_python_backend_utils"]
+
+
+@pytest.mark.parametrize(("kind", "output", "names"), [
+    ("bert-mlm", "tokens", "vocabulary"),
+    pytest.param("bert-tokcls", "labels", "id2label", marks=pytest.mark.slow),
+])
+def test_text_serving_postprocess_follows_the_head(kind: str, output: str, names: str,
+                                                   models_root: Path, cache_dir: Path,
+                                                   tmp_path: Path) -> None:
+    from tests.hf_models import LABELS, minilm_dir
+
+    folder = model_dir(kind, models_root)
+    out = tmp_path / "out"
+    build(folder, out, cache_dir, "--serve", "text")
+    repo = out / "model_repository"
+    post = repo / f"{kind}_postprocess"
+    config = read_config(post / "config.pbtxt")
+    assert config.parameters["mode"].string_value == "token_argmax"
+    assert [o.name for o in read_config(repo / f"{kind}_ensemble" / "config.pbtxt").output
+            ] == [output]
+    expected = ((minilm_dir() / "vocab.txt").read_text(encoding="utf-8").splitlines()
+                if names == "vocabulary" else [LABELS[i] for i in range(3)])
+    assert json.loads((post / "1" / "labels.json").read_text()) == expected
+    # the served model's logits on tokenized text, through the generated model.py
+    case = load_cases(out / "artifacts" / "export" / "reference.npz")[-1]
+    session = ort.InferenceSession(str(served_onnx(out, kind)))
+    logits = session.run(None, case.inputs)[0]
+    got = _run_postprocess(post, {"logits": logits})[output]
+    assert got.shape == logits.shape[:2]
+    top = logits.argmax(-1)
+    assert [[v.decode() for v in row] for row in got] == [[expected[i] for i in row]
+                                                           for row in top]
