@@ -131,7 +131,7 @@ def test_head_is_built_served_and_matches_transformers(kind: str, models_root: P
         want = transformers_outputs(folder, cls_name, case.inputs)
         for name in metrics:
             assert got[name].shape == want[name].shape
-            assert np.abs(got[name] - want[name]).max() < 1e-4, (case.label, name)
+            assert np.abs(got[name] - want[name]).max() < 1e-5, (case.label, name)
             assert unpadded_top1(want[name], got[name], mask if got[name].ndim == 3 else None
                                  ) == 1.0
             if metrics[name] == "span":  # per sample, the answer span's position agrees

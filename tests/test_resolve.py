@@ -260,3 +260,28 @@ def test_recipe_pointing_at_an_onnx_file(onnx_files: dict[str, Path], tmp_path: 
     assert loaded.name == "from-recipe"
     with pytest.raises(UserInputError, match="does not exist"):
         resolve_model(str(tmp_path / "nope.onnx"))
+
+
+def test_recipe_with_onnx_source_and_tokenizer_beside_it_serves_text(
+        onnx_files: dict[str, Path], cache_dir: Path, tmp_path: Path) -> None:
+    import shutil
+
+    folder = tmp_path / "with-tokenizer"
+    folder.mkdir()
+    shutil.copy(onnx_files["single file"], folder / "encoder.onnx")
+    copy_tokenizer(folder)
+    shown = run_cli("recipes", "show", str(folder / "encoder.onnx"))
+    assert "tokenizer: true" in shown.stdout
+    recipe = tmp_path / "encoder.yaml"
+    recipe.write_text(shown.stdout)
+    out = tmp_path / "out"
+    result = run_cli("build", str(recipe), "--target", "cpu", "--serve", "text",
+                     "--profile", "1x8:2x16:4x32", "--out", str(out),
+                     "--cache-dir", str(cache_dir), "--json")
+    assert result.exit_code == 0, result.output
+    repo = out / "model_repository"
+    assert sorted(p.name for p in repo.iterdir()) == [
+        "encoder", "encoder_ensemble", "encoder_tokenizer"]
+    assert (repo / "encoder_tokenizer" / "1" / "tokenizer" / "tokenizer.json").is_file()
+    cases = load_cases(out / "artifacts" / "import" / "reference.npz")
+    assert all((c.inputs["input_ids"][:, 0] == 101).all() for c in cases)  # tokenized text

@@ -306,8 +306,8 @@ def recipes_show(
     from trtpack.recipe import resolve_model
 
     recipe = resolve_model(name, task)
-    out.print(yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False), end="",
-              markup=False)
+    # plain text, never wrapped to the terminal: the output is saved and edited as a file
+    sys.stdout.write(yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
 
 
 @app.command()

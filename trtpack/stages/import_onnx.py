@@ -63,28 +63,28 @@ def copy_model(src: Path, dst: Path, axes: dict[str, list[str | int]]) -> bool:
         for node in model.graph.node:
             tensors.extend(a.t for a in node.attribute if a.HasField("t"))
         for t in tensors:
+            pad = (-offset) % 4096  # aligned like onnx's own writer
             if t.data_location == onnx.TensorProto.EXTERNAL:
                 info = {e.key: e.value for e in t.external_data}
-                with open(src.parent / info["location"], "rb") as f:
-                    f.seek(int(info.get("offset", 0) or 0))
-                    length = info.get("length")
-                    raw = f.read(int(length)) if length else f.read()
+                out.write(b"\0" * pad)
+                length = _copy_range(src.parent / info["location"],
+                                     int(info.get("offset", 0) or 0),
+                                     int(info["length"]) if info.get("length") else None, out)
             elif t.HasField("raw_data") and len(t.raw_data) > INLINE_LIMIT:
-                raw = t.raw_data
+                out.write(b"\0" * pad)
+                out.write(t.raw_data)
+                length = len(t.raw_data)
             else:
                 continue
-            pad = (-offset) % 4096  # aligned like onnx's own writer
-            out.write(b"\0" * pad)
             offset += pad
-            out.write(raw)
             t.ClearField("raw_data")
             del t.external_data[:]
             for key, text in (("location", data_path.name), ("offset", str(offset)),
-                               ("length", str(len(raw)))):
+                               ("length", str(length))):
                 entry = t.external_data.add()
                 entry.key, entry.value = key, text
             t.data_location = onnx.TensorProto.EXTERNAL
-            offset += len(raw)
+            offset += length
     for value in (*model.graph.input, *model.graph.output):
         names = axes.get(value.name)
         if names is None:
@@ -97,6 +97,24 @@ def copy_model(src: Path, dst: Path, axes: dict[str, list[str | int]]) -> bool:
         data_path.unlink()
         return False
     return True
+
+
+def _copy_range(path: Path, start: int, length: int | None, out: Any,
+                chunk: int = 64 << 20) -> int:
+    """Copy ``length`` bytes (to the end when None) of ``path`` from ``start`` to ``out``, in
+    chunks: a weight of several GB never sits in memory whole."""
+    copied = 0
+    with open(path, "rb") as f:
+        f.seek(start)
+        while length is None or copied < length:
+            block = f.read(chunk if length is None else min(chunk, length - copied))
+            if not block:
+                break
+            out.write(block)
+            copied += len(block)
+    if length is not None and copied != length:
+        raise UserInputError(f"external data {path.name} ends before the tensor it holds")
+    return copied
 
 
 def vocab_from_graph(path: Path, token_input: str) -> int | None:
