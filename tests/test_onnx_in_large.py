@@ -32,8 +32,7 @@ def write_big_onnx(folder: Path) -> Path:
         for start in range(0, ROWS, 20_000):
             rows = min(20_000, ROWS - start)
             f.write(rng.standard_normal((rows, HIDDEN), dtype=np.float32).tobytes())
-    table = helper.make_tensor("E", TensorProto.FLOAT, [ROWS, HIDDEN], vals=[])
-    table.ClearField("float_data")
+    table = TensorProto(name="E", data_type=TensorProto.FLOAT, dims=[ROWS, HIDDEN])
     table.data_location = TensorProto.EXTERNAL
     for key, value in (("location", "embeddings.bin"), ("offset", "0"),
                        ("length", str(ROWS * HIDDEN * 4))):
