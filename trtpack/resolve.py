@@ -58,6 +58,12 @@ def resolve_model(model: str, task: str | None = None) -> Recipe:
 
         folder = hub_cache_directory(model)
         return recipe_for_hf_dir(folder, task).with_origin(folder)
+    if re.match(r"^[A-Za-z0-9][\w.-]*$", model):  # a bare hub id ("gpt2"), if cached
+        folder_or_none = _cached_snapshot(model)
+        if folder_or_none is not None:
+            from trtpack.heads import recipe_for_hf_dir
+
+            return recipe_for_hf_dir(folder_or_none, task).with_origin(folder_or_none)
     raise UserInputError(
         f"unknown model '{model}': not a recipe name, a recipe file, an ONNX file, a model "
         f"directory or a Hugging Face id; known recipes: {', '.join(builtin_recipe_names())}"
@@ -113,6 +119,17 @@ def _is_protobuf(head: bytes) -> bool:
         return False
     field, wire = head[0] >> 3, head[0] & 7
     return 1 <= field <= 20 and wire in (0, 2)
+
+
+def _cached_snapshot(model_id: str) -> Path | None:
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        return None
+    try:
+        return Path(snapshot_download(model_id, local_files_only=True))
+    except Exception:  # not cached (huggingface_hub raises several kinds)
+        return None
 
 
 def hub_cache_directory(model_id: str) -> Path:
