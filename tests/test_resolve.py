@@ -288,3 +288,16 @@ def test_recipe_with_onnx_source_and_tokenizer_beside_it_serves_text(
     assert (repo / "encoder_tokenizer" / "1" / "tokenizer" / "tokenizer.json").is_file()
     cases = load_cases(out / "artifacts" / "import" / "reference.npz")
     assert all((c.inputs["input_ids"][:, 0] == 101).all() for c in cases)  # tokenized text
+
+
+def test_set_vocab_size_bounds_the_token_ids_of_an_onnx_without_tokenizer(
+        onnx_files: dict[str, Path], cache_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = run_cli("build", str(onnx_files["single file"]), "--target", "cpu",
+                     "--profile", "1x8:2x16:4x32", "--set", "vocab_size=500",
+                     "--out", str(out), "--cache-dir", str(cache_dir), "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["stages"][0]["metrics"]["vocab_size"] == 500
+    for case in load_cases(out / "artifacts" / "import" / "reference.npz"):
+        ids = case.inputs["input_ids"][case.inputs["attention_mask"] == 1]
+        assert ids.max() < 500 and len(np.unique(ids)) > 3
