@@ -14,7 +14,6 @@ one's axes (one tokenizer makes them). onnx is imported inside the functions.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -283,9 +282,9 @@ def _task_from_config(folder: Path) -> str | None:
     return head.task if head is not None else None
 
 
-def _default_profile(inputs: list[dict[str, Any]]) -> str:
+def _default_profile(inputs: list[dict[str, Any]], max_sequence: int = 128) -> str:
     """Sizes per dynamic axis in order: the first axis is a batch (1:4:8), an axis of token
-    inputs a sequence (16:64:128), other dynamic axes 1:2:4."""
+    inputs a sequence (16:64:128, capped at ``max_sequence``), other dynamic axes 1:2:4."""
     sizes: dict[str, tuple[int, int, int]] = {}
     for spec in inputs:
         for d, axis in enumerate(spec["axes"]):
@@ -294,7 +293,8 @@ def _default_profile(inputs: list[dict[str, Any]]) -> str:
             if d == 0:
                 sizes[axis] = (1, 4, 8)
             elif spec["kind"] in ("token_ids", "attention_mask", "token_type_ids"):
-                sizes[axis] = (16, 64, 128)
+                top = max(1, min(128, max_sequence))
+                sizes[axis] = (min(16, top), min(64, top), top)
             elif spec["kind"] == "image":
                 sizes[axis] = (224, 224, 224)
             else:
@@ -336,9 +336,15 @@ def recipe_for_onnx(path: Path, task: str | None = None) -> Recipe:
                         "metric": _output_metric(v.name, axes, task, has_mask)})
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 18)
     vocab: int | None = None
+    max_sequence = 128
     if (folder / "config.json").is_file():
-        size = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("vocab_size")
+        from trtpack.heads import read_config
+
+        config = read_config(folder)
+        size = config.get("vocab_size")
         vocab = int(size) if isinstance(size, int) and size > 1 else None
+        positions = config.get("max_position_embeddings") or config.get("n_positions")
+        max_sequence = int(positions) if isinstance(positions, int) else max_sequence
     recipe = {
         "name": re.sub(r"[^A-Za-z0-9_.-]", "-", path.stem) or "model",
         "description": f"ONNX model {path.name} (recipe inferred from its graph)",
@@ -349,6 +355,6 @@ def recipe_for_onnx(path: Path, task: str | None = None) -> Recipe:
         "inputs": inputs,
         "outputs": outputs,
         "opset": min(max(int(opset), 13), 23),
-        "profiles": [_default_profile(inputs)],
+        "profiles": [_default_profile(inputs, max_sequence)],
     }
     return Recipe.model_validate(recipe)
