@@ -48,6 +48,7 @@ class BuildRequest:
     portable: str | None = None  # hardware compatibility override, e.g. "ampere+"
     overrides: Sequence[str] = ()  # --set KEY=VALUE on the recipe, e.g. triton.instance_count=2
     timing_cache: Path | None = None  # --timing-cache DIR: a timing-cache folder to share
+    task: str | None = None  # --task: the head of a model directory, hub id or ONNX file
     warnings: list[str] = field(default_factory=list)
 
 
@@ -79,7 +80,8 @@ def resolve_target_for_build(name: str, build_engine: bool,
 
 def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
     """Validate everything the build needs before any work starts."""
-    recipe: Recipe = apply_overrides(resolve_model(request.model), list(request.overrides))
+    recipe: Recipe = apply_overrides(resolve_model(request.model, request.task),
+                                     list(request.overrides))
     if request.portable is not None:
         if request.portable not in ("none", "ampere+", "same_compute_capability"):
             raise UserInputError(
@@ -107,6 +109,11 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
     serve = request.serve or recipe.triton.serve
     fallback_cpu = recipe.triton.fallback_cpu if request.fallback_cpu is None \
         else request.fallback_cpu
+    if serve == "text" and recipe.task == "text-generation":
+        raise UserInputError(
+            f"--serve text is not offered for '{recipe.name}' (text-generation): generating "
+            "text needs a decoding loop with a KV cache, which belongs to TensorRT-LLM; "
+            "serve its logits with --serve tensor")
     if serve == "text" and not recipe.tokenizer:
         raise UserInputError(
             f"--serve text needs a tokenizer, and recipe '{recipe.name}' has none "

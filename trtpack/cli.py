@@ -154,8 +154,9 @@ class ProgressView:
 @handle_errors
 def build(
     model: Annotated[str, typer.Argument(
-        help="A recipe name (trtpack recipes list), a recipe YAML file, or a local Hugging "
-        "Face model directory.")],
+        help="A recipe name (trtpack recipes list), a recipe YAML file, an ONNX file, a "
+        "local Hugging Face model directory, or an org/name id in the local Hugging Face "
+        "cache.")],
     profile: Annotated[list[str] | None, typer.Option(
         "--profile", "-p",
         help="Shape profile MIN:OPT:MAX over the dynamic axes, e.g. 1x128:16x128:128x128 "
@@ -199,6 +200,12 @@ def build(
         "every key: trtpack recipes show NAME.")] = None,
     cache_dir: Annotated[Path | None, typer.Option(
         help="Stage cache folder (default ~/.cache/trtpack, or $TRTPACK_CACHE_DIR).")] = None,
+    task: Annotated[str | None, typer.Option(
+        help="The head to build for a model directory, hub id or ONNX file (default: from "
+        "config.json's architectures): feature-extraction, sentence-embedding, "
+        "sequence-classification, token-classification, question-answering, fill-mask, "
+        "text-generation (logits only, no KV cache: LLM decoding with a KV cache belongs to "
+        "TensorRT-LLM), image-classification, generic.")] = None,
     no_cache: Annotated[bool, typer.Option(
         "--no-cache", help="Rebuild every stage.")] = False,
     as_json: Annotated[bool, typer.Option(
@@ -236,6 +243,7 @@ def build(
         serve=serve,  # type: ignore[arg-type]
         fallback_cpu=fallback_cpu, cache_dir=cache_dir, use_cache=not no_cache,
         portable=portable, overrides=overrides or [], timing_cache=timing_cache,
+        task=task,
     )
     options, warnings = resolve_options(request)
     for w in warnings:
@@ -293,16 +301,19 @@ def recipes_list() -> None:
 @recipes_app.command("show")
 @handle_errors
 def recipes_show(
-    name: Annotated[str, typer.Argument(help="Recipe name or YAML file.")],
+    name: Annotated[str, typer.Argument(
+        help="Recipe name or YAML file, or an ONNX file, model directory or hub id (the "
+        "recipe trtpack infers for it: save it, edit it, build it).")],
+    task: Annotated[str | None, typer.Option(help="The head, as for build --task.")] = None,
 ) -> None:
     """Show a recipe with every default filled in (as YAML)."""
     import yaml
 
     from trtpack.recipe import resolve_model
 
-    recipe = resolve_model(name)
-    out.print(yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False), end="",
-              markup=False)
+    recipe = resolve_model(name, task)
+    # plain text, never wrapped to the terminal: the output is saved and edited as a file
+    sys.stdout.write(yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
 
 
 @app.command()

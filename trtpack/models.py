@@ -21,6 +21,10 @@ TASK_CLASSES = {
     "sequence-classification": "AutoModelForSequenceClassification",
     "image-classification": "AutoModelForImageClassification",
     "fill-mask": "AutoModelForMaskedLM",
+    "token-classification": "AutoModelForTokenClassification",
+    "question-answering": "AutoModelForQuestionAnswering",
+    "text-generation": "AutoModelForCausalLM",
+    "sentence-embedding": "AutoModel",
 }
 
 
@@ -64,7 +68,9 @@ def source_directory(source: Source) -> Path | None:
 def _model_class(recipe: Recipe) -> Any:
     import transformers
 
-    name = recipe.model_class or TASK_CLASSES[recipe.task]
+    name = recipe.model_class or TASK_CLASSES.get(recipe.task)
+    if name is None:
+        raise UserInputError(f"recipe {recipe.name}: task {recipe.task} needs a model_class")
     cls = getattr(transformers, name, None)
     if cls is None:
         raise UserInputError(f"recipe {recipe.name}: transformers has no class '{name}'")
@@ -83,7 +89,7 @@ def load_tokenizer(recipe: Recipe, model_dir: Path | None) -> Any | None:
         if directory is not None and any(
             (directory / f).is_file() for f in ("tokenizer.json", "vocab.txt", "tokenizer.model")
         ):
-            return AutoTokenizer.from_pretrained(str(directory))
+            return _with_pad_token(AutoTokenizer.from_pretrained(str(directory)))
     if recipe.source.hf_id and model_dir is None and recipe.tokenizer_source is None:
         try:
             return AutoTokenizer.from_pretrained(recipe.source.hf_id)
@@ -92,6 +98,43 @@ def load_tokenizer(recipe: Recipe, model_dir: Path | None) -> Any | None:
                 f"tokenizer of '{recipe.source.hf_id}' is not available offline ({e})"
             ) from None
     raise UserInputError(f"recipe {recipe.name} says tokenizer: true but none was found")
+
+
+def _with_pad_token(tokenizer: Any) -> Any:
+    """Causal LM tokenizers (GPT-2) have no pad token: pad with the end-of-text token."""
+    if getattr(tokenizer, "pad_token", None) is None and getattr(tokenizer, "eos_token", None):
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def _sentence_pooler(model: Any, mode: str, normalize: bool) -> Any:
+    """The base model with sentence-transformers pooling (and L2 normalisation) on top:
+    returns ``{"sentence_embedding": [batch, hidden]}``."""
+    import torch
+
+    class SentencePooler(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: Any, attention_mask: Any, **kwargs: Any) -> Any:
+            hidden = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                                **kwargs).last_hidden_state
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            if mode == "cls":
+                pooled = hidden[:, 0]
+            elif mode == "max":
+                pooled = hidden.masked_fill(mask == 0, -1e9).max(dim=1).values
+            elif mode == "lasttoken":
+                last = attention_mask.sum(dim=1) - 1
+                pooled = hidden[torch.arange(hidden.shape[0]), last]
+            else:
+                pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+            if normalize:
+                pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+            return {"sentence_embedding": pooled}
+
+    return SentencePooler()
 
 
 def load_model(recipe: Recipe, *, random_weights: bool, seed: int = 0) -> LoadedModel:
@@ -147,5 +190,9 @@ def load_model(recipe: Recipe, *, random_weights: bool, seed: int = 0) -> Loaded
             ) from None
         config = module.config
         weights = "pretrained"
+    if recipe.task == "text-generation" and hasattr(module.config, "use_cache"):
+        module.config.use_cache = False  # logits only: no KV-cache outputs
+    if recipe.pooling is not None:
+        module = _sentence_pooler(module, recipe.pooling.mode, recipe.pooling.normalize)
     module.eval()
     return LoadedModel(module, load_tokenizer(recipe, model_dir), config, weights)

@@ -127,6 +127,8 @@ class Stage:
     # Run in a child process: what the stage allocates (a whole PyTorch model) is returned to
     # the system when it ends, instead of staying in this process for the rest of the build.
     isolated: bool = False
+    # False: the stage is not part of this build at all (not listed in the report)
+    applies: Callable[[BuildOptions], bool] = lambda o: True
 
     def load(self) -> Any:
         return importlib.import_module(self.module)
@@ -144,8 +146,15 @@ def _engine_skip(o: BuildOptions) -> str | None:
     return None
 
 
+def _onnx_in(o: BuildOptions) -> bool:
+    return o.recipe.source.onnx is not None
+
+
 STAGES: tuple[Stage, ...] = (
-    Stage("export", "trtpack.stages.export", isolated=True),
+    # ONNX in: the user's ONNX is imported, and is the reference; there is no export
+    Stage("import", "trtpack.stages.import_onnx", isolated=True, applies=_onnx_in),
+    Stage("export", "trtpack.stages.export", isolated=True,
+          applies=lambda o: not _onnx_in(o)),
     Stage("simplify", "trtpack.stages.simplify"),
     Stage("verify", "trtpack.stages.verify"),
     Stage("precision", "trtpack.stages.precision", _precision_skip),
@@ -348,6 +357,8 @@ class Pipeline:
         logs = work / "logs"
         logs.mkdir()
         for stage in STAGES:
+            if not stage.applies(o):
+                continue
             reason = stage.skip_reason(o)
             if reason is not None:
                 result = StageResult(stage.name, "skipped", message=reason)

@@ -368,8 +368,8 @@ def score_outputs(recipe: Recipe, precision: str, cases: Sequence[Case],
             if metric in ("cosine", "pooled_cosine") and tol.min_cosine is not None \
                     and value is not None and value < tol.min_cosine:
                 reasons.append(f"{case.label}/{name}: cosine {value:.6f} < {tol.min_cosine}")
-            if metric == "top1" and tol.min_top1 is not None and value is not None \
-                    and value < tol.min_top1:
+            if metric in ("top1", "token_top1", "span") and tol.min_top1 is not None \
+                    and value is not None and value < tol.min_top1:
                 reasons.append(f"{case.label}/{name}: top-1 {value:.4f} < {tol.min_top1}")
             if tol.atol is not None or tol.rtol is not None:
                 diff = np.abs(got - want)

@@ -8,7 +8,6 @@ Face model directory, in which case a recipe is inferred from its ``config.json`
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -32,8 +31,16 @@ RECIPES_DIR = Path(__file__).parent / "recipes"
 Precision = Literal["fp32", "fp16", "int8"]
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "int8")
 InputKind = Literal["token_ids", "attention_mask", "token_type_ids", "image", "generic"]
-Metric = Literal["cosine", "pooled_cosine", "top1", "none"]
-Task = Literal["feature-extraction", "sequence-classification", "image-classification", "fill-mask"]
+# top1: one argmax per row (classifiers); token_top1: the argmax at every unpadded token
+# (language models, token classifiers); span: the argmax position over the unpadded tokens
+# (question answering's start_logits / end_logits: both agree = the same answer span).
+Metric = Literal["cosine", "pooled_cosine", "top1", "token_top1", "span", "none"]
+Task = Literal[
+    "feature-extraction", "sentence-embedding", "sequence-classification",
+    "token-classification", "question-answering", "fill-mask", "text-generation",
+    "image-classification", "generic",
+]
+TASKS: tuple[str, ...] = Task.__args__  # type: ignore[attr-defined]
 
 
 class _Strict(BaseModel):
@@ -50,12 +57,15 @@ class Source(_Strict):
     )
     path: str | None = Field(None, description="local Hugging Face model directory")
     factory: str | None = Field(None, description="'module:function' returning a torch.nn.Module")
+    onnx: str | None = Field(
+        None, description="an ONNX file (its external data beside it): no export, the FP32 "
+        "ONNX in ONNX Runtime is the reference")
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Source:
-        given = [k for k in ("hf_id", "package", "path", "factory") if getattr(self, k)]
+        given = [k for k in ("hf_id", "package", "path", "factory", "onnx") if getattr(self, k)]
         if len(given) != 1:
-            raise ValueError("give exactly one of hf_id, package, path, factory")
+            raise ValueError("give exactly one of hf_id, package, path, factory, onnx")
         return self
 
 
@@ -155,6 +165,13 @@ class EngineSettings(_Strict):
     tiling_level: Literal["none", "fast", "moderate", "full"] | None = None
 
 
+class PoolingSettings(_Strict):
+    """Sentence-transformers pooling, done inside the exported model (modules.json)."""
+
+    mode: Literal["mean", "cls", "max", "lasttoken"] = "mean"
+    normalize: bool = False
+
+
 class Recipe(_Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     description: str = ""
@@ -167,6 +184,11 @@ class Recipe(_Strict):
         default_factory=dict,
         description="architecture config (transformers) used with --random-weights",
     )
+    pooling: PoolingSettings | None = Field(
+        None, description="sentence-embedding: how token embeddings become one vector")
+    vocab_size: int | None = Field(
+        None, ge=2, description="token ids are drawn from [0, vocab_size) when there is no "
+        "tokenizer (ONNX in: --set vocab_size=N)")
     tokenizer: bool = Field(False, description="the model has a tokenizer")
     tokenizer_source: Source | None = Field(
         None, description="where the tokenizer comes from when it is not beside the weights "
@@ -337,99 +359,20 @@ def overlay_document(recipe: Recipe, changes: dict[str, Any]) -> dict[str, Any]:
     origin = recipe.origin
     if origin is None or origin.parent == RECIPES_DIR.resolve():
         return {"extends": recipe.name, **changes}
-    if origin.is_file():
+    if origin.is_file() and origin.suffix in (".yaml", ".yml"):
         return {"extends": str(origin), **changes}
     return _deep_merge(recipe.model_dump(mode="json"), changes)
 
 
-def resolve_model(model: str) -> Recipe:
-    """Turn the CLI's MODEL (recipe name, recipe file, or HF model directory) into a recipe."""
-    path = Path(model)
-    if path.is_dir():
-        if (path / "config.json").is_file():
-            return infer_recipe_from_hf_dir(path).with_origin(path)
-        raise UserInputError(
-            f"'{model}' is a directory without config.json: not a Hugging Face model directory"
-        )
-    if path.suffix in (".yaml", ".yml") or path.is_file():
-        if not path.is_file():
-            raise UserInputError(f"recipe file '{model}' does not exist")
-        return load_recipe_file(path)
-    if (RECIPES_DIR / f"{model}.yaml").is_file():
-        return load_recipe_file(RECIPES_DIR / f"{model}.yaml")
-    raise UserInputError(
-        f"unknown model '{model}': not a recipe name, a recipe file or a model directory; "
-        f"known recipes: {', '.join(builtin_recipe_names())}"
-    )
+def resolve_model(model: str, task: str | None = None) -> Recipe:
+    """Turn the CLI's MODEL into a recipe (see ``trtpack.resolve``)."""
+    from trtpack.resolve import resolve_model as resolve
+
+    return resolve(model, task)
 
 
-_TEXT_TYPES_WITHOUT_TOKEN_TYPES = {
-    "distilbert", "roberta", "xlm-roberta", "camembert", "deberta-v2"}
+def infer_recipe_from_hf_dir(path: Path, task: str | None = None) -> Recipe:
+    """A recipe for a local Hugging Face directory (see ``trtpack.heads``)."""
+    from trtpack.heads import recipe_for_hf_dir
 
-
-def infer_recipe_from_hf_dir(path: Path) -> Recipe:
-    """Build a recipe for a local Hugging Face directory from its config.json (no torch)."""
-    try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserInputError(f"cannot read {path / 'config.json'}: {e}") from None
-    model_type = config.get("model_type", "")
-    archs: list[str] = config.get("architectures") or []
-    arch = archs[0] if archs else ""
-    is_vision = "pixel_values" in json.dumps(config) or model_type in {
-        "resnet", "vit", "convnext", "swin", "efficientnet", "mobilenet_v2", "regnet", "deit",
-    }
-    name = path.resolve().name.replace(" ", "-") or "model"
-    common: dict[str, Any] = {"name": name, "source": {"path": str(path.resolve())}}
-    if is_vision:
-        size = config.get("image_size", 224)
-        channels = config.get("num_channels", 3)
-        classify = arch.endswith("ForImageClassification")
-        labels = len(config.get("id2label") or {}) or int(config.get("num_labels", 2))
-        hidden = int((config.get("hidden_sizes") or [config.get("hidden_size", 768)])[-1])
-        return Recipe.model_validate(
-            {
-                **common,
-                "task": "image-classification" if classify else "feature-extraction",
-                "model_class": arch or None,
-                "inputs": [
-                    {"name": "pixel_values", "dtype": "float32", "kind": "image",
-                     "axes": ["batch", channels, size, size]},
-                ],
-                "outputs": [
-                    {"name": "logits", "axes": ["batch", labels], "metric": "top1"}
-                    if classify
-                    else {"name": "pooler_output", "axes": ["batch", hidden, 1, 1],
-                          "metric": "cosine"}
-                ],
-                "profiles": ["1:4:8"],
-            }
-        )
-    classify = arch.endswith("ForSequenceClassification")
-    hidden = int(config.get("hidden_size") or config.get("dim") or 768)
-    labels = len(config.get("id2label") or {}) or int(config.get("num_labels", 2))
-    inputs: list[dict[str, Any]] = [
-        {"name": "input_ids", "dtype": "int64", "axes": ["batch", "sequence"], "kind": "token_ids"},
-        {"name": "attention_mask", "dtype": "int64", "axes": ["batch", "sequence"],
-         "kind": "attention_mask"},
-    ]
-    if model_type not in _TEXT_TYPES_WITHOUT_TOKEN_TYPES:
-        inputs.append({"name": "token_type_ids", "dtype": "int64", "axes": ["batch", "sequence"],
-                       "kind": "token_type_ids"})
-    max_len = min(int(config.get("max_position_embeddings", 512)), 512)
-    return Recipe.model_validate(
-        {
-            **common,
-            "task": "sequence-classification" if classify else "feature-extraction",
-            "model_class": arch if classify else "AutoModel",
-            "tokenizer": any((path / f).is_file() for f in ("tokenizer.json", "vocab.txt")),
-            "inputs": inputs,
-            "outputs": [
-                {"name": "logits", "axes": ["batch", labels], "metric": "top1"}
-                if classify
-                else {"name": "last_hidden_state", "axes": ["batch", "sequence", hidden],
-                      "metric": "pooled_cosine"}
-            ],
-            "profiles": [f"1x16:4x64:8x{max_len}"],
-        }
-    )
+    return recipe_for_hf_dir(path, task)

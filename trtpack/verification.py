@@ -53,9 +53,51 @@ def mean_pool(hidden: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
     return (hidden * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
 
 
+def _token_mask(ref: np.ndarray, inputs: Mapping[str, np.ndarray], mask_input: str | None,
+                rank: int) -> np.ndarray:
+    """[batch, sequence] of the positions that count: the unpadded tokens (all when the
+    model has no attention mask or its shape does not match)."""
+    shape = ref.shape[:rank]
+    mask = inputs.get(mask_input) if mask_input else None
+    if mask is None or tuple(mask.shape) != tuple(shape):
+        return np.ones(shape, dtype=bool)
+    return np.asarray(mask) != 0
+
+
+def token_top1_per_sample(ref: np.ndarray, out: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Per sample (row of the batch): the share of its unpadded tokens whose argmax over the
+    last axis (vocabulary, labels) agrees. ``ref``/``out`` are [batch, sequence, classes]."""
+    same = ref.argmax(-1) == out.argmax(-1)
+    counted = mask.sum(axis=1)
+    agree = (same & mask).sum(axis=1)
+    return np.where(counted > 0, agree / np.maximum(counted, 1), 1.0)
+
+
+def span_per_sample(ref: np.ndarray, out: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Per sample: 1.0 when the argmax position over its unpadded tokens agrees (for
+    question answering's start_logits and end_logits: both agree = the same answer span)."""
+    low = np.finfo(np.float64).min
+    r = np.where(mask, ref.astype(np.float64), low).argmax(-1)
+    o = np.where(mask, out.astype(np.float64), low).argmax(-1)
+    return (r == o).astype(np.float64)
+
+
+def top1_per_sample(ref: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Per sample: 1.0 when the argmax of its row agrees (classifiers)."""
+    return (_rows(ref).argmax(-1) == _rows(out).argmax(-1)).astype(np.float64)
+
+
 def task_metric(metric: str, ref: np.ndarray, out: np.ndarray,
                 inputs: Mapping[str, np.ndarray], mask_input: str | None) -> float | None:
     """The task metric of one output: the worst cosine, or the top-1 agreement fraction."""
+    if metric == "token_top1" and ref.ndim == 3:
+        tokens = _token_mask(ref, inputs, mask_input, 2)
+        return float(token_top1_per_sample(ref, out, tokens).min())
+    if metric == "span" and ref.ndim == 2:
+        tokens = _token_mask(ref, inputs, mask_input, 2)
+        return float(span_per_sample(ref, out, tokens).min())
+    if metric in ("token_top1", "span"):  # another layout: top-1 per row
+        return float(top1_per_sample(ref, out).min())
     if metric == "cosine":
         return float(_cosine(_rows(ref), _rows(out)).min())
     if metric == "pooled_cosine":
@@ -77,7 +119,8 @@ def _gate(tol: Tolerance, metric: str, value: float | None, max_abs: float,
         if metric in ("cosine", "pooled_cosine") and tol.min_cosine is not None \
                 and value < tol.min_cosine:
             reasons.append(f"cosine {value:.6f} < {tol.min_cosine}")
-        if metric == "top1" and tol.min_top1 is not None and value < tol.min_top1:
+        if metric in ("top1", "token_top1", "span") and tol.min_top1 is not None \
+                and value < tol.min_top1:
             reasons.append(f"top-1 agreement {value:.4f} < {tol.min_top1}")
     if not np.isfinite(max_abs):
         reasons.append("non-finite outputs (overflow?)")

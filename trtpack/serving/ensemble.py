@@ -5,7 +5,9 @@ A ``--serve text`` repository holds, beside the model itself:
     <name>_tokenizer    Python backend: TEXT (strings) -> the model's token inputs, padded and
                         truncated to the sequence range of the shape profiles
     <name>_postprocess  Python backend, from the recipe's task: mean pooling + L2 norm
-                        (feature-extraction), softmax + label names (sequence-classification)
+                        (feature-extraction), softmax + label names (sequence-classification),
+                        the top label of every token (token-classification), the top-1
+                        token at every position (fill-mask)
     <name>_ensemble     platform "ensemble": TEXT -> tokenizer -> model -> postprocess
 
 Every tensor's type and dims come from the model's real I/O (``ModelIO``), so the tokenizer
@@ -45,7 +47,9 @@ TokenField = Literal["ids", "attention_mask", "type_ids"]
 KIND_TO_FIELD: dict[str, TokenField] = {
     "token_ids": "ids", "attention_mask": "attention_mask", "token_type_ids": "type_ids",
 }
-PostprocessMode = Literal["mean_pooling", "normalize", "softmax"]
+PostprocessMode = Literal["mean_pooling", "normalize", "softmax", "token_argmax"]
+TOKENS_OUTPUT = "tokens"  # fill-mask: the top-1 token at every position
+TOKEN_LABELS_OUTPUT = "labels"  # token classification: the top label of every token
 
 
 def _python_settings(settings: TritonSettings) -> TritonSettings:
@@ -191,14 +195,47 @@ def labels_from_config(model_config_json: Path | None, count: int) -> tuple[str,
     return tuple(id2label.get(str(i), f"LABEL_{i}") for i in range(count))
 
 
+def vocabulary(tokenizer_dir: Path | None) -> tuple[str, ...]:
+    """The tokenizer's tokens by id (tokenizer.json, else vocab.txt)."""
+    if tokenizer_dir is not None and (tokenizer_dir / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        vocab = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json")).get_vocab(True)
+        tokens = [""] * (max(vocab.values()) + 1)
+        for token, index in vocab.items():
+            tokens[index] = token
+        return tuple(tokens)
+    if tokenizer_dir is not None and (tokenizer_dir / "vocab.txt").is_file():
+        return tuple((tokenizer_dir / "vocab.txt").read_text(encoding="utf-8").splitlines())
+    raise UserInputError(f"--serve text: no tokenizer.json or vocab.txt in {tokenizer_dir} to "
+                         "name the predicted tokens")
+
+
+def _token_argmax(values: TensorIO, batched: bool, output: str, names: Sequence[str]
+                  ) -> PostprocessPlan:
+    if len(values.shape) != 3:
+        raise UserInputError(f"--serve text: output '{values.name}' has shape "
+                             f"{list(values.shape)}; expected [batch, sequence, classes]")
+    if values.shape[-1] > 0 and len(names) < values.shape[-1]:
+        names = [*names, *(f"<{i}>" for i in range(len(names), values.shape[-1]))]
+    return PostprocessPlan("token_argmax", values, None,
+                           (TensorIO(output, "bytes", (-1, -1), batched),), tuple(names))
+
+
 def postprocess_plan(recipe: Recipe, model_io: ModelIO, fields: Mapping[str, TokenField],
-                     model_config_json: Path | None) -> PostprocessPlan | None:
+                     model_config_json: Path | None, tokenizer_dir: Path | None = None
+                     ) -> PostprocessPlan | None:
     """The post-processing the task calls for, or None (the ensemble returns raw outputs)."""
     if not model_io.outputs:
         return None
     values = model_io.outputs[0]
     batched = model_io.all_batched
-    if recipe.task == "feature-extraction":
+    if recipe.task == "token-classification":
+        return _token_argmax(values, batched, TOKEN_LABELS_OUTPUT,
+                             labels_from_config(model_config_json, values.shape[-1]))
+    if recipe.task == "fill-mask":
+        return _token_argmax(values, batched, TOKENS_OUTPUT, vocabulary(tokenizer_dir))
+    if recipe.task in ("feature-extraction", "sentence-embedding"):
         hidden = values.shape[-1]
         out = TensorIO(EMBEDDING_OUTPUT, "float32", (-1, hidden), batched)
         if len(values.shape) == 3:
@@ -238,6 +275,8 @@ def postprocess_config(name: str, plan: PostprocessPlan, profiles: Sequence[Shap
     if plan.mode == "softmax":
         params["labels_file"] = LABELS_FILE
         params["label_output"] = LABEL_OUTPUT
+    if plan.mode == "token_argmax":
+        params["labels_file"] = LABELS_FILE
     return _python_model_config(name, plan.io(), profiles, settings, params)
 
 

@@ -291,7 +291,7 @@ def write_model_repository(
     plan: ens.PostprocessPlan | None = None
     if serve == "text":
         fields = ens.token_fields(recipe, io)
-        plan = ens.postprocess_plan(recipe, io, fields, model_config_json)
+        plan = ens.postprocess_plan(recipe, io, fields, model_config_json, tokenizer_dir)
 
     warnings: list[str] = []
     if settings.cuda_graphs and not engine:

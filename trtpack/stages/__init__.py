@@ -17,6 +17,9 @@ Artifacts by name (what each stage adds to ``ctx.artifacts``):
                reference     reference.npz: inputs at every profile corner + PyTorch outputs
                tokenizer     tokenizer/ (tokenizer files), when the recipe has one
                model_config  config.json of the model (labels, geometry)
+    import     (instead of export, for ``source: {onnx: ...}``) the same names: onnx (the
+               user's ONNX, weights in model.onnx.data), reference (inputs + the outputs of
+               that FP32 ONNX in ONNX Runtime), tokenizer and model_config when beside it
     simplify   onnx          the simplified model, weight matrices in model.onnx.data (or
                              export's, when onnxsim failed)
     verify     fp32_outputs  fp32_outputs.npz: the same cases with ONNX Runtime FP32 outputs

@@ -46,7 +46,8 @@ def fingerprint(options: BuildOptions) -> dict[str, Any]:
         "source": r.source.model_dump(),
         "files": _directory_fingerprint(source_directory(r.source)),
         "task": r.task, "model_class": r.model_class, "config": r.config,
-        "tokenizer": r.tokenizer,
+        "tokenizer": r.tokenizer, "pooling": r.pooling.model_dump() if r.pooling else None,
+        "vocab_size": r.vocab_size,
         "tokenizer_source": r.tokenizer_source.model_dump() if r.tokenizer_source else None,
         "inputs": [i.model_dump() for i in r.inputs],
         "outputs": [o.model_dump() for o in r.outputs],
@@ -127,7 +128,8 @@ def _example_inputs(options: BuildOptions) -> dict[str, np.ndarray]:
             2 if isinstance(axis, str) and r.opt[d] == 1 and r.max[d] >= 2 else r.opt[d]
             for d, axis in enumerate(spec.axes)
         )
-    return make_inputs(options.recipe.input_specs(), shapes, vocab_size=1000, seed=1234)
+    vocab = min(options.recipe.vocab_size or 1000, 1000)
+    return make_inputs(options.recipe.input_specs(), shapes, vocab_size=vocab, seed=1234)
 
 
 def export_onnx(wrapper: Any, options: BuildOptions, path: Path, log: Any) -> dict[str, Any]:

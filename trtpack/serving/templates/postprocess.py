@@ -6,6 +6,8 @@ Modes (``parameters.mode`` in its ``config.pbtxt``):
   ``normalize``     pooled embeddings [batch, hidden] -> L2-normalised
   ``softmax``       logits [batch, labels] -> probabilities, and the top label's name
                     (from ``labels.json`` beside this file: the model's id2label)
+  ``token_argmax``  logits [batch, sequence, classes] -> the name of the top class at every
+                    position (``labels.json``: token labels, or the vocabulary for fill-mask)
 
 Needs only ``numpy`` in the Python environment of the Triton server.
 """
@@ -32,10 +34,10 @@ class TritonPythonModel:
         self.output = params["output"]
         self.label_output = params.get("label_output", "")
         self.labels = []
-        if self.mode == "softmax":
+        if self.mode in ("softmax", "token_argmax"):
             folder = Path(args["model_repository"]) / args["model_version"]
             self.labels = json.loads((folder / params["labels_file"]).read_text("utf-8"))
-        if self.mode not in ("mean_pooling", "normalize", "softmax"):
+        if self.mode not in ("mean_pooling", "normalize", "softmax", "token_argmax"):
             raise ValueError(f"unknown mode '{self.mode}'")
 
     def run(self, request):
@@ -48,6 +50,11 @@ class TritonPythonModel:
             return [pb_utils.Tensor(self.output, _normalize(pooled).astype(np.float32))]
         if self.mode == "normalize":
             return [pb_utils.Tensor(self.output, _normalize(values).astype(np.float32))]
+        if self.mode == "token_argmax":
+            top = values.argmax(axis=-1)
+            names = np.array([self.labels[i].encode("utf-8") for i in top.reshape(-1)],
+                             dtype=np.object_).reshape(top.shape)
+            return [pb_utils.Tensor(self.output, names)]
         shifted = values - values.max(axis=-1, keepdims=True)
         exp = np.exp(shifted)
         probs = (exp / exp.sum(axis=-1, keepdims=True)).astype(np.float32)

@@ -1,0 +1,215 @@
+"""Import (instead of export, for ``source: {onnx: ...}``): take the user's ONNX as it is.
+
+The model is written as ``model.onnx`` + ``model.onnx.data`` (its external weights copied
+one tensor at a time, whatever their file names, so a model over 2 GB never passes through
+protobuf), with the recipe's axis names on its inputs and outputs (unnamed dynamic dims
+become ``dim_K``). The reference cases are realistic inputs at every profile corner and the
+outputs of that FP32 ONNX in ONNX Runtime: it is what the simplified model, the precision
+variant and the engine are compared with.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from trtpack.cases import Case, save_cases, with_outputs
+from trtpack.errors import UserInputError
+from trtpack.pipeline import BuildOptions, StageContext, StageOutcome
+from trtpack.samples import make_inputs
+from trtpack.stages.export import external_data_path, graph_summary
+
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
+    "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json",
+)
+INLINE_LIMIT = 1 << 10  # tensors up to 1 KiB stay in the graph
+
+
+def source_path(options: BuildOptions) -> Path:
+    assert options.recipe.source.onnx is not None
+    return Path(options.recipe.source.onnx).expanduser()
+
+
+def _file_state(path: Path) -> list[Any]:
+    return [path.name, path.stat().st_size, int(path.stat().st_mtime)] if path.is_file() else []
+
+
+def fingerprint(options: BuildOptions) -> dict[str, Any]:
+    r = options.recipe
+    src = source_path(options)
+    files = [_file_state(src)] + [_file_state(p) for p in sorted(src.parent.iterdir())
+                                  if p.is_file() and p != src and p.suffix != ".onnx"]
+    return {
+        "source": str(src.resolve()), "files": files, "task": r.task,
+        "inputs": [i.model_dump() for i in r.inputs],
+        "outputs": [o.model_dump() for o in r.outputs],
+        "tokenizer": r.tokenizer, "vocab_size": r.vocab_size,
+        "profiles": [p.to_dict() for p in options.profiles], "seed": options.seed,
+    }
+
+
+def copy_model(src: Path, dst: Path, axes: dict[str, list[str | int]]) -> bool:
+    """``src`` as ``dst`` with every external or large weight in ``dst.data``, copied tensor
+    by tensor; the I/O dims named as in ``axes``. True when ``dst.data`` was written."""
+    import onnx
+
+    model = onnx.load(str(src), load_external_data=False)
+    data_path = external_data_path(dst)
+    offset = 0
+    with open(data_path, "wb") as out:
+        tensors = list(model.graph.initializer)
+        for node in model.graph.node:
+            tensors.extend(a.t for a in node.attribute if a.HasField("t"))
+        for t in tensors:
+            pad = (-offset) % 4096  # aligned like onnx's own writer
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                info = {e.key: e.value for e in t.external_data}
+                out.write(b"\0" * pad)
+                length = _copy_range(src.parent / info["location"],
+                                     int(info.get("offset", 0) or 0),
+                                     int(info["length"]) if info.get("length") else None, out)
+            elif t.HasField("raw_data") and len(t.raw_data) > INLINE_LIMIT:
+                out.write(b"\0" * pad)
+                out.write(t.raw_data)
+                length = len(t.raw_data)
+            else:
+                continue
+            offset += pad
+            t.ClearField("raw_data")
+            del t.external_data[:]
+            for key, text in (("location", data_path.name), ("offset", str(offset)),
+                               ("length", str(length))):
+                entry = t.external_data.add()
+                entry.key, entry.value = key, text
+            t.data_location = onnx.TensorProto.EXTERNAL
+            offset += length
+    for value in (*model.graph.input, *model.graph.output):
+        names = axes.get(value.name)
+        if names is None:
+            continue
+        for dim, name in zip(value.type.tensor_type.shape.dim, names, strict=False):
+            if isinstance(name, str):
+                dim.dim_param = name
+    onnx.save(model, str(dst))
+    if offset == 0:
+        data_path.unlink()
+        return False
+    return True
+
+
+def _copy_range(path: Path, start: int, length: int | None, out: Any,
+                chunk: int = 64 << 20) -> int:
+    """Copy ``length`` bytes (to the end when None) of ``path`` from ``start`` to ``out``, in
+    chunks: a weight of several GB never sits in memory whole."""
+    copied = 0
+    with open(path, "rb") as f:
+        f.seek(start)
+        while length is None or copied < length:
+            block = f.read(chunk if length is None else min(chunk, length - copied))
+            if not block:
+                break
+            out.write(block)
+            copied += len(block)
+    if length is not None and copied != length:
+        raise UserInputError(f"external data {path.name} ends before the tensor it holds")
+    return copied
+
+
+def vocab_from_graph(path: Path, token_input: str) -> int | None:
+    """The rows of the embedding table the token ids index (a Gather on an initializer,
+    maybe after a Cast), or None."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    sizes = {t.name: list(t.dims) for t in model.graph.initializer}
+    names = {token_input}
+    for node in model.graph.node:
+        if node.op_type in ("Cast", "Identity") and node.input and node.input[0] in names:
+            names.update(node.output)
+    for node in model.graph.node:
+        if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] in names \
+                and node.input[0] in sizes and sizes[node.input[0]]:
+            return int(sizes[node.input[0]][0])
+    return None
+
+
+def _tokenizer(folder: Path, stage_dir: Path) -> tuple[Any, Path | None]:
+    files = [folder / f for f in TOKENIZER_FILES if (folder / f).is_file()]
+    if not files:
+        raise UserInputError(f"recipe says tokenizer: true but there are no tokenizer files "
+                             f"beside the ONNX in {folder}")
+    target = stage_dir / "tokenizer"
+    target.mkdir()
+    for f in files:
+        shutil.copyfile(f, target / f.name)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(target))
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer, target
+
+
+def run(ctx: StageContext) -> StageOutcome:
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from trtpack.verification import run_onnxruntime
+
+    options = ctx.options
+    recipe = options.recipe
+    src = source_path(options)
+    ctx.progress(f"importing {src.name}")
+    onnx_path = ctx.stage_dir / "model.onnx"
+    axes = {i.name: list(i.axes) for i in recipe.inputs}
+    axes.update({o.name: list(o.axes) for o in recipe.outputs})
+    external = copy_model(src, onnx_path, axes)
+    artifacts: dict[str, Path] = {"onnx": onnx_path}
+    tokenizer = None
+    if recipe.tokenizer:
+        tokenizer, tok_dir = _tokenizer(src.parent, ctx.stage_dir)
+        if tok_dir is not None:
+            artifacts["tokenizer"] = tok_dir
+    if (src.parent / "config.json").is_file():
+        shutil.copyfile(src.parent / "config.json", ctx.stage_dir / "config.json")
+        artifacts["model_config"] = ctx.stage_dir / "config.json"
+    token_input = next((i.name for i in recipe.inputs if i.kind == "token_ids"), None)
+    warnings: list[str] = []
+    vocab = recipe.vocab_size or (len(tokenizer) if tokenizer is not None else None)
+    if vocab is None and token_input is not None:
+        vocab = vocab_from_graph(onnx_path, token_input)
+        if vocab is None:
+            vocab = 100
+            warnings.append(f"token ids for '{token_input}' are drawn from [0, 100): give the "
+                            "vocabulary size with --set vocab_size=N, or a tokenizer beside "
+                            "the ONNX")
+    specs = recipe.input_specs()
+    cases: list[Case] = []
+    for index, profile in enumerate(options.profiles):
+        for k, (corner, shapes) in enumerate(profile.corners()):
+            inputs = make_inputs(specs, shapes, tokenizer=tokenizer, vocab_size=vocab or 30522,
+                                 seed=options.seed + 10 * index + k, offset=5 * k + index)
+            cases.append(Case(index, corner, inputs))
+    ctx.progress(f"the FP32 ONNX in ONNX Runtime on {len(cases)} cases (the reference)")
+    try:
+        outputs = run_onnxruntime(onnx_path, cases)
+    except Exception as e:  # onnxruntime's own errors: the model does not run as given
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserInputError(f"ONNX Runtime cannot run {src.name} at the profile shapes: "
+                             f"{first}") from None
+    reference = ctx.stage_dir / "reference.npz"
+    save_cases(reference, with_outputs(cases, outputs))
+    artifacts["reference"] = reference
+    summary = graph_summary(onnx_path)
+    return StageOutcome(
+        artifacts=artifacts,
+        metrics={"source": str(src), "nodes": summary["nodes"], "opset": summary["opset"],
+                 "external_data": external, "cases": len(cases), "vocab_size": vocab,
+                 "reference": "the input ONNX (FP32) in ONNX Runtime",
+                 "op_types": summary["op_types"]},
+        warnings=warnings,
+        message=f"{src.name}: {summary['nodes']} nodes, opset {summary['opset']}, reference "
+                "= the input ONNX in ONNX Runtime (no export)",
+    )
