@@ -203,6 +203,9 @@ def build(
         "--no-cache", help="Rebuild every stage.")] = False,
     as_json: Annotated[bool, typer.Option(
         "--json", help="Print the report as JSON instead of the summary.")] = False,
+    calibration_method: Annotated[str | None, typer.Option(
+        help="INT8 activation ranges: max, entropy or percentile (99.99th). Default: the "
+        "recipe's (precision_options.int8.calibration_method).")] = None,
 ) -> None:
     """Export, simplify, convert precision, build the engine, verify and package a model.
 
@@ -231,6 +234,7 @@ def build(
         serve=serve,  # type: ignore[arg-type]
         fallback_cpu=fallback_cpu, cache_dir=cache_dir, use_cache=not no_cache,
         portable=portable, overrides=overrides or [],
+        calibration_method=calibration_method,
     )
     options, warnings = resolve_options(request)
     for w in warnings:
@@ -248,6 +252,8 @@ def build(
         return
     out.print(summary_table(report))
     out.print(verification_summary(report))
+    for line in worst_samples(report):
+        out.print(line, markup=False)
     out.print(f"[bold green]done[/] in {report.total_seconds:.1f}s → {options.out_dir}/"
               f"model_repository/  (report: {options.out_dir}/report.json)")
 
@@ -268,6 +274,23 @@ def verification_summary(report: Any) -> Table:
                       f"{max(r.max_abs_diff for r in rows):.3g}", metric,
                       "[green]pass[/]" if passed else "[red]FAIL[/]")
     return table
+
+
+def worst_samples(report: Any) -> list[str]:
+    """One line per check and output judged per sample: worst / mean and the worst text."""
+    lines = []
+    groups: dict[tuple[str, str], list[Any]] = {}
+    for r in report.verification:
+        if r.metric_value is not None and r.metric_mean is not None:
+            groups.setdefault((r.check, r.output), []).append(r)
+    for (check, output), rows in groups.items():
+        worst = min(rows, key=lambda r: r.metric_value)
+        total = sum(r.samples or 1 for r in rows)
+        mean = sum(r.metric_mean * (r.samples or 1) for r in rows) / total
+        text = f' worst sample: "{worst.worst_text}"' if worst.worst_text else ""
+        lines.append(f"{check} {output}: {total} samples, worst {worst.metric_value:.4f}, "
+                     f"mean {mean:.4f}.{text}")
+    return lines
 
 
 @recipes_app.command("list")

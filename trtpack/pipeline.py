@@ -63,6 +63,7 @@ class BuildOptions:
     cache_dir: Path = field(default_factory=default_cache_dir)
     use_cache: bool = True
     seed: int = 0
+    calibration_method: str | None = None  # None: the recipe's int8.calibration_method
 
     @property
     def name(self) -> str:

@@ -9,7 +9,13 @@ quantized once with every candidate node quantized, from which a node is taken b
 precision by wiring its inputs to the FP32 tensors again (the activation ranges of max
 calibration do not depend on which nodes are quantized, so this is the model ModelOpt
 builds with that node excluded). Evaluating a surrogate costs one ONNX Runtime run instead
-of a ModelOpt conversion.
+of a ModelOpt conversion. During the search the surrogates are not even rebuilt:
+``ToggledSurrogates`` is one ONNX Runtime session over the quantized model in which each
+group's operands pass through ``Where(flag, dequantized, fp32)``, the flags being graph
+inputs, so a candidate is a set of flags and its evaluation one ``session.run``. (Those
+runs compute the quantized path as dequantize + FP32 MatMul, which ONNX Runtime's fused
+integer kernels match to float rounding; the chosen model is built by ``SurrogateBuilder``
+and verified as it is served.)
 
   1. sensitivity: quantize one group alone, measure the damage (1 - worst cosine);
   2. rank the groups from least to most damaging and find, by bisection, the longest
@@ -295,6 +301,133 @@ class SurrogateBuilder:
         return model
 
 
+TOGGLE_INPUT_PREFIX = "trtpack_quantize_group_"
+
+
+@dataclass(frozen=True)
+class ToggledCandidate:
+    """A candidate of ``ToggledSurrogates``: which groups stay quantized."""
+
+    owner: ToggledSurrogates
+    quantized: frozenset[int]
+
+    def run(self, feeds: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        return self.owner.run(self.quantized, feeds)
+
+
+class ToggledSurrogates:
+    """Every surrogate of a quantized model in one ONNX Runtime session (see the module
+    docstring); ``build`` has ``SurrogateBuilder.build``'s meaning."""
+
+    def __init__(self, quantized: onnx.ModelProto, fp32: onnx.ModelProto,
+                 groups: Sequence[NodeGroup], threads: int | None = None) -> None:
+        import onnx
+        import onnxruntime as ort
+        from onnx import helper
+
+        self.group_of = {n: k for k, g in enumerate(groups) for n in g.nodes}
+        self.groups = list(groups)
+        fp32_inputs = {n.name: list(n.input) for n in fp32.graph.node}
+        fp32_inits = {i.name: i for i in fp32.graph.initializer}
+        q = quantized
+        model = model_shell(q)
+        graph = model.graph
+        graph.input.extend(q.graph.input)
+        graph.output.extend(q.graph.output)
+        for index in range(len(groups)):
+            graph.input.append(helper.make_tensor_value_info(
+                f"{TOGGLE_INPUT_PREFIX}{index}", onnx.TensorProto.BOOL, []))
+        nodes = []
+        for node in q.graph.node:
+            k = self.group_of.get(node.name)
+            if k is not None and node.name in fp32_inputs:
+                rewired = onnx.NodeProto()
+                rewired.CopyFrom(node)
+                for i, (mine, original) in enumerate(zip(node.input, fp32_inputs[node.name],
+                                                         strict=False)):
+                    if mine == original:
+                        continue
+                    chosen = f"{node.name}_operand{i}_toggled"
+                    nodes.append(helper.make_node(
+                        "Where", [f"{TOGGLE_INPUT_PREFIX}{k}", mine, original], [chosen],
+                        name=f"{node.name}_operand{i}_toggle"))
+                    rewired.input[i] = chosen
+                nodes.append(rewired)
+            else:
+                nodes.append(node)
+        # Weights dequantized once here: ONNX Runtime does not constant-fold
+        # DequantizeLinear, and a toggled operand is not fused into an integer kernel.
+        q_inits = {i.name: i for i in q.graph.initializer}
+        folded = []
+        toggled = {t for n in nodes if n.op_type == "Where" for t in n.input[1:2]}
+        kept_nodes = []
+        for node in nodes:
+            if node.op_type == "DequantizeLinear" and node.output[0] in toggled \
+                    and all(t in q_inits for t in node.input if t):
+                folded.append(_dequantized_initializer(node, q_inits))
+            else:
+                kept_nodes.append(node)
+        nodes = _prune(kept_nodes, {o.name for o in q.graph.output})
+        used = {t for n in nodes for t in n.input}
+        have = set()
+        for init in [*q.graph.initializer, *folded]:
+            if init.name in used and init.name not in have:
+                graph.initializer.append(init)
+                have.add(init.name)
+        for name in sorted(used - have):
+            if name in fp32_inits:
+                graph.initializer.append(fp32_inits[name])
+        graph.node.extend(nodes)
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        if threads:
+            options.intra_op_num_threads = threads
+        with tempfile.TemporaryDirectory(prefix="trtpack-toggled-") as tmp:
+            source: Any
+            if _fits_in_protobuf(model):
+                source = model.SerializeToString()
+            else:
+                source = os.path.join(tmp, "model.onnx")
+                onnx.save_model(model, source, save_as_external_data=True,
+                                all_tensors_to_one_file=True, location="model.onnx.data")
+            self.session = ort.InferenceSession(source, options,
+                                                providers=["CPUExecutionProvider"])
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.input_names = {i.name for i in self.session.get_inputs()}
+
+    def build(self, high_precision: Iterable[str]) -> ToggledCandidate:
+        off = {self.group_of[n] for n in high_precision if n in self.group_of}
+        return ToggledCandidate(self, frozenset(set(range(len(self.groups))) - off))
+
+    def run(self, quantized: frozenset[int], feeds: Sequence[Mapping[str, np.ndarray]]
+            ) -> list[dict[str, np.ndarray]]:
+        flags = {f"{TOGGLE_INPUT_PREFIX}{k}": np.array(k in quantized)
+                 for k in range(len(self.groups))}
+        results = []
+        for feed in feeds:
+            values = self.session.run(self.output_names, {
+                **{k: v for k, v in feed.items() if k in self.input_names}, **flags})
+            results.append(dict(zip(self.output_names, values, strict=True)))
+        return results
+
+
+def _dequantized_initializer(node: Any, inits: Mapping[str, Any]) -> Any:
+    """The FP32 value of a DequantizeLinear of initializers, as an initializer named after
+    its output."""
+    from onnx import numpy_helper
+
+    x = numpy_helper.to_array(inits[node.input[0]]).astype(np.float32)
+    scale = numpy_helper.to_array(inits[node.input[1]]).astype(np.float32)
+    zero = numpy_helper.to_array(inits[node.input[2]]).astype(np.float32) \
+        if len(node.input) > 2 and node.input[2] else np.zeros_like(scale)
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+    if scale.ndim == 1 and scale.size > 1:
+        shape = [1] * x.ndim
+        shape[axis % x.ndim] = scale.size
+        scale, zero = scale.reshape(shape), zero.reshape(shape)
+    return numpy_helper.from_array(((x - zero) * scale).astype(np.float32), node.output[0])
+
+
 def _prune(nodes: list[Any], outputs: set[str]) -> list[Any]:
     """Drop nodes none of whose outputs is used (Q/DQ left behind by a rewired node)."""
     while True:
@@ -432,9 +565,11 @@ class Evaluator:
         other.evaluations = self.evaluations
         return other
 
-    def __call__(self, model: onnx.ModelProto | Path) -> Score:
+    def __call__(self, model: onnx.ModelProto | Path | ToggledCandidate) -> Score:
         self.evaluations += 1
-        outputs = run_model(model, [c.inputs for c in self.cases])
+        feeds = [c.inputs for c in self.cases]
+        outputs = model.run(feeds) if isinstance(model, ToggledCandidate) \
+            else run_model(model, feeds)
         return score_outputs(self.gate, self.precision, self.cases, outputs)
 
 
@@ -459,7 +594,7 @@ class Selection:
 Progress = Callable[[str], None]
 
 
-def measure_sensitivity(builder: SurrogateBuilder, groups: Sequence[NodeGroup],
+def measure_sensitivity(builder: SurrogateBuilder | ToggledSurrogates, groups: Sequence[NodeGroup],
                         evaluate: Evaluator, progress: Progress) -> list[Sensitivity]:
     """Damage of quantizing each group alone, least damaging first."""
     all_nodes = [n for g in groups for n in g.nodes]
@@ -473,7 +608,7 @@ def measure_sensitivity(builder: SurrogateBuilder, groups: Sequence[NodeGroup],
     return sorted(found, key=lambda s: s.damage)
 
 
-def select_groups(builder: SurrogateBuilder, ranked: Sequence[Sensitivity],
+def select_groups(builder: SurrogateBuilder | ToggledSurrogates, ranked: Sequence[Sensitivity],
                   evaluate: Evaluator, progress: Progress, max_evaluations: int,
                   greedy_failures: int = 6) -> Selection:
     """The most groups (least damaging first) whose combined surrogate passes ``evaluate``."""
