@@ -221,6 +221,43 @@ def text_feeds_with_texts(texts: Sequence[str], tokenizer: Any, recipe: Recipe,
     return [feeds[i] for i in order], [row_texts[i] for i in order]
 
 
+def tight_text_feeds(texts: Sequence[str], tokenizer: Any, recipe: Recipe,
+                     profiles: Sequence[ShapeProfile]) -> tuple[list[Feed], list[list[str]]]:
+    """Samples sorted by length in batches of the first profile's opt batch size, each
+    batch padded only to its longest sample (at least the smallest profile sequence):
+    the cheapest inputs to judge samples one by one on (the search and held-out splits;
+    the profile corners are judged separately at their exact shapes)."""
+    specs = _text_inputs(recipe)
+    token_spec = _token_spec(recipe)
+    assert token_spec is not None
+    buckets = sequence_buckets(token_spec, profiles)
+    shortest, longest = buckets[0].seq, buckets[-1].seq
+    size = max(1, buckets[0].batch)
+    pairs = [t.split("\t", 1) if "\t" in t else [t] for t in texts]
+    with_pairs = any(len(p) == 2 for p in pairs) and any(
+        s.kind == "token_type_ids" for s in specs)
+    lengths = token_counts(texts, tokenizer, longest)
+    order = sorted(range(len(pairs)), key=lambda i: lengths[i])
+    feeds: list[Feed] = []
+    row_texts: list[list[str]] = []
+    for chunk_rows in _chunks(order, size, buckets[0].min_batch):
+        chunk = [pairs[i] for i in chunk_rows]
+        seq = min(longest, max(shortest, max(lengths[i] for i in chunk_rows)))
+        first = [p[0] for p in chunk]
+        second = [p[1] if len(p) == 2 else "" for p in chunk] if with_pairs else None
+        encoded = tokenizer(first, second, padding="max_length", truncation=True,
+                            max_length=seq, return_tensors="np")
+        feed: Feed = {}
+        for spec in specs:
+            value = encoded.get(TEXT_KINDS[spec.kind])
+            if value is None:
+                value = np.zeros_like(encoded["input_ids"])
+            feed[spec.name] = np.asarray(value).astype(spec.dtype)
+        feeds.append(feed)
+        row_texts.append(["\t".join(p) for p in chunk])
+    return feeds, row_texts
+
+
 def token_counts(texts: Sequence[str], tokenizer: Any, longest: int) -> list[int]:
     """Tokens of each sample (special tokens included, at most ``longest``)."""
     pairs = [t.split("\t", 1) for t in texts]
@@ -341,15 +378,15 @@ def read_npz_samples(path: Path, recipe: Recipe) -> tuple[dict[str, np.ndarray],
         if not np.issubdtype(a.dtype, np.number) and a.dtype != np.bool_:
             raise UserInputError(
                 f"calibration file {path}: '{spec.name}' has non-numeric dtype {a.dtype}")
+        if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
+            raise UserInputError(
+                f"calibration file {path}: '{spec.name}' holds NaN or infinite values")
         want = np.dtype(spec.dtype)
         if np.issubdtype(want, np.integer) and not (
                 np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_):
             raise UserInputError(
                 f"calibration file {path}: '{spec.name}' has dtype {a.dtype}, the model "
                 f"input is {want} (integer token ids / masks)")
-        if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
-            raise UserInputError(
-                f"calibration file {path}: '{spec.name}' holds NaN or infinite values")
         out[spec.name] = a.astype(spec.dtype)
     return out, warnings
 
@@ -485,10 +522,10 @@ def load_calibration(recipe: Recipe, profiles: Sequence[ShapeProfile], path: Pat
                         f"than the largest profile ({longest} tokens) are truncated")
     splits = split_three(lengths, max_samples, seed)
     feeds = text_feeds([texts[i] for i in splits.calibration], tokenizer, recipe, profiles)
-    holdout, holdout_texts = text_feeds_with_texts(
+    holdout, holdout_texts = tight_text_feeds(
         [texts[i] for i in splits.holdout], tokenizer, recipe, profiles) \
         if splits.holdout else ([], [])
-    search, search_texts = text_feeds_with_texts(
+    search, search_texts = tight_text_feeds(
         [texts[i] for i in splits.search], tokenizer, recipe, profiles) \
         if splits.search else ([], [])
     return CalibrationData(feeds, holdout, "text", path, len(splits.calibration),

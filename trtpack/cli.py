@@ -57,6 +57,10 @@ def handle_errors(func: F) -> F:
         except AccuracyError as e:
             if e.rows:
                 err.print(verification_table(e.rows, only_failed=True))
+                for r in e.rows:  # the reasons in full, whatever the terminal's width
+                    if not r.passed:
+                        err.print(f"FAIL {r.check} {r.corner} {r.output}: {r.reason}",
+                                  markup=False)
             _fail(e)
             if STATE["debug"]:
                 raise

@@ -54,7 +54,6 @@ MAX_FP16_ROUNDS = 4
 FP16_FIRST_NODES = 4
 # ONNX Runtime runs the search spends at most (each a few seconds on MiniLM).
 MAX_SEARCH_EVALUATIONS = 60
-SENSITIVITY_HOLDOUT_BATCHES = 2
 WORKER_TIMEOUT_SECONDS = 4 * 3600
 
 
@@ -66,7 +65,7 @@ def fingerprint(options: BuildOptions) -> dict[str, Any]:
     return {
         "algorithm": ALGORITHM_VERSION,
         "search": [SEARCH_MARGIN, MAX_INT8_ROUNDS, MAX_FP16_ROUNDS, FP16_FIRST_NODES,
-                   MAX_SEARCH_EVALUATIONS, SENSITIVITY_HOLDOUT_BATCHES,
+                   MAX_SEARCH_EVALUATIONS,
                    FALLBACK_QUANTIZE_OP_TYPES],
         "precision": options.precision,
         "precision_options": r.precision_options.model_dump(),
@@ -719,8 +718,7 @@ class _Int8(_Conversion):
         toggled = ToggledSurrogates(quantized, fp32, groups)
         opt_cases = [c for c in self.cases if c.corner == "opt"] or self.cases[:1]
         judged_corners = [c for c in self.cases if c.corner != "max"] or self.cases
-        quick = Evaluator(self.recipe, "int8",
-                          [*opt_cases, *self.search[:SENSITIVITY_HOLDOUT_BATCHES]])
+        quick = Evaluator(self.recipe, "int8", self.search or opt_cases)
         self.ctx.progress(f"fallback: measuring the sensitivity of {len(groups)} node groups "
                           f"({len(candidates)} quantized nodes)")
         ranked = measure_sensitivity(toggled, groups, quick, self.ctx.progress)
