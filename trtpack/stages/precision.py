@@ -534,9 +534,16 @@ class _Int8(_Conversion):
                 self.texts[id(case.inputs)] = rows
             return found
 
-        self.holdout = cases("heldout", cal.holdout, cal.holdout_texts)
-        self.search = cases("search", cal.search, cal.search_texts)
-        self.calibration_cases = cases("calibration", cal.feeds, [])
+        # one ONNX Runtime session for the three splits' FP32 references
+        together = cases("split", [*cal.holdout, *cal.search, *cal.feeds],
+                         [*cal.holdout_texts, *cal.search_texts])
+        h, k = len(cal.holdout), len(cal.holdout) + len(cal.search)
+        self.holdout = [Case(-1, f"heldout{i}", c.inputs, c.outputs)
+                        for i, c in enumerate(together[:h])]
+        self.search = [Case(-1, f"search{i}", c.inputs, c.outputs)
+                       for i, c in enumerate(together[h:k])]
+        self.calibration_cases = [Case(-1, f"calibration{i}", c.inputs, c.outputs)
+                                  for i, c in enumerate(together[k:])]
 
     def split_text(self) -> Any:
         """Sample texts for the split cases: the calibration file's own lines."""
@@ -592,6 +599,22 @@ class _Int8(_Conversion):
         outputs = run_model(path, [c.inputs for c in cases])
         return compare_cases(check, self.recipe, "int8", cases, outputs, self.split_text())
 
+    def split_rows_many(self, path: Path, *splits: tuple[str, Sequence[Case]]
+                        ) -> list[list[VerificationRow]]:
+        """``split_rows`` of several splits with one ONNX Runtime session."""
+        from trtpack.quantization_search import run_model
+        from trtpack.verification import compare_cases
+
+        every = [c for _, cases in splits for c in cases]
+        outputs = run_model(path, [c.inputs for c in every]) if every else []
+        found, start = [], 0
+        for check, cases in splits:
+            mine = outputs[start:start + len(cases)]
+            start += len(cases)
+            found.append(compare_cases(check, self.recipe, "int8", cases, mine,
+                                       self.split_text()) if cases else [])
+        return found
+
     def judge(self, label: str, path: Path, excluded: Sequence[str]) -> Attempt:
         """Verified at the profile corners and on the search split (what the search may
         look at); the held-out split is judged once, on the final model (``heldout_gate``)."""
@@ -633,9 +656,9 @@ class _Int8(_Conversion):
             overlay = self.write_overlay(
                 section, f"{len(added)} nodes kept in {s.high_precision} after a measured "
                 "per-node-group search so that the INT8 model passes its gate")
-        heldout_rows = self.split_rows("int8-heldout", self.holdout, final.path)
-        calibration_rows = self.split_rows("int8-calibration", self.calibration_cases,
-                                           final.path)
+        heldout_rows, calibration_rows = self.split_rows_many(
+            final.path, ("int8-heldout", self.holdout),
+            ("int8-calibration", self.calibration_cases))
         stats = self.stats(final.path)
         if stats["compute_nodes"] and stats["low_precision_nodes"] == 0:
             self.warnings.append("no MatMul/Gemm/Conv node is quantized: this INT8 model "
