@@ -465,3 +465,39 @@ def test_cli_int8_held_out_failure_after_the_search_exits_1(tiny: dict[str, Path
     failed = [r for r in report.verification if not r.passed]
     assert failed and all(r.check == "int8-heldout" for r in failed)
     assert "int8-heldout" in result.output and "samples below" in result.output
+
+
+def test_int8_percentile_calibration_sets_activation_ranges(tiny: dict[str, Path],
+                                                             tmp_path: Path) -> None:
+    """--calibration-method percentile: ModelOpt's max model, each activation's scale set to
+    the 99.99th percentile of |x| over the calibration split / 127 (weights untouched)."""
+    from onnx import numpy_helper
+
+    from trtpack.activation_ranges import (
+        DEFAULT_PERCENTILE,
+        activation_quantizers,
+        percentile_ranges,
+    )
+    from trtpack.calibration import load_calibration
+
+    npz = tiny_npz(tmp_path / "calibration.npz")
+    options = build_options("tiny-bert", "int8", tmp_path / "out", TINY_PROFILES,
+                            calibration=npz, calibration_method="percentile")
+    outcome, _, _ = run_stage(options, tiny, tmp_path / "stage")
+    assert outcome.metrics["calibration"]["method"] == "percentile"
+    model = onnx.load(str(outcome.artifacts["precision_onnx"]))
+    quantizers = activation_quantizers(model)
+    assert quantizers
+    cal = load_calibration(options.recipe, options.profiles, npz, tokenizer_dir=None,
+                           max_samples=options.recipe.precision_options.int8
+                           .max_calibration_samples, seed=options.seed)
+    fp32 = onnx.load(str(tiny["onnx"]))
+    ranges = percentile_ranges(fp32, sorted(quantizers), cal.feeds, DEFAULT_PERCENTILE)
+    inits = {i.name: i for i in model.graph.initializer}
+    readers = {n.input[0]: n for n in model.graph.node if n.op_type == "DequantizeLinear"}
+    for tensor, nodes in quantizers.items():
+        scale = float(numpy_helper.to_array(inits[nodes[0].input[1]]))
+        assert scale == pytest.approx(ranges[tensor] / 127.0, rel=1e-5), tensor
+        dq = readers[nodes[0].output[0]]  # its DequantizeLinear uses the same scale
+        assert float(numpy_helper.to_array(inits[dq.input[1]])) == pytest.approx(scale)
+    assert all(r.passed for r in outcome.verification)

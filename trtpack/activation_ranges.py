@@ -76,16 +76,25 @@ def apply_percentile_ranges(quantized: onnx.ModelProto, fp32: onnx.ModelProto,
     quantizers = activation_quantizers(quantized)
     ranges = percentile_ranges(fp32, sorted(quantizers), feeds, percentile)
     inits = {i.name: i for i in quantized.graph.initializer}
+    dequantizers: dict[str, list[Any]] = {}
+    for node in quantized.graph.node:
+        if node.op_type == "DequantizeLinear":
+            dequantizers.setdefault(node.input[0], []).append(node)
     changed = 0
     for tensor, nodes in quantizers.items():
         for node in nodes:
-            scale_init = inits[node.input[1]]
-            scale = numpy_helper.to_array(scale_init)
+            scale = numpy_helper.to_array(inits[node.input[1]])
             zero = inits.get(node.input[2]) if len(node.input) > 2 else None
             if scale.size != 1 or (zero is not None and numpy_helper.to_array(zero).any()):
                 continue
             new = max(ranges[tensor], 1e-8) / INT8_MAX
-            scale_init.CopyFrom(numpy_helper.from_array(
-                np.asarray(new, dtype=scale.dtype).reshape(scale.shape), scale_init.name))
+            # the pair's scale: the QuantizeLinear's and that of each DequantizeLinear
+            # reading it (usually one shared initializer)
+            names = {node.input[1], *(dq.input[1] for dq in dequantizers.get(node.output[0], []))}
+            for name in names:
+                init = inits[name]
+                old = numpy_helper.to_array(init)
+                init.CopyFrom(numpy_helper.from_array(
+                    np.asarray(new, dtype=old.dtype).reshape(old.shape), name))
             changed += 1
     return changed

@@ -247,14 +247,18 @@ class NodeGroup:
         return ", ".join(self.hints)
 
 
-def node_groups(fp32: onnx.ModelProto, candidates: Iterable[str]) -> list[NodeGroup]:
-    """Candidate nodes grouped by the activation (first input) they read, in graph order."""
+def node_groups(fp32: onnx.ModelProto, candidates: Iterable[str], per_node: bool = False
+                ) -> list[NodeGroup]:
+    """Candidate nodes grouped by the activation (first input) they read, in graph order;
+    with ``per_node`` every node is its own group (e.g. a layer's V projection kept in
+    FP32 while its Q and K, reading the same quantized activation, stay INT8)."""
     wanted = set(candidates)
     inits = {i.name for i in fp32.graph.initializer}
     groups: dict[str, NodeGroup] = {}
     for node in fp32.graph.node:
         if node.name in wanted:
-            g = groups.setdefault(node.input[0], NodeGroup(node.input[0], [], []))
+            key = node.name if per_node else node.input[0]
+            g = groups.setdefault(key, NodeGroup(key, [], []))
             g.nodes.append(node.name)
             g.hints.append(node_hint(node, inits))
     return list(groups.values())

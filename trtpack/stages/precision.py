@@ -47,6 +47,11 @@ FALLBACK_QUANTIZE_OP_TYPES = ["MatMul", "Gemm", "Conv"]
 # The search aims this share of (1 - min_cosine) above the gate, so that its choice, made
 # on the held-out calibration samples and the profile corners, holds on unseen inputs.
 SEARCH_MARGIN = 0.5
+# The INT8 search decides node by node (True) or per shared activation (Q/K/V together).
+SEARCH_PER_NODE = True
+# The greedy step tries every group left after the bisection, until this many in a row
+# fail (a toggled evaluation is one ONNX Runtime run, so trying them all is cheap).
+GREEDY_FAILURES = 64
 # Conversions after the first one that the INT8 fallback may spend.
 MAX_INT8_ROUNDS = 3
 # Rounds of the FP16 fallback; round r keeps FP16_FIRST_NODES * 2**(r-1) more nodes in FP32.
@@ -64,9 +69,9 @@ def fingerprint(options: BuildOptions) -> dict[str, Any]:
         raise UserInputError(f"calibration file {path} does not exist")
     return {
         "algorithm": ALGORITHM_VERSION,
-        "search": [SEARCH_MARGIN, MAX_INT8_ROUNDS, MAX_FP16_ROUNDS, FP16_FIRST_NODES,
-                   MAX_SEARCH_EVALUATIONS,
-                   FALLBACK_QUANTIZE_OP_TYPES],
+        "search": [SEARCH_MARGIN, SEARCH_PER_NODE, MAX_INT8_ROUNDS, MAX_FP16_ROUNDS,
+                   FP16_FIRST_NODES, MAX_SEARCH_EVALUATIONS, FALLBACK_QUANTIZE_OP_TYPES,
+                   GREEDY_FAILURES],
         "precision": options.precision,
         "precision_options": r.precision_options.model_dump(),
         "verify": r.verify.model_dump(),
@@ -733,7 +738,7 @@ class _Int8(_Conversion):
         fp32 = onnx.load(str(self.source))
         quantized = onnx.load(str(first.path))
         candidates = sorted(int8_quantized_nodes(quantized) - set(user_excluded))
-        groups = node_groups(fp32, candidates)
+        groups = node_groups(fp32, candidates, per_node=SEARCH_PER_NODE)
         for g in groups:
             g.hints = [self.display(n) if n in self.module_paths else h
                        for n, h in zip(g.nodes, g.hints, strict=True)]
@@ -758,7 +763,7 @@ class _Int8(_Conversion):
             self.ctx.progress(f"fallback round {rounds}: searching the node groups to keep "
                               f"quantized (target margin {margin:.2f})")
             selection = select_groups(toggled, ranked, judge, self.ctx.progress,
-                                      MAX_SEARCH_EVALUATIONS)
+                                      MAX_SEARCH_EVALUATIONS, GREEDY_FAILURES)
             evaluations += judge.evaluations
             excluded = [*user_excluded, *selection.excluded]
             key = tuple(sorted(excluded))
