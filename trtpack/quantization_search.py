@@ -11,11 +11,10 @@ calibration do not depend on which nodes are quantized, so this is the model Mod
 builds with that node excluded). Evaluating a surrogate costs one ONNX Runtime run instead
 of a ModelOpt conversion. During the search the surrogates are not even rebuilt:
 ``ToggledSurrogates`` is one ONNX Runtime session over the quantized model in which each
-group's operands pass through ``Where(flag, dequantized, fp32)``, the flags being graph
-inputs, so a candidate is a set of flags and its evaluation one ``session.run``. (Those
-runs compute the quantized path as dequantize + FP32 MatMul, which ONNX Runtime's fused
-integer kernels match to float rounding; the chosen model is built by ``SurrogateBuilder``
-and verified as it is served.)
+group's result is ``Where(flag, quantized node, FP32 node)``, the flags being graph
+inputs, so a candidate is a set of flags and its evaluation one ``session.run`` (each
+candidate node computed both ways, the Where picking one; the chosen model is built by
+``SurrogateBuilder`` and verified as it is served).
 
   1. sensitivity: quantize one group alone, measure the damage (1 - worst cosine);
   2. rank the groups from least to most damaging and find, by bisection, the longest
@@ -341,41 +340,37 @@ class ToggledSurrogates:
         for index in range(len(groups)):
             graph.input.append(helper.make_tensor_value_info(
                 f"{TOGGLE_INPUT_PREFIX}{index}", onnx.TensorProto.BOOL, []))
+        # Each candidate node runs twice: as quantized (its Q/DQ operands, which ONNX
+        # Runtime fuses into its integer kernels, as in the served model) and on the FP32
+        # operands, and Where(flag, quantized, fp32) picks the result. The weights stay
+        # constant initializers (pre-packed once per session).
         nodes = []
         for node in q.graph.node:
             k = self.group_of.get(node.name)
             if k is not None and node.name in fp32_inputs:
-                rewired = onnx.NodeProto()
-                rewired.CopyFrom(node)
-                for i, (mine, original) in enumerate(zip(node.input, fp32_inputs[node.name],
-                                                         strict=False)):
-                    if mine == original:
-                        continue
-                    chosen = f"{node.name}_operand{i}_toggled"
+                quantized_node = onnx.NodeProto()
+                quantized_node.CopyFrom(node)
+                high = onnx.NodeProto()
+                high.CopyFrom(node)
+                high.name = f"{node.name}_high_precision"
+                del high.input[:]
+                high.input.extend(fp32_inputs[node.name])
+                del quantized_node.output[:]
+                del high.output[:]
+                for out in node.output:
+                    quantized_node.output.append(f"{out}_quantized")
+                    high.output.append(f"{out}_high_precision")
+                nodes.extend([quantized_node, high])
+                for out in node.output:
                     nodes.append(helper.make_node(
-                        "Where", [f"{TOGGLE_INPUT_PREFIX}{k}", mine, original], [chosen],
-                        name=f"{node.name}_operand{i}_toggle"))
-                    rewired.input[i] = chosen
-                nodes.append(rewired)
+                        "Where", [f"{TOGGLE_INPUT_PREFIX}{k}", f"{out}_quantized",
+                                  f"{out}_high_precision"], [out], name=f"{out}_toggle"))
             else:
                 nodes.append(node)
-        # Weights dequantized once here: ONNX Runtime does not constant-fold
-        # DequantizeLinear, and a toggled operand is not fused into an integer kernel.
-        q_inits = {i.name: i for i in q.graph.initializer}
-        folded = []
-        toggled = {t for n in nodes if n.op_type == "Where" for t in n.input[1:2]}
-        kept_nodes = []
-        for node in nodes:
-            if node.op_type == "DequantizeLinear" and node.output[0] in toggled \
-                    and all(t in q_inits for t in node.input if t):
-                folded.append(_dequantized_initializer(node, q_inits))
-            else:
-                kept_nodes.append(node)
-        nodes = _prune(kept_nodes, {o.name for o in q.graph.output})
         used = {t for n in nodes for t in n.input}
         have = set()
-        for init in [*q.graph.initializer, *folded]:
-            if init.name in used and init.name not in have:
+        for init in q.graph.initializer:
+            if init.name in used:
                 graph.initializer.append(init)
                 have.add(init.name)
         for name in sorted(used - have):
@@ -413,23 +408,6 @@ class ToggledSurrogates:
                 **{k: v for k, v in feed.items() if k in self.input_names}, **flags})
             results.append(dict(zip(self.output_names, values, strict=True)))
         return results
-
-
-def _dequantized_initializer(node: Any, inits: Mapping[str, Any]) -> Any:
-    """The FP32 value of a DequantizeLinear of initializers, as an initializer named after
-    its output."""
-    from onnx import numpy_helper
-
-    x = numpy_helper.to_array(inits[node.input[0]]).astype(np.float32)
-    scale = numpy_helper.to_array(inits[node.input[1]]).astype(np.float32)
-    zero = numpy_helper.to_array(inits[node.input[2]]).astype(np.float32) \
-        if len(node.input) > 2 and node.input[2] else np.zeros_like(scale)
-    axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
-    if scale.ndim == 1 and scale.size > 1:
-        shape = [1] * x.ndim
-        shape[axis % x.ndim] = scale.size
-        scale, zero = scale.reshape(shape), zero.reshape(shape)
-    return numpy_helper.from_array(((x - zero) * scale).astype(np.float32), node.output[0])
 
 
 def _prune(nodes: list[Any], outputs: set[str]) -> list[Any]:
