@@ -107,7 +107,10 @@ def test_load_text_calibration_holds_out_samples(minilm_tokenizer_dir: Path) -> 
     cal = load_calibration(recipe, profiles, CALIBRATION_TEXT, tokenizer_dir=minilm_tokenizer_dir,
                            max_samples=64, seed=0)
     assert cal.source == "text" and not cal.warnings
-    assert cal.samples == 64 and cal.holdout_samples == 32
+    # three splits: held-out and search capped, the rest calibrates (at most max_samples)
+    assert cal.samples == 64 and cal.holdout_samples == 48 and cal.search_samples == 24
+    assert all(cal.strata[split]["short"] > 0 for split in ("calibration", "search", "holdout"))
+    assert [len(t) for t in cal.holdout_texts] == [f["input_ids"].shape[0] for f in cal.holdout]
     rows = sum(f["input_ids"].shape[0] for f in cal.feeds)
     assert 64 <= rows <= 64 + 3 * len(cal.feeds)  # min-batch padding repeats a few
     calib_rows, held_rows = split_holdout(len(read_text_samples(CALIBRATION_TEXT)), 64, 0)
@@ -126,7 +129,8 @@ def test_npz_calibration_is_validated(tmp_path: Path) -> None:
     arrays, warnings = read_npz_samples(path, recipe)
     assert arrays["attention_mask"].dtype == np.int64 and any("extra" in w for w in warnings)
     cal = load_calibration(recipe, profiles, path, tokenizer_dir=None, max_samples=100, seed=1)
-    assert cal.source == "npz" and cal.samples == 16 and cal.holdout_samples == 4
+    assert cal.source == "npz" and cal.samples == 12 and cal.holdout_samples == 4
+    assert cal.search_samples == 4
     assert all(f["input_ids"].shape == (2, 16) for f in cal.feeds)  # opt batch 2
 
     bad_cases = {

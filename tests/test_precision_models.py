@@ -1,7 +1,8 @@
 """FP16 and INT8 builds of real-size models through the CLI (slow: minutes each).
 
-minilm has real weights: its INT8 build calibrates on data/calibration/sentences.txt and is
-checked here on data/calibration/heldout.txt, sentences it has never seen."""
+minilm has real weights: its INT8 build calibrates on data/calibration/everyday-50.txt and is
+checked here on data/calibration/heldout.txt, sentences it has never seen (no build option
+reads that file)."""
 
 from __future__ import annotations
 
@@ -48,29 +49,68 @@ def _build(tmp_path: Path, cache_dir: Path, *args: str) -> tuple[Path, BuildRepo
     return out, BuildReport.load(out / "report.json"), result.output
 
 
-def test_minilm_int8_with_real_calibration_text(tmp_path: Path, cache_dir: Path) -> None:
-    out, report, output = _build(tmp_path, cache_dir, "minilm", "--precision", "int8",
-                                 "--calibration", str(CALIBRATION_TEXT))
+EVERYDAY_50 = CALIBRATION_TEXT.parent / "everyday-50.txt"
+
+
+@pytest.fixture(scope="module")
+def minilm_int8(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path
+                ) -> tuple[Path, BuildReport, str]:
+    """minilm INT8 calibrated on 50 everyday sentences (short and long mixed)."""
+    return _build(tmp_path_factory.mktemp("minilm-int8"), cache_dir, "minilm",
+                  "--precision", "int8", "--calibration", str(EVERYDAY_50))
+
+
+def test_minilm_int8_holds_per_sentence_on_text_it_never_saw(
+        minilm_int8: tuple[Path, BuildReport, str]) -> None:
+    out, report, output = minilm_int8
     stage = report.stage("precision")
     assert stage is not None and stage.status == "ok"
     m = stage.metrics
     stats = m["low_precision"]
     assert stats["matmul_gemm_share"] >= 0.5, stats
     assert "MatMul/Gemm quantized" in output  # the numbers are in the terminal too
-    assert m["calibration"]["source"] == "text" and m["calibration"]["samples"] == 128
-    assert m["before"]["worst_metric"] < m["after"]["worst_metric"]
-    assert m["excluded_nodes"] and set(m["excluded_node_hints"]) == set(m["excluded_nodes"])
+    assert m["calibration"]["source"] == "text"
+    # three splits, short inputs in each (the file mixes short and long sentences)
+    assert all(m["calibration"]["strata"][s]["short"] > 0
+               for s in ("calibration", "search", "holdout"))
+    assert set(m["splits"]) == {"calibration", "search", "holdout"}
+    assert m["splits"]["holdout"]["passed"] and m["splits"]["holdout"]["worst"] >= 0.99
     assert not any("SYNTHETIC" in w for w in report.warnings)
+    # every gate is per sample: worst and mean, the worst sample's text
     rows = [r for r in report.verification if r.check == "int8-vs-fp32"]
     assert len(rows) == 3 and all(r.passed and r.metric_value >= 0.99 for r in rows)
+    assert all(r.metric_mean is not None and r.metric_mean >= r.metric_value for r in rows)
+    held = [r for r in report.verification if r.check == "int8-heldout"]
+    assert held and all(r.passed and r.worst_text for r in held)
+    # readable names: kept layers by PyTorch module path, in the report and the terminal
+    assert m["kept_layers"] and all("encoder.layer." in n for n in m["kept_layers"])
+    assert "encoder.layer." in output
+    sensitivity = m["fallback"]["sensitivity"]
+    assert any("encoder.layer." in name for row in sensitivity for name in row["layers"])
     served = out / "model_repository" / "minilm" / "1" / "model.onnx"
     quantized = int8_quantized_nodes(onnx.load(str(served)))
     assert len(quantized) == stats["matmul_gemm_low_precision"]
+    # sentences no build option reads, short ones included, judged one by one
     cosines = _heldout_cosines(out / "artifacts" / "simplify" / "model.onnx", served)
-    assert len(cosines) >= 80 and cosines.min() >= 0.99, np.sort(cosines)[:5]
-    overlay = yaml.safe_load((out / "artifacts" / "precision" / "minilm-int8.yaml").read_text())
+    sentences = [s for s in HELDOUT_TEXT.read_text().splitlines() if s.strip()]
+    assert len(cosines) >= 30 and any(len(s.split()) <= 2 for s in sentences)
+    assert cosines.min() >= 0.99, np.sort(cosines)[:5]
+    overlay_text = (out / "artifacts" / "precision" / "minilm-int8.yaml").read_text()
+    overlay = yaml.safe_load(overlay_text)
     assert overlay["extends"] == "minilm"
     assert overlay["precision_options"]["int8"]["exclude_nodes"] == m["excluded_nodes"]
+    assert "# encoder.layer." in overlay_text  # module paths beside the node names
+
+
+@pytest.mark.xfail(strict=True, reason="issue 10 target not reached yet: the per-node "
+                   "search keeps 35/48 (73%) of MiniLM's MatMul/Gemm in INT8 at min cosine "
+                   "0.99 per sentence with max, entropy or percentile calibration")
+def test_minilm_int8_keeps_three_quarters_of_matmuls_in_int8(
+        minilm_int8: tuple[Path, BuildReport, str]) -> None:
+    _, report, _ = minilm_int8
+    stage = report.stage("precision")
+    assert stage is not None
+    assert stage.metrics["low_precision"]["matmul_gemm_share"] >= 0.75
 
 
 def test_minilm_fp16(tmp_path: Path, cache_dir: Path) -> None:

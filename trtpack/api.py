@@ -50,6 +50,7 @@ class BuildRequest:
     timing_cache: Path | None = None  # --timing-cache DIR: a timing-cache folder to share
     task: str | None = None  # --task: the head of a model directory, hub id or ONNX file
     warnings: list[str] = field(default_factory=list)
+    calibration_method: str | None = None  # None: the recipe's int8.calibration_method
 
 
 def resolve_target_for_build(name: str, build_engine: bool,
@@ -106,6 +107,23 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
         raise UserInputError(f"calibration file '{request.calibration}' does not exist")
     if request.calibration is not None and precision != "int8":
         raise UserInputError("--calibration is only used with --precision int8")
+    if request.calibration_method is not None:
+        from trtpack.calibration import CALIBRATION_METHODS
+
+        if request.calibration_method not in CALIBRATION_METHODS:
+            raise UserInputError(
+                f"unknown --calibration-method '{request.calibration_method}'; choose one of "
+                f"{', '.join(CALIBRATION_METHODS)}")
+        if precision != "int8":
+            raise UserInputError("--calibration-method is only used with --precision int8")
+    if precision == "int8":
+        from trtpack.calibration import check_calibration_input
+
+        configured = request.calibration or (
+            Path(recipe.precision_options.int8.calibration)
+            if recipe.precision_options.int8.calibration else None)
+        if configured is not None:
+            check_calibration_input(configured, recipe, profiles)
     serve = request.serve or recipe.triton.serve
     fallback_cpu = recipe.triton.fallback_cpu if request.fallback_cpu is None \
         else request.fallback_cpu
@@ -135,6 +153,7 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
         calibration=request.calibration, fallback=request.fallback, serve=serve,
         fallback_cpu=fallback_cpu, cache_dir=request.cache_dir or default_cache_dir(),
         use_cache=request.use_cache, timing_cache=_timing_cache_dir(request.timing_cache),
+        calibration_method=request.calibration_method,
     )
     return options, warnings
 

@@ -7,9 +7,11 @@ padded to the smallest profile sequence size (min/opt/max of any profile) that h
 a bucket is cut into batches of that profile's opt batch size. A ``.npz`` holds one array per
 model input, samples along the first axis (ModelOpt's own calibration format).
 
-Part of the samples (every fifth after a seeded shuffle, at most ``MAX_HOLDOUT``) is held
-out of calibration: the fallback search measures accuracy on it, so the exclusions it picks
-are judged on samples the quantization ranges have not seen.
+The samples are split three ways by a fixed seed, stratified by length (short, medium and
+long inputs each spread over every split; a file without short inputs gets a warning):
+*calibration* (the quantization ranges), *search* (what the fallback search judges its
+candidates on, with a margin) and *held-out* (judged once, at the end: it gates the build).
+Neither the ranges nor the search have seen the held-out samples.
 """
 
 from __future__ import annotations
@@ -27,10 +29,17 @@ from trtpack.recipe import Recipe
 from trtpack.shapes import BATCH_AXIS, ShapeProfile, TensorSpec
 
 CalibrationSource = Literal["text", "npz", "synthetic"]
+CALIBRATION_METHODS = ("max", "entropy", "percentile")
 Feed = dict[str, np.ndarray]
 
-MAX_HOLDOUT = 32
+MAX_HOLDOUT = 48
+MAX_SEARCH = 24
 MIN_SAMPLES_FOR_HOLDOUT = 10
+# Token-count strata of the split: short (a few words, where INT8 error shows most in a
+# mean-pooled embedding), medium, long.
+SHORT_TOKENS = 8
+MEDIUM_TOKENS = 24
+STRATA = ("short", "medium", "long")
 SYNTHETIC_SAMPLES = 32
 TEXT_KINDS = {"token_ids": "input_ids", "attention_mask": "attention_mask",
               "token_type_ids": "token_type_ids"}
@@ -54,11 +63,18 @@ class CalibrationData:
     samples: int = 0
     holdout_samples: int = 0
     warnings: list[str] = field(default_factory=list)
+    search: list[Feed] = field(default_factory=list)
+    search_samples: int = 0
+    # the text of each row of each held-out / search batch (text calibration only)
+    holdout_texts: list[list[str]] = field(default_factory=list)
+    search_texts: list[list[str]] = field(default_factory=list)
+    # samples per length stratum in each split, e.g. {"calibration": {"short": 4, ...}}
+    strata: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def describe(self) -> str:
         where = f" {self.path}" if self.path else ""
         return (f"{self.source}{where}: {self.samples} samples in {len(self.feeds)} batches, "
-                f"{self.holdout_samples} held out")
+                f"{self.search_samples} for the search, {self.holdout_samples} held out")
 
 
 def calibration_path(options: Any) -> Path | None:
@@ -159,6 +175,13 @@ def _text_inputs(recipe: Recipe) -> list[TensorSpec]:
 def text_feeds(texts: Sequence[str], tokenizer: Any, recipe: Recipe,
                profiles: Sequence[ShapeProfile]) -> list[Feed]:
     """Tokenize samples and pad each to the smallest profile sequence size that holds it."""
+    return text_feeds_with_texts(texts, tokenizer, recipe, profiles)[0]
+
+
+def text_feeds_with_texts(texts: Sequence[str], tokenizer: Any, recipe: Recipe,
+                          profiles: Sequence[ShapeProfile]
+                          ) -> tuple[list[Feed], list[list[str]]]:
+    """``text_feeds`` and, for each batch, the text of each of its rows."""
     specs = _text_inputs(recipe)
     token_spec = _token_spec(recipe)
     assert token_spec is not None
@@ -177,8 +200,10 @@ def text_feeds(texts: Sequence[str], tokenizer: Any, recipe: Recipe,
         bucket = next(b for b in buckets if b.seq >= n or b.seq == longest)
         by_bucket.setdefault(bucket.seq, []).append(p)
     feeds: list[Feed] = []
+    row_texts: list[list[str]] = []
     for bucket in buckets:
         for chunk in _chunks(by_bucket.get(bucket.seq, []), bucket.batch, bucket.min_batch):
+            row_texts.append(["\t".join(p) for p in chunk])
             first = [p[0] for p in chunk]
             second = [p[1] if len(p) == 2 else "" for p in chunk] if with_pairs else None
             encoded = tokenizer(first, second, padding="max_length", truncation=True,
@@ -191,8 +216,125 @@ def text_feeds(texts: Sequence[str], tokenizer: Any, recipe: Recipe,
                 feed[spec.name] = np.asarray(value).astype(spec.dtype)
             feeds.append(feed)
     # The largest batch first: ModelOpt runs its shape probes on the first calibration batch.
-    feeds.sort(key=lambda f: -int(np.prod(next(iter(f.values())).shape)))
-    return feeds
+    order = sorted(range(len(feeds)),
+                   key=lambda i: -int(np.prod(next(iter(feeds[i].values())).shape)))
+    return [feeds[i] for i in order], [row_texts[i] for i in order]
+
+
+def tight_text_feeds(texts: Sequence[str], tokenizer: Any, recipe: Recipe,
+                     profiles: Sequence[ShapeProfile]) -> tuple[list[Feed], list[list[str]]]:
+    """Samples sorted by length in batches of the first profile's opt batch size, each
+    batch padded only to its longest sample (at least the smallest profile sequence):
+    the cheapest inputs to judge samples one by one on (the search and held-out splits;
+    the profile corners are judged separately at their exact shapes)."""
+    specs = _text_inputs(recipe)
+    token_spec = _token_spec(recipe)
+    assert token_spec is not None
+    buckets = sequence_buckets(token_spec, profiles)
+    shortest, longest = buckets[0].seq, buckets[-1].seq
+    size = max(1, buckets[0].batch)
+    pairs = [t.split("\t", 1) if "\t" in t else [t] for t in texts]
+    with_pairs = any(len(p) == 2 for p in pairs) and any(
+        s.kind == "token_type_ids" for s in specs)
+    lengths = token_counts(texts, tokenizer, longest)
+    order = sorted(range(len(pairs)), key=lambda i: lengths[i])
+    feeds: list[Feed] = []
+    row_texts: list[list[str]] = []
+    for chunk_rows in _chunks(order, size, buckets[0].min_batch):
+        chunk = [pairs[i] for i in chunk_rows]
+        seq = min(longest, max(shortest, max(lengths[i] for i in chunk_rows)))
+        first = [p[0] for p in chunk]
+        second = [p[1] if len(p) == 2 else "" for p in chunk] if with_pairs else None
+        encoded = tokenizer(first, second, padding="max_length", truncation=True,
+                            max_length=seq, return_tensors="np")
+        feed: Feed = {}
+        for spec in specs:
+            value = encoded.get(TEXT_KINDS[spec.kind])
+            if value is None:
+                value = np.zeros_like(encoded["input_ids"])
+            feed[spec.name] = np.asarray(value).astype(spec.dtype)
+        feeds.append(feed)
+        row_texts.append(["\t".join(p) for p in chunk])
+    return feeds, row_texts
+
+
+def token_counts(texts: Sequence[str], tokenizer: Any, longest: int) -> list[int]:
+    """Tokens of each sample (special tokens included, at most ``longest``)."""
+    pairs = [t.split("\t", 1) for t in texts]
+    return [len(tokenizer(p[0], p[1] if len(p) == 2 else None, truncation=True,
+                          max_length=longest)["input_ids"]) for p in pairs]
+
+
+def stratum(tokens: int) -> str:
+    return "short" if tokens <= SHORT_TOKENS else (
+        "medium" if tokens <= MEDIUM_TOKENS else "long")
+
+
+@dataclass(frozen=True)
+class Splits:
+    """Row indices of each split."""
+
+    calibration: list[int]
+    search: list[int]
+    holdout: list[int]
+
+
+def split_three(lengths: Sequence[int], max_samples: int, seed: int) -> Splits:
+    """Calibration / search / held-out rows, stratified by length: within each stratum
+    (short / medium / long, see ``stratum``), after a shuffle with ``seed``, the rows go
+    held-out, search, calibration, calibration, calibration in turn, so every stratum with
+    at least three samples is in every split. The search and held-out splits are capped
+    (``MAX_SEARCH``, ``MAX_HOLDOUT``); under ``MIN_SAMPLES_FOR_HOLDOUT`` samples everything
+    calibrates."""
+    n = len(lengths)
+    if n < MIN_SAMPLES_FOR_HOLDOUT:
+        return Splits(list(range(n))[:max_samples], [], [])
+    rng = np.random.default_rng(seed)
+    calibration: list[int] = []
+    search: list[int] = []
+    holdout: list[int] = []
+    cycle = (holdout, search, calibration, calibration, calibration)
+    for name in STRATA:
+        rows = [i for i, t in enumerate(lengths) if stratum(t) == name]
+        for k, i in enumerate(rng.permutation(rows).tolist() if rows else []):
+            cycle[k % len(cycle)].append(int(i))
+    # caps: overflow of the held-out and search splits goes to calibration
+    holdout_keep = _spread(holdout, MAX_HOLDOUT)
+    search_keep = _spread(search, MAX_SEARCH)
+    calibration += [i for i in holdout + search if i not in holdout_keep
+                    and i not in search_keep]
+    return Splits(sorted(calibration)[:max_samples] if len(calibration) <= max_samples
+                  else sorted(rng.permutation(calibration)[:max_samples].tolist()),
+                  sorted(search_keep), sorted(holdout_keep))
+
+
+def _spread(rows: list[int], cap: int) -> list[int]:
+    """At most ``cap`` of ``rows`` (already stratified and shuffled), evenly taken."""
+    if len(rows) <= cap:
+        return list(rows)
+    step = len(rows) / cap
+    return [rows[int(k * step)] for k in range(cap)]
+
+
+def strata_counts(lengths: Sequence[int], splits: Splits) -> dict[str, dict[str, int]]:
+    found: dict[str, dict[str, int]] = {}
+    for split, rows in (("calibration", splits.calibration), ("search", splits.search),
+                        ("holdout", splits.holdout)):
+        found[split] = {name: sum(stratum(lengths[i]) == name for i in rows)
+                        for name in STRATA}
+    return found
+
+
+def strata_warnings(path: Path, lengths: Sequence[int]) -> list[str]:
+    present = {stratum(t) for t in lengths}
+    missing = [s for s in STRATA if s not in present]
+    if not missing:
+        return []
+    bounds = {"short": f"<= {SHORT_TOKENS} tokens",
+              "medium": f"{SHORT_TOKENS + 1}-{MEDIUM_TOKENS} tokens",
+              "long": f"> {MEDIUM_TOKENS} tokens"}
+    return [f"calibration file {path} has no {s} inputs ({bounds[s]}): INT8 accuracy on "
+            f"such inputs is not measured by the held-out gate" for s in missing]
 
 
 def read_npz_samples(path: Path, recipe: Recipe) -> tuple[dict[str, np.ndarray], list[str]]:
@@ -239,6 +381,12 @@ def read_npz_samples(path: Path, recipe: Recipe) -> tuple[dict[str, np.ndarray],
         if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
             raise UserInputError(
                 f"calibration file {path}: '{spec.name}' holds NaN or infinite values")
+        want = np.dtype(spec.dtype)
+        if np.issubdtype(want, np.integer) and not (
+                np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_):
+            raise UserInputError(
+                f"calibration file {path}: '{spec.name}' has dtype {a.dtype}, the model "
+                f"input is {want} (integer token ids / masks)")
         out[spec.name] = a.astype(spec.dtype)
     return out, warnings
 
@@ -298,25 +446,59 @@ def load_tokenizer(folder: Path) -> Any:
     return AutoTokenizer.from_pretrained(str(folder))
 
 
+def check_calibration_input(path: Path, recipe: Recipe, profiles: Sequence[ShapeProfile]
+                            ) -> None:
+    """What can be checked of a calibration file before any stage runs (exit 2 when bad):
+    a .npz must hold every input with the model's rank and a compatible dtype; a text file
+    needs a sample that fits the largest profile (checked without the tokenizer: a line of
+    more words than the largest sequence can never fit)."""
+    if path.suffix.lower() == ".npz":
+        read_npz_samples(path, recipe)
+        return
+    texts = read_text_samples(path)
+    token_spec = _token_spec(recipe)
+    if token_spec is None:
+        return
+    longest = sequence_buckets(token_spec, profiles)[-1].seq
+    if all(len(t.split()) > longest for t in texts):
+        raise UserInputError(
+            f"calibration file {path}: every line is longer than the largest profile takes "
+            f"({longest} tokens); expected one sample a line that fits the profiles")
+
+
+def npz_lengths(arrays: Mapping[str, np.ndarray], recipe: Recipe) -> list[int]:
+    """Unpadded length of each .npz sample (its attention-mask sum), for the strata."""
+    mask = next((s.name for s in recipe.input_specs() if s.kind == "attention_mask"), None)
+    n = next(iter(arrays.values())).shape[0]
+    if mask is None or arrays[mask].ndim != 2:
+        return [MEDIUM_TOKENS] * n
+    return [int(v) for v in (arrays[mask] != 0).sum(axis=1)]
+
+
 def load_calibration(recipe: Recipe, profiles: Sequence[ShapeProfile], path: Path | None, *,
                      tokenizer_dir: Path | None, max_samples: int, seed: int
                      ) -> CalibrationData:
-    """Calibration and held-out batches from ``path`` (text or .npz), or synthetic ones."""
+    """Calibration, search and held-out batches from ``path`` (text or .npz), or synthetic
+    ones."""
     if max_samples < 1:
         raise UserInputError("precision_options.int8.max_calibration_samples must be >= 1")
     if path is None:
         feeds = synthetic_feeds(recipe, profiles, min(max_samples, SYNTHETIC_SAMPLES), seed)
         holdout = synthetic_feeds(recipe, profiles, 4, seed + 1_000_003)
+        search = synthetic_feeds(recipe, profiles, 4, seed + 2_000_003)
         return CalibrationData(feeds, holdout, "synthetic", None, feed_rows(feeds),
-                               feed_rows(holdout), [SYNTHETIC_WARNING])
+                               feed_rows(holdout), [SYNTHETIC_WARNING], search,
+                               feed_rows(search))
     if path.suffix.lower() == ".npz":
         arrays, warnings = read_npz_samples(path, recipe)
-        n = next(iter(arrays.values())).shape[0]
-        calib_rows, held_rows = split_holdout(n, max_samples, seed)
+        lengths = npz_lengths(arrays, recipe)
+        splits = split_three(lengths, max_samples, seed)
         return CalibrationData(
-            npz_feeds(arrays, calib_rows, recipe, profiles),
-            npz_feeds(arrays, held_rows, recipe, profiles) if held_rows else [],
-            "npz", path, len(calib_rows), len(held_rows), warnings)
+            npz_feeds(arrays, splits.calibration, recipe, profiles),
+            npz_feeds(arrays, splits.holdout, recipe, profiles) if splits.holdout else [],
+            "npz", path, len(splits.calibration), len(splits.holdout), warnings,
+            npz_feeds(arrays, splits.search, recipe, profiles) if splits.search else [],
+            len(splits.search), strata=strata_counts(lengths, splits))
     texts = read_text_samples(path)
     _text_inputs(recipe)
     if tokenizer_dir is None:
@@ -325,11 +507,30 @@ def load_calibration(recipe: Recipe, profiles: Sequence[ShapeProfile], path: Pat
             "tokenize it with; give a .npz of input arrays instead"
         )
     tokenizer = load_tokenizer(tokenizer_dir)
-    calib_rows, held_rows = split_holdout(len(texts), max_samples, seed)
-    feeds = text_feeds([texts[i] for i in calib_rows], tokenizer, recipe, profiles)
-    holdout = text_feeds([texts[i] for i in held_rows], tokenizer, recipe, profiles) \
-        if held_rows else []
-    return CalibrationData(feeds, holdout, "text", path, len(calib_rows), len(held_rows), [])
+    token_spec = _token_spec(recipe)
+    assert token_spec is not None
+    longest = sequence_buckets(token_spec, profiles)[-1].seq
+    lengths = token_counts(texts, tokenizer, longest + 1)
+    fits = [i for i, n in enumerate(lengths) if n <= longest]
+    if not fits:
+        raise UserInputError(
+            f"calibration file {path}: every sample is longer than the largest profile takes "
+            f"({longest} tokens); expected one sample a line that fits the profiles")
+    warnings = strata_warnings(path, lengths)
+    if len(fits) < len(texts):
+        warnings.append(f"calibration file {path}: {len(texts) - len(fits)} samples longer "
+                        f"than the largest profile ({longest} tokens) are truncated")
+    splits = split_three(lengths, max_samples, seed)
+    feeds = text_feeds([texts[i] for i in splits.calibration], tokenizer, recipe, profiles)
+    holdout, holdout_texts = tight_text_feeds(
+        [texts[i] for i in splits.holdout], tokenizer, recipe, profiles) \
+        if splits.holdout else ([], [])
+    search, search_texts = tight_text_feeds(
+        [texts[i] for i in splits.search], tokenizer, recipe, profiles) \
+        if splits.search else ([], [])
+    return CalibrationData(feeds, holdout, "text", path, len(splits.calibration),
+                           len(splits.holdout), warnings, search, len(splits.search),
+                           holdout_texts, search_texts, strata_counts(lengths, splits))
 
 
 def save_feeds(path: Path, feeds: Sequence[Feed]) -> None:

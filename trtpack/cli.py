@@ -57,6 +57,10 @@ def handle_errors(func: F) -> F:
         except AccuracyError as e:
             if e.rows:
                 err.print(verification_table(e.rows, only_failed=True))
+                for r in e.rows:  # the reasons in full, whatever the terminal's width
+                    if not r.passed:
+                        err.print(f"FAIL {r.check} {r.corner} {r.output}: {r.reason}",
+                                  markup=False)
             _fail(e)
             if STATE["debug"]:
                 raise
@@ -215,6 +219,9 @@ def build(
         help="A TensorRT timing-cache folder to share (e.g. across a CI matrix): one file per "
         "compute capability and TensorRT version, read and updated; sha256 before/after in "
         "the report. Default: under --cache-dir.")] = None,
+    calibration_method: Annotated[str | None, typer.Option(
+        help="INT8 activation ranges: max, entropy or percentile (99.99th). Default: the "
+        "recipe's (precision_options.int8.calibration_method).")] = None,
 ) -> None:
     """Export, simplify, convert precision, build the engine, verify and package a model.
 
@@ -243,7 +250,7 @@ def build(
         serve=serve,  # type: ignore[arg-type]
         fallback_cpu=fallback_cpu, cache_dir=cache_dir, use_cache=not no_cache,
         portable=portable, overrides=overrides or [], timing_cache=timing_cache,
-        task=task,
+        task=task, calibration_method=calibration_method,
     )
     options, warnings = resolve_options(request)
     for w in warnings:
@@ -261,6 +268,8 @@ def build(
         return
     out.print(summary_table(report))
     out.print(verification_summary(report))
+    for line in worst_samples(report):
+        out.print(line, markup=False)
     out.print(f"[bold green]done[/] in {report.total_seconds:.1f}s → {options.out_dir}/"
               f"model_repository/  (report: {options.out_dir}/report.json)")
 
@@ -281,6 +290,23 @@ def verification_summary(report: Any) -> Table:
                       f"{max(r.max_abs_diff for r in rows):.3g}", metric,
                       "[green]pass[/]" if passed else "[red]FAIL[/]")
     return table
+
+
+def worst_samples(report: Any) -> list[str]:
+    """One line per check and output judged per sample: worst / mean and the worst text."""
+    lines = []
+    groups: dict[tuple[str, str], list[Any]] = {}
+    for r in report.verification:
+        if r.metric_value is not None and r.metric_mean is not None:
+            groups.setdefault((r.check, r.output), []).append(r)
+    for (check, output), rows in groups.items():
+        worst = min(rows, key=lambda r: r.metric_value)
+        total = sum(r.samples or 1 for r in rows)
+        mean = sum(r.metric_mean * (r.samples or 1) for r in rows) / total
+        text = f' worst sample: "{worst.worst_text}"' if worst.worst_text else ""
+        lines.append(f"{check} {output}: {total} samples, worst {worst.metric_value:.4f}, "
+                     f"mean {mean:.4f}.{text}")
+    return lines
 
 
 @recipes_app.command("list")

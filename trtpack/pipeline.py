@@ -64,6 +64,7 @@ class BuildOptions:
     use_cache: bool = True
     seed: int = 0
     timing_cache: Path | None = None  # --timing-cache DIR: a TensorRT timing-cache folder to share
+    calibration_method: str | None = None  # None: the recipe's int8.calibration_method
 
     @property
     def name(self) -> str:

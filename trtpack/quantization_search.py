@@ -9,7 +9,12 @@ quantized once with every candidate node quantized, from which a node is taken b
 precision by wiring its inputs to the FP32 tensors again (the activation ranges of max
 calibration do not depend on which nodes are quantized, so this is the model ModelOpt
 builds with that node excluded). Evaluating a surrogate costs one ONNX Runtime run instead
-of a ModelOpt conversion.
+of a ModelOpt conversion. During the search the surrogates are not even rebuilt:
+``ToggledSurrogates`` is one ONNX Runtime session over the quantized model in which each
+group's result is ``Where(flag, quantized node, FP32 node)``, the flags being graph
+inputs, so a candidate is a set of flags and its evaluation one ``session.run`` (each
+candidate node computed both ways, the Where picking one; the chosen model is built by
+``SurrogateBuilder`` and verified as it is served).
 
   1. sensitivity: quantize one group alone, measure the damage (1 - worst cosine);
   2. rank the groups from least to most damaging and find, by bisection, the longest
@@ -37,7 +42,7 @@ import numpy as np
 
 from trtpack.cases import Case
 from trtpack.recipe import Recipe, Tolerance, VerifySettings
-from trtpack.verification import task_metric
+from trtpack.verification import TOP1_METRICS, task_metric
 
 if TYPE_CHECKING:
     import onnx
@@ -241,14 +246,18 @@ class NodeGroup:
         return ", ".join(self.hints)
 
 
-def node_groups(fp32: onnx.ModelProto, candidates: Iterable[str]) -> list[NodeGroup]:
-    """Candidate nodes grouped by the activation (first input) they read, in graph order."""
+def node_groups(fp32: onnx.ModelProto, candidates: Iterable[str], per_node: bool = False
+                ) -> list[NodeGroup]:
+    """Candidate nodes grouped by the activation (first input) they read, in graph order;
+    with ``per_node`` every node is its own group (e.g. a layer's V projection kept in
+    FP32 while its Q and K, reading the same quantized activation, stay INT8)."""
     wanted = set(candidates)
     inits = {i.name for i in fp32.graph.initializer}
     groups: dict[str, NodeGroup] = {}
     for node in fp32.graph.node:
         if node.name in wanted:
-            g = groups.setdefault(node.input[0], NodeGroup(node.input[0], [], []))
+            key = node.name if per_node else node.input[0]
+            g = groups.setdefault(key, NodeGroup(key, [], []))
             g.nodes.append(node.name)
             g.hints.append(node_hint(node, inits))
     return list(groups.values())
@@ -293,6 +302,112 @@ class SurrogateBuilder:
                 graph.initializer.append(self.fp32_inits[name])
         graph.node.extend(nodes)
         return model
+
+
+TOGGLE_INPUT_PREFIX = "trtpack_quantize_group_"
+
+
+@dataclass(frozen=True)
+class ToggledCandidate:
+    """A candidate of ``ToggledSurrogates``: which groups stay quantized."""
+
+    owner: ToggledSurrogates
+    quantized: frozenset[int]
+
+    def run(self, feeds: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        return self.owner.run(self.quantized, feeds)
+
+
+class ToggledSurrogates:
+    """Every surrogate of a quantized model in one ONNX Runtime session (see the module
+    docstring); ``build`` has ``SurrogateBuilder.build``'s meaning."""
+
+    def __init__(self, quantized: onnx.ModelProto, fp32: onnx.ModelProto,
+                 groups: Sequence[NodeGroup], threads: int | None = None) -> None:
+        import onnx
+        import onnxruntime as ort
+        from onnx import helper
+
+        self.group_of = {n: k for k, g in enumerate(groups) for n in g.nodes}
+        self.groups = list(groups)
+        fp32_inputs = {n.name: list(n.input) for n in fp32.graph.node}
+        fp32_inits = {i.name: i for i in fp32.graph.initializer}
+        q = quantized
+        model = model_shell(q)
+        graph = model.graph
+        graph.input.extend(q.graph.input)
+        graph.output.extend(q.graph.output)
+        for index in range(len(groups)):
+            graph.input.append(helper.make_tensor_value_info(
+                f"{TOGGLE_INPUT_PREFIX}{index}", onnx.TensorProto.BOOL, []))
+        # Each candidate node runs twice: as quantized (its Q/DQ operands, which ONNX
+        # Runtime fuses into its integer kernels, as in the served model) and on the FP32
+        # operands, and Where(flag, quantized, fp32) picks the result. The weights stay
+        # constant initializers (pre-packed once per session).
+        nodes = []
+        for node in q.graph.node:
+            k = self.group_of.get(node.name)
+            if k is not None and node.name in fp32_inputs:
+                quantized_node = onnx.NodeProto()
+                quantized_node.CopyFrom(node)
+                high = onnx.NodeProto()
+                high.CopyFrom(node)
+                high.name = f"{node.name}_high_precision"
+                del high.input[:]
+                high.input.extend(fp32_inputs[node.name])
+                del quantized_node.output[:]
+                del high.output[:]
+                for out in node.output:
+                    quantized_node.output.append(f"{out}_quantized")
+                    high.output.append(f"{out}_high_precision")
+                nodes.extend([quantized_node, high])
+                for out in node.output:
+                    nodes.append(helper.make_node(
+                        "Where", [f"{TOGGLE_INPUT_PREFIX}{k}", f"{out}_quantized",
+                                  f"{out}_high_precision"], [out], name=f"{out}_toggle"))
+            else:
+                nodes.append(node)
+        used = {t for n in nodes for t in n.input}
+        have = set()
+        for init in q.graph.initializer:
+            if init.name in used:
+                graph.initializer.append(init)
+                have.add(init.name)
+        for name in sorted(used - have):
+            if name in fp32_inits:
+                graph.initializer.append(fp32_inits[name])
+        graph.node.extend(nodes)
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        if threads:
+            options.intra_op_num_threads = threads
+        with tempfile.TemporaryDirectory(prefix="trtpack-toggled-") as tmp:
+            source: Any
+            if _fits_in_protobuf(model):
+                source = model.SerializeToString()
+            else:
+                source = os.path.join(tmp, "model.onnx")
+                onnx.save_model(model, source, save_as_external_data=True,
+                                all_tensors_to_one_file=True, location="model.onnx.data")
+            self.session = ort.InferenceSession(source, options,
+                                                providers=["CPUExecutionProvider"])
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.input_names = {i.name for i in self.session.get_inputs()}
+
+    def build(self, high_precision: Iterable[str]) -> ToggledCandidate:
+        off = {self.group_of[n] for n in high_precision if n in self.group_of}
+        return ToggledCandidate(self, frozenset(set(range(len(self.groups))) - off))
+
+    def run(self, quantized: frozenset[int], feeds: Sequence[Mapping[str, np.ndarray]]
+            ) -> list[dict[str, np.ndarray]]:
+        flags = {f"{TOGGLE_INPUT_PREFIX}{k}": np.array(k in quantized)
+                 for k in range(len(self.groups))}
+        results = []
+        for feed in feeds:
+            values = self.session.run(self.output_names, {
+                **{k: v for k, v in feed.items() if k in self.input_names}, **flags})
+            results.append(dict(zip(self.output_names, values, strict=True)))
+        return results
 
 
 def _prune(nodes: list[Any], outputs: set[str]) -> list[Any]:
@@ -368,7 +483,7 @@ def score_outputs(recipe: Recipe, precision: str, cases: Sequence[Case],
             if metric in ("cosine", "pooled_cosine") and tol.min_cosine is not None \
                     and value is not None and value < tol.min_cosine:
                 reasons.append(f"{case.label}/{name}: cosine {value:.6f} < {tol.min_cosine}")
-            if metric in ("top1", "token_top1", "span") and tol.min_top1 is not None \
+            if metric in TOP1_METRICS and tol.min_top1 is not None \
                     and value is not None and value < tol.min_top1:
                 reasons.append(f"{case.label}/{name}: top-1 {value:.4f} < {tol.min_top1}")
             if tol.atol is not None or tol.rtol is not None:
@@ -432,9 +547,11 @@ class Evaluator:
         other.evaluations = self.evaluations
         return other
 
-    def __call__(self, model: onnx.ModelProto | Path) -> Score:
+    def __call__(self, model: onnx.ModelProto | Path | ToggledCandidate) -> Score:
         self.evaluations += 1
-        outputs = run_model(model, [c.inputs for c in self.cases])
+        feeds = [c.inputs for c in self.cases]
+        outputs = model.run(feeds) if isinstance(model, ToggledCandidate) \
+            else run_model(model, feeds)
         return score_outputs(self.gate, self.precision, self.cases, outputs)
 
 
@@ -459,7 +576,7 @@ class Selection:
 Progress = Callable[[str], None]
 
 
-def measure_sensitivity(builder: SurrogateBuilder, groups: Sequence[NodeGroup],
+def measure_sensitivity(builder: SurrogateBuilder | ToggledSurrogates, groups: Sequence[NodeGroup],
                         evaluate: Evaluator, progress: Progress) -> list[Sensitivity]:
     """Damage of quantizing each group alone, least damaging first."""
     all_nodes = [n for g in groups for n in g.nodes]
@@ -473,7 +590,7 @@ def measure_sensitivity(builder: SurrogateBuilder, groups: Sequence[NodeGroup],
     return sorted(found, key=lambda s: s.damage)
 
 
-def select_groups(builder: SurrogateBuilder, ranked: Sequence[Sensitivity],
+def select_groups(builder: SurrogateBuilder | ToggledSurrogates, ranked: Sequence[Sensitivity],
                   evaluate: Evaluator, progress: Progress, max_evaluations: int,
                   greedy_failures: int = 6) -> Selection:
     """The most groups (least damaging first) whose combined surrogate passes ``evaluate``."""

@@ -47,6 +47,12 @@ class VerificationRow:
     metric_value: float | None
     passed: bool
     reason: str = ""
+    # per-sample gates: metric_value is the worst sample's value, metric_mean the mean over
+    # the case's samples, worst_sample its index in the case and worst_text its text (trimmed)
+    metric_mean: float | None = None
+    samples: int | None = None
+    worst_sample: int | None = None
+    worst_text: str | None = None
 
 
 @dataclass

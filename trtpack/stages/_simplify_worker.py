@@ -12,6 +12,12 @@ reads a runtime tensor, e.g. MatMul(x, W) or Gather(E, ids)) is written once to
 afterwards it is attached again as an external initializer. Large initializers that a
 foldable node reads (e.g. Transpose(W)) stay in the graph so onnxsim can fold them. The
 weights are never copied in memory, and a model over 2 GB is simplified like any other.
+
+onnxsim drops the nodes' ``metadata_props``, where the dynamo exporter records the PyTorch
+module each node came from (``pkg.torch.onnx.name_scopes``). They are recorded by node
+output tensor before simplifying and put back on the node that produces the same tensor
+afterwards (a Gemm fused from MatMul+Add gets the Add's, the same module), so later stages
+can name nodes by module path (``trtpack.module_paths``).
 """
 
 from __future__ import annotations
@@ -119,7 +125,9 @@ def main(src: str, dst: str, result_path: str) -> int:
         helper.make_tensor_value_info(name, t.data_type, list(t.dims))
         for name, t in weights.items())
 
+    carried = node_metadata_by_output(graph_only)
     simplified, ok = onnxsim.simplify(graph_only, check_n=0)
+    reattached = reattach_node_metadata(simplified, carried)
 
     used = {i for n in simplified.graph.node for i in n.input}
     inputs = [i for i in simplified.graph.input if i.name not in weights]
@@ -136,9 +144,39 @@ def main(src: str, dst: str, result_path: str) -> int:
     onnx.save(simplified, dst)
     Path(result_path).write_text(json.dumps({
         "nodes_before": before, "nodes_after": len(simplified.graph.node), "check": bool(ok),
-        "weights_outside_onnxsim": len(weights),
+        "weights_outside_onnxsim": len(weights), "metadata_reattached": reattached,
         "external_data": uses_any_external(simplified)}))
     return 0
+
+
+def node_metadata_by_output(model: Any) -> dict[str, list[tuple[str, str]]]:
+    """{output tensor: the producing node's metadata_props (key, value)}, for nodes that
+    have any."""
+    found: dict[str, list[tuple[str, str]]] = {}
+    for node in model.graph.node:
+        props = [(p.key, p.value) for p in node.metadata_props]
+        if props:
+            for out in node.output:
+                if out:
+                    found[out] = props
+    return found
+
+
+def reattach_node_metadata(model: Any, carried: dict[str, list[tuple[str, str]]]) -> int:
+    """Give each node without metadata_props those recorded for its first output found in
+    ``carried``; returns how many nodes got them."""
+    count = 0
+    for node in model.graph.node:
+        if len(node.metadata_props):
+            continue
+        props = next((carried[o] for o in node.output if o in carried), None)
+        if props is None:
+            continue
+        for key, value in props:
+            entry = node.metadata_props.add()
+            entry.key, entry.value = key, value
+        count += 1
+    return count
 
 
 def uses_any_external(model: Any) -> bool:

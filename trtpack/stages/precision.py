@@ -40,13 +40,18 @@ from trtpack.pipeline import BuildOptions, StageContext, StageOutcome
 from trtpack.report import VerificationRow
 
 # Bump when the conversion or the search changes what this stage produces (cache key).
-ALGORITHM_VERSION = 2
+ALGORITHM_VERSION = 3
 # Op types quantized by the fallback (ModelOpt's default also quantizes Add inputs, which
 # costs MiniLM the most accuracy, measured one node group at a time).
 FALLBACK_QUANTIZE_OP_TYPES = ["MatMul", "Gemm", "Conv"]
 # The search aims this share of (1 - min_cosine) above the gate, so that its choice, made
 # on the held-out calibration samples and the profile corners, holds on unseen inputs.
 SEARCH_MARGIN = 0.5
+# The INT8 search decides node by node (True) or per shared activation (Q/K/V together).
+SEARCH_PER_NODE = True
+# The greedy step tries every group left after the bisection, until this many in a row
+# fail (a toggled evaluation is one ONNX Runtime run, so trying them all is cheap).
+GREEDY_FAILURES = 64
 # Conversions after the first one that the INT8 fallback may spend.
 MAX_INT8_ROUNDS = 3
 # Rounds of the FP16 fallback; round r keeps FP16_FIRST_NODES * 2**(r-1) more nodes in FP32.
@@ -54,7 +59,6 @@ MAX_FP16_ROUNDS = 4
 FP16_FIRST_NODES = 4
 # ONNX Runtime runs the search spends at most (each a few seconds on MiniLM).
 MAX_SEARCH_EVALUATIONS = 60
-SENSITIVITY_HOLDOUT_BATCHES = 2
 WORKER_TIMEOUT_SECONDS = 4 * 3600
 
 
@@ -65,14 +69,15 @@ def fingerprint(options: BuildOptions) -> dict[str, Any]:
         raise UserInputError(f"calibration file {path} does not exist")
     return {
         "algorithm": ALGORITHM_VERSION,
-        "search": [SEARCH_MARGIN, MAX_INT8_ROUNDS, MAX_FP16_ROUNDS, FP16_FIRST_NODES,
-                   MAX_SEARCH_EVALUATIONS, SENSITIVITY_HOLDOUT_BATCHES,
-                   FALLBACK_QUANTIZE_OP_TYPES],
+        "search": [SEARCH_MARGIN, SEARCH_PER_NODE, MAX_INT8_ROUNDS, MAX_FP16_ROUNDS,
+                   FP16_FIRST_NODES, MAX_SEARCH_EVALUATIONS, FALLBACK_QUANTIZE_OP_TYPES,
+                   GREEDY_FAILURES],
         "precision": options.precision,
         "precision_options": r.precision_options.model_dump(),
         "verify": r.verify.model_dump(),
         "outputs": [o.model_dump() for o in r.outputs],
         "calibration_sha256": file_sha256(path) if path is not None else None,
+        "calibration_method": options.calibration_method,
         "fallback": options.fallback,
         "seed": options.seed,
         "profiles": [p.to_dict() for p in options.profiles],
@@ -189,9 +194,11 @@ class Attempt:
     path: Path
     excluded: list[str]
     rows: list[VerificationRow]
+    # the search split (INT8): judged with the corners on every attempt
     holdout_worst: float | None = None
     holdout_passed: bool = True
     holdout_reasons: list[str] = field(default_factory=list)
+    split_rows: list[VerificationRow] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -205,10 +212,10 @@ class Attempt:
     def summary(self) -> dict[str, Any]:
         return {
             "worst_metric": self.worst,
-            "holdout_worst_metric": self.holdout_worst,
+            "search_worst_metric": self.holdout_worst,
             "max_abs_diff": max((r.max_abs_diff for r in self.rows), default=None),
             "failed_checks": sum(not r.passed for r in self.rows),
-            "holdout_passed": self.holdout_passed,
+            "search_passed": self.holdout_passed,
             "passed": self.passed,
         }
 
@@ -227,8 +234,13 @@ class _Conversion:
         self.work = work
         self.source = source
         self.cases = load_cases(ctx.artifact("fp32_outputs"))
-        self.node_names = [n.name for n in
-                           onnx.load(str(source), load_external_data=False).graph.node]
+        from trtpack.module_paths import module_paths
+
+        graph = onnx.load(str(source), load_external_data=False).graph
+        self.node_names = [n.name for n in graph.node]
+        self.op_types = {n.name: n.op_type for n in graph.node}
+        self.module_paths = module_paths(graph.node)
+        self._sample_text: Any = None
         self.conversion_seconds = 0.0
         self.conversions = 0
         self.warnings: list[str] = []
@@ -280,7 +292,35 @@ class _Conversion:
         from trtpack.verification import compare_cases, run_onnxruntime
 
         outputs = run_onnxruntime(path, self.cases)
-        return compare_cases(self.check, self.recipe, self.precision, self.cases, outputs)
+        return compare_cases(self.check, self.recipe, self.precision, self.cases, outputs,
+                             self.sample_text())
+
+    def tokenizer(self) -> Any:
+        folder = self.ctx.artifacts.get("tokenizer")
+        if folder is None:
+            return None
+        from trtpack.calibration import load_tokenizer
+
+        return load_tokenizer(folder)
+
+    def sample_text(self) -> Any:
+        """A ``SampleText`` decoding token ids with the model's tokenizer (None: no text)."""
+        if self._sample_text is None:
+            from trtpack.verification import token_text
+
+            ids = next((i.name for i in self.recipe.inputs if i.kind == "token_ids"), None)
+            mask = next((i.name for i in self.recipe.inputs if i.kind == "attention_mask"),
+                        None)
+            tokenizer = self.tokenizer() if ids else None
+            self._sample_text = token_text(tokenizer, ids, mask) if tokenizer and ids \
+                else (lambda inputs, index: None)
+        return self._sample_text
+
+    def display(self, name: str) -> str:
+        """``encoder.layer.3.attention.self.query (MatMul)``: module path and op type."""
+        from trtpack.module_paths import display_name
+
+        return display_name(name, self.op_types.get(name, "?"), self.module_paths)
 
     def resolve(self, patterns: Sequence[str], field_name: str) -> list[str]:
         matched, unmatched = resolve_node_patterns(self.node_names, patterns)
@@ -308,9 +348,12 @@ class _Conversion:
         model = onnx.load(str(self.source), load_external_data=False)
         inits = {i.name for i in model.graph.initializer}
         by_name = {n.name: n for n in model.graph.node}
-        return {n: node_hint(by_name[n], inits) for n in names if n in by_name}
+        return {n: (self.display(n) if n in self.module_paths else node_hint(by_name[n], inits))
+                for n in names if n in by_name}
 
     def write_overlay(self, section: dict[str, Any], note: str) -> Path:
+        """The overlay YAML; node names (stable, for matching) get their module path and
+        op type beside them as a comment."""
         import yaml
 
         from trtpack.recipe import overlay_document
@@ -321,7 +364,13 @@ class _Conversion:
             sort_keys=False, width=100)
         header = (f"# Written by trtpack's {self.precision} fallback: {note}\n"
                   f"# Build with it: trtpack build {path.name} --precision {self.precision} ...\n")
-        path.write_text(header + body)
+        lines = []
+        for line in body.splitlines():
+            name = line.strip().removeprefix("- ").strip()
+            if line.lstrip().startswith("- ") and name in self.module_paths:
+                line = f"{line}  # {self.display(name)}"
+            lines.append(line)
+        path.write_text(header + "\n".join(lines) + "\n")
         return path
 
     def finish(self, final: Attempt, metrics: dict[str, Any], overlay: Path | None,
@@ -457,6 +506,13 @@ class _Int8(_Conversion):
         self.settings = self.recipe.precision_options.int8
         self.calibration: CalibrationData | None = None
         self.holdout: list[Case] = []
+        self.search: list[Case] = []
+        self.calibration_cases: list[Case] = []
+        self.texts: dict[int, list[str]] = {}  # id(case inputs) -> the text of each row
+
+    @property
+    def method(self) -> str:
+        return self.options.calibration_method or self.settings.calibration_method
 
     def load_calibration(self) -> None:
         from trtpack.quantization_search import run_model
@@ -471,61 +527,143 @@ class _Int8(_Conversion):
         self.calibration = cal
         self.warnings.extend(cal.warnings)
         save_feeds(self.work / "calibration.npz", cal.feeds)
-        if cal.holdout:
-            refs = run_model(self.source, cal.holdout)
-            self.holdout = [Case(-1, f"holdout{i}", feed, out)
-                            for i, (feed, out) in enumerate(zip(cal.holdout, refs, strict=True))]
-        if self.settings.calibration_method == "percentile":
-            self.warnings.append("ModelOpt's INT8 path calibrates with max or entropy; "
-                                 "'percentile' runs as max")
+
+        def cases(label: str, feeds: list[dict[str, Any]], texts: list[list[str]]
+                  ) -> list[Case]:
+            if not feeds:
+                return []
+            refs = run_model(self.source, feeds)
+            found = [Case(-1, f"{label}{i}", feed, out)
+                     for i, (feed, out) in enumerate(zip(feeds, refs, strict=True))]
+            for case, rows in zip(found, texts, strict=False):
+                self.texts[id(case.inputs)] = rows
+            return found
+
+        # one ONNX Runtime session for the three splits' FP32 references
+        together = cases("split", [*cal.holdout, *cal.search, *cal.feeds],
+                         [*cal.holdout_texts, *cal.search_texts])
+        h, k = len(cal.holdout), len(cal.holdout) + len(cal.search)
+        self.holdout = [Case(-1, f"heldout{i}", c.inputs, c.outputs)
+                        for i, c in enumerate(together[:h])]
+        self.search = [Case(-1, f"search{i}", c.inputs, c.outputs)
+                       for i, c in enumerate(together[h:k])]
+        self.calibration_cases = [Case(-1, f"calibration{i}", c.inputs, c.outputs)
+                                  for i, c in enumerate(together[k:])]
+
+    def split_text(self) -> Any:
+        """Sample texts for the split cases: the calibration file's own lines."""
+        decode = self.sample_text()
+
+        def describe(inputs: Any, index: int) -> str | None:
+            rows = self.texts.get(id(inputs))
+            if rows is not None and index < len(rows):
+                return rows[index]
+            return decode(inputs, index)  # type: ignore[no-any-return]
+
+        return describe
 
     def convert(self, label: str, op_types: Sequence[str], excluded: Sequence[str],
                 high_precision: str) -> Attempt:
         assert self.calibration is not None
-        s = self.settings
-        method = "entropy" if s.calibration_method == "entropy" else "max"
-        self.ctx.progress(f"ModelOpt INT8 quantization ({label}): calibrating on "
-                          f"{self.calibration.samples} samples")
+        method = "entropy" if self.method == "entropy" else "max"
+        self.ctx.progress(f"ModelOpt INT8 quantization ({label}, {method} calibration on "
+                          f"{self.calibration.samples} samples)")
         path = self.modelopt({"mode": "int8", "int8": {
             "calibration": str(self.work / "calibration.npz"),
             "calibration_method": method, "high_precision": high_precision,
             "nodes_to_exclude": list(excluded),
-            "op_types_to_exclude": list(s.exclude_op_types),
+            "op_types_to_exclude": list(self.settings.exclude_op_types),
             "op_types_to_quantize": list(op_types)}}, label)
+        if self.method == "percentile":
+            self.percentile_ranges(path)
         return self.judge(label, path, excluded)
 
-    def judge(self, label: str, path: Path, excluded: Sequence[str]) -> Attempt:
-        from trtpack.quantization_search import run_model, score_outputs
+    def percentile_ranges(self, path: Path) -> None:
+        """ModelOpt's max model with its activation ranges set to a percentile
+        (``trtpack.activation_ranges``)."""
+        import onnx
 
+        from trtpack.activation_ranges import DEFAULT_PERCENTILE, apply_percentile_ranges
+        from trtpack.stages._modelopt_worker import save_model
+
+        assert self.calibration is not None
+        model = onnx.load(str(path))
+        changed = apply_percentile_ranges(model, onnx.load(str(self.source)),
+                                          self.calibration.feeds, DEFAULT_PERCENTILE)
+        save_model(model, path)
+        self.ctx.log.info("percentile calibration: %d activation ranges set to the %s "
+                          "percentile", changed, DEFAULT_PERCENTILE)
+
+    def split_rows(self, check: str, cases: Sequence[Case], path: Path
+                   ) -> list[VerificationRow]:
+        from trtpack.quantization_search import run_model
+        from trtpack.verification import compare_cases
+
+        if not cases:
+            return []
+        outputs = run_model(path, [c.inputs for c in cases])
+        return compare_cases(check, self.recipe, "int8", cases, outputs, self.split_text())
+
+    def split_rows_many(self, path: Path, *splits: tuple[str, Sequence[Case]]
+                        ) -> list[list[VerificationRow]]:
+        """``split_rows`` of several splits with one ONNX Runtime session."""
+        from trtpack.quantization_search import run_model
+        from trtpack.verification import compare_cases
+
+        every = [c for _, cases in splits for c in cases]
+        outputs = run_model(path, [c.inputs for c in every]) if every else []
+        found, start = [], 0
+        for check, cases in splits:
+            mine = outputs[start:start + len(cases)]
+            start += len(cases)
+            found.append(compare_cases(check, self.recipe, "int8", cases, mine,
+                                       self.split_text()) if cases else [])
+        return found
+
+    def judge(self, label: str, path: Path, excluded: Sequence[str]) -> Attempt:
+        """Verified at the profile corners and on the search split (what the search may
+        look at); the held-out split is judged once, on the final model (``heldout_gate``)."""
         attempt = Attempt(label, path, list(excluded), self.verify(path))
-        if self.holdout:
-            score = score_outputs(self.recipe, "int8", self.holdout,
-                                  run_model(path, [c.inputs for c in self.holdout]))
-            attempt.holdout_worst = score.worst
-            attempt.holdout_passed = score.passed
-            attempt.holdout_reasons = score.reasons[:5]
+        search_rows = self.split_rows("int8-search", self.search, path)
+        attempt.holdout_worst = _worst(search_rows)
+        attempt.holdout_passed = all(r.passed for r in search_rows)
+        attempt.holdout_reasons = [f"{r.corner}: {r.reason}" for r in search_rows
+                                   if not r.passed][:5]
+        attempt.split_rows = search_rows
         return attempt
 
     def run(self) -> StageOutcome:
         s = self.settings
         user_excluded = self.resolve(s.exclude_nodes, "exclude_nodes")
         self.load_calibration()
-        first = self.convert("quantize", s.quantize_op_types, user_excluded, s.high_precision)
+        # With the fallback on, the first model already quantizes only the op types the
+        # search works on (ModelOpt's default placement also quantizes Add inputs, which
+        # MiniLM never survives): one ModelOpt run instead of two.
+        auto = self.options.fallback == "auto"
+        op_types = list(s.quantize_op_types) or (list(FALLBACK_QUANTIZE_OP_TYPES) if auto
+                                                 else [])
+        first = self.convert("quantize", op_types, user_excluded,
+                             "fp32" if auto else s.high_precision)
         final = first
         search: dict[str, Any] = {"mode": self.options.fallback, "rounds": 0}
-        op_types = list(s.quantize_op_types)
-        if not first.passed and self.options.fallback == "auto":
-            final, op_types, search = self.fallback(first, user_excluded)
+        if not first.passed and auto:
+            final, search = self.fallback(first, user_excluded, op_types)
+        elif auto and s.high_precision != "fp32":
+            final = self.convert("final", op_types, user_excluded, s.high_precision)
         added = [n for n in final.excluded if n not in user_excluded]
         overlay = None
-        if final.passed and final is not first:
+        changed_types = op_types != list(s.quantize_op_types)
+        if final.passed and (added or changed_types):
             section: dict[str, Any] = {}
-            if op_types != list(s.quantize_op_types):
+            if changed_types:
                 section["quantize_op_types"] = op_types
             section["exclude_nodes"] = [*s.exclude_nodes, *added]
             overlay = self.write_overlay(
                 section, f"{len(added)} nodes kept in {s.high_precision} after a measured "
                 "per-node-group search so that the INT8 model passes its gate")
+        heldout_rows, calibration_rows = self.split_rows_many(
+            final.path, ("int8-heldout", self.holdout),
+            ("int8-calibration", self.calibration_cases))
         stats = self.stats(final.path)
         if stats["compute_nodes"] and stats["low_precision_nodes"] == 0:
             self.warnings.append("no MatMul/Gemm/Conv node is quantized: this INT8 model "
@@ -536,71 +674,82 @@ class _Int8(_Conversion):
             "precision": "int8",
             "calibration": {"source": cal.source, "path": str(cal.path) if cal.path else None,
                             "samples": cal.samples, "batches": len(cal.feeds),
+                            "search_samples": cal.search_samples,
                             "holdout_samples": cal.holdout_samples,
-                            "method": s.calibration_method},
+                            "strata": cal.strata, "method": self.method},
+            "splits": {"calibration": _split_summary(calibration_rows),
+                       "search": _split_summary(final.split_rows),
+                       "holdout": _split_summary(heldout_rows)},
             "quantize_op_types": op_types or "modelopt default",
             "high_precision": s.high_precision,
             "excluded_nodes": final.excluded,
             "excluded_by_fallback": added,
             "excluded_node_hints": self.hints(added),
+            "kept_layers": [self.display(n) for n in added],
             "low_precision": stats,
             "before": first.summary(),
             "after": final.summary(),
             "fallback": search,
         }
         message = (f"int8: {stats['matmul_gemm_low_precision']}/{stats['matmul_gemm_nodes']} "
-                   f"MatMul/Gemm quantized ({stats['matmul_gemm_share']:.0%}), worst metric "
-                   f"{_fmt(final.worst)}")
+                   f"MatMul/Gemm quantized ({stats['matmul_gemm_share']:.0%}, {self.method} "
+                   f"calibration), worst sample {_fmt(final.worst)}")
+        held = metrics["splits"]["holdout"]
+        if held:
+            message += f", held-out worst {_fmt(held['worst'])} (mean {_fmt(held['mean'])})"
+            if held.get("worst_text"):
+                message += f" on \"{held['worst_text']}\""
         if final is not first:
-            changes = []
-            if op_types != list(s.quantize_op_types):
-                changes.append(f"only {'/'.join(op_types)} quantized")
-            if added:
-                changes.append(f"{len(added)} nodes kept in {s.high_precision}")
-            message += f" (fallback: {', '.join(changes)}; was {_fmt(first.worst)})"
+            message += f" (fallback; was {_fmt(first.worst)})"
+        if added:
+            shown = ", ".join(self.display(n) for n in added[:6])
+            more = f" and {len(added) - 6} more" if len(added) > 6 else ""
+            message += f"; kept in {s.high_precision}: {shown}{more}"
+        rows = list(final.rows)
+        if auto:
+            rows += heldout_rows  # the held-out split gates the build
+        elif heldout_rows and not all(r.passed for r in heldout_rows):
+            self.warnings.append(
+                "--fallback off: the INT8 model fails on the held-out calibration samples "
+                "(not gated): " + "; ".join(r.reason for r in heldout_rows if not r.passed))
         if not final.passed and final.holdout_reasons and all(r.passed for r in final.rows):
             self.warnings.append("INT8 model passes at the profile corners but not on the "
-                                 "held-out calibration samples: "
-                                 + "; ".join(final.holdout_reasons))
+                                 "search split: " + "; ".join(final.holdout_reasons))
+        final.rows = rows
         return self.finish(final, metrics, overlay, message)
 
-    def fallback(self, first: Attempt, user_excluded: list[str]
-                 ) -> tuple[Attempt, list[str], dict[str, Any]]:
+    def fallback(self, first: Attempt, user_excluded: list[str], op_types: list[str]
+                 ) -> tuple[Attempt, dict[str, Any]]:
         import onnx
 
         from trtpack.quantization_search import (
             Evaluator,
             SurrogateBuilder,
+            ToggledSurrogates,
             int8_quantized_nodes,
             measure_sensitivity,
             node_groups,
             select_groups,
         )
+        from trtpack.stages._modelopt_worker import save_model
 
         s = self.settings
         started = time.perf_counter()
-        op_types = list(s.quantize_op_types) or list(FALLBACK_QUANTIZE_OP_TYPES)
-        # The surrogates are cut from a model with every candidate quantized and the rest
-        # in FP32 (the first attempt, when it is that model).
-        if list(s.quantize_op_types) == op_types and s.high_precision == "fp32":
-            base = first
-        else:
-            base = self.convert("all-quantized", op_types, user_excluded, "fp32")
-            if base.passed and s.high_precision == "fp32":
-                return base, op_types, {"mode": "auto", "rounds": 1, "evaluations": 0,
-                                        "seconds": round(time.perf_counter() - started, 2),
-                                        "note": f"quantizing only {'/'.join(op_types)} passes"}
         fp32 = onnx.load(str(self.source))
-        quantized = onnx.load(str(base.path))
+        quantized = onnx.load(str(first.path))
         candidates = sorted(int8_quantized_nodes(quantized) - set(user_excluded))
-        groups = node_groups(fp32, candidates)
+        groups = node_groups(fp32, candidates, per_node=SEARCH_PER_NODE)
+        for g in groups:
+            g.hints = [self.display(n) if n in self.module_paths else h
+                       for n, h in zip(g.nodes, g.hints, strict=True)]
         builder = SurrogateBuilder(quantized, fp32)
+        toggled = ToggledSurrogates(quantized, fp32, groups)
         opt_cases = [c for c in self.cases if c.corner == "opt"] or self.cases[:1]
-        quick = Evaluator(self.recipe, "int8",
-                          [*opt_cases, *self.holdout[:SENSITIVITY_HOLDOUT_BATCHES]])
+        judged_corners = [c for c in self.cases if c.corner != "max"] or self.cases
+        quick = Evaluator(self.recipe, "int8", self.search or opt_cases)
         self.ctx.progress(f"fallback: measuring the sensitivity of {len(groups)} node groups "
                           f"({len(candidates)} quantized nodes)")
-        ranked = measure_sensitivity(builder, groups, quick, self.ctx.progress)
+        ranked = measure_sensitivity(toggled, groups, quick, self.ctx.progress)
         evaluations = quick.evaluations
         margin = SEARCH_MARGIN
         final = first
@@ -609,11 +758,12 @@ class _Int8(_Conversion):
         rounds = 0
         while rounds < MAX_INT8_ROUNDS:
             rounds += 1
-            judge = Evaluator(self.recipe, "int8", [*self.cases, *self.holdout], margin)
+            # the largest corner is left to the final verification (it costs the most)
+            judge = Evaluator(self.recipe, "int8", [*judged_corners, *self.search], margin)
             self.ctx.progress(f"fallback round {rounds}: searching the node groups to keep "
                               f"quantized (target margin {margin:.2f})")
-            selection = select_groups(builder, ranked, judge, self.ctx.progress,
-                                      MAX_SEARCH_EVALUATIONS)
+            selection = select_groups(toggled, ranked, judge, self.ctx.progress,
+                                      MAX_SEARCH_EVALUATIONS, GREEDY_FAILURES)
             evaluations += judge.evaluations
             excluded = [*user_excluded, *selection.excluded]
             key = tuple(sorted(excluded))
@@ -621,12 +771,20 @@ class _Int8(_Conversion):
                 margin = 1.0 - (1.0 - margin) / 2
                 continue
             tried.add(key)
-            final = self.convert(f"fallback{rounds}", op_types, excluded, s.high_precision)
+            label = f"fallback{rounds}"
+            if s.high_precision == "fp32":
+                # the surrogate is the model ModelOpt builds with these nodes excluded
+                out_dir = self.work / label
+                out_dir.mkdir()
+                save_model(builder.build(selection.excluded), out_dir / "model.onnx")
+                final = self.judge(label, out_dir / "model.onnx", excluded)
+            else:
+                final = self.convert(label, op_types, excluded, s.high_precision)
             history.append({"round": rounds, "margin": round(margin, 4),
                             "quantized_groups": len(selection.quantized_groups),
                             "excluded_nodes": len(excluded), **final.summary()})
             self.ctx.progress(f"fallback round {rounds}: {len(selection.excluded)} nodes kept "
-                              f"in {s.high_precision}, worst metric {_fmt(final.worst)}, "
+                              f"in {s.high_precision}, worst sample {_fmt(final.worst)}, "
                               f"{'passed' if final.passed else 'failed'}")
             if final.passed:
                 break
@@ -638,10 +796,31 @@ class _Int8(_Conversion):
             "seconds": round(time.perf_counter() - started, 2),
             "node_groups": len(groups),
             "sensitivity": [
-                {"nodes": r.group.nodes, "hint": r.group.label,
-                 "damage": float(f"{r.damage:.3g}")}
+                {"layers": r.group.hints, "nodes": r.group.nodes,
+                 "damage": float(f"{r.damage:.3g}"),
+                 "worst": None if r.worst is None else round(r.worst, 6),
+                 "kept_quantized": r.group in selection.quantized_groups}
                 for r in ranked
             ],
             "history": history,
         }
-        return final, op_types, info
+        return final, info
+
+
+def _worst(rows: Sequence[VerificationRow]) -> float | None:
+    values = [r.metric_value for r in rows if r.metric_value is not None]
+    return min(values) if values else None
+
+
+def _split_summary(rows: Sequence[VerificationRow]) -> dict[str, Any]:
+    """Worst and mean per-sample metric of a split, and the worst sample's text."""
+    scored = [r for r in rows if r.metric_value is not None]
+    if not scored:
+        return {}
+    worst = min(scored, key=lambda r: r.metric_value or 0.0)
+    total = sum(r.samples or 1 for r in scored)
+    mean = sum((r.metric_mean if r.metric_mean is not None else r.metric_value or 0.0)
+               * (r.samples or 1) for r in scored) / total
+    return {"samples": total, "worst": worst.metric_value, "mean": round(mean, 6),
+            "worst_text": worst.worst_text, "passed": all(r.passed for r in rows),
+            "failed_batches": sum(not r.passed for r in rows)}

@@ -17,7 +17,7 @@ TIMEOUT_SECONDS = 1800
 
 
 def fingerprint(options: BuildOptions) -> dict[str, Any]:
-    return {"tool": "onnxsim"}
+    return {"tool": "onnxsim", "node_metadata": 1}
 
 
 def _dynamic_dims(path: Any) -> dict[str, list[str | int]]:
