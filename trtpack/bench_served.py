@@ -23,7 +23,7 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from trtpack.errors import MissingEnvironmentError, UserInputError
 CHECK_TIMEOUT_S = 3.0
 DEFAULT_CONCURRENCY = (1, 2, 4)
 PERF_ANALYZER_ENV = "TRTPACK_PERF_ANALYZER"
+PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy")
 ProgressFn = Callable[[str], None]
 
 
@@ -78,6 +79,8 @@ class TritonHttp:
     def __init__(self, hostport: str, timeout: float = CHECK_TIMEOUT_S) -> None:
         self.base = f"http://{hostport}"
         self.timeout = timeout
+        # straight to the server, as perf_analyzer is sent (no proxy from the environment)
+        self.opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
     def request(self, path: str, body: Any = None, timeout: float | None = None
                 ) -> tuple[int, Any]:
@@ -85,7 +88,7 @@ class TritonHttp:
         req = urllib.request.Request(self.base + path, data=data,
                                      method="GET" if body is None else "POST")
         try:
-            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as r:
+            with self.opener.open(req, timeout=timeout or self.timeout) as r:
                 raw = r.read()
                 status = int(r.status)
         except urllib.error.HTTPError as e:
@@ -178,7 +181,7 @@ def run_perf_analyzer(binary: str, hostport: str, model: str, batch: int, data: 
     timeout = 30 + 10 * window_ms / 1000
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              cwd=workdir)
+                              cwd=workdir, env=_without_proxies(os.environ))
     except subprocess.TimeoutExpired:
         raise MissingEnvironmentError(f"perf_analyzer on '{model}' did not finish in "
                                       f"{timeout:.0f} s") from None
@@ -201,6 +204,10 @@ def run_perf_analyzer(binary: str, hostport: str, model: str, batch: int, data: 
             "server_queue_ms": ms("Server Queue"), "server_infer_ms": ms("Server Compute Infer")}
 
 
+def _without_proxies(environ: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in environ.items() if k.lower() not in PROXY_VARIABLES}
+
+
 def _backend(config: dict[str, Any]) -> str:
     return str(config.get("backend") or config.get("platform") or "unknown")
 
@@ -220,10 +227,10 @@ def served_benchmark(build: BuildFolder, url: str, *,
     if unknown or not corners:
         raise UserInputError(f"--corners takes min, opt and max, not {', '.join(unknown)}")
     hostport = normalize_url(url)
-    binary = perf_analyzer_path()
     server = TritonHttp(hostport)
     model = build.report.model
     config = server.check_model(model)
+    binary = perf_analyzer_path()
     ensembles = [p.name for p in sorted((build.root / "model_repository").iterdir())
                  if p.name.endswith("_ensemble") and p.name.startswith(model)]
     for ensemble in ensembles:

@@ -435,21 +435,21 @@ def package(
 def benchmark_table(rows: list[dict[str, Any]]) -> Table:
     """Runtime rows per corner, with the speed-up against PyTorch eager."""
     table = Table(title="benchmark: latency per request (ms) at every profile corner")
-    for col in ("corner", "runtime", "p50", "p90", "p99", "samples/s", "vs PyTorch"):
+    for col in ("corner", "runtime", "p50", "p99", "samples/s", "vs PyTorch"):
         table.add_column(col, justify="left" if col in ("runtime", "corner") else "right")
     previous = None
     for r in rows:
         corner = f"p{r['profile']} {r['corner']} {r['shapes'].split(',')[0].split('=', 1)[-1]}"
         shown, previous = ("" if corner == previous else corner), corner
         if r["status"] != "ok":
-            table.add_row(shown, r["engine"], "", "", "", "",
+            table.add_row(shown, r["engine"], "", "", "",
                           f"[yellow]{r['status']}[/]: {escape(r['reason'])}")
             continue
         speed = "" if r["speedup_vs_pytorch"] is None else f"{r['speedup_vs_pytorch']:.2f}x"
         if r["runtime"] == "served" and speed:
             speed = f"[bold]{speed}[/]"
-        table.add_row(shown, r["engine"], f"{r['p50_ms']:.2f}", f"{r['p90_ms']:.2f}",
-                      f"{r['p99_ms']:.2f}", f"{r['throughput']:,.1f}", speed)
+        table.add_row(shown, r["engine"], f"{r['p50_ms']:.2f}", f"{r['p99_ms']:.2f}",
+                      f"{r['throughput']:,.1f}", speed)
     return table
 
 

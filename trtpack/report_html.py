@@ -15,7 +15,6 @@ import io
 import json
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -186,14 +185,20 @@ def served_chart(served: dict[str, Any]) -> str:
         return ""
     fig = _figure(9.5, 3.2)
     ax = fig.subplots()
-    series: dict[str, list[dict[str, Any]]] = {}
+    series: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for r in rows:
-        key = f"{r['model']} {r['corner']} b{r['batch']} ({r['batching']} batching)"
-        series.setdefault(key, []).append(r)
-    for i, (key, points) in enumerate(series.items()):
+        series.setdefault((r["model"], f"{r['corner']} b{r['batch']}", r["batching"]),
+                          []).append(r)
+    palette = ["#2a9d8f", "#e76f51", "#264653", "#e9c46a", "#8ab17d", "#9d4edd"]
+    shades = {k: palette[i % len(palette)]
+              for i, k in enumerate(dict.fromkeys((m, c) for m, c, _ in series))}
+    for i, ((model, corner, batching), points) in enumerate(series.items()):
         points.sort(key=lambda r: r["concurrency"])
         (line,) = ax.plot([p["concurrency"] for p in points],
-                          [p["throughput"] for p in points], marker="o", label=key)
+                          [p["throughput"] for p in points], marker="o",
+                          color=shades[(model, corner)],
+                          linestyle="--" if batching == "none" else "-",
+                          label=f"{model} {corner} ({batching} batching)")
         line.set_gid(f"line-served-{i}")
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted({r["concurrency"] for r in rows}),
@@ -243,7 +248,7 @@ def _size(n: int) -> str:
 
 
 def verification_table(report: BuildReport) -> str:
-    rows = [asdict(r) for r in report.verification]
+    rows = [dict(vars(r)) for r in report.verification]  # fields added later included
     if not rows:
         return '<p class="muted">No verification rows.</p>'
     extra = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in KNOWN_ROW_KEYS]
@@ -360,6 +365,15 @@ def provenance(report: BuildReport, out: Path) -> str:
     return "".join(parts)
 
 
+def _profiles(profiles: Sequence[str]) -> str:
+    """``1x8:4x32:8x128`` when every input of a profile has the same shapes."""
+    shown = []
+    for p in profiles:
+        specs = {part.split("=", 1)[-1] for part in p.split(",")}
+        shown.append(specs.pop() if len(specs) == 1 else p)
+    return ", ".join(shown)
+
+
 def render_report_html(report: BuildReport, out: Path) -> str:
     """The page as a string (``write_report_html`` writes it)."""
     status_ok = report.status == "ok"
@@ -394,7 +408,7 @@ def render_report_html(report: BuildReport, out: Path) -> str:
 <body><header>
 <h1>{html.escape(report.model)} <span style="font-weight:400">·
 {html.escape(report.precision)} for {html.escape(report.target)}</span></h1>
-<div class="sub">profiles {html.escape(", ".join(report.profiles))} · trtpack
+<div class="sub">profiles {html.escape(_profiles(report.profiles))} · trtpack
 {html.escape(str(report.versions.get("trtpack", "")))} ·
 <span class="{"pass" if status_ok else "fail"}">{html.escape(report.status)}</span></div>
 <div class="cards">{card_html}</div></header>
