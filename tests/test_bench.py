@@ -202,3 +202,15 @@ def test_report_command_writes_the_page_again(tiny_copy: Path, tmp_path: Path) -
     assert result.exit_code == 0, result.output
     assert (tiny_copy / "report.html").is_file()
     _one_line_error(run_cli("report", str(tmp_path / "nothing")), 2, "no report.json")
+
+
+def test_build_json_with_bench_prints_one_json_document_with_the_rows(
+        tmp_path: Path, cache_dir: Path) -> None:
+    out = tmp_path / "tiny"
+    result = run_cli("build", "tiny-bert", "--random-weights", "--target", "cpu", "--profile",
+                     "1x4:2x8:4x16", "--out", str(out), "--cache-dir", str(cache_dir),
+                     "--json", "--bench")
+    assert result.exit_code == 0, result.output
+    printed = json.loads(result.stdout)
+    assert printed["benchmark"]["rows"] == _benchmark(out)["rows"]
+    check_rows(out)
