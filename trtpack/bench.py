@@ -21,6 +21,7 @@ import os
 import platform
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -169,28 +170,45 @@ class Timing:
     elapsed_s: float
 
 
-def measure(run_once: Callable[[], object], seconds: float,
-            warmup_runs: int = WARMUP_RUNS) -> Timing:
-    """Warm up (``warmup_runs`` calls and at least a fifth of the budget, up to a second),
-    then call ``run_once`` back to back until ``seconds`` have passed (at least three
-    calls). ``run_once`` must return only when its results are ready."""
+RunOnce = Callable[[], object]  # one inference; returns when its results are ready
+Runner = Callable[[Case], RunOnce]  # a runtime, prepared for one case's inputs
+SLICES = 5
+
+
+def warm_up(run_once: RunOnce, seconds: float, warmup_runs: int = WARMUP_RUNS) -> None:
+    """``warmup_runs`` calls and at least a fifth of the budget (up to a second)."""
     warm_until = time.perf_counter() + min(1.0, seconds / 5)
     runs = 0
     while runs < warmup_runs or time.perf_counter() < warm_until:
         run_once()
         runs += 1
-    latencies: list[float] = []
-    started = time.perf_counter()
-    while True:
-        t0 = time.perf_counter()
-        run_once()
-        latencies.append(time.perf_counter() - t0)
-        if len(latencies) >= 3 and time.perf_counter() - started >= seconds:
-            break
-    return Timing(latencies, time.perf_counter() - started)
 
 
-def _caller(func: Callable[..., object], *args: object) -> Callable[[], object]:
+def measure_interleaved(calls: Mapping[str, RunOnce], seconds: float,
+                        slices: int = SLICES) -> dict[str, Timing]:
+    """Time each call back to back for ``seconds`` in all, after warm-up. The budget is cut
+    into ``slices`` turns taken in rotation (A B C A B C …), so that load from elsewhere on
+    the machine falls on every runtime alike and their ratio stays meaningful; every call
+    runs at least once per turn."""
+    for run_once in calls.values():
+        warm_up(run_once, seconds)
+    latencies: dict[str, list[float]] = {name: [] for name in calls}
+    elapsed = dict.fromkeys(calls, 0.0)
+    turn = seconds / slices
+    for _ in range(slices):
+        for name, run_once in calls.items():
+            started = time.perf_counter()
+            while True:
+                t0 = time.perf_counter()
+                run_once()
+                latencies[name].append(time.perf_counter() - t0)
+                if time.perf_counter() - started >= turn:
+                    break
+            elapsed[name] += time.perf_counter() - started
+    return {name: Timing(latencies[name], elapsed[name]) for name in calls}
+
+
+def _caller(func: Callable[..., object], *args: object) -> RunOnce:
     return lambda: func(*args)
 
 
@@ -217,8 +235,7 @@ def _not_run(runtime: str, engine: str, case: Case, status: str, reason: str) ->
 
 # --- runtimes --------------------------------------------------------------------------------
 
-def _onnxruntime_rows(runtime: str, label: str, model: Path, cases: Sequence[Case],
-                      seconds: float, threads: int, progress: ProgressFn) -> list[BenchRow]:
+def onnxruntime_runner(model: Path, threads: int) -> Runner:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -226,30 +243,26 @@ def _onnxruntime_rows(runtime: str, label: str, model: Path, cases: Sequence[Cas
     options.inter_op_num_threads = 1
     session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
     names = {i.name for i in session.get_inputs()}
-    rows = []
-    for case in cases:
-        progress(f"{label} at p{case.profile} {case.corner} ({case.shapes})")
-        feed = {k: v for k, v in case.inputs.items() if k in names}
-        rows.append(_row(runtime, label, case,
-                         measure(_caller(session.run, None, feed), seconds)))
-    return rows
+
+    def prepare(case: Case) -> RunOnce:
+        return _caller(session.run, None, {k: v for k, v in case.inputs.items() if k in names})
+
+    return prepare
 
 
-def _tensorrt_rows(engine_path: Path, precision: str, cases: Sequence[Case], seconds: float,
-                   progress: ProgressFn) -> list[BenchRow]:
-    """NOT RUN on any GPU yet (no GPU or TensorRT where this was written): times the engine
-    through the runner the engine stage verifies it with."""
+def tensorrt_runner(engine_path: Path, profiles: set[int], stack: ExitStack) -> Runner:
+    """NOT RUN on any GPU yet (no GPU or TensorRT where this was written): the engine through
+    the runner the engine stage verifies it with, one execution context per profile."""
     from trtpack.engine import tensorrt_api
 
     engine = tensorrt_api.load_engine(engine_path)
-    label = f"served: TensorRT {precision}"
-    rows = []
-    for case in cases:
-        progress(f"{label} at p{case.profile} {case.corner} ({case.shapes})")
-        with tensorrt_api.engine_runner(engine, case.profile) as infer:
-            feed = infer.feed(case.inputs)
-            rows.append(_row(SERVED, label, case, measure(_caller(infer, feed), seconds)))
-    return rows
+    infers = {p: stack.enter_context(tensorrt_api.engine_runner(engine, p)) for p in profiles}
+
+    def prepare(case: Case) -> RunOnce:
+        infer = infers[case.profile]
+        return _caller(infer, infer.feed(case.inputs))
+
+    return prepare
 
 
 def _load_recipe(build: BuildFolder) -> Any:
@@ -275,8 +288,9 @@ def pytorch_skip_reason(build: BuildFolder) -> str | None:
     return None
 
 
-def _pytorch_rows(build: BuildFolder, cases: Sequence[Case], seconds: float, threads: int,
-                  device: str, progress: ProgressFn) -> list[BenchRow]:
+def pytorch_runner(build: BuildFolder, threads: int, device: str, stack: ExitStack,
+                   progress: ProgressFn) -> Runner:
+    """The recipe's model in PyTorch eager, loaded as the export stage loads it."""
     import torch
 
     from trtpack.models import load_model
@@ -290,20 +304,19 @@ def _pytorch_rows(build: BuildFolder, cases: Sequence[Case], seconds: float, thr
     loaded = load_model(recipe, random_weights=random_weights)
     wrapper = _output_selector(loaded.module, recipe).to(device)
     names = [i.name for i in recipe.inputs]
-    label = f"PyTorch eager ({device})"
+    stack.enter_context(torch.inference_mode())
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    rows = []
-    with torch.inference_mode():
-        for case in cases:
-            progress(f"{label} at p{case.profile} {case.corner} ({case.shapes})")
-            args = [torch.from_numpy(case.inputs[n]).to(device) for n in names]
 
-            def run_once(args: list[Any] = args) -> None:
-                wrapper(*args)
-                sync()
+    def prepare(case: Case) -> RunOnce:
+        args = [torch.from_numpy(case.inputs[n]).to(device) for n in names]
 
-            rows.append(_row(PYTORCH, label, case, measure(run_once, seconds)))
-    return rows
+        def run_once() -> None:
+            wrapper(*args)
+            sync()
+
+        return run_once
+
+    return prepare
 
 
 def check_runtime(build: BuildFolder) -> None:
@@ -325,7 +338,8 @@ def check_runtime(build: BuildFolder) -> None:
 
 def run_benchmark(out: Path, *, seconds: float = DEFAULT_SECONDS, threads: int | None = None,
                   pytorch: bool = True, progress: ProgressFn | None = None) -> BenchmarkResult:
-    """Time the served model, the FP32 ONNX and PyTorch eager at every profile corner."""
+    """Time the served model, the FP32 ONNX and PyTorch eager at every profile corner, the
+    three in rotation at each corner (``measure_interleaved``)."""
     if not seconds > 0:
         raise UserInputError(f"--seconds must be positive, not {seconds}")
     if threads is not None and threads < 1:
@@ -340,23 +354,31 @@ def run_benchmark(out: Path, *, seconds: float = DEFAULT_SECONDS, threads: int |
     result = BenchmarkResult(seconds, threads, device, machine_info(),
                              measured_at=dt.datetime.now(dt.timezone.utc)
                              .isoformat(timespec="seconds"))
-    if build.is_engine:
-        result.rows += _tensorrt_rows(build.served_model, precision, cases, seconds, say)
-        result.notes.append("TensorRT rows: this code path has not run on a GPU yet")
-    else:
-        result.rows += _onnxruntime_rows(SERVED, f"served: ONNX Runtime {precision}",
-                                         build.served_model, cases, seconds, threads, say)
-    result.rows += _onnxruntime_rows(ONNX_FP32, "FP32 ONNX in ONNX Runtime", build.fp32_onnx,
-                                     cases, seconds, threads, say)
     skip = "not asked for (--no-pytorch)" if not pytorch else pytorch_skip_reason(build)
-    if skip is None:
-        result.rows += _pytorch_rows(build, cases, seconds, threads, device, say)
-    else:
-        result.rows += [_not_run(PYTORCH, "PyTorch eager", c, "skipped", skip) for c in cases]
+    with ExitStack() as stack:
+        runtimes: list[tuple[str, str, Runner]] = []
+        if build.is_engine:
+            runtimes.append((SERVED, f"served: TensorRT {precision}", tensorrt_runner(
+                build.served_model, {c.profile for c in cases}, stack)))
+            result.notes.append("TensorRT rows: this code path has not run on a GPU yet")
+        else:
+            runtimes.append((SERVED, f"served: ONNX Runtime {precision}",
+                             onnxruntime_runner(build.served_model, threads)))
+        runtimes.append((ONNX_FP32, "FP32 ONNX in ONNX Runtime",
+                         onnxruntime_runner(build.fp32_onnx, threads)))
+        if skip is None:
+            runtimes.append((PYTORCH, f"PyTorch eager ({device})",
+                             pytorch_runner(build, threads, device, stack, say)))
+        for case in cases:
+            say(f"p{case.profile} {case.corner} ({case.shapes}): "
+                + ", ".join(label for _, label, _ in runtimes))
+            timings = measure_interleaved({name: prepare(case)
+                                           for name, _, prepare in runtimes}, seconds)
+            result.rows += [_row(name, label, case, timings[name])
+                            for name, label, _ in runtimes]
+            if skip is not None:
+                result.rows.append(_not_run(PYTORCH, "PyTorch eager", case, "skipped", skip))
     add_speedups(result.rows)
-    order = {SERVED: 0, ONNX_FP32: 1, PYTORCH: 2}
-    corners = {"min": 0, "opt": 1, "max": 2}
-    result.rows.sort(key=lambda r: (r.profile, corners.get(r.corner, 3), order[r.runtime]))
     return result
 
 
