@@ -33,7 +33,7 @@ CSS = """
 * { box-sizing: border-box; }
 body { margin:0; font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;
        color:var(--ink); background:var(--bg); }
-header { background:#1d2a33; color:#fff; padding:28px 40px 22px; }
+header { background:#1d2a33; color:#fff; padding:28px max(40px, calc((100% - 1100px) / 2)) 22px; }
 header h1 { margin:0 0 4px; font-size:26px; font-weight:600; }
 header .sub { color:#b8c4cc; }
 main { max-width:1180px; margin:0 auto; padding:8px 40px 60px; }
