@@ -43,9 +43,15 @@ run: install
 # The serving tests start a real tritonserver from nvidia-pytriton, in its own venv
 # (.venv-triton: it needs numpy<2); mk/triton.mk creates it.
 include mk/triton.mk
+include mk/perf_analyzer.mk
 
-test: install triton-env
+test: install triton-env perf-analyzer-env chromium
 	$(PY) -m pytest -q
+
+# Headless Chromium for the report.html test (Debian's package; installed only when missing).
+.PHONY: chromium
+chromium:
+	@command -v chromium >/dev/null 2>&1 || (apt-get update && apt-get install -y chromium)
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow and not triton"

@@ -55,3 +55,16 @@ def test_cli_help_and_light_commands_without_heavy_packages() -> None:
                     "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n")
         assert proc.returncode == 0, (argv, proc.stderr)
         assert proc.stdout.strip(), argv
+
+
+def test_bench_and_report_page_modules_import_light() -> None:
+    """bench, bench_served and report_html import without the heavy frameworks, and matplotlib
+    only when a page is drawn."""
+    proc = _run(
+        "import trtpack.bench, trtpack.bench_served, trtpack.report_html\n"
+        "heavy = [m for m in sys.modules if m.split('.')[0] in HEAVY | {'matplotlib'}]\n"
+        "assert not heavy, heavy\n"
+        "print('ok')\n"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "ok" in proc.stdout

@@ -222,6 +222,9 @@ def build(
     calibration_method: Annotated[str | None, typer.Option(
         help="INT8 activation ranges: max, entropy or percentile (99.99th). Default: the "
         "recipe's (precision_options.int8.calibration_method).")] = None,
+    bench: Annotated[bool, typer.Option(
+        "--bench", help="After packaging, measure latency per profile corner against PyTorch "
+        "(trtpack bench).")] = False,
 ) -> None:
     """Export, simplify, convert precision, build the engine, verify and package a model.
 
@@ -264,6 +267,12 @@ def build(
         report.warnings[:0] = warnings
         report.save(options.out_dir / "report.json")
     if as_json:
+        if bench:
+            from trtpack.cli_bench import run_bench
+            from trtpack.report import BuildReport
+
+            run_bench(options.out_dir, show=False)
+            report = BuildReport.load(options.out_dir / "report.json")
         sys.stdout.write(report.to_json() + "\n")
         return
     out.print(summary_table(report))
@@ -271,7 +280,11 @@ def build(
     for line in worst_samples(report):
         out.print(line, markup=False)
     out.print(f"[bold green]done[/] in {report.total_seconds:.1f}s → {options.out_dir}/"
-              f"model_repository/  (report: {options.out_dir}/report.json)")
+              f"model_repository/  (report: {options.out_dir}/report.json, report.html)")
+    if bench:
+        from trtpack.cli_bench import run_bench
+
+        run_bench(options.out_dir)
 
 
 def verification_summary(report: Any) -> Table:
@@ -514,6 +527,15 @@ def merge(
         out.print(f"compute capability {cc} ({escape(result.targets[cc])}): {file}")
     out.print(f"[bold green]merged[/] → {escape(str(result.repository))}/{escape(result.name)}"
               f"  (models: {escape(', '.join(result.models))})", soft_wrap=True)
+
+
+def _register_commands() -> None:
+    from trtpack.cli_bench import register
+
+    register(app, handle_errors)
+
+
+_register_commands()
 
 
 def _terminate(signum: int, frame: Any) -> None:

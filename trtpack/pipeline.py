@@ -294,6 +294,31 @@ def stage_logger(name: str, log_path: Path) -> tuple[logging.Logger, logging.Han
     return logger, handler
 
 
+RECIPE_FILE = "recipe.yaml"
+
+
+def write_recipe(path: Path, recipe: Recipe) -> None:
+    """The recipe the build used, overrides applied (``trtpack bench`` loads the model
+    from it)."""
+    import yaml
+
+    path.write_text("# the recipe of this build, every default and --set applied\n"
+                    + yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False),
+                    encoding="utf-8")
+
+
+def write_report_page(out: Path, report: BuildReport) -> None:
+    """``OUT/report.html``; a page that cannot be drawn never fails the build (the reason
+    goes into the report's warnings)."""
+    from trtpack.report_html import write_report_html
+
+    try:
+        write_report_html(out, report)
+    except Exception as e:  # matplotlib missing or a chart it cannot draw
+        report.warnings.append(f"report.html not written: {type(e).__name__}: {e}")
+        report.save(out / "report.json")
+
+
 class Pipeline:
     def __init__(self, options: BuildOptions, progress: ProgressCallback | None = None) -> None:
         self.options = options
@@ -328,6 +353,7 @@ class Pipeline:
             report.total_seconds = time.perf_counter() - started
             report.out_dir = str(failed_dir)
             report.save(work / "report.json")
+            write_report_page(work, report)
             shutil.rmtree(failed_dir, ignore_errors=True)
             work.rename(failed_dir)
             e.report = report  # type: ignore[attr-defined]
@@ -339,6 +365,8 @@ class Pipeline:
         peaks = [s.peak_memory_mb for s in report.stages if s.peak_memory_mb is not None]
         report.peak_memory_mb = max(peaks) if peaks else None
         report.save(work / "report.json")
+        write_recipe(work / RECIPE_FILE, o.recipe)
+        write_report_page(work, report)
         self._replace(work, out)
         shutil.rmtree(failed_dir, ignore_errors=True)
         return report

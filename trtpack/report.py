@@ -84,6 +84,7 @@ class BuildReport:
     total_seconds: float = 0.0
     peak_memory_mb: float | None = None
     error: str | None = None
+    benchmark: dict[str, Any] | None = None  # trtpack bench: latency rows, served throughput
 
     def stage(self, name: str) -> StageResult | None:
         return next((s for s in self.stages if s.name == name), None)

@@ -188,9 +188,9 @@ def triton_server(tmp_path_factory: pytest.TempPathFactory
     pytest.importorskip("tritonclient.http", reason="tritonclient[http] is not installed")
     started: list[TritonServer] = []
 
-    def start(repository: Path, cache_bytes: int = 0) -> TritonServer:
+    def start(repository: Path, cache_bytes: int = 0, explicit: bool = False) -> TritonServer:
         server = start_tritonserver(repository, tmp_path_factory.mktemp("tritonserver"),
-                                    cache_bytes=cache_bytes)
+                                    cache_bytes=cache_bytes, explicit=explicit)
         started.append(server)
         return server
 

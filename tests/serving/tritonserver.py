@@ -135,11 +135,13 @@ def _ready(port: int) -> bool:
         return False
 
 
-def start_tritonserver(repository: Path, workdir: Path, *, cache_bytes: int = 0
-                       ) -> TritonServer:
+def start_tritonserver(repository: Path, workdir: Path, *, cache_bytes: int = 0,
+                       explicit: bool = False) -> TritonServer:
     """Start tritonserver on ``repository`` (every model loaded); wait until it is ready.
 
-    ``cache_bytes`` > 0 starts the local response cache (for configs that enable it)."""
+    ``cache_bytes`` > 0 starts the local response cache (for configs that enable it);
+    ``explicit`` lets clients load models and config variants (``--model-control-mode
+    explicit``, every model loaded at start)."""
     reason = missing_reason()
     if reason is not None:
         raise RuntimeError(reason)
@@ -164,6 +166,8 @@ def start_tritonserver(repository: Path, workdir: Path, *, cache_bytes: int = 0
         "--strict-readiness=true", "--exit-timeout-secs=10",
         "--backend-config=python,shm-default-byte-size=4194304",
     ]
+    if explicit:
+        cmd += ["--model-control-mode=explicit", "--load-model=*"]
     if cache_bytes > 0:
         cmd += [f"--cache-directory={site / 'pytriton' / 'tritonserver' / 'caches'}",
                 f"--cache-config=local,size={cache_bytes}"]

@@ -229,3 +229,34 @@ def run_cases(engine: trt.ICudaEngine, cases: Sequence[Case], log: logging.Logge
                     result = runner.infer(feed)
                     outputs[i] = {k: np.array(v) for k, v in result.items()}
     return outputs
+
+
+class EngineInfer:
+    """A callable that runs one feed through an engine in one optimization profile and
+    returns when the outputs are on the host (what ``engine_runner`` yields)."""
+
+    def __init__(self, runner: Any, inputs: Mapping[str, Any]) -> None:
+        self.runner = runner
+        self.inputs = inputs
+
+    def feed(self, values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``values`` cast to the engine's input types; inputs it does not have left out."""
+        return {name: np.ascontiguousarray(values[name].astype(dtype))
+                for name, dtype in self.inputs.items()}
+
+    def __call__(self, feed: Mapping[str, np.ndarray]) -> dict[str, Any]:
+        return dict(self.runner.infer(feed))
+
+
+@contextlib.contextmanager
+def engine_runner(engine: Any, profile: int, log: logging.Logger | None = None
+                  ) -> Iterator[EngineInfer]:
+    """polygraphy's ``TrtRunner`` on ``engine`` in ``profile``, as ``run_cases`` uses it (for
+    the benchmark: the same runtime path as verification). Not yet run on a GPU."""
+    from polygraphy.backend.trt import TrtRunner
+
+    inputs = {t.name: numpy_dtype(t.dtype, t.name) for t in engine_tensors(engine)
+              if t.mode == "input"}
+    with polygraphy_logging(log or logging.getLogger("trtpack.tensorrt"), "WARNING"), \
+            TrtRunner(engine, optimization_profile=profile) as runner:
+        yield EngineInfer(runner, inputs)

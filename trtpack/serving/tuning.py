@@ -21,6 +21,7 @@ from trtpack.serving.config import read_config
 from trtpack.shapes import ShapeProfile
 
 if TYPE_CHECKING:
+    from trtpack.cases import Case
     from trtpack.serving.repository import ModelRepository
 
 PERF_SCRIPT = "perf_analyzer.sh"
@@ -207,3 +208,33 @@ def _readme(repo: ModelRepository, mbs: int, rel: str) -> str:
         f"Measure it: `./{PERF_SCRIPT}` (perf_analyzer, one run per profile corner).\n"
         f"Sweep the serving options: `model-analyzer profile -f {MODEL_ANALYZER_CONFIG}`.\n"
     )
+
+
+def perf_input_data_name(profile: int, corner: str) -> str:
+    return f"perf_inputs_p{profile}_{corner}.json"
+
+
+def write_perf_input_data(dest: Path, cases: Sequence[Case], batched: bool = True
+                          ) -> list[Path]:
+    """perf_analyzer ``--input-data`` files, one per profile corner, holding the inputs the
+    build was verified on (real token ids where the recipe has a tokenizer, never zeros).
+    Batched models: one entry per row of the corner's batch, without the batch dimension
+    (perf_analyzer sends ``-b`` of them per request); unbatched: the whole tensor."""
+    import numpy as np
+
+    dest.mkdir(parents=True, exist_ok=True)
+    written = []
+    for case in cases:
+        first = next(iter(case.inputs.values()))
+        rows = range(first.shape[0]) if batched else [None]
+        entries = []
+        for i in rows:
+            entry = {}
+            for name, value in case.inputs.items():
+                v = np.asarray(value if i is None else value[i])
+                entry[name] = {"content": v.reshape(-1).tolist(), "shape": list(v.shape)}
+            entries.append(entry)
+        path = dest / perf_input_data_name(case.profile, case.corner)
+        path.write_text(json.dumps({"data": entries}) + "\n", encoding="utf-8")
+        written.append(path)
+    return written

@@ -52,6 +52,7 @@ def run(ctx: StageContext) -> StageOutcome:
         tuning_dir=tmp_tuning,
         repository_ref=f"../{REPOSITORY}",  # tuning files name the final folder
     )
+    _write_perf_inputs(ctx, repo, tmp_tuning)
     os.replace(tmp, final)
     if tmp_tuning.exists():
         os.replace(tmp_tuning, tuning)
@@ -63,3 +64,18 @@ def run(ctx: StageContext) -> StageOutcome:
         warnings=list(repo.warnings),
         message=f"{REPOSITORY}/: {', '.join(models)}",
     )
+
+
+def _write_perf_inputs(ctx: StageContext, repo: Any, tuning: Path) -> None:
+    """perf_analyzer input data from the verified inputs (what ``trtpack bench --served``
+    sends), beside the tuning scripts."""
+    from trtpack.cases import load_cases
+    from trtpack.serving.config import read_config
+    from trtpack.serving.tuning import write_perf_input_data
+
+    reference = ctx.artifacts.get("reference")
+    if reference is None or not tuning.is_dir():
+        return
+    main = repo.by_role("model")[0]
+    batched = int(read_config(main.path / "config.pbtxt").max_batch_size) > 0
+    repo.tuning_files.extend(write_perf_input_data(tuning, load_cases(reference), batched))
