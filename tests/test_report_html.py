@@ -90,7 +90,8 @@ def test_page_opens_in_headless_chromium_with_its_charts(benched: Path, tmp_path
 def test_int8_section_charts_the_sensitivity_and_lists_the_kept_layers() -> None:
     """The page from a report whose precision stage searched (the numbers are the input;
     what is checked is how the page shows them)."""
-    groups = [{"nodes": [f"/layer.{i}/MatMul"], "hint": f"layer {i} ffn", "damage": d}
+    groups = [{"nodes": [f"/layer.{i}/MatMul"], "damage": d, "worst": 1 - d,
+               "layers": [f"encoder.layer.{i}.output.dense (MatMul)"], "kept_quantized": i > 0}
               for i, d in enumerate([0.2, 0.05, 0.001, 0.0001])]
     metrics = {"precision": "int8", "excluded_by_fallback": ["/layer.0/MatMul"],
                "excluded_node_hints": {"/layer.0/MatMul": "layer 0 ffn"},
@@ -98,7 +99,12 @@ def test_int8_section_charts_the_sensitivity_and_lists_the_kept_layers() -> None
                "low_precision": {"matmul_gemm_low_precision": 3, "matmul_gemm_nodes": 4,
                                  "matmul_gemm_share": 0.75},
                "before": {"worst": 0.81}, "after": {"worst": 0.995},
-               "fallback": {"sensitivity": groups}}
+               "fallback": {"sensitivity": groups},
+               "splits": {"calibration": {"samples": 30, "worst": 0.997, "mean": 0.999,
+                                          "worst_text": "A longer sentence.", "passed": True},
+                          "search": {},
+                          "holdout": {"samples": 10, "worst": 0.9912, "mean": 0.998,
+                                      "worst_text": "Thanks!", "passed": True}}}
     report = BuildReport("m", "int8", "cpu", ["1x8:4x32:8x128"], "/tmp/m", stages=[
         StageResult("precision", "ok", seconds=3.0, metrics=metrics)])
     page = render_report_html(report, Path("/nonexistent"))
@@ -107,6 +113,10 @@ def test_int8_section_charts_the_sensitivity_and_lists_the_kept_layers() -> None
     assert page.count("-kept\">") == 1 and page.count("-int8\">") == 3
     assert 'id="kept-layers"' in page and "/layer.0/MatMul" in page
     assert "3/4 MatMul/Gemm" in page
+    # the chart names each group by its module path; the splits table shows each split's worst
+    assert "encoder.layer.2.output.dense (MatMul)" in page
+    assert 'id="int8-splits"' in page and "Thanks!" in page and "0.9912" in page
+    assert "<td>search</td>" not in page  # an empty split is left out
 
 
 def test_verification_columns_added_later_are_shown(benched: Path) -> None:

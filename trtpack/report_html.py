@@ -120,6 +120,13 @@ def stage_chart(report: BuildReport) -> str:
                 "Cached stages are reused from the stage cache.")
 
 
+def _group_label(row: dict[str, Any]) -> str:
+    """A sensitivity row's name: its layers' module paths, else its first node."""
+    layers = row.get("layers") or []
+    return ", ".join(str(x) for x in layers) if layers else str(row.get("hint") or
+                                                                 row["nodes"][0])
+
+
 def sensitivity_chart(search: dict[str, Any], kept: set[str]) -> str:
     ranked = search.get("sensitivity") or []
     if not ranked:
@@ -133,7 +140,7 @@ def sensitivity_chart(search: dict[str, Any], kept: set[str]) -> str:
                    color=[COLORS["kept"] if k else COLORS["quantized"] for k in is_kept])
     for i, (bar, k) in enumerate(zip(bars, is_kept, strict=True)):
         bar.set_gid(f"bar-sensitivity-{i}-{'kept' if k else 'int8'}")
-    ax.set_yticks(y, [str(r.get("hint") or r["nodes"][0])[:48] for r in ranked], fontsize=8)
+    ax.set_yticks(y, [_group_label(r)[:48] for r in ranked], fontsize=8)
     ax.set_xscale("log")
     ax.set_xlabel("damage when quantized alone (1 − worst cosine), log scale")
     from matplotlib.patches import Patch
@@ -330,6 +337,15 @@ def int8_section(report: BuildReport) -> str:
                      "fallback search. Worst metric before / after: "
                      f"{_num((m.get('before') or {}).get('worst'), '.4f')} / "
                      f"{_num((m.get('after') or {}).get('worst'), '.4f')}.</p>")
+    splits = {k: v for k, v in (m.get("splits") or {}).items() if v}
+    if splits:
+        parts.append(_table(
+            ["split", "samples", "worst sample", "mean", "worst sample's text", "result"],
+            [[html.escape(name), v.get("samples", ""), _num(v.get("worst"), ".4f"),
+              _num(v.get("mean"), ".4f"), html.escape(str(v.get("worst_text") or "")),
+              '<span class="pass">pass</span>' if v.get("passed") else
+              '<span class="fail">FAIL</span>'] for name, v in splits.items()],
+            [1, 2, 3], "int8-splits"))
     parts.append(sensitivity_chart(search, set(kept)))
     if kept:
         parts.append(_table(["kept node", "what it is"],
