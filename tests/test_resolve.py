@@ -175,6 +175,19 @@ def _write_bad_inputs(root: Path, onnx_files: dict[str, Path]) -> dict[str, Path
     (unsupported / "config.json").write_text(json.dumps(
         {"model_type": "bert", "architectures": ["BertForPreTraining"]}))
     bad["unsupported architecture"] = unsupported
+    for case, modules, pooling in (
+            ("modules.json not a list", '{"0": "Transformer"}', None),
+            ("modules.json of strings", '["Transformer"]', None),
+            ("damaged pooling config",
+             '[{"type": "sentence_transformers.models.Pooling", "path": "1_Pooling"}]',
+             '{"pooling_mode_cls_token": tru')):
+        st = root / case.replace(" ", "-")
+        (st / "1_Pooling").mkdir(parents=True)
+        (st / "modules.json").write_text(modules)
+        (st / "config.json").write_text(json.dumps({"model_type": "bert"}))
+        if pooling is not None:
+            (st / "1_Pooling" / "config.json").write_text(pooling)
+        bad[case] = st
     return bad
 
 
@@ -187,6 +200,9 @@ EXPECTED = {
     "directory without config.json": "without config.json",
     "unsupported architecture": "architecture BertForPreTraining is not supported; trtpack "
                                 "builds these heads: sequence-classification",
+    "modules.json not a list": "modules.json is not a list of modules",
+    "modules.json of strings": "modules.json is not a list of modules",
+    "damaged pooling config": "cannot read ",
 }
 
 

@@ -123,6 +123,9 @@ def _sentence_transformers(path: Path) -> tuple[Path, dict[str, Any]] | None:
         modules = json.loads(modules_file.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
         raise UserInputError(f"cannot read {modules_file}: {e}") from None
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise UserInputError(f"{modules_file} is not a list of modules (JSON objects with "
+                             "type and path)")
     transformer = path
     pooling: dict[str, Any] = {"mode": "mean", "normalize": False}
     for module in modules:
@@ -131,9 +134,7 @@ def _sentence_transformers(path: Path) -> tuple[Path, dict[str, Any]] | None:
         if kind == "Transformer":
             transformer = folder
         elif kind == "Pooling":
-            settings = {}
-            if (folder / "config.json").is_file():
-                settings = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+            settings = _pooling_settings(folder / "config.json")
             modes = [m for m, key in (("cls", "pooling_mode_cls_token"),
                                       ("mean", "pooling_mode_mean_tokens"),
                                       ("max", "pooling_mode_max_tokens"),
@@ -154,6 +155,19 @@ def _sentence_transformers(path: Path) -> tuple[Path, dict[str, Any]] | None:
                 "(Transformer, Pooling and Normalize are); use --task feature-extraction "
                 "for the token embeddings")
     return transformer, pooling
+
+
+def _pooling_settings(config_file: Path) -> dict[str, Any]:
+    """The Pooling module's config.json ({} when there is none)."""
+    if not config_file.is_file():
+        return {}
+    try:
+        settings = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserInputError(f"cannot read {config_file}: {e}") from None
+    if not isinstance(settings, dict):
+        raise UserInputError(f"{config_file} is not a JSON object")
+    return settings
 
 
 def _is_vision(config: dict[str, Any], task: str) -> bool:
