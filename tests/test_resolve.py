@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -269,6 +270,30 @@ def test_hub_id_is_found_in_the_local_cache_offline_and_a_missing_one_is_exit_2(
     assert "'acme/not-cached' is not in the local Hugging Face cache" in missing.stderr
     assert len(missing.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("text", "name"), [
+    ("_x", "x"), ("bert (copy)", "bert--copy-"), ("--", "model"), (".hidden", "hidden"),
+    ("résumé", "r-sum-"), ("ok_1.2-b", "ok_1.2-b")])
+def test_safe_name_is_a_valid_recipe_name(text: str, name: str) -> None:
+    from trtpack.recipe import RECIPE_NAME, safe_name
+
+    assert safe_name(text) == name
+    assert re.match(RECIPE_NAME, safe_name(text))
+
+
+def test_inferred_names_of_odd_files_and_folders_are_valid(onnx_files: dict[str, Path],
+                                                            tmp_path: Path) -> None:
+    import shutil
+
+    onnx = tmp_path / "_x.onnx"
+    shutil.copy(onnx_files["single file"], onnx)
+    assert resolve_model(str(onnx)).name == "x"
+    folder = tmp_path / "bert (copy)"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(
+        {"model_type": "bert", "architectures": ["BertForSequenceClassification"]}))
+    assert resolve_model(str(folder)).name == "bert--copy-"
 
 
 def test_recipe_pointing_at_an_onnx_file(onnx_files: dict[str, Path], tmp_path: Path) -> None:

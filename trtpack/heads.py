@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from trtpack.errors import UserInputError
-from trtpack.recipe import Recipe
+from trtpack.recipe import Recipe, safe_name
 
 
 @dataclass(frozen=True)
@@ -179,8 +179,9 @@ def _is_vision(config: dict[str, Any], task: str) -> bool:
         config)
 
 
-def recipe_for_hf_dir(path: Path, task: str | None = None) -> Recipe:
-    """The recipe for a local Hugging Face directory (a sentence-transformers one too)."""
+def recipe_for_hf_dir(path: Path, task: str | None = None, name: str | None = None) -> Recipe:
+    """The recipe for a local Hugging Face directory (a sentence-transformers one too), named
+    ``name`` or else after the folder."""
     if not path.is_dir():
         raise UserInputError(f"'{path}' is not a directory")
     st = _sentence_transformers(path) if task in (None, "sentence-embedding") else None
@@ -215,8 +216,8 @@ def recipe_for_hf_dir(path: Path, task: str | None = None) -> Recipe:
         task, model_class = head.task, archs[0]
     else:
         task, model_class = "feature-extraction", "AutoModel"
-    name = path.resolve().name.replace(" ", "-") or "model"
-    recipe: dict[str, Any] = {"name": name, "task": task, "model_class": model_class,
+    recipe: dict[str, Any] = {"name": name or safe_name(path.resolve().name), "task": task,
+                              "model_class": model_class,
                               "source": {"path": str(model_dir.resolve())}}
     labels = len(config.get("id2label") or {}) or int(config.get("num_labels", 2))
     if _is_vision(config, task):

@@ -25,6 +25,7 @@ from trtpack.recipe import (
     Recipe,
     builtin_recipe_names,
     load_recipe_file,
+    safe_name,
 )
 
 ONNX_SUFFIX = ".onnx"
@@ -346,7 +347,7 @@ def recipe_for_onnx(path: Path, task: str | None = None) -> Recipe:
         positions = config.get("max_position_embeddings") or config.get("n_positions")
         max_sequence = int(positions) if isinstance(positions, int) else max_sequence
     recipe = {
-        "name": re.sub(r"[^A-Za-z0-9_.-]", "-", path.stem) or "model",
+        "name": safe_name(path.stem),
         "description": f"ONNX model {path.name} (recipe inferred from its graph)",
         "task": task,
         "source": {"onnx": str(path.resolve())},
