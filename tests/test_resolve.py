@@ -261,9 +261,11 @@ def test_hub_id_is_found_in_the_local_cache_offline_and_a_missing_one_is_exit_2(
     assert shown.returncode == 0, shown.stderr
     assert "task: token-classification" in shown.stdout
     assert "snapshots/" + "0" * 40 in shown.stdout
+    assert "name: tiny-ner\n" in shown.stdout  # named from the id, not the commit hash
     _fake_hub_cache(tmp_path / "hub", "tiny-ner", folder)  # a bare id, like "gpt2"
     bare = _cli("recipes", "show", "tiny-ner", env=env)
     assert bare.returncode == 0 and "models--tiny-ner/snapshots/" in bare.stdout, bare.stderr
+    assert "name: tiny-ner\n" in bare.stdout
     missing = _cli("build", "acme/not-cached", "--target", "cpu", "--out",
                    str(tmp_path / "out"), env=env)
     assert missing.returncode == 2
