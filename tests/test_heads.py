@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 
 from tests.conftest import run_cli
-from tests.hf_models import make_model_dir, make_sentence_transformers_dir
+from tests.hf_models import VOCAB, make_model_dir, make_sentence_transformers_dir
 from trtpack.cases import load_cases
 from trtpack.serving.config import check_config, model_io_from_onnx, read_config
 
@@ -179,6 +179,27 @@ def test_task_override_picks_another_head(models_root: Path) -> None:
     assert shown.exit_code == 0, shown.output
     assert "model_class: BertForQuestionAnswering" in shown.stdout
     assert "start_logits" in shown.stdout and "metric: span" in shown.stdout
+
+
+def test_decoder_without_token_types_gets_no_token_type_ids(tmp_path: Path) -> None:
+    """A causal LM whose config has no type_vocab_size (Llama, as transformers saves it)
+    takes input_ids and attention_mask only; BERT (type_vocab_size 2) keeps token types."""
+    from transformers import BertConfig, LlamaConfig
+
+    from trtpack.resolve import resolve_model
+
+    llama = tmp_path / "tiny-llama"
+    LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                num_attention_heads=2, num_key_value_heads=2, vocab_size=VOCAB,
+                architectures=["LlamaForCausalLM"]).save_pretrained(str(llama))
+    assert "type_vocab_size" not in json.loads((llama / "config.json").read_text())
+    recipe = resolve_model(str(llama))
+    assert recipe.task == "text-generation"
+    assert [i.name for i in recipe.inputs] == ["input_ids", "attention_mask"]
+    bert = tmp_path / "tiny-bert"
+    BertConfig(architectures=["BertForMaskedLM"]).save_pretrained(str(bert))
+    assert [i.name for i in resolve_model(str(bert)).inputs] == [
+        "input_ids", "attention_mask", "token_type_ids"]
 
 
 class _StandInTensor:

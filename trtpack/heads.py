@@ -242,7 +242,7 @@ def recipe_for_hf_dir(path: Path, task: str | None = None, name: str | None = No
         {"name": "attention_mask", "dtype": "int64", "axes": ["batch", "sequence"],
          "kind": "attention_mask"},
     ]
-    if model_type not in TOKEN_TYPE_FREE and int(config.get("type_vocab_size", 2) or 0) >= 2:
+    if model_type not in TOKEN_TYPE_FREE and int(config.get("type_vocab_size") or 0) >= 2:
         inputs.append({"name": "token_type_ids", "dtype": "int64", "axes": ["batch", "sequence"],
                        "kind": "token_type_ids"})
     outputs = text_outputs(task, hidden=hidden, labels=labels, vocab=vocab)
