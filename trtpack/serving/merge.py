@@ -288,7 +288,7 @@ def _write_cpu_model(repo: Path, name: str, onnx: Path, build: EngineBuild) -> s
     ONNX's real I/O and the engine config's batching and instance settings."""
     from trtpack.recipe import TritonSettings
     from trtpack.serving.config import model_io_from_onnx
-    from trtpack.serving.repository import _onnx_model_config, copy_onnx
+    from trtpack.serving.repository import copy_onnx, onnx_model_config
     from trtpack.shapes import ShapeProfile
 
     cpu_name = f"{name}{CPU_SUFFIX}"
@@ -300,7 +300,7 @@ def _write_cpu_model(repo: Path, name: str, onnx: Path, build: EngineBuild) -> s
         max_queue_delay_us=engine.dynamic_batching.max_queue_delay_microseconds,
         warmup=len(engine.model_warmup) > 0,
     )
-    config = _onnx_model_config(cpu_name, io, profiles, settings, "KIND_CPU")
+    config = onnx_model_config(cpu_name, io, profiles, settings, "KIND_CPU")
     problems = check_config(config, io)
     if problems:
         raise RuntimeError(f"{cpu_name} config does not match its ONNX: " + "; ".join(problems))

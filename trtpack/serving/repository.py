@@ -187,8 +187,8 @@ def _warmup(config: Any, io: ModelIO, profiles: Sequence[ShapeProfile]) -> None:
                 entry.random_data = True
 
 
-def _onnx_model_config(name: str, io: ModelIO, profiles: Sequence[ShapeProfile],
-                       settings: TritonSettings, kind: InstanceKind) -> Any:
+def onnx_model_config(name: str, io: ModelIO, profiles: Sequence[ShapeProfile],
+                      settings: TritonSettings, kind: InstanceKind) -> Any:
     config = model_config(name, io, profiles, settings, platform="onnxruntime_onnx",
                           kind=kind, default_model_filename=ONNX_FILENAME)
     if settings.warmup:
@@ -315,7 +315,7 @@ def write_model_repository(
         models.append(ServedModel(name, "model", dest / name, "tensorrt_plan"))
     else:
         kind: InstanceKind = "KIND_GPU" if gpu else "KIND_CPU"
-        main_config = _onnx_model_config(name, io, profiles, settings, kind)
+        main_config = onnx_model_config(name, io, profiles, settings, kind)
         copy_onnx(model_path, write(name, "model", "onnxruntime_onnx", main_config))
         problems += check_config(main_config, io)
 
@@ -325,7 +325,7 @@ def write_model_repository(
         cpu_io = model_io_from_onnx(fallback_src)
         if [t.name for t in cpu_io.inputs] != [t.name for t in io.inputs]:
             raise UserInputError(f"fallback ONNX {fallback_src} has other inputs than the model")
-        cpu_config = _onnx_model_config(cpu_name, cpu_io, profiles, settings, "KIND_CPU")
+        cpu_config = onnx_model_config(cpu_name, cpu_io, profiles, settings, "KIND_CPU")
         copy_onnx(fallback_src, write(cpu_name, "cpu_fallback", "onnxruntime_onnx", cpu_config))
         problems += check_config(cpu_config, cpu_io)
 
