@@ -345,3 +345,26 @@ def test_set_vocab_size_bounds_the_token_ids_of_an_onnx_without_tokenizer(
     for case in load_cases(out / "artifacts" / "import" / "reference.npz"):
         ids = case.inputs["input_ids"][case.inputs["attention_mask"] == 1]
         assert ids.max() < 500 and len(np.unique(ids)) > 3
+
+
+def test_gpt2_style_tokenizer_without_tokenizer_json_is_found_and_loaded(tmp_path: Path
+                                                                        ) -> None:
+    """vocab.json + merges.txt (a byte-level BPE saved the GPT-2 way, no tokenizer.json):
+    the resolver, the model loader and the served vocabulary all read it."""
+    from trtpack.models import load_tokenizer
+    from trtpack.serving.ensemble import vocabulary
+
+    folder = tmp_path / "gpt2-bpe"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(
+        {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 6,
+         "n_embd": 32, "n_positions": 64}))
+    tokens = ["<|endoftext|>", "h", "i", "hi", "Ġ", "Ġhi"]
+    (folder / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(tokens)}))
+    (folder / "merges.txt").write_text("#version: 0.2\nh i\nĠ hi\n", encoding="utf-8")
+    recipe = resolve_model(str(folder))
+    assert recipe.tokenizer and recipe.task == "text-generation"
+    tokenizer = load_tokenizer(recipe, folder)
+    assert tokenizer is not None
+    assert tokenizer("hi hi")["input_ids"] == [3, 5]
+    assert vocabulary(folder) == tuple(tokens)

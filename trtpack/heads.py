@@ -27,6 +27,7 @@ from typing import Any
 
 from trtpack.errors import UserInputError
 from trtpack.recipe import Recipe, safe_name
+from trtpack.tokenizer_files import has_tokenizer
 
 
 @dataclass(frozen=True)
@@ -250,8 +251,7 @@ def recipe_for_hf_dir(path: Path, task: str | None = None, name: str | None = No
     max_len = min(int(positions), 512)
     recipe.update(
         inputs=inputs, outputs=outputs, profiles=[f"1x16:4x64:8x{max_len}"],
-        tokenizer=any((model_dir / f).is_file() for f in
-                      ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json")),
+        tokenizer=has_tokenizer(model_dir),
         vocab_size=vocab,
     )
     if st is not None:

@@ -27,11 +27,11 @@ from trtpack.recipe import (
     load_recipe_file,
     safe_name,
 )
+from trtpack.tokenizer_files import has_tokenizer
 
 ONNX_SUFFIX = ".onnx"
 BATCH = "batch"
 RECIPE_SUFFIXES = (".yaml", ".yml")
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -357,7 +357,7 @@ def recipe_for_onnx(path: Path, task: str | None = None) -> Recipe:
         "description": f"ONNX model {path.name} (recipe inferred from its graph)",
         "task": task,
         "source": {"onnx": str(path.resolve())},
-        "tokenizer": any((folder / f).is_file() for f in TOKENIZER_FILES),
+        "tokenizer": has_tokenizer(folder),
         "vocab_size": vocab,
         "inputs": inputs,
         "outputs": outputs,

@@ -37,17 +37,13 @@ from trtpack.serving.config import (
     write_config,
 )
 from trtpack.shapes import ShapeProfile
+from trtpack.tokenizer_files import VOCABULARY_FILES, has_tokenizer, tokenizer_files
 
 ServeMode = Literal["tensor", "text"]
 Role = Literal["model", "cpu_fallback", "tokenizer", "postprocess", "ensemble"]
 
 ONNX_FILENAME = "model.onnx"
 VERSION = "1"
-TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-    "vocab.txt", "vocab.json", "merges.txt", "sentencepiece.bpe.model", "spiece.model",
-    "tokenizer.model",
-)
 
 
 @dataclass(frozen=True)
@@ -119,12 +115,6 @@ def copy_onnx(src: Path, version_dir: Path) -> None:
         version_dir.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(data, version_dir / location)
     _link_or_copy(src, version_dir / ONNX_FILENAME)
-
-
-def tokenizer_files(tokenizer_dir: Path | None) -> list[Path]:
-    if tokenizer_dir is None or not tokenizer_dir.is_dir():
-        return []
-    return [tokenizer_dir / f for f in TOKENIZER_FILES if (tokenizer_dir / f).is_file()]
 
 
 def prepare_tokenizer(tokenizer_dir: Path, dst: Path) -> TokenizerInfo:
@@ -219,10 +209,10 @@ def validate_options(*, recipe: Recipe, serve: ServeMode, fallback_cpu: bool, en
                 f"--serve text needs a tokenizer, and model '{recipe.name}' has none "
                 f"(task {recipe.task}, recipe 'tokenizer: false'); use --serve tensor"
             )
-        if not tokenizer_files(tokenizer_dir):
+        if not has_tokenizer(tokenizer_dir):
             raise UserInputError(
                 f"--serve text: no tokenizer files in {tokenizer_dir} "
-                f"(expected one of {', '.join(TOKENIZER_FILES[:5])}, ...)"
+                f"(expected one of {', '.join(VOCABULARY_FILES)})"
             )
     if fallback_cpu and not engine and not gpu:
         raise UserInputError(
