@@ -42,6 +42,8 @@ from trtpack.tokenizer_files import VOCABULARY_FILES, has_tokenizer, tokenizer_f
 ServeMode = Literal["tensor", "text"]
 Role = Literal["model", "cpu_fallback", "tokenizer", "postprocess", "ensemble"]
 
+REPOSITORY = "model_repository"
+"""The Triton model repository's folder in a build's output."""
 ONNX_FILENAME = "model.onnx"
 VERSION = "1"
 
