@@ -37,7 +37,7 @@ import numpy as np
 
 from trtpack.cases import Case
 from trtpack.recipe import Recipe, Tolerance, VerifySettings
-from trtpack.verification import task_metric
+from trtpack.verification import TOP1_METRICS, task_metric
 
 if TYPE_CHECKING:
     import onnx
@@ -368,7 +368,7 @@ def score_outputs(recipe: Recipe, precision: str, cases: Sequence[Case],
             if metric in ("cosine", "pooled_cosine") and tol.min_cosine is not None \
                     and value is not None and value < tol.min_cosine:
                 reasons.append(f"{case.label}/{name}: cosine {value:.6f} < {tol.min_cosine}")
-            if metric in ("top1", "token_top1", "span") and tol.min_top1 is not None \
+            if metric in TOP1_METRICS and tol.min_top1 is not None \
                     and value is not None and value < tol.min_top1:
                 reasons.append(f"{case.label}/{name}: top-1 {value:.4f} < {tol.min_top1}")
             if tol.atol is not None or tol.rtol is not None:

@@ -19,6 +19,9 @@ from trtpack.cases import Case
 from trtpack.recipe import Recipe, Tolerance
 from trtpack.report import VerificationRow
 
+TOP1_METRICS = ("top1", "token_top1", "span")
+"""Metrics gated by ``min_top1`` (argmax agreement)."""
+
 
 @contextlib.contextmanager
 def quiet_polygraphy() -> Iterator[Any]:
@@ -119,7 +122,7 @@ def _gate(tol: Tolerance, metric: str, value: float | None, max_abs: float,
         if metric in ("cosine", "pooled_cosine") and tol.min_cosine is not None \
                 and value < tol.min_cosine:
             reasons.append(f"cosine {value:.6f} < {tol.min_cosine}")
-        if metric in ("top1", "token_top1", "span") and tol.min_top1 is not None \
+        if metric in TOP1_METRICS and tol.min_top1 is not None \
                 and value < tol.min_top1:
             reasons.append(f"top-1 agreement {value:.4f} < {tol.min_top1}")
     if not np.isfinite(max_abs):
