@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 
 from tests.conftest import run_cli
-from tests.hf_models import VOCAB, make_model_dir, make_sentence_transformers_dir
+from tests.hf_models import VISION_MODELS, VOCAB, make_model_dir, make_sentence_transformers_dir
 from trtpack.cases import load_cases
 from trtpack.serving.config import check_config, model_io_from_onnx, read_config
 
@@ -41,6 +41,8 @@ HEADS: dict[str, tuple[str, dict[str, str], str]] = {
     "resnet-cls": ("image-classification", {"logits": "top1"}, "ResNetForImageClassification"),
     "convnext-cls": ("image-classification", {"logits": "top1"},
                      "ConvNextForImageClassification"),
+    "vit-base-model": ("feature-extraction", {"pooler_output": "cosine"}, "ViTModel"),
+    "resnet-base-model": ("feature-extraction", {"pooler_output": "cosine"}, "ResNetModel"),
 }
 FAST = {"gpt2-lm", "bert-qa"}
 
@@ -107,7 +109,7 @@ def test_head_is_built_served_and_matches_transformers(kind: str, models_root: P
     recipe = run_cli("recipes", "show", str(folder))
     assert recipe.exit_code == 0 and f"task: {task}" in recipe.stdout
     out = tmp_path / "out"
-    vision = task == "image-classification"
+    vision = kind in VISION_MODELS
     report = build(folder, out, cache_dir, profile="1:2:4" if vision else PROFILE)
     rows = [r for r in report["verification"] if r["check"] == "onnx-vs-torch"]
     assert {(r["corner"], r["output"]) for r in rows} == {
