@@ -271,3 +271,37 @@ def test_text_serving_postprocess_follows_the_head(kind: str, output: str, names
     top = logits.argmax(-1)
     assert [[v.decode() for v in row] for row in got] == [[expected[i] for i in row]
                                                            for row in top]
+
+
+def test_class_name_suffixes_agree_with_transformers_tables() -> None:
+    """Every transformers class whose suffix names a head (heads.SUFFIX_HEADS) is in that
+    head's table: the suffix shortcut (no torch import) never disagrees with transformers."""
+    from trtpack.heads import HEADS, SUFFIX_HEADS, _classes, _mapping, head_in_tables
+
+    classes = {c for head in HEADS for v in _mapping(head).values() for c in _classes(v)}
+    checked, wrong = 0, []
+    for cls in sorted(classes):
+        task = next((t for suffix, t in SUFFIX_HEADS if cls.endswith(suffix)), None)
+        if task is not None:
+            checked += 1
+            head = head_in_tables(cls)
+            if head is None or head.task != task:
+                wrong.append((cls, task, head and head.task))
+    assert checked > 500 and wrong == []
+
+
+def test_a_head_named_by_its_suffix_resolves_without_torch_or_transformers(
+        tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.test_import_pure import BLOCKER
+
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"model_type": "bert", "architectures": ["BertForTokenClassification"],
+         "type_vocab_size": 2, "id2label": {"0": "O", "1": "PER"}}))
+    code = (f"from trtpack.resolve import resolve_model\n"
+            f"print(resolve_model({str(tmp_path)!r}).task)\n")
+    proc = subprocess.run([sys.executable, "-c", BLOCKER + code], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 0 and proc.stdout.strip() == "token-classification", proc.stderr

@@ -70,7 +70,18 @@ KV_CACHE_NOTE = ("text-generation models are built for their logits only (no KV-
                  "inputs or outputs); LLM decoding with a KV cache belongs to TensorRT-LLM")
 
 
+SUFFIX_HEADS = (("ForSequenceClassification", "sequence-classification"),
+                ("ForTokenClassification", "token-classification"),
+                ("ForQuestionAnswering", "question-answering"),
+                ("ForMaskedLM", "fill-mask"), ("WithLMHeadModel", "fill-mask"),
+                ("ForCausalLM", "text-generation"), ("LMHeadModel", "text-generation"),
+                ("ForImageClassification", "image-classification"))
+"""Class-name suffixes that say the head without transformers' tables (which import torch,
+about 2 s): tests/test_heads.py checks them against every class in those tables."""
+
+
 def _mapping(head: Head) -> dict[str, Any]:
+    """transformers' model type -> class table of ``head`` (imports torch: see SUFFIX_HEADS)."""
     from transformers.models.auto import modeling_auto
 
     return dict(getattr(modeling_auto, head.mapping, {}))
@@ -81,7 +92,16 @@ def _classes(value: Any) -> tuple[str, ...]:
 
 
 def head_of_architecture(arch: str) -> Head | None:
-    """The head a transformers class name is (``GPT2LMHeadModel`` -> text-generation)."""
+    """The head a transformers class name is (``GPT2LMHeadModel`` -> text-generation): by
+    its suffix, else (base models, other names) from transformers' tables."""
+    for suffix, task in SUFFIX_HEADS:
+        if arch.endswith(suffix):
+            return HEAD_BY_TASK[task]
+    return head_in_tables(arch)
+
+
+def head_in_tables(arch: str) -> Head | None:
+    """The head whose transformers table has the class ``arch`` (imports transformers)."""
     for head in HEADS:
         if head.task == "sentence-embedding":
             continue
