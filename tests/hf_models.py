@@ -88,6 +88,11 @@ VISION_MODELS: dict[str, Callable[[], Any]] = {
     "convnext-cls": _vision("ConvNextConfig", "ConvNextForImageClassification",
                             hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, image_size=32,
                             **_labels(4)),
+    "vit-base-model": _vision("ViTConfig", "ViTModel", hidden_size=32, num_hidden_layers=1,
+                              num_attention_heads=2, intermediate_size=64, image_size=32,
+                              patch_size=8),
+    "resnet-base-model": _vision("ResNetConfig", "ResNetModel", embedding_size=8,
+                                 hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic"),
 }
 
 

@@ -112,6 +112,20 @@ def test_every_name_trtpacks_tensorrt_module_uses_exists_in_every_supported_vers
     assert not missing, "\n".join(missing)
 
 
+def test_a_misspelled_tensorrt_name_in_the_module_is_reported_in_every_version(
+        bindings: dict[str, tuple[Path, BindingsNames]]) -> None:
+    """The check above can fail: a copy of tensorrt_api.py with one TensorRT method
+    misspelled has exactly that name missing, in every supported version."""
+    source = TENSORRT_API.read_text(encoding="utf-8")
+    assert "engine.get_tensor_mode(" in source
+    typo = source.replace("engine.get_tensor_mode(", "engine.get_tensor_mdoe(")
+    used, used_with_typo = used_tensorrt_names(source), used_tensorrt_names(typo)
+    assert "get_tensor_mdoe" in used_with_typo
+    for label, (_, names) in bindings.items():
+        new = set(names.missing(used_with_typo)) - set(names.missing(used))
+        assert new == {"get_tensor_mdoe"}, label
+
+
 # ------------------------------------------------------------------ polygraphy over the stand-in
 
 

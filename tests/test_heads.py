@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 
 from tests.conftest import run_cli
-from tests.hf_models import make_model_dir, make_sentence_transformers_dir
+from tests.hf_models import VISION_MODELS, VOCAB, make_model_dir, make_sentence_transformers_dir
 from trtpack.cases import load_cases
 from trtpack.serving.config import check_config, model_io_from_onnx, read_config
 
@@ -41,6 +41,8 @@ HEADS: dict[str, tuple[str, dict[str, str], str]] = {
     "resnet-cls": ("image-classification", {"logits": "top1"}, "ResNetForImageClassification"),
     "convnext-cls": ("image-classification", {"logits": "top1"},
                      "ConvNextForImageClassification"),
+    "vit-base-model": ("feature-extraction", {"pooler_output": "cosine"}, "ViTModel"),
+    "resnet-base-model": ("feature-extraction", {"pooler_output": "cosine"}, "ResNetModel"),
 }
 FAST = {"gpt2-lm", "bert-qa"}
 
@@ -107,7 +109,7 @@ def test_head_is_built_served_and_matches_transformers(kind: str, models_root: P
     recipe = run_cli("recipes", "show", str(folder))
     assert recipe.exit_code == 0 and f"task: {task}" in recipe.stdout
     out = tmp_path / "out"
-    vision = task == "image-classification"
+    vision = kind in VISION_MODELS
     report = build(folder, out, cache_dir, profile="1:2:4" if vision else PROFILE)
     rows = [r for r in report["verification"] if r["check"] == "onnx-vs-torch"]
     assert {(r["corner"], r["output"]) for r in rows} == {
@@ -181,6 +183,27 @@ def test_task_override_picks_another_head(models_root: Path) -> None:
     assert "start_logits" in shown.stdout and "metric: span" in shown.stdout
 
 
+def test_decoder_without_token_types_gets_no_token_type_ids(tmp_path: Path) -> None:
+    """A causal LM whose config has no type_vocab_size (Llama, as transformers saves it)
+    takes input_ids and attention_mask only; BERT (type_vocab_size 2) keeps token types."""
+    from transformers import BertConfig, LlamaConfig
+
+    from trtpack.resolve import resolve_model
+
+    llama = tmp_path / "tiny-llama"
+    LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                num_attention_heads=2, num_key_value_heads=2, vocab_size=VOCAB,
+                architectures=["LlamaForCausalLM"]).save_pretrained(str(llama))
+    assert "type_vocab_size" not in json.loads((llama / "config.json").read_text())
+    recipe = resolve_model(str(llama))
+    assert recipe.task == "text-generation"
+    assert [i.name for i in recipe.inputs] == ["input_ids", "attention_mask"]
+    bert = tmp_path / "tiny-bert"
+    BertConfig(architectures=["BertForMaskedLM"]).save_pretrained(str(bert))
+    assert [i.name for i in resolve_model(str(bert)).inputs] == [
+        "input_ids", "attention_mask", "token_type_ids"]
+
+
 class _StandInTensor:
     def __init__(self, name: str, value: np.ndarray) -> None:
         self.name, self.value = name, value
@@ -248,3 +271,37 @@ def test_text_serving_postprocess_follows_the_head(kind: str, output: str, names
     top = logits.argmax(-1)
     assert [[v.decode() for v in row] for row in got] == [[expected[i] for i in row]
                                                            for row in top]
+
+
+def test_class_name_suffixes_agree_with_transformers_tables() -> None:
+    """Every transformers class whose suffix names a head (heads.SUFFIX_HEADS) is in that
+    head's table: the suffix shortcut (no torch import) never disagrees with transformers."""
+    from trtpack.heads import HEADS, SUFFIX_HEADS, _classes, _mapping, head_in_tables
+
+    classes = {c for head in HEADS for v in _mapping(head).values() for c in _classes(v)}
+    checked, wrong = 0, []
+    for cls in sorted(classes):
+        task = next((t for suffix, t in SUFFIX_HEADS if cls.endswith(suffix)), None)
+        if task is not None:
+            checked += 1
+            head = head_in_tables(cls)
+            if head is None or head.task != task:
+                wrong.append((cls, task, head and head.task))
+    assert checked > 500 and wrong == []
+
+
+def test_a_head_named_by_its_suffix_resolves_without_torch_or_transformers(
+        tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.test_import_pure import BLOCKER
+
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"model_type": "bert", "architectures": ["BertForTokenClassification"],
+         "type_vocab_size": 2, "id2label": {"0": "O", "1": "PER"}}))
+    code = (f"from trtpack.resolve import resolve_model\n"
+            f"print(resolve_model({str(tmp_path)!r}).task)\n")
+    proc = subprocess.run([sys.executable, "-c", BLOCKER + code], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 0 and proc.stdout.strip() == "token-classification", proc.stderr

@@ -27,7 +27,8 @@ def test_core_modules_import_without_heavy_packages() -> None:
     proc = _run(
         "import trtpack, trtpack.api, trtpack.cli, trtpack.recipe, trtpack.shapes, "
         "trtpack.targets, trtpack.report, trtpack.pipeline, trtpack.serving.config, "
-        "trtpack.verification, trtpack.cases, trtpack.samples, trtpack.doctor, trtpack.gpu\n"
+        "trtpack.verification, trtpack.cases, trtpack.samples, trtpack.doctor, trtpack.gpu, "
+        "trtpack.tokenizer_files\n"
         "from trtpack.recipe import resolve_model\n"
         "r = resolve_model('minilm')\n"
         "from trtpack.shapes import parse_profile\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -175,6 +176,19 @@ def _write_bad_inputs(root: Path, onnx_files: dict[str, Path]) -> dict[str, Path
     (unsupported / "config.json").write_text(json.dumps(
         {"model_type": "bert", "architectures": ["BertForPreTraining"]}))
     bad["unsupported architecture"] = unsupported
+    for case, modules, pooling in (
+            ("modules.json not a list", '{"0": "Transformer"}', None),
+            ("modules.json of strings", '["Transformer"]', None),
+            ("damaged pooling config",
+             '[{"type": "sentence_transformers.models.Pooling", "path": "1_Pooling"}]',
+             '{"pooling_mode_cls_token": tru')):
+        st = root / case.replace(" ", "-")
+        (st / "1_Pooling").mkdir(parents=True)
+        (st / "modules.json").write_text(modules)
+        (st / "config.json").write_text(json.dumps({"model_type": "bert"}))
+        if pooling is not None:
+            (st / "1_Pooling" / "config.json").write_text(pooling)
+        bad[case] = st
     return bad
 
 
@@ -187,6 +201,9 @@ EXPECTED = {
     "directory without config.json": "without config.json",
     "unsupported architecture": "architecture BertForPreTraining is not supported; trtpack "
                                 "builds these heads: sequence-classification",
+    "modules.json not a list": "modules.json is not a list of modules",
+    "modules.json of strings": "modules.json is not a list of modules",
+    "damaged pooling config": "cannot read ",
 }
 
 
@@ -244,15 +261,41 @@ def test_hub_id_is_found_in_the_local_cache_offline_and_a_missing_one_is_exit_2(
     assert shown.returncode == 0, shown.stderr
     assert "task: token-classification" in shown.stdout
     assert "snapshots/" + "0" * 40 in shown.stdout
+    assert "name: tiny-ner\n" in shown.stdout  # named from the id, not the commit hash
     _fake_hub_cache(tmp_path / "hub", "tiny-ner", folder)  # a bare id, like "gpt2"
     bare = _cli("recipes", "show", "tiny-ner", env=env)
     assert bare.returncode == 0 and "models--tiny-ner/snapshots/" in bare.stdout, bare.stderr
+    assert "name: tiny-ner\n" in bare.stdout
     missing = _cli("build", "acme/not-cached", "--target", "cpu", "--out",
                    str(tmp_path / "out"), env=env)
     assert missing.returncode == 2
     assert "'acme/not-cached' is not in the local Hugging Face cache" in missing.stderr
     assert len(missing.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("text", "name"), [
+    ("_x", "x"), ("bert (copy)", "bert--copy-"), ("--", "model"), (".hidden", "hidden"),
+    ("résumé", "r-sum-"), ("ok_1.2-b", "ok_1.2-b")])
+def test_safe_name_is_a_valid_recipe_name(text: str, name: str) -> None:
+    from trtpack.recipe import RECIPE_NAME, safe_name
+
+    assert safe_name(text) == name
+    assert re.match(RECIPE_NAME, safe_name(text))
+
+
+def test_inferred_names_of_odd_files_and_folders_are_valid(onnx_files: dict[str, Path],
+                                                            tmp_path: Path) -> None:
+    import shutil
+
+    onnx = tmp_path / "_x.onnx"
+    shutil.copy(onnx_files["single file"], onnx)
+    assert resolve_model(str(onnx)).name == "x"
+    folder = tmp_path / "bert (copy)"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(
+        {"model_type": "bert", "architectures": ["BertForSequenceClassification"]}))
+    assert resolve_model(str(folder)).name == "bert--copy-"
 
 
 def test_recipe_pointing_at_an_onnx_file(onnx_files: dict[str, Path], tmp_path: Path) -> None:
@@ -302,3 +345,26 @@ def test_set_vocab_size_bounds_the_token_ids_of_an_onnx_without_tokenizer(
     for case in load_cases(out / "artifacts" / "import" / "reference.npz"):
         ids = case.inputs["input_ids"][case.inputs["attention_mask"] == 1]
         assert ids.max() < 500 and len(np.unique(ids)) > 3
+
+
+def test_gpt2_style_tokenizer_without_tokenizer_json_is_found_and_loaded(tmp_path: Path
+                                                                        ) -> None:
+    """vocab.json + merges.txt (a byte-level BPE saved the GPT-2 way, no tokenizer.json):
+    the resolver, the model loader and the served vocabulary all read it."""
+    from trtpack.models import load_tokenizer
+    from trtpack.serving.ensemble import vocabulary
+
+    folder = tmp_path / "gpt2-bpe"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(
+        {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 6,
+         "n_embd": 32, "n_positions": 64}))
+    tokens = ["<|endoftext|>", "h", "i", "hi", "Ġ", "Ġhi"]
+    (folder / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(tokens)}))
+    (folder / "merges.txt").write_text("#version: 0.2\nh i\nĠ hi\n", encoding="utf-8")
+    recipe = resolve_model(str(folder))
+    assert recipe.tokenizer and recipe.task == "text-generation"
+    tokenizer = load_tokenizer(recipe, folder)
+    assert tokenizer is not None
+    assert tokenizer("hi hi")["input_ids"] == [3, 5]
+    assert vocabulary(folder) == tuple(tokens)

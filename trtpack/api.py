@@ -143,6 +143,10 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
         raise UserInputError(
             "--fallback-cpu adds an ONNX Runtime CPU model beside a GPU model; a --target cpu "
             "build already serves the ONNX model with ONNX Runtime on the CPU")
+    if request.timing_cache is not None:
+        no_engine = None if target.is_gpu and request.build_engine else \
+            "--no-engine" if target.is_gpu else f"--target {target.name}"
+        warnings += timing_cache_warnings(request.timing_cache, no_engine)
     out = request.out or Path("build") / recipe.name
     if out.exists() and not out.is_dir():
         raise UserInputError(f"--out '{out}' exists and is not a directory")
@@ -167,6 +171,18 @@ def _timing_cache_dir(path: Path | None) -> Path | None:
         raise UserInputError(f"--timing-cache '{path}' is a file; give a folder: it holds one "
                              "timing cache per GPU compute capability and TensorRT version")
     return path.resolve()
+
+
+def timing_cache_warnings(path: Path, no_engine: str | None) -> list[str]:
+    """What ``--timing-cache PATH`` will not do as the user may expect: nothing at all when
+    the build makes no engine (``no_engine`` names the option that says so), and a folder,
+    not a file, when PATH does not exist and is named like a file (``timing.cache``)."""
+    if no_engine is not None:
+        return [f"--timing-cache is ignored: {no_engine} builds no TensorRT engine"]
+    if not path.exists() and path.suffix:
+        return [f"--timing-cache '{path}' will be created as a folder, not a file: it holds "
+                "one timing cache per GPU compute capability and TensorRT version"]
+    return []
 
 
 def build(request: BuildRequest, progress: ProgressCallback | None = None) -> BuildReport:

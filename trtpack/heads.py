@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from trtpack.errors import UserInputError
-from trtpack.recipe import Recipe
+from trtpack.recipe import Recipe, safe_name
+from trtpack.tokenizer_files import has_tokenizer
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,18 @@ KV_CACHE_NOTE = ("text-generation models are built for their logits only (no KV-
                  "inputs or outputs); LLM decoding with a KV cache belongs to TensorRT-LLM")
 
 
+SUFFIX_HEADS = (("ForSequenceClassification", "sequence-classification"),
+                ("ForTokenClassification", "token-classification"),
+                ("ForQuestionAnswering", "question-answering"),
+                ("ForMaskedLM", "fill-mask"), ("WithLMHeadModel", "fill-mask"),
+                ("ForCausalLM", "text-generation"), ("LMHeadModel", "text-generation"),
+                ("ForImageClassification", "image-classification"))
+"""Class-name suffixes that say the head without transformers' tables (which import torch,
+about 2 s): tests/test_heads.py checks them against every class in those tables."""
+
+
 def _mapping(head: Head) -> dict[str, Any]:
+    """transformers' model type -> class table of ``head`` (imports torch: see SUFFIX_HEADS)."""
     from transformers.models.auto import modeling_auto
 
     return dict(getattr(modeling_auto, head.mapping, {}))
@@ -80,7 +92,16 @@ def _classes(value: Any) -> tuple[str, ...]:
 
 
 def head_of_architecture(arch: str) -> Head | None:
-    """The head a transformers class name is (``GPT2LMHeadModel`` -> text-generation)."""
+    """The head a transformers class name is (``GPT2LMHeadModel`` -> text-generation): by
+    its suffix, else (base models, other names) from transformers' tables."""
+    for suffix, task in SUFFIX_HEADS:
+        if arch.endswith(suffix):
+            return HEAD_BY_TASK[task]
+    return head_in_tables(arch)
+
+
+def head_in_tables(arch: str) -> Head | None:
+    """The head whose transformers table has the class ``arch`` (imports transformers)."""
     for head in HEADS:
         if head.task == "sentence-embedding":
             continue
@@ -123,6 +144,9 @@ def _sentence_transformers(path: Path) -> tuple[Path, dict[str, Any]] | None:
         modules = json.loads(modules_file.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
         raise UserInputError(f"cannot read {modules_file}: {e}") from None
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise UserInputError(f"{modules_file} is not a list of modules (JSON objects with "
+                             "type and path)")
     transformer = path
     pooling: dict[str, Any] = {"mode": "mean", "normalize": False}
     for module in modules:
@@ -131,9 +155,7 @@ def _sentence_transformers(path: Path) -> tuple[Path, dict[str, Any]] | None:
         if kind == "Transformer":
             transformer = folder
         elif kind == "Pooling":
-            settings = {}
-            if (folder / "config.json").is_file():
-                settings = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+            settings = _pooling_settings(folder / "config.json")
             modes = [m for m, key in (("cls", "pooling_mode_cls_token"),
                                       ("mean", "pooling_mode_mean_tokens"),
                                       ("max", "pooling_mode_max_tokens"),
@@ -156,6 +178,19 @@ def _sentence_transformers(path: Path) -> tuple[Path, dict[str, Any]] | None:
     return transformer, pooling
 
 
+def _pooling_settings(config_file: Path) -> dict[str, Any]:
+    """The Pooling module's config.json ({} when there is none)."""
+    if not config_file.is_file():
+        return {}
+    try:
+        settings = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserInputError(f"cannot read {config_file}: {e}") from None
+    if not isinstance(settings, dict):
+        raise UserInputError(f"{config_file} is not a JSON object")
+    return settings
+
+
 def _is_vision(config: dict[str, Any], task: str) -> bool:
     if task == "image-classification":
         return True
@@ -165,8 +200,9 @@ def _is_vision(config: dict[str, Any], task: str) -> bool:
         config)
 
 
-def recipe_for_hf_dir(path: Path, task: str | None = None) -> Recipe:
-    """The recipe for a local Hugging Face directory (a sentence-transformers one too)."""
+def recipe_for_hf_dir(path: Path, task: str | None = None, name: str | None = None) -> Recipe:
+    """The recipe for a local Hugging Face directory (a sentence-transformers one too), named
+    ``name`` or else after the folder."""
     if not path.is_dir():
         raise UserInputError(f"'{path}' is not a directory")
     st = _sentence_transformers(path) if task in (None, "sentence-embedding") else None
@@ -201,8 +237,8 @@ def recipe_for_hf_dir(path: Path, task: str | None = None) -> Recipe:
         task, model_class = head.task, archs[0]
     else:
         task, model_class = "feature-extraction", "AutoModel"
-    name = path.resolve().name.replace(" ", "-") or "model"
-    recipe: dict[str, Any] = {"name": name, "task": task, "model_class": model_class,
+    recipe: dict[str, Any] = {"name": name or safe_name(path.resolve().name), "task": task,
+                              "model_class": model_class,
                               "source": {"path": str(model_dir.resolve())}}
     labels = len(config.get("id2label") or {}) or int(config.get("num_labels", 2))
     if _is_vision(config, task):
@@ -227,7 +263,7 @@ def recipe_for_hf_dir(path: Path, task: str | None = None) -> Recipe:
         {"name": "attention_mask", "dtype": "int64", "axes": ["batch", "sequence"],
          "kind": "attention_mask"},
     ]
-    if model_type not in TOKEN_TYPE_FREE and int(config.get("type_vocab_size", 2) or 0) >= 2:
+    if model_type not in TOKEN_TYPE_FREE and int(config.get("type_vocab_size") or 0) >= 2:
         inputs.append({"name": "token_type_ids", "dtype": "int64", "axes": ["batch", "sequence"],
                        "kind": "token_type_ids"})
     outputs = text_outputs(task, hidden=hidden, labels=labels, vocab=vocab)
@@ -235,8 +271,7 @@ def recipe_for_hf_dir(path: Path, task: str | None = None) -> Recipe:
     max_len = min(int(positions), 512)
     recipe.update(
         inputs=inputs, outputs=outputs, profiles=[f"1x16:4x64:8x{max_len}"],
-        tokenizer=any((model_dir / f).is_file() for f in
-                      ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json")),
+        tokenizer=has_tokenizer(model_dir),
         vocab_size=vocab,
     )
     if st is not None:

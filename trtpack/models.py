@@ -15,6 +15,7 @@ from typing import Any
 
 from trtpack.errors import MissingEnvironmentError, UserInputError
 from trtpack.recipe import Recipe, Source
+from trtpack.tokenizer_files import has_tokenizer
 
 TASK_CLASSES = {
     "feature-extraction": "AutoModel",
@@ -86,9 +87,7 @@ def load_tokenizer(recipe: Recipe, model_dir: Path | None) -> Any | None:
     if recipe.tokenizer_source is not None:
         candidates.append(source_directory(recipe.tokenizer_source))
     for directory in candidates:
-        if directory is not None and any(
-            (directory / f).is_file() for f in ("tokenizer.json", "vocab.txt", "tokenizer.model")
-        ):
+        if directory is not None and has_tokenizer(directory):
             return _with_pad_token(AutoTokenizer.from_pretrained(str(directory)))
     if recipe.source.hf_id and model_dir is None and recipe.tokenizer_source is None:
         try:

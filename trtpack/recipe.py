@@ -8,6 +8,7 @@ Face model directory, in which case a recipe is inferred from its ``config.json`
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -172,8 +173,18 @@ class PoolingSettings(_Strict):
     normalize: bool = False
 
 
+RECIPE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+
+def safe_name(text: str) -> str:
+    """A recipe name made from a file, folder or hub name: characters outside
+    ``[A-Za-z0-9_.-]`` become ``-``, leading non-alphanumerics go; ``model`` if none is left."""
+    name = re.sub(r"^[^A-Za-z0-9]+", "", re.sub(r"[^A-Za-z0-9_.-]", "-", text))
+    return name or "model"
+
+
 class Recipe(_Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    name: str = Field(pattern=RECIPE_NAME)
     description: str = ""
     task: Task
     model_class: str | None = Field(

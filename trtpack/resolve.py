@@ -25,12 +25,13 @@ from trtpack.recipe import (
     Recipe,
     builtin_recipe_names,
     load_recipe_file,
+    safe_name,
 )
+from trtpack.tokenizer_files import has_tokenizer
 
 ONNX_SUFFIX = ".onnx"
 BATCH = "batch"
 RECIPE_SUFFIXES = (".yaml", ".yml")
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer.model", "vocab.json")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -56,13 +57,14 @@ def resolve_model(model: str, task: str | None = None) -> Recipe:
         from trtpack.heads import recipe_for_hf_dir
 
         folder = hub_cache_directory(model)
-        return recipe_for_hf_dir(folder, task).with_origin(folder)
+        return recipe_for_hf_dir(folder, task, name=hub_name(model)).with_origin(folder)
     if re.match(r"^[A-Za-z0-9][\w.-]*$", model):  # a bare hub id ("gpt2"), if cached
         folder_or_none = _cached_snapshot(model)
         if folder_or_none is not None:
             from trtpack.heads import recipe_for_hf_dir
 
-            return recipe_for_hf_dir(folder_or_none, task).with_origin(folder_or_none)
+            return recipe_for_hf_dir(folder_or_none, task, name=hub_name(model)
+                                     ).with_origin(folder_or_none)
     raise UserInputError(
         f"unknown model '{model}': not a recipe name, a recipe file, an ONNX file, a model "
         f"directory or a Hugging Face id; known recipes: {', '.join(builtin_recipe_names())}"
@@ -118,6 +120,11 @@ def _is_protobuf(head: bytes) -> bool:
         return False
     field, wire = head[0] >> 3, head[0] & 7
     return 1 <= field <= 20 and wire in (0, 2)
+
+
+def hub_name(model_id: str) -> str:
+    """The recipe name of a hub id: its last part (not the snapshot's commit hash)."""
+    return safe_name(model_id.split("/")[-1])
 
 
 def _cached_snapshot(model_id: str) -> Path | None:
@@ -346,11 +353,11 @@ def recipe_for_onnx(path: Path, task: str | None = None) -> Recipe:
         positions = config.get("max_position_embeddings") or config.get("n_positions")
         max_sequence = int(positions) if isinstance(positions, int) else max_sequence
     recipe = {
-        "name": re.sub(r"[^A-Za-z0-9_.-]", "-", path.stem) or "model",
+        "name": safe_name(path.stem),
         "description": f"ONNX model {path.name} (recipe inferred from its graph)",
         "task": task,
         "source": {"onnx": str(path.resolve())},
-        "tokenizer": any((folder / f).is_file() for f in TOKENIZER_FILES),
+        "tokenizer": has_tokenizer(folder),
         "vocab_size": vocab,
         "inputs": inputs,
         "outputs": outputs,

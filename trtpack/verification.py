@@ -36,6 +36,9 @@ from trtpack.cases import Case
 from trtpack.recipe import Recipe, Tolerance
 from trtpack.report import VerificationRow
 
+TOP1_METRICS = ("top1", "token_top1", "span")
+"""Metrics gated by ``min_top1`` (argmax agreement)."""
+
 
 @contextlib.contextmanager
 def quiet_polygraphy() -> Iterator[Any]:
@@ -148,10 +151,8 @@ def span_per_sample(ref: np.ndarray, out: np.ndarray, inputs: Mapping[str, np.nd
     return (r == o).astype(np.float64)
 
 
-# top-1 style metrics (gated by Tolerance.min_top1): token_top1 is the argmax at every
-# unpadded token (LMs, token classification), which top1_per_sample computes per sample
-TOP1_METRICS = ("top1", "token_top1", "span")
-
+# token_top1 is the argmax at every unpadded token (LMs, token classification), which
+# top1_per_sample computes per sample
 SAMPLE_METRICS: dict[str, SampleMetric] = {
     "pooled_cosine": pooled_cosine_per_sample,
     "cosine": cosine_per_sample,

@@ -15,8 +15,9 @@ import pytest
 
 from tests.serving.tritonserver import TritonServer, missing_reason, start_tritonserver
 from trtpack.recipe import RECIPES_DIR, Recipe, infer_recipe_from_hf_dir, load_recipe_file
-from trtpack.serving.repository import TOKENIZER_FILES, ModelRepository, write_model_repository
+from trtpack.serving.repository import ModelRepository, write_model_repository
 from trtpack.shapes import ShapeProfile, parse_profiles
+from trtpack.tokenizer_files import TOKENIZER_FILES
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -196,7 +196,7 @@ def labels_from_config(model_config_json: Path | None, count: int) -> tuple[str,
 
 
 def vocabulary(tokenizer_dir: Path | None) -> tuple[str, ...]:
-    """The tokenizer's tokens by id (tokenizer.json, else vocab.txt)."""
+    """The tokenizer's tokens by id (tokenizer.json, else vocab.txt, else vocab.json)."""
     if tokenizer_dir is not None and (tokenizer_dir / "tokenizer.json").is_file():
         from tokenizers import Tokenizer
 
@@ -207,8 +207,14 @@ def vocabulary(tokenizer_dir: Path | None) -> tuple[str, ...]:
         return tuple(tokens)
     if tokenizer_dir is not None and (tokenizer_dir / "vocab.txt").is_file():
         return tuple((tokenizer_dir / "vocab.txt").read_text(encoding="utf-8").splitlines())
-    raise UserInputError(f"--serve text: no tokenizer.json or vocab.txt in {tokenizer_dir} to "
-                         "name the predicted tokens")
+    if tokenizer_dir is not None and (tokenizer_dir / "vocab.json").is_file():  # GPT-2 style
+        by_token = json.loads((tokenizer_dir / "vocab.json").read_text(encoding="utf-8"))
+        tokens = [""] * (max(by_token.values()) + 1)
+        for token, index in by_token.items():
+            tokens[index] = token
+        return tuple(tokens)
+    raise UserInputError(f"--serve text: no tokenizer.json, vocab.txt or vocab.json in "
+                         f"{tokenizer_dir} to name the predicted tokens")
 
 
 def _token_argmax(values: TensorIO, batched: bool, output: str, names: Sequence[str]

@@ -32,14 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from trtpack.engine.provenance import EngineProvenance, provenance_path
+from trtpack.engine.triton_config import PLATFORM
 from trtpack.errors import UserInputError
 from trtpack.serving.config import check_config, config_text, read_config, write_config
+from trtpack.serving.repository import REPOSITORY, VERSION
 
 REPORT = "report.json"
-REPOSITORY = "model_repository"
 MERGE_REPORT = "merge.json"
-VERSION = "1"
-PLATFORM = "tensorrt_plan"
 CPU_SUFFIX = "_cpu"
 SAME_FIELDS = ("onnx_sha256", "onnx_data_sha256", "precision", "profiles", "inputs", "outputs",
                "tensorrt_version")
@@ -288,7 +287,7 @@ def _write_cpu_model(repo: Path, name: str, onnx: Path, build: EngineBuild) -> s
     ONNX's real I/O and the engine config's batching and instance settings."""
     from trtpack.recipe import TritonSettings
     from trtpack.serving.config import model_io_from_onnx
-    from trtpack.serving.repository import _onnx_model_config, copy_onnx
+    from trtpack.serving.repository import copy_onnx, onnx_model_config
     from trtpack.shapes import ShapeProfile
 
     cpu_name = f"{name}{CPU_SUFFIX}"
@@ -300,7 +299,7 @@ def _write_cpu_model(repo: Path, name: str, onnx: Path, build: EngineBuild) -> s
         max_queue_delay_us=engine.dynamic_batching.max_queue_delay_microseconds,
         warmup=len(engine.model_warmup) > 0,
     )
-    config = _onnx_model_config(cpu_name, io, profiles, settings, "KIND_CPU")
+    config = onnx_model_config(cpu_name, io, profiles, settings, "KIND_CPU")
     problems = check_config(config, io)
     if problems:
         raise RuntimeError(f"{cpu_name} config does not match its ONNX: " + "; ".join(problems))

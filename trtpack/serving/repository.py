@@ -37,17 +37,15 @@ from trtpack.serving.config import (
     write_config,
 )
 from trtpack.shapes import ShapeProfile
+from trtpack.tokenizer_files import VOCABULARY_FILES, has_tokenizer, tokenizer_files
 
 ServeMode = Literal["tensor", "text"]
 Role = Literal["model", "cpu_fallback", "tokenizer", "postprocess", "ensemble"]
 
+REPOSITORY = "model_repository"
+"""The Triton model repository's folder in a build's output."""
 ONNX_FILENAME = "model.onnx"
 VERSION = "1"
-TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-    "vocab.txt", "vocab.json", "merges.txt", "sentencepiece.bpe.model", "spiece.model",
-    "tokenizer.model",
-)
 
 
 @dataclass(frozen=True)
@@ -121,12 +119,6 @@ def copy_onnx(src: Path, version_dir: Path) -> None:
     _link_or_copy(src, version_dir / ONNX_FILENAME)
 
 
-def tokenizer_files(tokenizer_dir: Path | None) -> list[Path]:
-    if tokenizer_dir is None or not tokenizer_dir.is_dir():
-        return []
-    return [tokenizer_dir / f for f in TOKENIZER_FILES if (tokenizer_dir / f).is_file()]
-
-
 def prepare_tokenizer(tokenizer_dir: Path, dst: Path) -> TokenizerInfo:
     """Copy the tokenizer files into ``dst``; write ``tokenizer.json`` if only a vocab exists.
 
@@ -187,8 +179,8 @@ def _warmup(config: Any, io: ModelIO, profiles: Sequence[ShapeProfile]) -> None:
                 entry.random_data = True
 
 
-def _onnx_model_config(name: str, io: ModelIO, profiles: Sequence[ShapeProfile],
-                       settings: TritonSettings, kind: InstanceKind) -> Any:
+def onnx_model_config(name: str, io: ModelIO, profiles: Sequence[ShapeProfile],
+                      settings: TritonSettings, kind: InstanceKind) -> Any:
     config = model_config(name, io, profiles, settings, platform="onnxruntime_onnx",
                           kind=kind, default_model_filename=ONNX_FILENAME)
     if settings.warmup:
@@ -219,10 +211,10 @@ def validate_options(*, recipe: Recipe, serve: ServeMode, fallback_cpu: bool, en
                 f"--serve text needs a tokenizer, and model '{recipe.name}' has none "
                 f"(task {recipe.task}, recipe 'tokenizer: false'); use --serve tensor"
             )
-        if not tokenizer_files(tokenizer_dir):
+        if not has_tokenizer(tokenizer_dir):
             raise UserInputError(
                 f"--serve text: no tokenizer files in {tokenizer_dir} "
-                f"(expected one of {', '.join(TOKENIZER_FILES[:5])}, ...)"
+                f"(expected one of {', '.join(VOCABULARY_FILES)})"
             )
     if fallback_cpu and not engine and not gpu:
         raise UserInputError(
@@ -315,7 +307,7 @@ def write_model_repository(
         models.append(ServedModel(name, "model", dest / name, "tensorrt_plan"))
     else:
         kind: InstanceKind = "KIND_GPU" if gpu else "KIND_CPU"
-        main_config = _onnx_model_config(name, io, profiles, settings, kind)
+        main_config = onnx_model_config(name, io, profiles, settings, kind)
         copy_onnx(model_path, write(name, "model", "onnxruntime_onnx", main_config))
         problems += check_config(main_config, io)
 
@@ -325,7 +317,7 @@ def write_model_repository(
         cpu_io = model_io_from_onnx(fallback_src)
         if [t.name for t in cpu_io.inputs] != [t.name for t in io.inputs]:
             raise UserInputError(f"fallback ONNX {fallback_src} has other inputs than the model")
-        cpu_config = _onnx_model_config(cpu_name, cpu_io, profiles, settings, "KIND_CPU")
+        cpu_config = onnx_model_config(cpu_name, cpu_io, profiles, settings, "KIND_CPU")
         copy_onnx(fallback_src, write(cpu_name, "cpu_fallback", "onnxruntime_onnx", cpu_config))
         problems += check_config(cpu_config, cpu_io)
 

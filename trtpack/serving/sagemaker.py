@@ -25,9 +25,9 @@ from typing import Any
 
 from trtpack.errors import UserInputError
 from trtpack.serving.config import read_config
+from trtpack.serving.repository import REPOSITORY
 
 NOTE = "SAGEMAKER.md"
-REPOSITORY = "model_repository"
 DEFAULT_DEST = "sagemaker"
 
 

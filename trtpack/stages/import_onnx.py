@@ -19,11 +19,8 @@ from trtpack.errors import UserInputError
 from trtpack.pipeline import BuildOptions, StageContext, StageOutcome
 from trtpack.samples import make_inputs
 from trtpack.stages.export import external_data_path, graph_summary
+from trtpack.tokenizer_files import has_tokenizer, tokenizer_files
 
-TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
-    "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json",
-)
 INLINE_LIMIT = 1 << 10  # tensors up to 1 KiB stay in the graph
 
 
@@ -136,8 +133,8 @@ def vocab_from_graph(path: Path, token_input: str) -> int | None:
 
 
 def _tokenizer(folder: Path, stage_dir: Path) -> tuple[Any, Path | None]:
-    files = [folder / f for f in TOKENIZER_FILES if (folder / f).is_file()]
-    if not files:
+    files = tokenizer_files(folder)
+    if not has_tokenizer(folder):
         raise UserInputError(f"recipe says tokenizer: true but there are no tokenizer files "
                              f"beside the ONNX in {folder}")
     target = stage_dir / "tokenizer"

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from trtpack.pipeline import BuildOptions, StageContext, StageOutcome
+from trtpack.serving.repository import REPOSITORY
 
-REPOSITORY = "model_repository"
 TUNING = "tuning"
 
 
