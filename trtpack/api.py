@@ -10,7 +10,7 @@ from trtpack.errors import UserInputError, require_modules
 from trtpack.pipeline import BuildOptions, Fallback, ProgressCallback, Serve, default_cache_dir
 from trtpack.pipeline import build as run_pipeline
 from trtpack.recipe import PRECISIONS, Recipe, apply_overrides, resolve_model
-from trtpack.report import BuildReport
+from trtpack.report import REPORT, BuildReport
 from trtpack.shapes import parse_profiles
 from trtpack.targets import AUTO, CPU, Target, engine_support_problem, resolve_target
 
@@ -190,5 +190,5 @@ def build(request: BuildRequest, progress: ProgressCallback | None = None) -> Bu
     report = run_pipeline(options, progress)
     report.warnings[:0] = warnings
     if warnings:
-        report.save(options.out_dir / "report.json")
+        report.save(options.out_dir / REPORT)
     return report

@@ -30,13 +30,12 @@ import numpy as np
 
 from trtpack.cases import Case, load_cases
 from trtpack.errors import MissingEnvironmentError, UserInputError, require_modules
-from trtpack.report import BuildReport
+from trtpack.report import REPORT, BuildReport
+from trtpack.serving.repository import REPOSITORY
 
-REPORT = "report.json"
 RECIPE = "recipe.yaml"
 REFERENCE = Path("artifacts") / "export" / "reference.npz"
 FP32_ONNX = Path("artifacts") / "simplify" / "model.onnx"
-REPOSITORY = "model_repository"
 SERVED, ONNX_FP32, PYTORCH = "served", "onnx-fp32", "pytorch"
 DEFAULT_SECONDS = 2.0
 WARMUP_RUNS = 3
@@ -294,7 +293,7 @@ def pytorch_runner(build: BuildFolder, threads: int, device: str, stack: ExitSta
     import torch
 
     from trtpack.models import load_model
-    from trtpack.stages.export import _output_selector
+    from trtpack.stages.export import output_selector
 
     recipe = _load_recipe(build)
     export = build.report.stage("export")
@@ -302,7 +301,7 @@ def pytorch_runner(build: BuildFolder, threads: int, device: str, stack: ExitSta
     progress("loading the PyTorch model" + (" (random weights)" if random_weights else ""))
     torch.set_num_threads(threads)
     loaded = load_model(recipe, random_weights=random_weights)
-    wrapper = _output_selector(loaded.module, recipe).to(device)
+    wrapper = output_selector(loaded.module, recipe).to(device)
     names = [i.name for i in recipe.inputs]
     stack.enter_context(torch.inference_mode())
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)

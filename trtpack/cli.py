@@ -17,6 +17,7 @@ from rich.table import Table
 
 from trtpack import __version__
 from trtpack.errors import AccuracyError, ExitCode, TrtpackError
+from trtpack.report import REPORT, BuildReport
 
 app = typer.Typer(
     name="trtpack",
@@ -265,14 +266,12 @@ def build(
         view.stop()
     if warnings:
         report.warnings[:0] = warnings
-        report.save(options.out_dir / "report.json")
+        report.save(options.out_dir / REPORT)
     if as_json:
         if bench:
             from trtpack.cli_bench import run_bench
-            from trtpack.report import BuildReport
-
             run_bench(options.out_dir, show=False)
-            report = BuildReport.load(options.out_dir / "report.json")
+            report = BuildReport.load(options.out_dir / REPORT)
         sys.stdout.write(report.to_json() + "\n")
         return
     out.print(summary_table(report))

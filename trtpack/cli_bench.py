@@ -160,10 +160,10 @@ def register(app: typer.Typer, handle_errors: Callable[[Any], Any]) -> None:
         """Write (again) PATH/report.html from PATH/report.json: one self-contained page."""
         from trtpack.cli import out
         from trtpack.errors import UserInputError
-        from trtpack.report import BuildReport
+        from trtpack.report import REPORT, BuildReport
         from trtpack.report_html import write_report_html
 
-        source = path / "report.json"
+        source = path / REPORT
         if not source.is_file():
             raise UserInputError(f"'{path}' is not a trtpack build folder: it has no report.json")
         try:

@@ -30,7 +30,7 @@ from typing import Any, Literal
 from trtpack import __version__
 from trtpack.errors import AccuracyError, StageError, TrtpackError
 from trtpack.recipe import Recipe
-from trtpack.report import Artifact, BuildReport, StageResult, StageStatus, VerificationRow
+from trtpack.report import REPORT, Artifact, BuildReport, StageResult, StageStatus, VerificationRow
 from trtpack.resources import ResourceMeter
 from trtpack.shapes import ShapeProfile
 from trtpack.targets import Target
@@ -316,7 +316,7 @@ def write_report_page(out: Path, report: BuildReport) -> None:
         write_report_html(out, report)
     except Exception as e:  # matplotlib missing or a chart it cannot draw
         report.warnings.append(f"report.html not written: {type(e).__name__}: {e}")
-        report.save(out / "report.json")
+        report.save(out / REPORT)
 
 
 class Pipeline:
@@ -352,7 +352,7 @@ class Pipeline:
             report.error = str(e)
             report.total_seconds = time.perf_counter() - started
             report.out_dir = str(failed_dir)
-            report.save(work / "report.json")
+            report.save(work / REPORT)
             write_report_page(work, report)
             shutil.rmtree(failed_dir, ignore_errors=True)
             work.rename(failed_dir)
@@ -364,7 +364,7 @@ class Pipeline:
         report.total_seconds = time.perf_counter() - started
         peaks = [s.peak_memory_mb for s in report.stages if s.peak_memory_mb is not None]
         report.peak_memory_mb = max(peaks) if peaks else None
-        report.save(work / "report.json")
+        report.save(work / REPORT)
         write_recipe(work / RECIPE_FILE, o.recipe)
         write_report_page(work, report)
         self._replace(work, out)

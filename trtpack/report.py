@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+REPORT = "report.json"  # every build folder's report, beside model_repository/
+
 StageStatus = Literal["ok", "failed", "skipped"]
 
 

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from trtpack.report import BuildReport
+from trtpack.report import REPORT, BuildReport
 
 PAGE = "report.html"
 COLORS = {"served": "#2a9d8f", "onnx-fp32": "#8ab17d", "pytorch": "#e76f51",
@@ -443,7 +443,7 @@ def render_report_html(report: BuildReport, out: Path) -> str:
 
 def write_report_html(out: Path, report: BuildReport | None = None) -> Path:
     """Write ``out/report.html`` from ``report`` (default: ``out/report.json``)."""
-    report = report or BuildReport.load(out / "report.json")
+    report = report or BuildReport.load(out / REPORT)
     page = render_report_html(report, out)
     page = re.sub(r"\n\s*\n", "\n", page)
     path = out / PAGE

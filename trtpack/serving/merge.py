@@ -34,10 +34,10 @@ from typing import Any
 from trtpack.engine.provenance import EngineProvenance, provenance_path
 from trtpack.engine.triton_config import PLATFORM
 from trtpack.errors import UserInputError
+from trtpack.report import REPORT
 from trtpack.serving.config import check_config, config_text, read_config, write_config
 from trtpack.serving.repository import REPOSITORY, VERSION
 
-REPORT = "report.json"
 MERGE_REPORT = "merge.json"
 CPU_SUFFIX = "_cpu"
 SAME_FIELDS = ("onnx_sha256", "onnx_data_sha256", "precision", "profiles", "inputs", "outputs",

@@ -57,7 +57,7 @@ def fingerprint(options: BuildOptions) -> dict[str, Any]:
     }
 
 
-def _output_selector(model: Any, recipe: Recipe) -> Any:
+def output_selector(model: Any, recipe: Recipe) -> Any:
     import torch
 
     input_names = [i.name for i in recipe.inputs]
@@ -252,7 +252,7 @@ def run(ctx: StageContext) -> StageOutcome:
     recipe = options.recipe
     ctx.progress("loading the model" + (" (random weights)" if options.random_weights else ""))
     loaded = load_model(recipe, random_weights=options.random_weights, seed=options.seed)
-    wrapper = _output_selector(loaded.module, recipe)
+    wrapper = output_selector(loaded.module, recipe)
     ctx.progress("running PyTorch at every profile corner")
     cases = build_cases(options, loaded)
     run_torch(wrapper, recipe, cases)
