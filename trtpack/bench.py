@@ -34,7 +34,9 @@ from trtpack.report import REPORT, BuildReport
 from trtpack.serving.repository import REPOSITORY
 
 RECIPE = "recipe.yaml"
-REFERENCE = Path("artifacts") / "export" / "reference.npz"
+# the recorded inputs: the export stage's, or the import stage's for an ONNX file given as MODEL
+REFERENCES = (Path("artifacts") / "export" / "reference.npz",
+              Path("artifacts") / "import" / "reference.npz")
 FP32_ONNX = Path("artifacts") / "simplify" / "model.onnx"
 SERVED, ONNX_FP32, PYTORCH = "served", "onnx-fp32", "pytorch"
 DEFAULT_SECONDS = 2.0
@@ -149,7 +151,10 @@ def open_build(out: Path) -> BuildFolder:
         raise UserInputError(f"'{report_path}' is not a trtpack report ({e})") from None
     if report.status != "ok":
         raise UserInputError(f"'{out}' is a build that did not finish ({report.status})")
-    missing = [str(p) for p in (REFERENCE, FP32_ONNX) if not (out / p).is_file()]
+    reference = next((out / p for p in REFERENCES if (out / p).is_file()), None)
+    missing = [str(p) for p in (FP32_ONNX,) if not (out / p).is_file()]
+    if reference is None:
+        missing.append(f"{REFERENCES[0]} (or {REFERENCES[1]})")
     repo = out / REPOSITORY / report.model / "1"
     served = next((repo / f for f in ("model.plan", "model.onnx") if (repo / f).is_file()), None)
     if served is None:
@@ -157,8 +162,8 @@ def open_build(out: Path) -> BuildFolder:
     if missing:
         raise UserInputError(f"'{out}' is not a complete trtpack build: missing "
                              + ", ".join(missing))
-    assert served is not None
-    return BuildFolder(out, report, served, out / FP32_ONNX, out / REFERENCE)
+    assert served is not None and reference is not None
+    return BuildFolder(out, report, served, out / FP32_ONNX, reference)
 
 
 # --- timing ----------------------------------------------------------------------------------
