@@ -66,6 +66,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("results", type=Path)
     parser.add_argument("--method", default=None, help="--calibration-method to pass")
+    parser.add_argument("--recipe", default="minilm",
+                        help="recipe name or file (e.g. an overlay extending minilm)")
     args = parser.parse_args()
     import onnx
 
@@ -73,7 +75,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="trtpack-int8-bench-") as tmp:
         out, cache = Path(tmp) / "out", Path(tmp) / "cache"
-        cmd = [sys.executable, "-m", "trtpack.cli", "build", "minilm", "--target", "cpu",
+        cmd = [sys.executable, "-m", "trtpack.cli", "build", args.recipe, "--target", "cpu",
                "--precision", "int8", "--calibration", str(CALIBRATION), "--out", str(out),
                "--cache-dir", str(cache), "--json"]
         if args.method:

@@ -136,6 +136,11 @@ class Int8Settings(_Strict):
     exclude_op_types: list[str] = Field(default_factory=list)
     quantize_op_types: list[str] = Field(default_factory=list,
                                          description="empty: ModelOpt's default")
+    smoothquant: float | None = Field(None, gt=0, lt=1, description=(
+        "SmoothQuant alpha: smooth the activations of constant-weight MatMuls before "
+        "quantizing (null: off)"))
+    smoothquant_producers: list[str] = Field(default_factory=list, description=(
+        "op types whose outputs are smoothed (empty: every MatMul activation)"))
 
 
 class PrecisionSettings(_Strict):

@@ -233,6 +233,7 @@ class _Conversion:
         self.recipe = ctx.options.recipe
         self.work = work
         self.source = source
+        self.quantize_source = source  # what ModelOpt quantizes (a smoothed copy for INT8)
         self.cases = load_cases(ctx.artifact("fp32_outputs"))
         from trtpack.module_paths import module_paths
 
@@ -253,7 +254,7 @@ class _Conversion:
         output = out_dir / "model.onnx"
         cwd = Path(tempfile.mkdtemp(prefix="modelopt-", dir=self.ctx.stage_dir))
         try:
-            job = {**job, "input": str(self.source), "output": str(output),
+            job = {**job, "input": str(self.quantize_source), "output": str(output),
                    "result": str(cwd / "result.json")}
             (cwd / "job.json").write_text(json.dumps(job, indent=1))
             env = dict(os.environ)
@@ -578,6 +579,27 @@ class _Int8(_Conversion):
             self.percentile_ranges(path)
         return self.judge(label, path, excluded)
 
+    def smooth(self) -> dict[str, Any]:
+        """SmoothQuant (``trtpack.smoothquant``): ModelOpt quantizes a smoothed copy of the
+        FP32 model; the references stay the original's."""
+        import onnx
+
+        from trtpack.smoothquant import smooth_model
+        from trtpack.stages._modelopt_worker import save_model
+
+        assert self.calibration is not None and self.settings.smoothquant is not None
+        self.ctx.progress(f"SmoothQuant (alpha {self.settings.smoothquant})")
+        model = onnx.load(str(self.source))
+        smoothed = smooth_model(model, self.calibration.feeds, self.settings.smoothquant,
+                                self.settings.smoothquant_producers or None)
+        folder = self.work / "smoothed"
+        folder.mkdir()
+        save_model(model, folder / "model.onnx")
+        self.quantize_source = folder / "model.onnx"
+        self.ctx.log.info("SmoothQuant: %d activations smoothed: %s", len(smoothed),
+                          ", ".join(smoothed))
+        return {"alpha": self.settings.smoothquant, "activations": len(smoothed)}
+
     def percentile_ranges(self, path: Path) -> None:
         """ModelOpt's max model with its activation ranges set to a percentile
         (``trtpack.activation_ranges``)."""
@@ -588,7 +610,7 @@ class _Int8(_Conversion):
 
         assert self.calibration is not None
         model = onnx.load(str(path))
-        changed = apply_percentile_ranges(model, onnx.load(str(self.source)),
+        changed = apply_percentile_ranges(model, onnx.load(str(self.quantize_source)),
                                           self.calibration.feeds, DEFAULT_PERCENTILE)
         save_model(model, path)
         self.ctx.log.info("percentile calibration: %d activation ranges set to the %s "
@@ -636,6 +658,7 @@ class _Int8(_Conversion):
         s = self.settings
         user_excluded = self.resolve(s.exclude_nodes, "exclude_nodes")
         self.load_calibration()
+        smoothed = self.smooth() if s.smoothquant is not None else None
         # With the fallback on, the first model already quantizes only the op types the
         # search works on (ModelOpt's default placement also quantizes Add inputs, which
         # MiniLM never survives): one ModelOpt run instead of two.
@@ -676,7 +699,8 @@ class _Int8(_Conversion):
                             "samples": cal.samples, "batches": len(cal.feeds),
                             "search_samples": cal.search_samples,
                             "holdout_samples": cal.holdout_samples,
-                            "strata": cal.strata, "method": self.method},
+                            "strata": cal.strata, "method": self.method,
+                            "smoothquant": smoothed},
             "splits": {"calibration": _split_summary(calibration_rows),
                        "search": _split_summary(final.split_rows),
                        "holdout": _split_summary(heldout_rows)},
@@ -735,7 +759,7 @@ class _Int8(_Conversion):
 
         s = self.settings
         started = time.perf_counter()
-        fp32 = onnx.load(str(self.source))
+        fp32 = onnx.load(str(self.quantize_source))
         quantized = onnx.load(str(first.path))
         candidates = sorted(int8_quantized_nodes(quantized) - set(user_excluded))
         groups = node_groups(fp32, candidates, per_node=SEARCH_PER_NODE)
