@@ -11,8 +11,6 @@ as outputs. onnx and onnxruntime are imported inside the function.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -40,22 +38,9 @@ def percentile_ranges(fp32: onnx.ModelProto, tensors: Sequence[str],
                       feeds: Sequence[Mapping[str, np.ndarray]], percentile: float
                       ) -> dict[str, float]:
     """The ``percentile`` of |x| of each tensor over ``feeds``, in the FP32 model."""
-    import onnx
-    import onnxruntime as ort
+    from trtpack.quantization_search import cpu_session, with_outputs
 
-    model = onnx.ModelProto()
-    model.CopyFrom(fp32)
-    listed = {o.name for o in model.graph.output}
-    for name in tensors:
-        if name not in listed:
-            model.graph.output.append(onnx.ValueInfoProto(name=name))
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    with tempfile.TemporaryDirectory(prefix="trtpack-ranges-") as tmp:
-        path = os.path.join(tmp, "model.onnx")
-        onnx.save_model(model, path, save_as_external_data=True,
-                        all_tensors_to_one_file=True, location="model.onnx.data")
-        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    session = cpu_session(with_outputs(fp32, tensors))
     inputs = {i.name for i in session.get_inputs()}
     values: dict[str, list[np.ndarray]] = {t: [] for t in tensors}
     for feed in feeds:

@@ -325,7 +325,6 @@ class ToggledSurrogates:
     def __init__(self, quantized: onnx.ModelProto, fp32: onnx.ModelProto,
                  groups: Sequence[NodeGroup], threads: int | None = None) -> None:
         import onnx
-        import onnxruntime as ort
         from onnx import helper
 
         self.group_of = {n: k for k, g in enumerate(groups) for n in g.nodes}
@@ -377,20 +376,7 @@ class ToggledSurrogates:
             if name in fp32_inits:
                 graph.initializer.append(fp32_inits[name])
         graph.node.extend(nodes)
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        if threads:
-            options.intra_op_num_threads = threads
-        with tempfile.TemporaryDirectory(prefix="trtpack-toggled-") as tmp:
-            source: Any
-            if _fits_in_protobuf(model):
-                source = model.SerializeToString()
-            else:
-                source = os.path.join(tmp, "model.onnx")
-                onnx.save_model(model, source, save_as_external_data=True,
-                                all_tensors_to_one_file=True, location="model.onnx.data")
-            self.session = ort.InferenceSession(source, options,
-                                                providers=["CPUExecutionProvider"])
+        self.session = cpu_session(model, threads)
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.input_names = {i.name for i in self.session.get_inputs()}
 
@@ -502,32 +488,14 @@ def score_outputs(recipe: Recipe, precision: str, cases: Sequence[Case],
 def run_model(model: onnx.ModelProto | Path, feeds: Sequence[Mapping[str, np.ndarray]],
               threads: int | None = None) -> list[dict[str, np.ndarray]]:
     """ONNX Runtime CPU outputs of an in-memory model (or a path) for each feed."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    if threads:
-        options.intra_op_num_threads = threads
-    with tempfile.TemporaryDirectory(prefix="trtpack-surrogate-") as tmp:
-        if isinstance(model, Path):
-            source: Any = str(model)
-        elif _fits_in_protobuf(model):
-            source = model.SerializeToString()
-        else:
-            import onnx
-
-            path = os.path.join(tmp, "model.onnx")
-            onnx.save_model(model, path, save_as_external_data=True,
-                            all_tensors_to_one_file=True, location="model.onnx.data")
-            source = path
-        session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
-        names = [o.name for o in session.get_outputs()]
-        inputs = {i.name for i in session.get_inputs()}
-        results = []
-        for feed in feeds:
-            values = session.run(names, {k: v for k, v in feed.items() if k in inputs})
-            results.append(dict(zip(names, values, strict=True)))
-        return results
+    session = cpu_session(model, threads)
+    names = [o.name for o in session.get_outputs()]
+    inputs = {i.name for i in session.get_inputs()}
+    results = []
+    for feed in feeds:
+        values = session.run(names, {k: v for k, v in feed.items() if k in inputs})
+        results.append(dict(zip(names, values, strict=True)))
+    return results
 
 
 class Evaluator:
@@ -690,10 +658,46 @@ def _fits_in_protobuf(model: onnx.ModelProto) -> bool:
     return True
 
 
+def cpu_session(model: onnx.ModelProto | Path, threads: int | None = None) -> Any:
+    """An ONNX Runtime CPU session of a model file or an in-memory model (serialized in
+    memory when it fits in one protobuf, else saved with external data to a temporary
+    folder, which the session no longer needs once created)."""
+    import onnx
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if threads:
+        options.intra_op_num_threads = threads
+    with tempfile.TemporaryDirectory(prefix="trtpack-session-") as tmp:
+        source: Any
+        if isinstance(model, Path):
+            source = str(model)
+        elif _fits_in_protobuf(model):
+            source = model.SerializeToString()
+        else:
+            source = os.path.join(tmp, "model.onnx")
+            onnx.save_model(model, source, save_as_external_data=True,
+                            all_tensors_to_one_file=True, location="model.onnx.data")
+        return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+
+
+def with_outputs(model: onnx.ModelProto, tensors: Iterable[str]) -> onnx.ModelProto:
+    """A copy of ``model`` that also outputs ``tensors`` (intermediate values)."""
+    import onnx
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    listed = {o.name for o in probe.graph.output}
+    for name in tensors:
+        if name not in listed:
+            probe.graph.output.append(onnx.ValueInfoProto(name=name))
+    return probe
+
+
 def _all_tensors(path: Path, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Every intermediate tensor of a model for one feed (polygraphy marks them outputs)."""
     import onnx
-    import onnxruntime as ort
     from polygraphy import constants
     from polygraphy.backend.onnx import ModifyOutputs
 
@@ -705,18 +709,8 @@ def _all_tensors(path: Path, feed: Mapping[str, np.ndarray]) -> dict[str, np.nda
             model.graph.value_info.remove(vi)
     with quiet_polygraphy():
         marked = ModifyOutputs(model, outputs=constants.MARK_ALL)()
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    with tempfile.TemporaryDirectory(prefix="trtpack-tensors-") as tmp:
-        source: Any
-        if _fits_in_protobuf(marked):
-            source = marked.SerializeToString()
-        else:
-            source = os.path.join(tmp, "model.onnx")
-            onnx.save_model(marked, source, save_as_external_data=True,
-                            all_tensors_to_one_file=True, location="model.onnx.data")
-        session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
-        names = [o.name for o in session.get_outputs()]
-        inputs = {i.name for i in session.get_inputs()}
-        values = session.run(names, {k: v for k, v in feed.items() if k in inputs})
+    session = cpu_session(marked)
+    names = [o.name for o in session.get_outputs()]
+    inputs = {i.name for i in session.get_inputs()}
+    values = session.run(names, {k: v for k, v in feed.items() if k in inputs})
     return {n: v for n, v in zip(names, values, strict=True) if isinstance(v, np.ndarray)}

@@ -16,8 +16,6 @@ model on the calibration feeds. onnx and onnxruntime are imported inside the fun
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -69,22 +67,9 @@ def smoothing_targets(model: onnx.ModelProto, producer_ops: Sequence[str] | None
 def channel_maxima(model: onnx.ModelProto, tensors: Sequence[str],
                    feeds: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """max |x| per last-axis channel of each tensor over ``feeds`` (one ORT session)."""
-    import onnx
-    import onnxruntime as ort
+    from trtpack.quantization_search import cpu_session, with_outputs
 
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    listed = {o.name for o in probe.graph.output}
-    for name in tensors:
-        if name not in listed:
-            probe.graph.output.append(onnx.ValueInfoProto(name=name))
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    with tempfile.TemporaryDirectory(prefix="trtpack-smooth-") as tmp:
-        path = os.path.join(tmp, "model.onnx")
-        onnx.save_model(probe, path, save_as_external_data=True,
-                        all_tensors_to_one_file=True, location="model.onnx.data")
-        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    session = cpu_session(with_outputs(model, tensors))
     inputs = {i.name for i in session.get_inputs()}
     maxima: dict[str, np.ndarray] = {}
     for feed in feeds:
