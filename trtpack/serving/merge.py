@@ -24,7 +24,6 @@ the merge handles files and configs.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from trtpack.engine.triton_config import PLATFORM
 from trtpack.errors import UserInputError
 from trtpack.report import REPORT
 from trtpack.serving.config import check_config, config_text, read_config, write_config
-from trtpack.serving.repository import REPOSITORY, VERSION
+from trtpack.serving.repository import REPOSITORY, VERSION, link_or_copy
 
 MERGE_REPORT = "merge.json"
 CPU_SUFFIX = "_cpu"
@@ -205,14 +204,6 @@ def merged_config(builds: Sequence[EngineBuild]) -> Any:
     return config
 
 
-def _copy(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
 def _check_out(out: Path, builds_dirs: Sequence[Path]) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UserInputError(f"--out {out} exists and is not empty")
@@ -258,14 +249,14 @@ def merge_builds(build_dirs: Sequence[Path], out: Path,
         engines: dict[str, str] = {}
         for build in builds:
             filename = engine_filename(build.provenance.cc)
-            _copy(build.plan, version_dir / filename)
-            _copy(provenance_path(build.plan), version_dir / f"{filename}.json")
+            link_or_copy(build.plan, version_dir / filename)
+            link_or_copy(provenance_path(build.plan), version_dir / f"{filename}.json")
             engines[build.cc_key] = filename
         write_config(repo / name / "config.pbtxt", config)
         read_config(repo / name / "config.pbtxt")  # parses back with Triton's schema
         for model in others:
             for rel in _tree_files(first.folder / REPOSITORY / model):
-                _copy(first.folder / REPOSITORY / model / rel, repo / model / rel)
+                link_or_copy(first.folder / REPOSITORY / model / rel, repo / model / rel)
         models = [name, *others]
         if cpu_source is not None:
             models.append(_write_cpu_model(repo, name, cpu_source, first))

@@ -84,7 +84,8 @@ class TokenizerInfo:
     truncation_side: str = "right"
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
+def link_or_copy(src: Path, dst: Path) -> None:
+    """A hard link of ``src`` at ``dst`` (its folder made), or a copy across file systems."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.link(src, dst)
@@ -116,7 +117,7 @@ def copy_onnx(src: Path, version_dir: Path) -> None:
         # a copy: onnx (>= 1.23) refuses external data files with more than one hard link
         version_dir.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(data, version_dir / location)
-    _link_or_copy(src, version_dir / ONNX_FILENAME)
+    link_or_copy(src, version_dir / ONNX_FILENAME)
 
 
 def prepare_tokenizer(tokenizer_dir: Path, dst: Path) -> TokenizerInfo:
@@ -127,7 +128,7 @@ def prepare_tokenizer(tokenizer_dir: Path, dst: Path) -> TokenizerInfo:
     """
     files = tokenizer_files(tokenizer_dir)
     for f in files:
-        _link_or_copy(f, dst / f.name)
+        link_or_copy(f, dst / f.name)
     if not (dst / "tokenizer.json").is_file():
         from transformers import AutoTokenizer
 
