@@ -138,17 +138,23 @@ class BuildFolder:
         return self.root / RECIPE
 
 
-def open_build(out: Path) -> BuildFolder:
-    """Check that ``out`` is a finished trtpack build; ``UserInputError`` (exit 2) if not."""
-    if not out.is_dir():
-        raise UserInputError(f"'{out}' is not a folder (give the --out of a trtpack build)")
+def load_build_report(out: Path) -> BuildReport:
+    """The report of the trtpack build folder ``out`` (finished or not);
+    ``UserInputError`` (exit 2) when ``out`` is not one."""
     report_path = out / REPORT
     if not report_path.is_file():
         raise UserInputError(f"'{out}' is not a trtpack build folder: it has no {REPORT}")
     try:
-        report = BuildReport.load(report_path)
+        return BuildReport.load(report_path)
     except (ValueError, TypeError, KeyError) as e:
         raise UserInputError(f"'{report_path}' is not a trtpack report ({e})") from None
+
+
+def open_build(out: Path) -> BuildFolder:
+    """Check that ``out`` is a finished trtpack build; ``UserInputError`` (exit 2) if not."""
+    if not out.is_dir():
+        raise UserInputError(f"'{out}' is not a folder (give the --out of a trtpack build)")
+    report = load_build_report(out)
     if report.status != "ok":
         raise UserInputError(f"'{out}' is a build that did not finish ({report.status})")
     reference = next((out / p for p in REFERENCES if (out / p).is_file()), None)

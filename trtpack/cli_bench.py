@@ -158,18 +158,11 @@ def register(app: typer.Typer, handle_errors: Callable[[Any], Any]) -> None:
         path: Annotated[Path, typer.Argument(help="A trtpack build folder.")],
     ) -> None:
         """Write (again) PATH/report.html from PATH/report.json: one self-contained page."""
+        from trtpack.bench import load_build_report
         from trtpack.cli import out
-        from trtpack.errors import UserInputError
-        from trtpack.report import REPORT, BuildReport
         from trtpack.report_html import write_report_html
 
-        source = path / REPORT
-        if not source.is_file():
-            raise UserInputError(f"'{path}' is not a trtpack build folder: it has no report.json")
-        try:
-            report = BuildReport.load(source)
-        except (ValueError, TypeError, KeyError) as e:
-            raise UserInputError(f"'{source}' is not a trtpack report ({e})") from None
+        report = load_build_report(path)
         out.print(str(write_report_html(path, report)), markup=False)
 
     app.command("bench")(handle_errors(bench_command))
