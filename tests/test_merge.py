@@ -20,8 +20,8 @@ from trtpack.engine.plan import builder_settings
 from trtpack.engine.provenance import EngineProvenance, io_records, onnx_hashes, provenance_path
 from trtpack.engine.triton_config import write_engine_model
 from trtpack.inspect import MachineFacts, inspect_path
+from trtpack.onnx_files import sha256_file
 from trtpack.recipe import EngineSettings, resolve_model
-from trtpack.report import sha256_file
 from trtpack.serving.config import check_config, model_io_from_onnx, read_config
 from trtpack.shapes import parse_profiles
 from trtpack.targets import resolve_target

@@ -12,7 +12,6 @@ import trtpack
 PACKAGE = Path(trtpack.__file__).parent
 KNOWN = {
     "AMPERE": "targets.py and engine/provenance.py: not unified yet (a later change)",
-    "DATA_SUFFIX": "stages/_simplify_worker.py runs as a standalone subprocess script",
 }
 """Duplicates left on purpose, with the reason."""
 

@@ -159,7 +159,7 @@ def test_models_with_external_data_convert_and_save_their_data_beside(
         tiny: dict[str, Path], tmp_path: Path) -> None:
     """Models keep their weight matrices in model.onnx.data: the stage reads such a model,
     and the worker writes one the same way."""
-    from trtpack.stages._modelopt_worker import model_bytes, save_model
+    from trtpack.onnx_files import model_bytes, move_model, save_model
 
     folder = tmp_path / "simplify"
     folder.mkdir()
@@ -180,7 +180,7 @@ def test_models_with_external_data_convert_and_save_their_data_beside(
     (tmp_path / "written").mkdir()
     save_model(onnx.load(str(outcome.artifacts["precision_onnx"])),
                tmp_path / "written" / "model.onnx")
-    precision._move_model(tmp_path / "written" / "model.onnx", out / "model.onnx")
+    move_model(tmp_path / "written" / "model.onnx", out / "model.onnx")
     assert sorted(p.name for p in out.iterdir()) == ["model.onnx", "model.onnx.data"]
     feed = _fresh_inputs((2, 12))
     (a,) = ort.InferenceSession(str(out / "model.onnx")).run(None, feed)

@@ -16,7 +16,6 @@ Neither the ranges nor the search have seen the held-out samples.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any, Literal
 import numpy as np
 
 from trtpack.errors import UserInputError
+from trtpack.onnx_files import sha256_file
 from trtpack.recipe import Recipe
 from trtpack.shapes import BATCH_AXIS, ShapeProfile, TensorSpec
 
@@ -86,14 +86,11 @@ def calibration_path(options: Any) -> Path | None:
 
 
 def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
+    """sha256 of a calibration file; unreadable is the user's error (exit 2)."""
     try:
-        with open(path, "rb") as f:
-            while block := f.read(1 << 20):
-                digest.update(block)
+        return sha256_file(path)
     except OSError as e:
         raise UserInputError(f"cannot read calibration file {path}: {e.strerror}") from None
-    return digest.hexdigest()
 
 
 def _check_file(path: Path) -> None:

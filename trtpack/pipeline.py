@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from trtpack import __version__
 from trtpack.errors import AccuracyError, StageError, TrtpackError
+from trtpack.onnx_files import data_path, link_tree
 from trtpack.recipe import Recipe
 from trtpack.report import REPORT, Artifact, BuildReport, StageResult, StageStatus, VerificationRow
 from trtpack.resources import ResourceMeter
@@ -203,21 +204,6 @@ def _stage_key(stage: Stage, fingerprint: dict[str, Any], upstream: str,
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 
-def link_or_copy(src: str | Path, dst: str | Path) -> object:
-    """Hard-link a file where the file system allows it, else copy it. (onnx >= 1.23 refuses
-    to load an external data file with several links: stages that load weights with onnx
-    copy them first, and the served repository holds copies.)"""
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-    return dst
-
-
-def _link_tree(src: Path, dst: Path) -> None:
-    shutil.copytree(src, dst, copy_function=link_or_copy, dirs_exist_ok=True)
-
-
 class StageCache:
     """Finished stage folders by key; writes go through a temporary name and a rename."""
 
@@ -236,7 +222,7 @@ class StageCache:
             meta: dict[str, Any] = json.loads(meta_path.read_text())
         except (OSError, json.JSONDecodeError):
             return None
-        _link_tree(entry / "files", dst)
+        link_tree(entry / "files", dst)
         return meta
 
     def store(self, stage: str, key: str, src: Path, meta: dict[str, Any]) -> None:
@@ -247,7 +233,7 @@ class StageCache:
         shutil.rmtree(tmp, ignore_errors=True)
         try:
             tmp.mkdir(parents=True)
-            _link_tree(src, tmp / "files")
+            link_tree(src, tmp / "files")
             for f in (tmp / "files").rglob("*"):
                 if f.is_file():  # shared by hard links with build folders: never edit in place
                     f.chmod(0o444)
@@ -277,7 +263,7 @@ def _artifact_records(artifacts: dict[str, Path], stage_dir: Path, root: Path
             label = name if f == path else f"{name}/{f.relative_to(path)}"
             records.append(Artifact.of(label, f, root))
             # data files next to an ONNX model are listed with it
-            data = f.with_name(f.name + ".data")
+            data = data_path(f)
             if f.suffix == ".onnx" and data.is_file() and data not in files:
                 records.append(Artifact.of(f"{label}.data", data, root))
     return records

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trtpack.cases import Case
+from trtpack.onnx_files import fits_in_protobuf
 from trtpack.recipe import Recipe, Tolerance, VerifySettings
 from trtpack.verification import TOP1_METRICS, task_metric
 
@@ -50,7 +51,6 @@ if TYPE_CHECKING:
 COMPUTE_OP_TYPES = ("MatMul", "Gemm", "Conv")
 # Ops that carry a dequantized tensor to a MatMul input unchanged in value (K^T, casts).
 _PASS_THROUGH = {"Cast", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Identity"}
-_PROTOBUF_LIMIT = 1_800_000_000  # bytes of weights a serialized model may hold (2 GiB cap)
 # Ops that only move or select values: FP16 cannot add error in them.
 _DATA_MOVEMENT = _PASS_THROUGH | {"Shape", "Constant", "Concat", "Slice", "Expand", "Flatten",
                                   "Where", "Range"}
@@ -648,16 +648,6 @@ def rank_fp16_nodes(fp32_path: Path, fp16_path: Path, feed: Mapping[str, np.ndar
     return ranked
 
 
-def _fits_in_protobuf(model: onnx.ModelProto) -> bool:
-    """Whether the model serializes to one protobuf (weights well below the 2 GiB cap)."""
-    total = 0
-    for init in model.graph.initializer:
-        total += len(init.raw_data) or 4 * len(init.float_data) or 8 * len(init.int64_data)
-        if total > _PROTOBUF_LIMIT:
-            return False
-    return True
-
-
 def cpu_session(model: onnx.ModelProto | Path, threads: int | None = None) -> Any:
     """An ONNX Runtime CPU session of a model file or an in-memory model (serialized in
     memory when it fits in one protobuf, else saved with external data to a temporary
@@ -673,7 +663,7 @@ def cpu_session(model: onnx.ModelProto | Path, threads: int | None = None) -> An
         source: Any
         if isinstance(model, Path):
             source = str(model)
-        elif _fits_in_protobuf(model):
+        elif fits_in_protobuf(model):
             source = model.SerializeToString()
         else:
             source = os.path.join(tmp, "model.onnx")

@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from trtpack.onnx_files import sha256_file
+
 REPORT = "report.json"  # every build folder's report, beside model_repository/
 
 StageStatus = Literal["ok", "failed", "skipped"]
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @dataclass

@@ -30,8 +30,9 @@ from trtpack.engine.triton_config import engine_model_config, engine_model_io
 from trtpack.errors import MissingEnvironmentError
 from trtpack.gpu import LocalGpu, check_engine_environment, parse_version
 from trtpack.inspect import inspect_path
+from trtpack.onnx_files import sha256_file
 from trtpack.recipe import EngineSettings, TritonSettings
-from trtpack.report import BuildReport, sha256_file
+from trtpack.report import BuildReport
 from trtpack.serving.config import check_config, read_config
 from trtpack.shapes import CORNERS, ShapeProfile, ShapeRange
 from trtpack.targets import TARGETS, Target

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trtpack.gpu import parse_version
-from trtpack.report import sha256_file
+from trtpack.onnx_files import data_path, sha256_file
 from trtpack.serving.config import ModelIO, TensorIO
 
 PROVENANCE_SCHEMA = 1
@@ -109,7 +109,7 @@ def io_records(io: ModelIO) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]
 
 def onnx_hashes(onnx: Path) -> tuple[str, str | None]:
     """sha256 of an ONNX file and of its external data file (``model.onnx.data``), if any."""
-    data = onnx.with_name(onnx.name + ".data")
+    data = data_path(onnx)
     return sha256_file(onnx), sha256_file(data) if data.is_file() else None
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from trtpack.cases import Case
 from trtpack.engine.plan import BuilderSettings, TrtProfile
 from trtpack.engine.triton_config import EngineTensor, numpy_dtype
-from trtpack.report import sha256_file
+from trtpack.onnx_files import sha256_file
 
 if TYPE_CHECKING:  # for annotations only (tests read them: TensorRT names this module uses)
     import tensorrt as trt

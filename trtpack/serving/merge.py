@@ -33,9 +33,10 @@ from typing import Any
 from trtpack.engine.provenance import EngineProvenance, provenance_path
 from trtpack.engine.triton_config import PLATFORM
 from trtpack.errors import UserInputError
+from trtpack.onnx_files import link_or_copy
 from trtpack.report import REPORT
 from trtpack.serving.config import check_config, config_text, read_config, write_config
-from trtpack.serving.repository import REPOSITORY, VERSION, link_or_copy
+from trtpack.serving.repository import REPOSITORY, VERSION
 
 MERGE_REPORT = "merge.json"
 CPU_SUFFIX = "_cpu"
@@ -131,7 +132,7 @@ def _model_names(build: EngineBuild) -> set[str]:
 
 def _tree_files(root: Path) -> dict[str, str]:
     """Relative path -> sha256 of every file under ``root``."""
-    from trtpack.report import sha256_file
+    from trtpack.onnx_files import sha256_file
 
     return {str(p.relative_to(root)): sha256_file(p)
             for p in sorted(root.rglob("*")) if p.is_file()}

@@ -17,7 +17,6 @@ wiring member by member. Nothing is printed; problems the user can fix are
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trtpack.errors import UserInputError
+from trtpack.onnx_files import link_or_copy
 from trtpack.recipe import Recipe, TritonSettings
 from trtpack.serving import ensemble as ens
 from trtpack.serving.config import (
@@ -82,15 +82,6 @@ class TokenizerInfo:
     model_max_length: int | None
     padding_side: str = "right"
     truncation_side: str = "right"
-
-
-def link_or_copy(src: Path, dst: Path) -> None:
-    """A hard link of ``src`` at ``dst`` (its folder made), or a copy across file systems."""
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
 
 
 def onnx_external_files(path: Path) -> list[str]:

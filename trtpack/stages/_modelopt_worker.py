@@ -35,7 +35,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trtpack.stages._simplify_worker import LARGE_INITIALIZER_BYTES, tensor_bytes
+from trtpack.onnx_files import (
+    LARGE_INITIALIZER_BYTES,
+    data_path,
+    model_bytes,
+    save_model,
+    tensor_bytes,
+)
 
 # Over this size ModelOpt itself must write external data (protobuf's limit is 2 GiB).
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000
@@ -45,23 +51,6 @@ EXTERNAL_DATA_THRESHOLD = 1_800_000_000
 
 def _exact(names: list[str]) -> list[str]:
     return [f"^{re.escape(n)}$" for n in names]
-
-
-def model_bytes(path: Path) -> int:
-    data = path.with_name(path.name + ".data")
-    return path.stat().st_size + (data.stat().st_size if data.is_file() else 0)
-
-
-def save_model(model: Any, path: Path) -> None:
-    """Save an ONNX model with its weight matrices (tensors of 64 KiB or more) in
-    ``<name>.data`` beside it: the layout of every stage's model from simplify on."""
-    import onnx
-
-    data = path.with_name(path.name + ".data")
-    if data.exists():
-        data.unlink()
-    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=data.name, size_threshold=LARGE_INITIALIZER_BYTES)
 
 
 def _calibration_reader(feeds_path: str) -> Any:
@@ -274,7 +263,7 @@ def save_converted(model: Any, path: Path, external_weights: list[Any], source_f
         write_external_data_tensors,
     )
 
-    data = path.with_name(path.name + ".data")
+    data = data_path(path)
     data.write_bytes(b"")
     for t in model.graph.initializer:
         if t.HasField("raw_data") and len(t.raw_data) >= LARGE_INITIALIZER_BYTES:

@@ -28,25 +28,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-# Initializers at least this large (64 KiB: every weight matrix, no bias) are taken out of
-# the graph onnxsim sees and kept in the model's data file (the precision worker uses the
-# same threshold, so every stage's model has the same layout).
-LARGE_INITIALIZER_BYTES = 1 << 16
-DATA_SUFFIX = ".data"
-
-
-def tensor_bytes(tensor: Any) -> int:
-    """An initializer's size in bytes, whether its data is inline or external."""
-    import numpy as np
-    from onnx import helper
-
-    if tensor.HasField("raw_data"):
-        return len(tensor.raw_data)
-    for entry in tensor.external_data:
-        if entry.key == "length":
-            return int(entry.value)
-    count = int(np.prod(tensor.dims)) if tensor.dims else 1
-    return count * np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+# Initializers of LARGE_INITIALIZER_BYTES or more are taken out of the graph onnxsim sees and
+# kept in the model's data file (the layout of every stage's model: trtpack.onnx_files).
+from trtpack.onnx_files import DATA_SUFFIX, LARGE_INITIALIZER_BYTES, data_path, tensor_bytes
 
 
 def unfoldable_large_initializers(graph: Any, min_bytes: int = LARGE_INITIALIZER_BYTES
@@ -88,7 +72,7 @@ def main(src: str, dst: str, result_path: str) -> int:
     before = len(model.graph.node)
     if uses_any_external(model):
         # the weights already live in SRC.data: start DST.data as a copy (appended to below)
-        src_data = src_path.with_name(src_path.name + DATA_SUFFIX)
+        src_data = data_path(src_path)
         shutil.copyfile(src_data, dst_path.parent / data_name)
         for t in model.graph.initializer:
             for entry in t.external_data:
@@ -104,9 +88,9 @@ def main(src: str, dst: str, result_path: str) -> int:
             set_external_data(t, location=data_name)
     # write the stripped weights' bytes to DST.data, one tensor at a time, and drop them
     # from memory (onnx appends each to the file and records its offset)
-    data_path = dst_path.parent / data_name
-    if stripped and not data_path.exists():
-        data_path.touch()
+    dst_data = dst_path.parent / data_name
+    if stripped and not dst_data.exists():
+        dst_data.touch()
     write_external_data_tensors(model, str(dst_path.parent))
     # fresh copies (now only names, shapes and file offsets) so the loaded model's memory
     # is released with it
@@ -140,7 +124,7 @@ def main(src: str, dst: str, result_path: str) -> int:
             set_external_data(t, location=data_name)
     write_external_data_tensors(simplified, str(dst_path.parent))
     if not uses_any_external(simplified):
-        data_path.unlink(missing_ok=True)
+        dst_data.unlink(missing_ok=True)
     onnx.save(simplified, dst)
     Path(result_path).write_text(json.dumps({
         "nodes_before": before, "nodes_after": len(simplified.graph.node), "check": bool(ok),

@@ -21,8 +21,8 @@ from trtpack.engine import plan as engine_plan
 from trtpack.engine.provenance import EngineProvenance, io_records, onnx_hashes, provenance_path
 from trtpack.engine.triton_config import engine_model_io
 from trtpack.gpu import check_engine_environment, cuda_driver_version, parse_version
+from trtpack.onnx_files import sha256_file
 from trtpack.pipeline import BuildOptions, StageContext, StageOutcome
-from trtpack.report import sha256_file
 from trtpack.serving.config import model_io_from_onnx
 from trtpack.verification import compare_cases
 

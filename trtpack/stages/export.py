@@ -24,11 +24,10 @@ import numpy as np
 from trtpack.cases import Case, save_cases
 from trtpack.errors import UserInputError
 from trtpack.models import LoadedModel, load_model, source_directory
+from trtpack.onnx_files import DATA_SUFFIX, data_path, move_model, resave_with_sidecar
 from trtpack.pipeline import BuildOptions, StageContext, StageOutcome
 from trtpack.recipe import Recipe
 from trtpack.samples import make_inputs
-
-DATA_SUFFIX = ".data"
 
 
 def _directory_fingerprint(path: Path | None) -> list[tuple[str, int, int]]:
@@ -165,7 +164,7 @@ def export_onnx(wrapper: Any, options: BuildOptions, path: Path, log: Any) -> di
     log.info("torch.onnx.export output:\n%s", captured.getvalue())
     place_onnx(scratch / path.name, path)
     shutil.rmtree(scratch)
-    return {"external_data": external_data_path(path).is_file()}
+    return {"external_data": data_path(path).is_file()}
 
 
 @contextlib.contextmanager
@@ -206,10 +205,6 @@ def _dynamic_shapes(options: BuildOptions) -> tuple[dict[int, Any], ...]:
     )
 
 
-def external_data_path(path: Path) -> Path:
-    return path.with_name(path.name + DATA_SUFFIX)
-
-
 def place_onnx(src: Path, dst: Path) -> None:
     """Move an exported model to ``dst``: one file, or ``dst`` + ``dst.data`` when its weights
     are external (exporters may write one file per tensor; those are gathered into one)."""
@@ -217,19 +212,9 @@ def place_onnx(src: Path, dst: Path) -> None:
     if written == {src.name}:
         os.replace(src, dst)
     elif written == {src.name, src.name + DATA_SUFFIX} and src.name == dst.name:
-        os.replace(external_data_path(src), external_data_path(dst))
-        os.replace(src, dst)
+        move_model(src, dst)
     else:
-        save_with_external_data(src, dst)
-
-
-def save_with_external_data(src: Path, dst: Path) -> None:
-    """Rewrite a model with all its weights in one ``<dst>.data`` file beside ``dst``."""
-    import onnx
-
-    model = onnx.load(str(src), load_external_data=True)
-    onnx.save(model, str(dst), save_as_external_data=True, all_tensors_to_one_file=True,
-              location=dst.name + DATA_SUFFIX, size_threshold=1024)
+        resave_with_sidecar(src, dst)
 
 
 def graph_summary(path: Path) -> dict[str, Any]:

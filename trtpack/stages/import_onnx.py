@@ -16,12 +16,11 @@ from typing import Any
 
 from trtpack.cases import Case, save_cases, with_outputs
 from trtpack.errors import UserInputError
+from trtpack.onnx_files import LARGE_INITIALIZER_BYTES, data_path
 from trtpack.pipeline import BuildOptions, StageContext, StageOutcome
 from trtpack.samples import make_inputs
-from trtpack.stages.export import external_data_path, graph_summary
+from trtpack.stages.export import graph_summary
 from trtpack.tokenizer_files import has_tokenizer, tokenizer_files
-
-INLINE_LIMIT = 1 << 10  # tensors up to 1 KiB stay in the graph
 
 
 def source_path(options: BuildOptions) -> Path:
@@ -53,9 +52,9 @@ def copy_model(src: Path, dst: Path, axes: dict[str, list[str | int]]) -> bool:
     import onnx
 
     model = onnx.load(str(src), load_external_data=False)
-    data_path = external_data_path(dst)
+    sidecar = data_path(dst)
     offset = 0
-    with open(data_path, "wb") as out:
+    with open(sidecar, "wb") as out:
         tensors = list(model.graph.initializer)
         for node in model.graph.node:
             tensors.extend(a.t for a in node.attribute if a.HasField("t"))
@@ -67,7 +66,7 @@ def copy_model(src: Path, dst: Path, axes: dict[str, list[str | int]]) -> bool:
                 length = _copy_range(src.parent / info["location"],
                                      int(info.get("offset", 0) or 0),
                                      int(info["length"]) if info.get("length") else None, out)
-            elif t.HasField("raw_data") and len(t.raw_data) > INLINE_LIMIT:
+            elif t.HasField("raw_data") and len(t.raw_data) >= LARGE_INITIALIZER_BYTES:
                 out.write(b"\0" * pad)
                 out.write(t.raw_data)
                 length = len(t.raw_data)
@@ -76,7 +75,7 @@ def copy_model(src: Path, dst: Path, axes: dict[str, list[str | int]]) -> bool:
             offset += pad
             t.ClearField("raw_data")
             del t.external_data[:]
-            for key, text in (("location", data_path.name), ("offset", str(offset)),
+            for key, text in (("location", sidecar.name), ("offset", str(offset)),
                                ("length", str(length))):
                 entry = t.external_data.add()
                 entry.key, entry.value = key, text
@@ -91,7 +90,7 @@ def copy_model(src: Path, dst: Path, axes: dict[str, list[str | int]]) -> bool:
                 dim.dim_param = name
     onnx.save(model, str(dst))
     if offset == 0:
-        data_path.unlink()
+        sidecar.unlink()
         return False
     return True
 

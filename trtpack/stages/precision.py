@@ -36,6 +36,7 @@ from trtpack.calibration import (
 )
 from trtpack.cases import Case, load_cases
 from trtpack.errors import StageError, UserInputError
+from trtpack.onnx_files import link_or_copy, move_model
 from trtpack.pipeline import BuildOptions, StageContext, StageOutcome
 from trtpack.report import VerificationRow
 
@@ -101,13 +102,6 @@ def run(ctx: StageContext) -> StageOutcome:
 # ----------------------------------------------------------------------------- helpers
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
 def _external_locations(model: Any) -> set[str]:
     from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
@@ -148,7 +142,7 @@ def _prepare_source(onnx_path: Path, folder: Path) -> Path:
     if renamed:
         onnx.save_model(model, str(dst))
     else:
-        _link_or_copy(onnx_path, dst)
+        link_or_copy(onnx_path, dst)
     return dst
 
 
@@ -173,17 +167,6 @@ def resolve_node_patterns(names: Sequence[str], patterns: Sequence[str]
             unmatched.append(pattern)
         matched.extend(h for h in hits if h not in matched)
     return matched, unmatched
-
-
-def _move_model(src: Path, dst: Path) -> None:
-    """Move a model and its ``<name>.data`` (the model refers to it by that file name)."""
-    if src.name != dst.name:
-        raise ValueError(f"cannot rename {src.name} to {dst.name}: its data file is named "
-                         "after it")
-    os.replace(src, dst)
-    data = src.with_name(src.name + ".data")
-    if data.is_file():
-        os.replace(data, dst.with_name(dst.name + ".data"))
 
 
 @dataclass
@@ -377,7 +360,7 @@ class _Conversion:
     def finish(self, final: Attempt, metrics: dict[str, Any], overlay: Path | None,
                message: str) -> StageOutcome:
         out = self.ctx.stage_dir / "model.onnx"
-        _move_model(final.path, out)
+        move_model(final.path, out)
         artifacts = {"precision_onnx": out}
         if overlay is not None:
             artifacts["recipe_overlay"] = overlay
@@ -584,8 +567,8 @@ class _Int8(_Conversion):
         FP32 model; the references stay the original's."""
         import onnx
 
+        from trtpack.onnx_files import save_model
         from trtpack.smoothquant import smooth_model
-        from trtpack.stages._modelopt_worker import save_model
 
         assert self.calibration is not None and self.settings.smoothquant is not None
         self.ctx.progress(f"SmoothQuant (alpha {self.settings.smoothquant})")
@@ -606,7 +589,7 @@ class _Int8(_Conversion):
         import onnx
 
         from trtpack.activation_ranges import DEFAULT_PERCENTILE, apply_percentile_ranges
-        from trtpack.stages._modelopt_worker import save_model
+        from trtpack.onnx_files import save_model
 
         assert self.calibration is not None
         model = onnx.load(str(path))
@@ -746,6 +729,7 @@ class _Int8(_Conversion):
                  ) -> tuple[Attempt, dict[str, Any]]:
         import onnx
 
+        from trtpack.onnx_files import save_model
         from trtpack.quantization_search import (
             Evaluator,
             SurrogateBuilder,
@@ -755,7 +739,6 @@ class _Int8(_Conversion):
             node_groups,
             select_groups,
         )
-        from trtpack.stages._modelopt_worker import save_model
 
         s = self.settings
         started = time.perf_counter()

@@ -1,0 +1,110 @@
+"""The one weight layout of trtpack's ONNX files, and the file helpers every stage shares.
+
+From simplify on, every stage's model is ``model.onnx`` with its weight matrices (tensors of
+``LARGE_INITIALIZER_BYTES`` or more) in one ``model.onnx.data`` beside it (the "sidecar"),
+named after the model. Small tensors stay inline. A protobuf holds at most 2 GiB, so a
+model is serialized in memory only below ``PROTOBUF_LIMIT``. Core module: no onnx import at
+module level.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+DATA_SUFFIX = ".data"  # model.onnx -> model.onnx.data
+# Initializers at least this large (64 KiB: every weight matrix, no bias) live in the sidecar.
+LARGE_INITIALIZER_BYTES = 1 << 16
+# Bytes of weights one serialized protobuf may hold (protobuf's hard cap is 2 GiB).
+PROTOBUF_LIMIT = 1_800_000_000
+
+
+def data_path(onnx_path: Path) -> Path:
+    """The sidecar weight file of ``onnx_path`` (``model.onnx`` -> ``model.onnx.data``)."""
+    return onnx_path.with_name(onnx_path.name + DATA_SUFFIX)
+
+
+def model_bytes(onnx_path: Path) -> int:
+    """Size of a model file plus its sidecar, if any."""
+    data = data_path(onnx_path)
+    return onnx_path.stat().st_size + (data.stat().st_size if data.is_file() else 0)
+
+
+def tensor_bytes(tensor: Any) -> int:
+    """An initializer's size in bytes, whether its data is inline or external."""
+    import numpy as np
+    from onnx import helper
+
+    if tensor.HasField("raw_data"):
+        return len(tensor.raw_data)
+    for entry in tensor.external_data:
+        if entry.key == "length":
+            return int(entry.value)
+    count = int(np.prod(tensor.dims)) if tensor.dims else 1
+    return count * np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+
+
+def fits_in_protobuf(model: Any) -> bool:
+    """Whether an in-memory model serializes to one protobuf (weights well below 2 GiB)."""
+    total = 0
+    for init in model.graph.initializer:
+        total += len(init.raw_data) or 4 * len(init.float_data) or 8 * len(init.int64_data)
+        if total > PROTOBUF_LIMIT:
+            return False
+    return True
+
+
+def save_model(model: Any, path: Path) -> None:
+    """Save an in-memory ONNX model in the layout above (an old sidecar is replaced)."""
+    import onnx
+
+    data = data_path(path)
+    if data.exists():
+        data.unlink()
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=data.name, size_threshold=LARGE_INITIALIZER_BYTES)
+
+
+def resave_with_sidecar(src: Path, dst: Path) -> None:
+    """Rewrite a model file (weights inline or in any external files) in the layout above."""
+    import onnx
+
+    save_model(onnx.load(str(src), load_external_data=True), dst)
+
+
+def move_model(src: Path, dst: Path) -> None:
+    """Move a model and its sidecar (the model refers to it by file name, so the names of
+    ``src`` and ``dst`` must be the same)."""
+    if src.name != dst.name:
+        raise ValueError(f"cannot rename {src.name} to {dst.name}: its data file is named "
+                         "after it")
+    os.replace(src, dst)
+    if data_path(src).is_file():
+        os.replace(data_path(src), data_path(dst))
+
+
+def link_or_copy(src: str | Path, dst: str | Path) -> None:
+    """A hard link of ``src`` at ``dst`` (its folder made), or a copy across file systems.
+    (onnx >= 1.23 refuses to load an external data file with several links: stages that
+    load weights with onnx copy them first, and the served repository holds copies.)"""
+    Path(dst).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def link_tree(src: Path, dst: Path) -> None:
+    """``link_or_copy`` of every file under ``src`` into ``dst``."""
+    shutil.copytree(src, dst, copy_function=link_or_copy, dirs_exist_ok=True)
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
