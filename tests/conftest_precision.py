@@ -10,8 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from trtpack.pipeline import BuildOptions, StageContext, StageOutcome
+from trtpack.options import BuildOptions
 from trtpack.recipe import Recipe
+from trtpack.stages.base import StageContext, StageOutcome
 
 REPO = Path(__file__).resolve().parents[1]
 CALIBRATION_TEXT = REPO / "data" / "calibration" / "sentences.txt"
@@ -60,7 +61,7 @@ def make_context(options: BuildOptions, artifacts: dict[str, Path], stage_dir: P
     kwargs: dict[str, Any] = {
         "options": options, "stage": "precision", "stage_dir": stage_dir,
         "artifacts": dict(artifacts), "log": logger,
-        "_progress": lambda event: messages.append(event.message),
+        "on_progress": lambda event: messages.append(event.message),
     }
     if "build_dir" in {f.name for f in dataclasses.fields(StageContext)}:
         kwargs["build_dir"] = stage_dir.parent

@@ -11,10 +11,12 @@ import pytest
 
 from trtpack import gpu
 from trtpack.errors import MissingEnvironmentError
-from trtpack.pipeline import STAGES, BuildOptions, StageContext
+from trtpack.options import BuildOptions
+from trtpack.pipeline import STAGES
 from trtpack.recipe import resolve_model
 from trtpack.shapes import parse_profiles
 from trtpack.stages import engine as engine_stage
+from trtpack.stages.base import StageContext
 from trtpack.targets import resolve_target
 
 needs_no_gpu = pytest.mark.skipif(
@@ -38,7 +40,7 @@ def _context(options: BuildOptions, tmp_path: Path) -> StageContext:
     stage_dir.mkdir(parents=True)
     return StageContext(options=options, stage="engine", stage_dir=stage_dir,
                         build_dir=tmp_path / "build", artifacts={},
-                        log=logging.getLogger("test-engine"), _progress=lambda e: None)
+                        log=logging.getLogger("test-engine"), on_progress=lambda e: None)
 
 
 @needs_no_gpu

@@ -26,7 +26,7 @@ def _run(code: str) -> subprocess.CompletedProcess[str]:
 def test_core_modules_import_without_heavy_packages() -> None:
     proc = _run(
         "import trtpack, trtpack.api, trtpack.cli, trtpack.recipe, trtpack.shapes, "
-        "trtpack.targets, trtpack.report, trtpack.pipeline, trtpack.serving.config, "
+        "trtpack.targets, trtpack.report, trtpack.pipeline, trtpack.options, trtpack.stages.base, trtpack.onnx_files, trtpack.serving.config, "
         "trtpack.verification, trtpack.cases, trtpack.samples, trtpack.doctor, trtpack.gpu, "
         "trtpack.tokenizer_files\n"
         "from trtpack.recipe import resolve_model\n"

@@ -7,11 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtpack.errors import UserInputError, require_modules
-from trtpack.pipeline import BuildOptions, Fallback, ProgressCallback, Serve, default_cache_dir
+from trtpack.options import BuildOptions, Fallback, Serve, default_cache_dir
 from trtpack.pipeline import build as run_pipeline
 from trtpack.recipe import PRECISIONS, Recipe, apply_overrides, resolve_model
 from trtpack.report import REPORT, BuildReport
 from trtpack.shapes import parse_profiles
+from trtpack.stages.base import ProgressCallback
 from trtpack.targets import AUTO, CPU, Target, engine_support_problem, resolve_target
 
 # What the stages import (import name → pip package), checked before any work starts so a

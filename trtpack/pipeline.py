@@ -23,98 +23,18 @@ import shutil
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from trtpack import __version__
 from trtpack.errors import AccuracyError, StageError, TrtpackError
 from trtpack.onnx_files import data_path, link_tree
+from trtpack.options import BuildOptions
 from trtpack.recipe import Recipe
-from trtpack.report import REPORT, Artifact, BuildReport, StageResult, StageStatus, VerificationRow
+from trtpack.report import REPORT, Artifact, BuildReport, StageResult, VerificationRow
 from trtpack.resources import ResourceMeter
-from trtpack.shapes import ShapeProfile
-from trtpack.targets import Target
-
-Serve = Literal["tensor", "text"]
-Fallback = Literal["auto", "off"]
-
-
-def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(os.environ.get("TRTPACK_CACHE_DIR", str(Path(base) / "trtpack")))
-
-
-@dataclass(frozen=True)
-class BuildOptions:
-    """Everything one build needs, resolved and validated (the CLI builds this)."""
-
-    recipe: Recipe
-    profiles: tuple[ShapeProfile, ...]
-    precision: str
-    target: Target
-    out_dir: Path
-    opset: int
-    random_weights: bool = False
-    build_engine: bool = True
-    calibration: Path | None = None
-    fallback: Fallback = "auto"
-    serve: Serve = "tensor"
-    fallback_cpu: bool = False
-    cache_dir: Path = field(default_factory=default_cache_dir)
-    use_cache: bool = True
-    seed: int = 0
-    timing_cache: Path | None = None  # --timing-cache DIR: a TensorRT timing-cache folder to share
-    calibration_method: str | None = None  # None: the recipe's int8.calibration_method
-
-    @property
-    def name(self) -> str:
-        return self.recipe.name
-
-
-@dataclass
-class StageOutcome:
-    """What a stage returns. Artifact paths are inside the stage's folder."""
-
-    artifacts: dict[str, Path] = field(default_factory=dict)
-    metrics: dict[str, Any] = field(default_factory=dict)
-    verification: list[VerificationRow] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    message: str = ""
-    status: StageStatus = "ok"
-
-
-@dataclass(frozen=True)
-class ProgressEvent:
-    stage: str
-    kind: Literal["start", "update", "end"]
-    message: str = ""
-    result: StageResult | None = None
-
-
-ProgressCallback = Callable[[ProgressEvent], None]
-
-
-@dataclass
-class StageContext:
-    """What a stage sees: the options, its own empty folder, upstream artifacts, a logger."""
-
-    options: BuildOptions
-    stage: str
-    stage_dir: Path
-    build_dir: Path  # the (temporary) output folder being built; renamed to OUT at the end
-    artifacts: dict[str, Path]
-    log: logging.Logger
-    _progress: ProgressCallback
-
-    def progress(self, message: str) -> None:
-        self.log.info(message)
-        self._progress(ProgressEvent(self.stage, "update", message))
-
-    def artifact(self, name: str) -> Path:
-        if name not in self.artifacts:
-            raise StageError(self.stage, f"needs artifact '{name}' that no earlier stage produced")
-        return self.artifacts[name]
+from trtpack.stages.base import ProgressCallback, ProgressEvent, StageContext, StageOutcome
 
 
 @dataclass(frozen=True)
@@ -537,7 +457,7 @@ def run_in_child_process(stage: Stage, ctx: StageContext, log_path: Path) -> Sta
                 raise RuntimeError(f"the {stage.name} process ended without a result (exit "
                                    f"code {child.exitcode})") from None
             if kind == "progress":  # the child logged it already
-                ctx._progress(ProgressEvent(stage.name, "update", payload))
+                ctx.on_progress(ProgressEvent(stage.name, "update", payload))
             elif kind == "outcome":
                 return payload  # type: ignore[no-any-return]
             elif kind == "user_error":

@@ -22,8 +22,9 @@ from trtpack.engine.provenance import EngineProvenance, io_records, onnx_hashes,
 from trtpack.engine.triton_config import engine_model_io
 from trtpack.gpu import check_engine_environment, cuda_driver_version, parse_version
 from trtpack.onnx_files import sha256_file
-from trtpack.pipeline import BuildOptions, StageContext, StageOutcome
+from trtpack.options import BuildOptions
 from trtpack.serving.config import model_io_from_onnx
+from trtpack.stages.base import StageContext, StageOutcome
 from trtpack.verification import compare_cases
 
 CHECK = "engine-vs-onnx"

@@ -25,9 +25,10 @@ from trtpack.cases import Case, save_cases
 from trtpack.errors import UserInputError
 from trtpack.models import LoadedModel, load_model, source_directory
 from trtpack.onnx_files import DATA_SUFFIX, data_path, move_model, resave_with_sidecar
-from trtpack.pipeline import BuildOptions, StageContext, StageOutcome
+from trtpack.options import BuildOptions
 from trtpack.recipe import Recipe
 from trtpack.samples import make_inputs
+from trtpack.stages.base import StageContext, StageOutcome
 
 
 def _directory_fingerprint(path: Path | None) -> list[tuple[str, int, int]]:

@@ -13,8 +13,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from trtpack.pipeline import BuildOptions, StageContext, StageOutcome
+from trtpack.options import BuildOptions
 from trtpack.serving.repository import REPOSITORY
+from trtpack.stages.base import StageContext, StageOutcome
 
 TUNING = "tuning"
 

@@ -37,8 +37,9 @@ from trtpack.calibration import (
 from trtpack.cases import Case, load_cases
 from trtpack.errors import StageError, UserInputError
 from trtpack.onnx_files import link_or_copy, move_model
-from trtpack.pipeline import BuildOptions, StageContext, StageOutcome
+from trtpack.options import BuildOptions
 from trtpack.report import VerificationRow
+from trtpack.stages.base import StageContext, StageOutcome
 
 # Bump when the conversion or the search changes what this stage produces (cache key).
 ALGORITHM_VERSION = 3

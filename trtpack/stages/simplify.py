@@ -10,7 +10,8 @@ import subprocess
 import sys
 from typing import Any
 
-from trtpack.pipeline import BuildOptions, StageContext, StageOutcome
+from trtpack.options import BuildOptions
+from trtpack.stages.base import StageContext, StageOutcome
 from trtpack.stages.export import graph_summary
 
 TIMEOUT_SECONDS = 1800

@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from trtpack.cases import load_cases, save_cases, with_outputs
-from trtpack.pipeline import BuildOptions, StageContext, StageOutcome
+from trtpack.options import BuildOptions
+from trtpack.stages.base import StageContext, StageOutcome
 from trtpack.verification import compare_cases, run_onnxruntime
 
 CHECK = "onnx-vs-torch"

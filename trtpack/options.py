@@ -1,0 +1,48 @@
+"""What one build is asked to do, resolved and validated: ``BuildOptions`` (``api`` makes it,
+the pipeline and every stage read it)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from trtpack.recipe import Recipe
+from trtpack.shapes import ShapeProfile
+from trtpack.targets import Target
+
+Serve = Literal["tensor", "text"]
+Fallback = Literal["auto", "off"]
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(os.environ.get("TRTPACK_CACHE_DIR", str(Path(base) / "trtpack")))
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """Everything one build needs, resolved and validated (the CLI builds this)."""
+
+    recipe: Recipe
+    profiles: tuple[ShapeProfile, ...]
+    precision: str
+    target: Target
+    out_dir: Path
+    opset: int
+    random_weights: bool = False
+    build_engine: bool = True
+    calibration: Path | None = None
+    fallback: Fallback = "auto"
+    serve: Serve = "tensor"
+    fallback_cpu: bool = False
+    cache_dir: Path = field(default_factory=default_cache_dir)
+    use_cache: bool = True
+    seed: int = 0
+    timing_cache: Path | None = None  # --timing-cache DIR: a TensorRT timing-cache folder to share
+    calibration_method: str | None = None  # None: the recipe's int8.calibration_method
+
+    @property
+    def name(self) -> str:
+        return self.recipe.name

@@ -1,0 +1,59 @@
+"""What a stage sees and returns: ``StageContext`` in, ``StageOutcome`` out, progress events
+on the way (the pipeline runs the stages; the stages never import the pipeline)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from trtpack.errors import StageError
+from trtpack.options import BuildOptions
+from trtpack.report import StageResult, StageStatus, VerificationRow
+
+
+@dataclass
+class StageOutcome:
+    """What a stage returns. Artifact paths are inside the stage's folder."""
+
+    artifacts: dict[str, Path] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    verification: list[VerificationRow] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    message: str = ""
+    status: StageStatus = "ok"
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    stage: str
+    kind: Literal["start", "update", "end"]
+    message: str = ""
+    result: StageResult | None = None
+
+
+ProgressCallback = Callable[[ProgressEvent], None]
+
+
+@dataclass
+class StageContext:
+    """What a stage sees: the options, its own empty folder, upstream artifacts, a logger."""
+
+    options: BuildOptions
+    stage: str
+    stage_dir: Path
+    build_dir: Path  # the (temporary) output folder being built; renamed to OUT at the end
+    artifacts: dict[str, Path]
+    log: logging.Logger
+    on_progress: ProgressCallback
+
+    def progress(self, message: str) -> None:
+        self.log.info(message)
+        self.on_progress(ProgressEvent(self.stage, "update", message))
+
+    def artifact(self, name: str) -> Path:
+        if name not in self.artifacts:
+            raise StageError(self.stage, f"needs artifact '{name}' that no earlier stage produced")
+        return self.artifacts[name]
