@@ -38,7 +38,7 @@ def percentile_ranges(fp32: onnx.ModelProto, tensors: Sequence[str],
                       feeds: Sequence[Mapping[str, np.ndarray]], percentile: float
                       ) -> dict[str, float]:
     """The ``percentile`` of |x| of each tensor over ``feeds``, in the FP32 model."""
-    from trtpack.quantization_search import cpu_session, with_outputs
+    from trtpack.runtimes.onnxruntime import cpu_session, with_outputs
 
     session = cpu_session(with_outputs(fp32, tensors))
     inputs = {i.name for i in session.get_inputs()}

@@ -246,12 +246,9 @@ def _not_run(runtime: str, engine: str, case: Case, status: str, reason: str) ->
 # --- runtimes --------------------------------------------------------------------------------
 
 def onnxruntime_runner(model: Path, threads: int) -> Runner:
-    import onnxruntime as ort
+    from trtpack.runtimes.onnxruntime import cpu_session
 
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    session = cpu_session(model, threads, inter_op_threads=1)
     names = {i.name for i in session.get_inputs()}
 
     def prepare(case: Case) -> RunOnce:

@@ -31,8 +31,6 @@ Heavy packages (onnx, onnxruntime) are imported inside the functions.
 from __future__ import annotations
 
 import contextlib
-import os
-import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,8 +39,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trtpack.cases import Case
-from trtpack.onnx_files import fits_in_protobuf
 from trtpack.recipe import Recipe, Tolerance, VerifySettings
+from trtpack.runtimes.onnxruntime import cpu_session
 from trtpack.verification import TOP1_METRICS, task_metric
 
 if TYPE_CHECKING:
@@ -646,43 +644,6 @@ def rank_fp16_nodes(fp32_path: Path, fp16_path: Path, feed: Mapping[str, np.ndar
         ranked.append((node.name, added))
     ranked.sort(key=lambda item: -item[1])
     return ranked
-
-
-def cpu_session(model: onnx.ModelProto | Path, threads: int | None = None) -> Any:
-    """An ONNX Runtime CPU session of a model file or an in-memory model (serialized in
-    memory when it fits in one protobuf, else saved with external data to a temporary
-    folder, which the session no longer needs once created)."""
-    import onnx
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    if threads:
-        options.intra_op_num_threads = threads
-    with tempfile.TemporaryDirectory(prefix="trtpack-session-") as tmp:
-        source: Any
-        if isinstance(model, Path):
-            source = str(model)
-        elif fits_in_protobuf(model):
-            source = model.SerializeToString()
-        else:
-            source = os.path.join(tmp, "model.onnx")
-            onnx.save_model(model, source, save_as_external_data=True,
-                            all_tensors_to_one_file=True, location="model.onnx.data")
-        return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
-
-
-def with_outputs(model: onnx.ModelProto, tensors: Iterable[str]) -> onnx.ModelProto:
-    """A copy of ``model`` that also outputs ``tensors`` (intermediate values)."""
-    import onnx
-
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    listed = {o.name for o in probe.graph.output}
-    for name in tensors:
-        if name not in listed:
-            probe.graph.output.append(onnx.ValueInfoProto(name=name))
-    return probe
 
 
 def _all_tensors(path: Path, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

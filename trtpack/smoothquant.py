@@ -67,7 +67,7 @@ def smoothing_targets(model: onnx.ModelProto, producer_ops: Sequence[str] | None
 def channel_maxima(model: onnx.ModelProto, tensors: Sequence[str],
                    feeds: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """max |x| per last-axis channel of each tensor over ``feeds`` (one ORT session)."""
-    from trtpack.quantization_search import cpu_session, with_outputs
+    from trtpack.runtimes.onnxruntime import cpu_session, with_outputs
 
     session = cpu_session(with_outputs(model, tensors))
     inputs = {i.name for i in session.get_inputs()}

@@ -351,13 +351,11 @@ def _per_output_results(accuracy: Any) -> dict[str, Any]:
 def run_onnxruntime(model_path: Path, cases: Sequence[Case], threads: int | None = None
                     ) -> list[dict[str, np.ndarray]]:
     """Run an ONNX model on each case's inputs with polygraphy's ONNX Runtime runner (CPU)."""
-    import onnxruntime as ort
     from polygraphy.backend.onnxrt import OnnxrtRunner
 
-    options = ort.SessionOptions()
-    if threads:
-        options.intra_op_num_threads = threads
-    session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+    from trtpack.runtimes.onnxruntime import cpu_session
+
+    session = cpu_session(model_path, threads)
     outputs: list[dict[str, np.ndarray]] = []
     with quiet_polygraphy(), OnnxrtRunner(session) as runner:
         input_names = {i.name for i in session.get_inputs()}

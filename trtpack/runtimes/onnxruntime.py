@@ -1,0 +1,56 @@
+"""The one place ONNX Runtime sessions are made (CPU execution provider, quiet logging).
+
+A model is given as a file (its sidecar beside it) or in memory: serialized in memory when it
+fits in one protobuf, else saved with external data to a temporary folder, which the session
+no longer needs once created.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from trtpack.onnx_files import fits_in_protobuf
+
+
+def cpu_session(model: Any, threads: int | None = None, inter_op_threads: int | None = None
+                ) -> Any:
+    """An ``onnxruntime.InferenceSession`` on the CPU of ``model`` (a ``Path`` or an
+    ``onnx.ModelProto``); ``threads`` caps intra-op threads (None: ONNX Runtime's default)."""
+    import onnx
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if threads:
+        options.intra_op_num_threads = threads
+    if inter_op_threads:
+        options.inter_op_num_threads = inter_op_threads
+    with tempfile.TemporaryDirectory(prefix="trtpack-session-") as tmp:
+        source: Any
+        if isinstance(model, Path):
+            source = str(model)
+        elif fits_in_protobuf(model):
+            source = model.SerializeToString()
+        else:
+            source = os.path.join(tmp, "model.onnx")
+            onnx.save_model(model, source, save_as_external_data=True,
+                            all_tensors_to_one_file=True, location="model.onnx.data")
+        return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+
+
+def with_outputs(model: Any, tensors: Iterable[str]) -> Any:
+    """A copy of ``model`` (``onnx.ModelProto``) that also outputs ``tensors`` (intermediate
+    values)."""
+    import onnx
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    listed = {o.name for o in probe.graph.output}
+    for name in tensors:
+        if name not in listed:
+            probe.graph.output.append(onnx.ValueInfoProto(name=name))
+    return probe
