@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
-from trtpack.pipeline import StageCache
+from trtpack.pipeline.cache import StageCache
 
 
 def _build(out: Path, cache: Path, *extra: str) -> dict[str, dict]:
@@ -70,11 +70,11 @@ def test_half_written_cache_entries_are_never_hits(tmp_path: Path) -> None:
 def test_changed_trtpack_code_is_never_served_from_the_cache(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trtpack import pipeline
+    from trtpack.pipeline import cache as stage_cache
 
     cache, out = tmp_path / "cache", tmp_path / "out"
     _build(out, cache, "--profile", "1x4:2x8:4x16")
     assert _ran(_build(out, cache, "--profile", "1x4:2x8:4x16")) == ["package"]
-    monkeypatch.setattr(pipeline, "_source_digest", lambda: "a-changed-trtpack")
+    monkeypatch.setattr(stage_cache, "source_digest", lambda: "a-changed-trtpack")
     assert _ran(_build(out, cache, "--profile", "1x4:2x8:4x16")) == [
         "export", "simplify", "verify", "package"]

@@ -12,7 +12,7 @@ import pytest
 from trtpack import gpu
 from trtpack.errors import MissingEnvironmentError
 from trtpack.options import BuildOptions
-from trtpack.pipeline import STAGES
+from trtpack.pipeline.stage import STAGES
 from trtpack.recipe import resolve_model
 from trtpack.shapes import parse_profiles
 from trtpack.stages import engine as engine_stage

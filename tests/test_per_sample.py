@@ -184,7 +184,7 @@ def test_module_paths_come_from_the_exporters_name_scopes() -> None:
 def test_simplify_carries_node_metadata_over() -> None:
     from onnx import helper
 
-    from trtpack.stages._simplify_worker import node_metadata_by_output, reattach_node_metadata
+    from trtpack.simplify_graph import node_metadata_by_output, reattach_node_metadata
 
     before = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="m")],
                                "g", [], [])

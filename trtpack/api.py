@@ -8,7 +8,7 @@ from pathlib import Path
 
 from trtpack.errors import UserInputError, require_modules
 from trtpack.options import BuildOptions, Fallback, Serve, default_cache_dir
-from trtpack.pipeline import build as run_pipeline
+from trtpack.pipeline.runner import build as run_pipeline
 from trtpack.recipe import PRECISIONS, Recipe, apply_overrides, resolve_model
 from trtpack.report import REPORT, BuildReport
 from trtpack.shapes import parse_profiles

@@ -241,7 +241,7 @@ def build(
     """
     from trtpack.api import BuildRequest, resolve_options
     from trtpack.errors import UserInputError
-    from trtpack.pipeline import build as run_pipeline
+    from trtpack.pipeline.runner import build as run_pipeline
 
     if fallback not in ("auto", "off"):
         raise UserInputError(f"--fallback must be auto or off, not '{fallback}'")

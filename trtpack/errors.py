@@ -7,6 +7,10 @@ line and exits with its code. Any other exception is a bug and keeps its traceba
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trtpack.report import BuildReport
 
 
 class ExitCode:
@@ -23,6 +27,7 @@ class TrtpackError(Exception):
 
     exit_code: int = ExitCode.STAGE_FAILED
     hint: str | None = None
+    report: BuildReport | None = None  # a failed build's report (OUT.failed/report.json)
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         super().__init__(message)

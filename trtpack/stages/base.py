@@ -57,3 +57,14 @@ class StageContext:
         if name not in self.artifacts:
             raise StageError(self.stage, f"needs artifact '{name}' that no earlier stage produced")
         return self.artifacts[name]
+
+
+def stage_logger(name: str, log_path: Path) -> tuple[logging.Logger, logging.Handler]:
+    """A logger writing (appending) to a stage's log file only; close the handler after."""
+    logger = logging.getLogger(name)
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    handler = logging.FileHandler(log_path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logger.addHandler(handler)
+    return logger, handler

@@ -1,24 +1,32 @@
 """Simplify with onnxsim, keeping the dynamic axes. onnxsim sees the graph without its large
-weights (see ``_simplify_worker``), so models over 2 GB are simplified too and the weights
-are never copied through protobuf. When onnxsim fails, the unsimplified model is kept and
-the report says why: this stage never fails the build."""
+weights (see ``trtpack.simplify_graph``), so models over 2 GB are simplified too and the
+weights are never copied through protobuf. This stage runs in a process of its own that
+imported onnx and onnxsim while the export ran; onnxsim runs in a fork of it, so a crash in
+its C++ code or a hang (``TRTPACK_ONNXSIM_TIMEOUT`` seconds, default 1800) keeps the
+unsimplified model and the report says why: this stage never fails the build."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import os
 from typing import Any
 
 from trtpack.options import BuildOptions
+from trtpack.processes import run_forked
+from trtpack.simplify_graph import simplify_file
 from trtpack.stages.base import StageContext, StageOutcome
 from trtpack.stages.export import graph_summary
 
-TIMEOUT_SECONDS = 1800
+TIMEOUT_ENV = "TRTPACK_ONNXSIM_TIMEOUT"
+DEFAULT_TIMEOUT_SECONDS = 1800.0
 
 
 def fingerprint(options: BuildOptions) -> dict[str, Any]:
     return {"tool": "onnxsim", "node_metadata": 1}
+
+
+def timeout_seconds() -> float:
+    return float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT_SECONDS)
 
 
 def _dynamic_dims(path: Any) -> dict[str, list[str | int]]:
@@ -42,23 +50,20 @@ def run(ctx: StageContext) -> StageOutcome:
                             metrics={"nodes_before": before, "nodes_after": before})
     dst = ctx.stage_dir / "model.onnx"
     result_path = ctx.stage_dir / "onnxsim.json"
+    output = ctx.stage_dir / "onnxsim.log"
     ctx.progress(f"onnxsim on {before} nodes")
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "trtpack.stages._simplify_worker", str(src), str(dst),
-             str(result_path)],
-            capture_output=True, text=True, timeout=TIMEOUT_SECONDS, check=False,
-        )
-        ctx.log.info("onnxsim stdout:\n%s\nstderr:\n%s", proc.stdout, proc.stderr)
-        failure = None if proc.returncode == 0 else (
-            (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1])
-    except subprocess.TimeoutExpired:
-        failure = f"timed out after {TIMEOUT_SECONDS} s"
+    limit = timeout_seconds()
+    code = run_forked(simplify_file, (str(src), str(dst), str(result_path)), limit, output)
+    text = output.read_text(errors="replace") if output.is_file() else ""
+    output.unlink(missing_ok=True)
+    ctx.log.info("onnxsim output:\n%s", text)
+    failure = None if code == 0 else f"timed out after {limit:g} s" if code is None else (
+        (text.strip().splitlines() or [f"exit code {code}"])[-1])
     if failure is None and _dynamic_dims(dst) != _dynamic_dims(src):
         failure = "it changed the model's input/output shapes"
     if failure is not None:
-        dst.unlink(missing_ok=True)
-        result_path.unlink(missing_ok=True)
+        for path in (dst, dst.with_name(dst.name + ".data"), result_path):
+            path.unlink(missing_ok=True)
         reason = f"onnxsim failed ({failure}); kept the unsimplified model"
         return StageOutcome(status="skipped", message=reason, warnings=[reason],
                             metrics={"nodes_before": before, "nodes_after": before})

@@ -1,7 +1,7 @@
-"""Runs onnxsim in a child process (a crash in its C++ code must not take the build down),
-on the graph without its weights.
+"""onnxsim on the graph without its weights. The simplify stage runs ``simplify_file`` in a
+process of its own (a crash in onnxsim's C++ code must not take the build down).
 
-Usage: python -m trtpack.stages._simplify_worker SRC DST RESULT_JSON
+Usage: python -m trtpack.simplify_graph SRC DST RESULT_JSON
 
 onnxsim copies a model several times over (Python proto, C++ proto, ONNX Runtime session for
 constant folding, the result): about 8x the weights, 10 GB for bert-large. Its work on a
@@ -55,7 +55,9 @@ def unfoldable_large_initializers(graph: Any, min_bytes: int = LARGE_INITIALIZER
     return found
 
 
-def main(src: str, dst: str, result_path: str) -> int:
+def simplify_file(src: str, dst: str, result_path: str) -> int:
+    """onnxsim on SRC without its large weights, written to DST (+ DST.data); the counts go
+    to RESULT_PATH as JSON. Returns the exit code."""
     import onnx
     import onnxsim
     from onnx import helper
@@ -170,4 +172,4 @@ def uses_any_external(model: Any) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:4]))
+    sys.exit(simplify_file(*sys.argv[1:4]))

@@ -1,0 +1,147 @@
+"""Stages in a process of their own (``Stage.isolated``).
+
+A ``StageProcess`` starts when the build starts: a fresh Python (``python -m
+trtpack.pipeline.isolate``) that imports the stage's module and its heavy packages while the
+stages before it run, then waits for its one job. It runs the stage, sends progress messages
+and then the outcome (or what went wrong) back, and exits; what the stage allocated goes back
+to the system with it. A stage that is not needed after all (cache hit, earlier failure)
+finds its job pipe closed and exits.
+
+Every stage process leads a process group of its own and dies with the build's process
+(``trtpack.processes``): whatever happens to the build (an error, Ctrl-C, SIGTERM, even
+SIGKILL), the stage process and everything it started end with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import subprocess
+import sys
+import traceback
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from trtpack.errors import StageError, TrtpackError
+from trtpack.pipeline.stage import Stage
+from trtpack.processes import die_with_parent, kill_group
+from trtpack.stages.base import ProgressEvent, StageContext, StageOutcome, stage_logger
+
+
+class ChildStageError(TrtpackError):
+    """A user error raised by a stage in its own process, with its message and exit code."""
+
+    def __init__(self, message: str, exit_code: int, hint: str | None) -> None:
+        super().__init__(message, hint=hint)
+        self.exit_code = exit_code
+
+
+class StageProcess:
+    """The process one isolated stage will run in, started (and warming up) ahead of time.
+    Its output (native libraries' messages) goes to ``log_path``."""
+
+    def __init__(self, stage: Stage, log_path: Path) -> None:
+        self.stage = stage
+        jobs_r, jobs_w = os.pipe()  # build -> stage: the job
+        messages_r, messages_w = os.pipe()  # stage -> build: progress, then the outcome
+        with open(log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "trtpack.pipeline.isolate", str(jobs_r),
+                 str(messages_w), stage.module, *stage.warm_modules],
+                pass_fds=(jobs_r, messages_w), start_new_session=True,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            )
+        os.close(jobs_r)
+        os.close(messages_w)
+        self._jobs = Connection(jobs_w, readable=False)
+        self._messages = Connection(messages_r, writable=False)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def run(self, ctx: StageContext, log_path: Path) -> StageOutcome:
+        """``stage.run(ctx)`` in this process; progress comes back as it happens. A user error
+        keeps its message and exit code; anything else becomes this process's exception with
+        the traceback in the stage log."""
+        name = self.stage.name
+        try:
+            self._jobs.send((name, ctx.options, ctx.stage_dir, ctx.build_dir, ctx.artifacts,
+                             log_path))
+            while True:
+                try:
+                    kind, payload = self._messages.recv()
+                except EOFError:
+                    code = self.process.wait()
+                    raise RuntimeError(f"the {name} process ended without a result (exit "
+                                       f"code {code})") from None
+                if kind == "progress":  # the stage process logged it already
+                    ctx.on_progress(ProgressEvent(name, "update", payload))
+                elif kind == "outcome":
+                    self._finish()
+                    return payload  # type: ignore[no-any-return]
+                elif kind == "user_error":
+                    message, exit_code, hint = payload
+                    raise ChildStageError(message, exit_code, hint)
+                else:
+                    raise RuntimeError(payload)
+        finally:
+            self.stop()
+
+    def _finish(self) -> None:
+        """The outcome is in hand: the process exits by itself; wait a little for it."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        """End the process and everything it started (at once), and close the pipes."""
+        if self.process.poll() is None:
+            kill_group(self.process.pid)
+        self.process.wait()
+        kill_group(self.process.pid)  # anything it started that is still running
+        self._jobs.close()
+        self._messages.close()
+
+
+def _run_job(module_name: str, job: tuple[Any, ...], messages: Connection) -> None:
+    name, options, stage_dir, build_dir, artifacts, log_path = job
+    logger, handler = stage_logger(f"trtpack.stage.{name}.process", log_path)
+
+    def forward(event: ProgressEvent) -> None:
+        messages.send(("progress", event.message))
+
+    ctx = StageContext(options, name, stage_dir, build_dir, artifacts, logger, forward)
+    try:
+        module = importlib.import_module(module_name)
+        messages.send(("outcome", module.run(ctx)))
+    except TrtpackError as e:
+        message = e.message if isinstance(e, StageError) else str(e)
+        messages.send(("user_error", (message, e.exit_code, e.hint)))
+    except BaseException as e:
+        logger.error("".join(traceback.format_exc()))
+        messages.send(("error", f"{type(e).__name__}: {e}"))
+    finally:
+        handler.close()
+
+
+def main(argv: list[str]) -> int:
+    """The stage process: ``JOBS_FD MESSAGES_FD STAGE_MODULE [WARM_MODULE...]``."""
+    die_with_parent()
+    jobs = Connection(int(argv[0]), writable=False)
+    messages = Connection(int(argv[1]), readable=False)
+    for module in argv[2:]:
+        with contextlib.suppress(Exception):  # not installed: the stage says so when it runs
+            importlib.import_module(module)
+    try:
+        job = jobs.recv()
+    except EOFError:  # not needed after all (cache hit, or the build ended)
+        return 0
+    _run_job(argv[2], job, messages)
+    messages.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

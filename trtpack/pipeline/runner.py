@@ -1,0 +1,281 @@
+"""Runs the stages in order, caches their outputs, measures them and writes the output
+atomically.
+
+Data flows one way: recipe -> ONNX (export) -> simplified ONNX -> verified against PyTorch ->
+precision ONNX -> engine -> Triton model repository. Each stage runs in its own folder
+``OUT/artifacts/<stage>/`` and returns a ``StageOutcome``; the runner turns it into a
+``StageResult`` in the report. The build is written to a temporary folder beside OUT and
+renamed into place at the end: an error keeps it as ``OUT.failed`` (with its report), an
+interruption (Ctrl-C, SIGTERM) removes it, and an earlier OUT stays intact until the rename.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from trtpack.errors import AccuracyError, StageError, TrtpackError
+from trtpack.onnx_files import data_path
+from trtpack.options import BuildOptions
+from trtpack.pipeline.cache import StageCache, relative_artifacts, stage_key, tool_versions
+from trtpack.pipeline.isolate import StageProcess
+from trtpack.pipeline.stage import STAGES, Stage
+from trtpack.recipe import Recipe
+from trtpack.report import REPORT, Artifact, BuildReport, StageResult, VerificationRow
+from trtpack.resources import ResourceMeter
+from trtpack.stages.base import (
+    ProgressCallback,
+    ProgressEvent,
+    StageContext,
+    StageOutcome,
+    stage_logger,
+)
+
+RECIPE_FILE = "recipe.yaml"
+
+
+def artifact_records(artifacts: dict[str, Path], stage_dir: Path, root: Path
+                     ) -> list[Artifact]:
+    """Artifacts of this stage (files only; a folder lists its files), with sha256."""
+    records: list[Artifact] = []
+    for name, path in artifacts.items():
+        if not path.is_relative_to(stage_dir):
+            continue
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        for f in files:
+            label = name if f == path else f"{name}/{f.relative_to(path)}"
+            records.append(Artifact.of(label, f, root))
+            # data files next to an ONNX model are listed with it
+            data = data_path(f)
+            if f.suffix == ".onnx" and data.is_file() and data not in files:
+                records.append(Artifact.of(f"{label}.data", data, root))
+    return records
+
+
+def write_recipe(path: Path, recipe: Recipe) -> None:
+    """The recipe the build used, overrides applied (``trtpack bench`` loads the model
+    from it)."""
+    import yaml
+
+    path.write_text("# the recipe of this build, every default and --set applied\n"
+                    + yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False),
+                    encoding="utf-8")
+
+
+def write_report_page(out: Path, report: BuildReport) -> None:
+    """``OUT/report.html``; a page that cannot be drawn never fails the build (the reason
+    goes into the report's warnings)."""
+    from trtpack.report_html import write_report_html
+
+    try:
+        write_report_html(out, report)
+    except Exception as e:  # matplotlib missing or a chart it cannot draw
+        report.warnings.append(f"report.html not written: {type(e).__name__}: {e}")
+        report.save(out / REPORT)
+
+
+@dataclass
+class PlannedStage:
+    """A stage of this build with its cache key, known before anything runs."""
+
+    stage: Stage
+    module: Any
+    key: str
+    cached: bool
+
+
+class Pipeline:
+    def __init__(self, options: BuildOptions, progress: ProgressCallback | None = None) -> None:
+        self.options = options
+        self.progress: ProgressCallback = progress or (lambda event: None)
+        self.cache = StageCache(options.cache_dir)
+        self.processes: dict[str, StageProcess] = {}
+
+    def run(self) -> BuildReport:
+        o = self.options
+        out = o.out_dir.resolve()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        work = out.with_name(f".{out.name}.partial-{os.getpid()}")
+        failed_dir = out.with_name(out.name + ".failed")
+        report = BuildReport(
+            model=o.name, precision=o.precision, target=o.target.name,
+            profiles=[str(p) for p in o.profiles], out_dir=str(out),
+            versions=tool_versions(),
+        )
+        started = time.perf_counter()
+        try:
+            shutil.rmtree(work, ignore_errors=True)
+            work.mkdir()
+            self._run_stages(work, report)
+        except TrtpackError as e:
+            self._stop_processes()
+            if isinstance(e, StageError) and e.log_path is not None \
+                    and e.log_path.is_relative_to(work):
+                e.log_path = failed_dir / e.log_path.relative_to(work)
+            report.status = "accuracy_failed" if isinstance(e, AccuracyError) else "failed"
+            report.error = str(e)
+            report.total_seconds = time.perf_counter() - started
+            report.out_dir = str(failed_dir)
+            report.save(work / REPORT)
+            write_report_page(work, report)
+            shutil.rmtree(failed_dir, ignore_errors=True)
+            work.rename(failed_dir)
+            e.report = report
+            raise
+        except BaseException:  # Ctrl-C, SIGTERM, a bug: nothing of this build stays
+            self._stop_processes()
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+        self._stop_processes()
+        report.total_seconds = time.perf_counter() - started
+        peaks = [s.peak_memory_mb for s in report.stages if s.peak_memory_mb is not None]
+        report.peak_memory_mb = max(peaks) if peaks else None
+        report.save(work / REPORT)
+        write_recipe(work / RECIPE_FILE, o.recipe)
+        write_report_page(work, report)
+        self._replace(work, out)
+        shutil.rmtree(failed_dir, ignore_errors=True)
+        return report
+
+    @staticmethod
+    def _replace(work: Path, out: Path) -> None:
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        if out.exists():
+            out.rename(old)
+        work.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def _plan(self, versions: dict[str, str | None]) -> list[PlannedStage]:
+        """The stages that will run, each with its key and whether the cache has it."""
+        o = self.options
+        planned: list[PlannedStage] = []
+        upstream = ""
+        for stage in STAGES:
+            if not stage.applies(o) or stage.skip_reason(o) is not None:
+                continue
+            module = stage.load()
+            upstream = stage_key(stage.name, module.fingerprint(o), upstream, versions)
+            cached = stage.cacheable and o.use_cache and self.cache.has(stage.name, upstream)
+            planned.append(PlannedStage(stage, module, upstream, cached))
+        return planned
+
+    def _start_processes(self, planned: list[PlannedStage], logs: Path) -> None:
+        """Start (and warm up) a process for each isolated stage that will run."""
+        for p in planned:
+            if p.stage.isolated and not p.cached:
+                self.processes[p.stage.name] = StageProcess(p.stage,
+                                                            logs / f"{p.stage.name}.log")
+
+    def _stop_processes(self) -> None:
+        for process in self.processes.values():
+            process.stop()
+        self.processes.clear()
+
+    def _run_stages(self, work: Path, report: BuildReport) -> None:
+        o = self.options
+        artifacts: dict[str, Path] = {}
+        logs = work / "logs"
+        logs.mkdir()
+        planned = {p.stage.name: p for p in self._plan(report.versions)}
+        self._start_processes(list(planned.values()), logs)
+        for stage in STAGES:
+            if not stage.applies(o):
+                continue
+            reason = stage.skip_reason(o)
+            if reason is not None:
+                result = StageResult(stage.name, "skipped", message=reason)
+                report.stages.append(result)
+                self.progress(ProgressEvent(stage.name, "end", reason, result))
+                continue
+            plan = planned[stage.name]
+            stage_dir = work / "artifacts" / stage.name
+            stage_dir.mkdir(parents=True)
+            self.progress(ProgressEvent(stage.name, "start"))
+            log_path = logs / f"{stage.name}.log"
+            reused = self._reuse(stage, plan.key, stage_dir, artifacts) if plan.cached else None
+            if reused is None:
+                result, rows = self._execute(stage, plan, stage_dir, artifacts, work, log_path)
+            else:
+                result, rows = reused
+                log_path.write_text(f"reused from cache key {plan.key}\n")
+            result.log_path = str(log_path.relative_to(work))
+            if not any(stage_dir.iterdir()):
+                stage_dir.rmdir()
+            report.stages.append(result)
+            report.verification.extend(rows)
+            report.warnings.extend(result.warnings)
+            self.progress(ProgressEvent(stage.name, "end", result.message, result))
+            failed = [r for r in rows if not r.passed]
+            if stage.gated and failed:
+                raise AccuracyError(
+                    f"{stage.name}: {len(failed)} of the verification checks failed", failed
+                )
+
+    def _reuse(self, stage: Stage, key: str, stage_dir: Path, artifacts: dict[str, Path]
+               ) -> tuple[StageResult, list[VerificationRow]] | None:
+        started = time.perf_counter()
+        meta = self.cache.load(stage.name, key, stage_dir)
+        if meta is None:
+            return None
+        for name, rel in meta["artifacts"].items():
+            artifacts[name] = stage_dir / rel
+        result = StageResult(**meta["result"])
+        result.artifacts = [Artifact(**a) for a in meta["records"]]
+        result.cached = True
+        result.seconds = time.perf_counter() - started
+        result.peak_memory_mb = None
+        return result, [VerificationRow(**r) for r in meta.get("verification", [])]
+
+    def _execute(self, stage: Stage, plan: PlannedStage, stage_dir: Path,
+                 artifacts: dict[str, Path], work: Path, log_path: Path
+                 ) -> tuple[StageResult, list[VerificationRow]]:
+        logger, handler = stage_logger(f"trtpack.stage.{stage.name}.{id(self)}", log_path)
+        ctx = StageContext(self.options, stage.name, stage_dir, work, dict(artifacts), logger,
+                           self.progress)
+        process = self.processes.pop(stage.name, None)
+        if stage.isolated and process is None:  # planned as cached, but the entry went away
+            process = StageProcess(stage, log_path)
+        others = {p.pid for p in self.processes.values()}  # warming up for later stages
+        meter = ResourceMeter(exclude=others)
+        try:
+            with meter:
+                outcome: StageOutcome = (process.run(ctx, log_path) if process is not None
+                                         else plan.module.run(ctx))
+        except (TrtpackError, KeyboardInterrupt, SystemExit):
+            logger.error("".join(traceback.format_exc()))
+            raise
+        except Exception as e:
+            logger.error("".join(traceback.format_exc()))
+            raise StageError(stage.name, f"{type(e).__name__}: {e}",
+                             log_path=log_path) from e
+        finally:
+            logger.removeHandler(handler)
+            handler.close()
+        artifacts.update(outcome.artifacts)
+        result = StageResult(
+            stage.name, outcome.status, seconds=meter.seconds, peak_memory_mb=meter.peak_mb,
+            message=outcome.message, metrics=outcome.metrics, warnings=outcome.warnings,
+            artifacts=artifact_records(outcome.artifacts, stage_dir, work),
+        )
+        if stage.cacheable and self.options.use_cache and outcome.status == "ok" and all(
+            r.passed for r in outcome.verification
+        ):
+            meta = {
+                "artifacts": relative_artifacts(outcome.artifacts, stage_dir),
+                "records": [asdict(a) for a in result.artifacts],
+                "result": {k: v for k, v in asdict(result).items()
+                           if k not in ("artifacts", "cached", "log_path")},
+                "verification": [asdict(r) for r in outcome.verification],
+            }
+            self.cache.store(stage.name, plan.key, stage_dir, meta)
+        return result, outcome.verification
+
+
+def build(options: BuildOptions, progress: ProgressCallback | None = None) -> BuildReport:
+    """Run the whole pipeline; raises ``TrtpackError`` (with ``.report``) on failure."""
+    return Pipeline(options, progress).run()

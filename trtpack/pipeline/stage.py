@@ -1,0 +1,68 @@
+"""The stages of a build, in order, and when each one applies, is skipped, cached, gated or
+isolated. A stage is a module with ``fingerprint(options)`` and ``run(ctx)``
+(``trtpack.stages``); stage modules are imported only when they run."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from trtpack.options import BuildOptions
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A pipeline step: the module holding ``run(ctx)`` and ``fingerprint(options)``."""
+
+    name: str
+    module: str
+    skip_reason: Callable[[BuildOptions], str | None] = lambda o: None
+    cacheable: bool = True
+    gated: bool = True  # a failed verification row stops the build
+    # Run in a process of its own: what the stage allocates (a whole PyTorch model) is
+    # returned to the system when it ends, and a crash in a native library cannot take the
+    # build down. The process starts when the build starts and imports ``warm_modules``
+    # while earlier stages run, so the stage itself does not wait for them.
+    isolated: bool = False
+    warm_modules: tuple[str, ...] = ()
+    # False: the stage is not part of this build at all (not listed in the report)
+    applies: Callable[[BuildOptions], bool] = lambda o: True
+
+    def load(self) -> Any:
+        return importlib.import_module(self.module)
+
+
+def _precision_skip(o: BuildOptions) -> str | None:
+    return "fp32: nothing to convert" if o.precision == "fp32" else None
+
+
+def _engine_skip(o: BuildOptions) -> str | None:
+    if not o.target.is_gpu:
+        return "target cpu: ONNX Runtime serves the ONNX model"
+    if not o.build_engine:
+        return "--no-engine"
+    return None
+
+
+def _onnx_in(o: BuildOptions) -> bool:
+    return o.recipe.source.onnx is not None
+
+
+# what PyTorch export needs before it can start: torch, transformers and their model code
+_TORCH = ("torch", "transformers", "transformers.modeling_utils", "onnx", "onnxscript")
+
+STAGES: tuple[Stage, ...] = (
+    # ONNX in: the user's ONNX is imported, and is the reference; there is no export
+    Stage("import", "trtpack.stages.import_onnx", isolated=True, applies=_onnx_in,
+          warm_modules=("onnx", "onnxruntime")),
+    Stage("export", "trtpack.stages.export", isolated=True, applies=lambda o: not _onnx_in(o),
+          warm_modules=_TORCH),
+    Stage("simplify", "trtpack.stages.simplify", isolated=True,
+          warm_modules=("onnx", "onnxsim", "onnxruntime")),
+    Stage("verify", "trtpack.stages.verify"),
+    Stage("precision", "trtpack.stages.precision", _precision_skip),
+    Stage("engine", "trtpack.stages.engine", _engine_skip),
+    Stage("package", "trtpack.stages.package", cacheable=False),
+)

@@ -1,0 +1,82 @@
+"""Child processes that never outlive the build: each stage process leads a process group of
+its own (so the build can end it and everything it started in one call), and the kernel ends
+it when the process that started it dies, even by SIGKILL (Linux ``PR_SET_PDEATHSIG``)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent() -> None:
+    """End this process when its parent dies: the kernel's parent-death signal where there is
+    one (Linux), else a thread polling the parent's pid once a second."""
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+            raise OSError(ctypes.get_errno(), "prctl")
+    except (OSError, AttributeError):
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(1.0)
+            os._exit(1)
+
+        threading.Thread(target=watch, name="trtpack-parent-watch", daemon=True).start()
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL the process group led by ``pid`` (a stage process and all it started)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def run_forked(target: Callable[..., int], args: tuple[object, ...], timeout: float,
+               output: Path) -> int | None:
+    """``target(*args)`` in a forked copy of this process (what it imported stays imported,
+    so nothing is loaded twice), its stdout and stderr written to ``output``. Returns its
+    exit code, or None when it ran past ``timeout`` seconds and was killed. Linux and macOS
+    (``os.fork``)."""
+    pid = os.fork()
+    if pid == 0:  # the copy: never returns
+        code = 1
+        try:
+            fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            code = target(*args)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return os.waitstatus_to_exitcode(status)
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return None
+            time.sleep(0.02)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        raise
