@@ -11,8 +11,11 @@ interruption (Ctrl-C, SIGTERM) removes it, and an earlier OUT stays intact until
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
 import shutil
+import threading
 import time
 import traceback
 from dataclasses import asdict, dataclass
@@ -33,6 +36,7 @@ from trtpack.stages.base import (
     ProgressEvent,
     StageContext,
     StageOutcome,
+    metrics_dict,
     stage_logger,
 )
 
@@ -95,6 +99,7 @@ class Pipeline:
         self.progress: ProgressCallback = progress or (lambda event: None)
         self.cache = StageCache(options.cache_dir)
         self.processes: dict[str, StageProcess] = {}
+        self.warming: threading.Thread | None = None
 
     def run(self) -> BuildReport:
         o = self.options
@@ -171,6 +176,22 @@ class Pipeline:
                 self.processes[p.stage.name] = StageProcess(p.stage,
                                                             logs / f"{p.stage.name}.log")
 
+    def _warm_up(self, planned: list[PlannedStage]) -> None:
+        """Import the in-process stages' heavy modules in a thread while the isolated stages
+        run (the build's own thread only waits for them then)."""
+        modules = [m for p in planned if not p.stage.isolated and not p.cached
+                   for m in p.stage.warm_modules]
+        if not modules or not any(p.stage.isolated and not p.cached for p in planned):
+            return
+
+        def import_all() -> None:
+            for module in modules:
+                with contextlib.suppress(Exception):  # missing: the stage says so itself
+                    importlib.import_module(module)
+
+        self.warming = threading.Thread(target=import_all, name="trtpack-warm-up", daemon=True)
+        self.warming.start()
+
     def _stop_processes(self) -> None:
         for process in self.processes.values():
             process.stop()
@@ -183,6 +204,7 @@ class Pipeline:
         logs.mkdir()
         planned = {p.stage.name: p for p in self._plan(report.versions)}
         self._start_processes(list(planned.values()), logs)
+        self._warm_up(list(planned.values()))
         for stage in STAGES:
             if not stage.applies(o):
                 continue
@@ -237,15 +259,20 @@ class Pipeline:
         logger, handler = stage_logger(f"trtpack.stage.{stage.name}.{id(self)}", log_path)
         ctx = StageContext(self.options, stage.name, stage_dir, work, dict(artifacts), logger,
                            self.progress)
-        process = self.processes.pop(stage.name, None)
-        if stage.isolated and process is None:  # planned as cached, but the entry went away
-            process = StageProcess(stage, log_path)
-        others = {p.pid for p in self.processes.values()}  # warming up for later stages
-        meter = ResourceMeter(exclude=others)
+        if stage.isolated and stage.name not in self.processes:
+            # planned as cached, but the entry went away
+            self.processes[stage.name] = StageProcess(stage, log_path)
+        process = self.processes.get(stage.name)
+        if process is None and self.warming is not None:
+            self.warming.join()  # never import in two threads at once
+        # the processes warming up for later stages are not this stage's memory
+        meter = ResourceMeter(exclude={p.pid for p in self.processes.values()
+                                       if p is not process})
         try:
             with meter:
                 outcome: StageOutcome = (process.run(ctx, log_path) if process is not None
                                          else plan.module.run(ctx))
+            self.processes.pop(stage.name, None)
         except (TrtpackError, KeyboardInterrupt, SystemExit):
             logger.error("".join(traceback.format_exc()))
             raise
@@ -259,7 +286,8 @@ class Pipeline:
         artifacts.update(outcome.artifacts)
         result = StageResult(
             stage.name, outcome.status, seconds=meter.seconds, peak_memory_mb=meter.peak_mb,
-            message=outcome.message, metrics=outcome.metrics, warnings=outcome.warnings,
+            message=outcome.message, metrics=metrics_dict(outcome.metrics),
+            warnings=outcome.warnings,
             artifacts=artifact_records(outcome.artifacts, stage_dir, work),
         )
         if stage.cacheable and self.options.use_cache and outcome.status == "ok" and all(

@@ -23,9 +23,11 @@ class Stage:
     gated: bool = True  # a failed verification row stops the build
     # Run in a process of its own: what the stage allocates (a whole PyTorch model) is
     # returned to the system when it ends, and a crash in a native library cannot take the
-    # build down. The process starts when the build starts and imports ``warm_modules``
-    # while earlier stages run, so the stage itself does not wait for them.
+    # build down.
     isolated: bool = False
+    # Imported ahead of time while earlier stages run (an isolated stage's process starts
+    # when the build starts; the others' modules are imported by a thread of the build while
+    # it waits for the isolated stages), so the stage does not wait for them.
     warm_modules: tuple[str, ...] = ()
     # False: the stage is not part of this build at all (not listed in the report)
     applies: Callable[[BuildOptions], bool] = lambda o: True
@@ -61,8 +63,10 @@ STAGES: tuple[Stage, ...] = (
           warm_modules=_TORCH),
     Stage("simplify", "trtpack.stages.simplify", isolated=True,
           warm_modules=("onnx", "onnxsim", "onnxruntime")),
-    Stage("verify", "trtpack.stages.verify"),
+    Stage("verify", "trtpack.stages.verify",
+          warm_modules=("onnx", "onnxruntime", "polygraphy.backend.onnxrt")),
     Stage("precision", "trtpack.stages.precision", _precision_skip),
     Stage("engine", "trtpack.stages.engine", _engine_skip),
-    Stage("package", "trtpack.stages.package", cacheable=False),
+    Stage("package", "trtpack.stages.package", cacheable=False,
+          warm_modules=("matplotlib.figure", "matplotlib.patches")),  # report.html
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,11 +15,20 @@ from trtpack.report import StageResult, StageStatus, VerificationRow
 
 
 @dataclass
+class StageMetrics:
+    """Base of each stage's metrics (a dataclass per stage, its fields typed). In report.json
+    they are the stage's ``metrics`` object: one key per field, fields left None omitted."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass
 class StageOutcome:
     """What a stage returns. Artifact paths are inside the stage's folder."""
 
     artifacts: dict[str, Path] = field(default_factory=dict)
-    metrics: dict[str, Any] = field(default_factory=dict)
+    metrics: StageMetrics | dict[str, Any] = field(default_factory=dict)
     verification: list[VerificationRow] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     message: str = ""
@@ -68,3 +77,8 @@ def stage_logger(name: str, log_path: Path) -> tuple[logging.Logger, logging.Han
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     logger.addHandler(handler)
     return logger, handler
+
+
+def metrics_dict(metrics: StageMetrics | dict[str, Any]) -> dict[str, Any]:
+    """A stage's metrics as report.json holds them."""
+    return metrics.to_dict() if isinstance(metrics, StageMetrics) else dict(metrics)

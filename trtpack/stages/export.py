@@ -16,6 +16,7 @@ import os
 import shutil
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,19 @@ from trtpack.onnx_files import DATA_SUFFIX, data_path, move_model, resave_with_s
 from trtpack.options import BuildOptions
 from trtpack.recipe import Recipe
 from trtpack.samples import make_inputs
-from trtpack.stages.base import StageContext, StageOutcome
+from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
+
+
+@dataclass
+class ExportMetrics(StageMetrics):
+    parameters: int
+    weights: str  # "pretrained" or "random"
+    nodes: int
+    opset: int | None
+    exporter: str
+    external_data: bool  # weights in model.onnx.data
+    cases: int  # reference cases (profile corners)
+    op_types: dict[str, int]
 
 
 def _directory_fingerprint(path: Path | None) -> list[tuple[str, int, int]]:
@@ -263,10 +276,11 @@ def run(ctx: StageContext) -> StageOutcome:
     params = sum(p.numel() for p in loaded.module.parameters())
     return StageOutcome(
         artifacts=artifacts,
-        metrics={"parameters": params, "weights": loaded.weights, "nodes": summary["nodes"],
-                 "opset": summary["opset"], "exporter": recipe.exporter,
-                 "external_data": exported["external_data"], "cases": len(cases),
-                 "op_types": summary["op_types"]},
+        metrics=ExportMetrics(
+            parameters=params, weights=loaded.weights, nodes=summary["nodes"],
+            opset=summary["opset"], exporter=recipe.exporter,
+            external_data=exported["external_data"], cases=len(cases),
+            op_types=summary["op_types"]),
         warnings=warnings_out,
         message=f"{summary['nodes']} nodes, opset {summary['opset']}, "
                 f"{params / 1e6:.1f}M parameters ({loaded.weights} weights)",

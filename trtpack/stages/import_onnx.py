@@ -11,6 +11,7 @@ variant and the engine are compared with.
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,21 @@ from trtpack.errors import UserInputError
 from trtpack.onnx_files import LARGE_INITIALIZER_BYTES, data_path
 from trtpack.options import BuildOptions
 from trtpack.samples import make_inputs
-from trtpack.stages.base import StageContext, StageOutcome
+from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 from trtpack.stages.export import graph_summary
 from trtpack.tokenizer_files import has_tokenizer, tokenizer_files
 
+
+@dataclass
+class ImportMetrics(StageMetrics):
+    source: str  # the user's ONNX file
+    nodes: int
+    opset: int | None
+    external_data: bool
+    cases: int
+    vocab_size: int | None
+    reference: str  # what the later stages are compared with
+    op_types: dict[str, int]
 
 def source_path(options: BuildOptions) -> Path:
     assert options.recipe.source.onnx is not None
@@ -202,10 +214,10 @@ def run(ctx: StageContext) -> StageOutcome:
     summary = graph_summary(onnx_path)
     return StageOutcome(
         artifacts=artifacts,
-        metrics={"source": str(src), "nodes": summary["nodes"], "opset": summary["opset"],
-                 "external_data": external, "cases": len(cases), "vocab_size": vocab,
-                 "reference": "the input ONNX (FP32) in ONNX Runtime",
-                 "op_types": summary["op_types"]},
+        metrics=ImportMetrics(
+            source=str(src), nodes=summary["nodes"], opset=summary["opset"],
+            external_data=external, cases=len(cases), vocab_size=vocab,
+            reference="the input ONNX (FP32) in ONNX Runtime", op_types=summary["op_types"]),
         warnings=warnings,
         message=f"{src.name}: {summary['nodes']} nodes, opset {summary['opset']}, reference "
                 "= the input ONNX in ONNX Runtime (no export)",

@@ -9,16 +9,26 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from trtpack.options import BuildOptions
 from trtpack.processes import run_forked
 from trtpack.simplify_graph import simplify_file
-from trtpack.stages.base import StageContext, StageOutcome
+from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 from trtpack.stages.export import graph_summary
 
 TIMEOUT_ENV = "TRTPACK_ONNXSIM_TIMEOUT"
 DEFAULT_TIMEOUT_SECONDS = 1800.0
+
+
+@dataclass
+class SimplifyMetrics(StageMetrics):
+    nodes_before: int
+    nodes_after: int  # == nodes_before when onnxsim was skipped or failed
+    op_types: dict[str, int] | None = None
+    weights_outside_onnxsim: int | None = None  # initializers onnxsim never saw
+    external_data: bool | None = None
 
 
 def fingerprint(options: BuildOptions) -> dict[str, Any]:
@@ -72,9 +82,9 @@ def run(ctx: StageContext) -> StageOutcome:
     after = result["nodes_after"]
     return StageOutcome(
         artifacts={"onnx": dst},
-        metrics={"nodes_before": before, "nodes_after": after,
-                 "op_types": graph_summary(dst)["op_types"],
-                 "weights_outside_onnxsim": result["weights_outside_onnxsim"],
-                 "external_data": result["external_data"]},
+        metrics=SimplifyMetrics(
+            before, after, op_types=graph_summary(dst)["op_types"],
+            weights_outside_onnxsim=result["weights_outside_onnxsim"],
+            external_data=result["external_data"]),
         message=f"{before} → {after} nodes",
     )

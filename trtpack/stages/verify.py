@@ -5,12 +5,21 @@ and engine stages are compared with."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from trtpack.cases import load_cases, save_cases, with_outputs
 from trtpack.options import BuildOptions
-from trtpack.stages.base import StageContext, StageOutcome
+from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 from trtpack.verification import compare_cases, run_onnxruntime
+
+
+@dataclass
+class VerifyMetrics(StageMetrics):
+    cases: int
+    failed: int  # verification rows that failed
+    max_abs_diff: float
+
 
 CHECK = "onnx-vs-torch"
 CHECK_ONNX_IN = "simplified-vs-input-onnx"  # ONNX in: the reference is the user's ONNX
@@ -36,6 +45,6 @@ def run(ctx: StageContext) -> StageOutcome:
     return StageOutcome(
         artifacts={"fp32_outputs": fp32_outputs},
         verification=rows,
-        metrics={"cases": len(cases), "failed": failed, "max_abs_diff": worst},
+        metrics=VerifyMetrics(cases=len(cases), failed=failed, max_abs_diff=worst),
         message=f"{len(rows) - failed}/{len(rows)} checks passed, max abs diff {worst:.2e}",
     )
