@@ -26,12 +26,13 @@ import numpy as np
 from trtpack.api import BuildRequest, resolve_options
 from trtpack.models import load_model
 from trtpack.stages import export as ex
+from trtpack.onnx_files import graph_summary
 import logging
 options, _ = resolve_options(BuildRequest(model=sys.argv[1], target="cpu", random_weights=True))
 options = type(options)(**{**options.__dict__, "recipe": options.recipe.model_copy(
     update={"exporter": sys.argv[2]})})
 loaded = load_model(options.recipe, random_weights=True, seed=0)
-wrapper = ex._output_selector(loaded.module, options.recipe)
+wrapper = ex.output_selector(loaded.module, options.recipe)
 out = Path(sys.argv[3]) / "model.onnx"
 from trtpack.resources import ResourceMeter
 with ResourceMeter() as meter:
@@ -44,7 +45,7 @@ sess = ort.InferenceSession(str(out))
 got = sess.run(None, cases[0].inputs)[0]
 diff = float(np.abs(got - cases[0].outputs[options.recipe.outputs[0].name]).max())
 print(json.dumps({"export_seconds": seconds, "export_peak_mb": export_peak,
-                  "nodes": ex.graph_summary(out)["nodes"],
+                  "nodes": graph_summary(out)["nodes"],
                   "max_abs_diff_vs_torch": diff}))
 """
 

@@ -108,3 +108,19 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+def graph_summary(path: Path) -> dict[str, Any]:
+    """Node count, opset and op-type counts of a model file (weights not loaded)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    ops: dict[str, int] = {}
+    for node in model.graph.node:
+        ops[node.op_type] = ops.get(node.op_type, 0) + 1
+    return {
+        "nodes": len(model.graph.node),
+        "opset": next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+                      None),
+        "op_types": dict(sorted(ops.items(), key=lambda kv: -kv[1])),
+    }

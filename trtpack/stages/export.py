@@ -25,7 +25,13 @@ import numpy as np
 from trtpack.cases import Case, save_cases
 from trtpack.errors import UserInputError
 from trtpack.models import LoadedModel, load_model, source_directory
-from trtpack.onnx_files import DATA_SUFFIX, data_path, move_model, resave_with_sidecar
+from trtpack.onnx_files import (
+    DATA_SUFFIX,
+    data_path,
+    graph_summary,
+    move_model,
+    resave_with_sidecar,
+)
 from trtpack.options import BuildOptions
 from trtpack.recipe import Recipe
 from trtpack.samples import make_inputs
@@ -229,21 +235,6 @@ def place_onnx(src: Path, dst: Path) -> None:
         move_model(src, dst)
     else:
         resave_with_sidecar(src, dst)
-
-
-def graph_summary(path: Path) -> dict[str, Any]:
-    import onnx
-
-    model = onnx.load(str(path), load_external_data=False)
-    ops: dict[str, int] = {}
-    for node in model.graph.node:
-        ops[node.op_type] = ops.get(node.op_type, 0) + 1
-    return {
-        "nodes": len(model.graph.node),
-        "opset": next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
-                      None),
-        "op_types": dict(sorted(ops.items(), key=lambda kv: -kv[1])),
-    }
 
 
 def run(ctx: StageContext) -> StageOutcome:

@@ -17,11 +17,10 @@ from typing import Any
 
 from trtpack.cases import Case, save_cases, with_outputs
 from trtpack.errors import UserInputError
-from trtpack.onnx_files import LARGE_INITIALIZER_BYTES, data_path
+from trtpack.onnx_files import LARGE_INITIALIZER_BYTES, data_path, graph_summary
 from trtpack.options import BuildOptions
 from trtpack.samples import make_inputs
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
-from trtpack.stages.export import graph_summary
 from trtpack.tokenizer_files import has_tokenizer, tokenizer_files
 
 

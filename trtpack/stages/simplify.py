@@ -12,11 +12,11 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from trtpack.onnx_files import graph_summary
 from trtpack.options import BuildOptions
 from trtpack.processes import run_forked
 from trtpack.simplify_graph import simplify_file
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
-from trtpack.stages.export import graph_summary
 
 TIMEOUT_ENV = "TRTPACK_ONNXSIM_TIMEOUT"
 DEFAULT_TIMEOUT_SECONDS = 1800.0
