@@ -1,4 +1,5 @@
-"""Pipeline stages. Each module defines two functions and imports heavy packages inside them:
+"""Pipeline stages (run by ``trtpack.pipeline``, which they never import). Each module defines
+two functions and imports heavy packages inside them:
 
     def fingerprint(options: BuildOptions) -> dict[str, Any]
         The options this stage's output depends on (JSON-able). Together with the keys of
@@ -7,13 +8,14 @@
     def run(ctx: StageContext) -> StageOutcome
         Reads upstream artifacts with ``ctx.artifact(name)``, writes only inside
         ``ctx.stage_dir``, reports progress with ``ctx.progress(msg)`` and logs details to
-        ``ctx.log``. Raises ``TrtpackError`` subclasses for the user's errors; any other
-        exception becomes a ``StageError`` (exit 4) with the traceback in the stage log.
+        ``ctx.log``; its ``StageOutcome.metrics`` is the stage's own ``StageMetrics``
+        dataclass (``base.py``). Raises ``TrtpackError`` subclasses for the user's errors;
+        any other exception becomes a ``StageError`` (exit 4) with the traceback in the log.
 
 Artifacts by name (what each stage adds to ``ctx.artifacts``):
 
     export     onnx          model.onnx + model.onnx.data (the weights; the stage runs in a
-                             child process, see ``Stage.isolated``)
+                             process of its own, see ``Stage.isolated``)
                reference     reference.npz: inputs at every profile corner + PyTorch outputs
                tokenizer     tokenizer/ (tokenizer files), when the recipe has one
                model_config  config.json of the model (labels, geometry)
@@ -21,10 +23,11 @@ Artifacts by name (what each stage adds to ``ctx.artifacts``):
                user's ONNX, weights in model.onnx.data), reference (inputs + the outputs of
                that FP32 ONNX in ONNX Runtime), tokenizer and model_config when beside it
     simplify   onnx          the simplified model, weight matrices in model.onnx.data (or
-                             export's, when onnxsim failed)
+                             export's, when onnxsim failed; a process of its own too)
     verify     fp32_outputs  fp32_outputs.npz: the same cases with ONNX Runtime FP32 outputs
     precision  precision_onnx  the FP16 / INT8 ONNX (skipped for fp32)
                recipe_overlay  recipe overlay with the nodes kept in high precision
-    engine     engine        model.plan;  engine_provenance  model.plan.json
+    engine     engine        model.plan;  engine_provenance  model.plan.json;
+               engine_trtexec  the equivalent trtexec command
     package    model_repository  model_repository/ (Triton), written last
 """
