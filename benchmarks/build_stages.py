@@ -3,8 +3,15 @@
     python benchmarks/build_stages.py --recipe bert-large --profile 1x16:4x64:8x128 \
         --precision fp32 --json benchmarks/results/build-bert-large-fp32.json
 
+    python benchmarks/build_stages.py --recipe minilm --pretrained --profile "" \
+        --precision fp32 --warm-up --json benchmarks/results/build-minilm-fp32.json
+
 Runs the CLI in a child process with an empty stage cache (a cold build), then once more
-with the warm cache (a rebuild with nothing changed), and prints both.
+with the warm cache (a rebuild with nothing changed), and prints both. ``--warm-up`` first
+runs one untimed build with a throwaway cache, so the cold build finds the OS file cache
+warm (the model's files, the Python packages) as on a machine that has built before;
+``--pretrained`` uses the recipe's real weights instead of ``--random-weights``; an empty
+``--profile`` uses the recipe's own profiles.
 """
 
 from __future__ import annotations
@@ -21,9 +28,9 @@ from _measure import machine, run_measured
 
 def build(recipe: str, profile: str, precision: str, out: Path, cache: Path,
           extra: list[str]) -> tuple[dict, float, float]:
-    cmd = [sys.executable, "-m", "trtpack.cli", "build", recipe, "--random-weights",
-           "--target", "cpu", "--precision", precision, "--profile", profile,
-           "--out", str(out), "--cache-dir", str(cache), "--json", *extra]
+    cmd = [sys.executable, "-m", "trtpack.cli", "build", recipe, "--target", "cpu",
+           "--precision", precision, "--out", str(out), "--cache-dir", str(cache), "--json",
+           *(["--profile", profile] if profile else []), *extra]
     m = run_measured(cmd)
     if m.returncode != 0:
         raise SystemExit(f"build failed ({m.returncode}):\n{m.stderr[-4000:]}")
@@ -35,17 +42,27 @@ def main() -> None:
     parser.add_argument("--recipe", default="bert-large")
     parser.add_argument("--profile", default="1x16:4x64:8x128")
     parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--pretrained", action="store_true",
+                        help="the recipe's real weights (default: --random-weights)")
+    parser.add_argument("--warm-up", action="store_true",
+                        help="one untimed build first (warm OS file cache)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("extra", nargs="*", help="more trtpack build flags")
     args = parser.parse_args()
+    if not args.pretrained:
+        args.extra = ["--random-weights", *args.extra]
     with tempfile.TemporaryDirectory() as tmp:
         cache, out = Path(tmp) / "cache", Path(tmp) / "out"
+        if args.warm_up:
+            build(args.recipe, args.profile, args.precision, Path(tmp) / "warm-up",
+                  Path(tmp) / "warm-up-cache", args.extra)
         cold, cold_s, cold_peak = build(args.recipe, args.profile, args.precision, out, cache,
                                         args.extra)
         warm, warm_s, warm_peak = build(args.recipe, args.profile, args.precision, out, cache,
                                         args.extra)
-    print(f"trtpack build {args.recipe} --random-weights --target cpu --precision "
-          f"{args.precision} --profile {args.profile}")
+    profile = f" --profile {args.profile}" if args.profile else ""
+    print(f"trtpack build {args.recipe} {' '.join(args.extra)} --target cpu --precision "
+          f"{args.precision}{profile}")
     print("| stage | status | seconds | peak MB | details |")
     print("|---|---|---|---|---|")
     for s in cold["stages"]:
@@ -58,6 +75,7 @@ def main() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
             "machine": machine(), "recipe": args.recipe, "profile": args.profile,
+            "flags": args.extra, "warm_up": args.warm_up,
             "precision": args.precision, "cold": {"seconds": cold_s, "peak_mb": cold_peak,
                                                   "report": cold},
             "warm": {"seconds": warm_s, "peak_mb": warm_peak, "report": warm}}, indent=2))
