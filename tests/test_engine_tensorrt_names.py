@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-import trtpack.engine.tensorrt_api as tensorrt_api_module
+import trtpack.runtimes.tensorrt as tensorrt_api_module
 from tests.tensorrt_names import (
     SUPPORTED_BINDINGS,
     BindingsNames,
@@ -36,8 +36,8 @@ from tests.tensorrt_names import (
     tensorrt_names,
     used_tensorrt_names,
 )
-from trtpack.engine import plan as engine_plan
-from trtpack.gpu import MIN_TENSORRT, parse_version
+from trtpack.engine import builder as engine_plan
+from trtpack.machine import MIN_TENSORRT, parse_version
 from trtpack.recipe import EngineSettings, resolve_model
 from trtpack.shapes import parse_profiles
 
@@ -114,7 +114,7 @@ def test_every_name_trtpacks_tensorrt_module_uses_exists_in_every_supported_vers
 
 def test_a_misspelled_tensorrt_name_in_the_module_is_reported_in_every_version(
         bindings: dict[str, tuple[Path, BindingsNames]]) -> None:
-    """The check above can fail: a copy of tensorrt_api.py with one TensorRT method
+    """The check above can fail: a copy of runtimes/tensorrt.py with one TensorRT method
     misspelled has exactly that name missing, in every supported version."""
     source = TENSORRT_API.read_text(encoding="utf-8")
     assert "engine.get_tensor_mode(" in source

@@ -97,21 +97,9 @@ def _source_digest() -> str:
 
 
 def tool_versions() -> dict[str, str | None]:
-    from importlib import metadata
+    from trtpack.machine import recorded_versions
 
-    versions: dict[str, str | None] = {"trtpack": __version__,
-                                       "trtpack_source": _source_digest()}
-    for dist in ("torch", "transformers", "onnx", "onnxruntime", "onnxscript", "onnx-ir",
-                 "onnxsim", "onnx-graphsurgeon", "polygraphy", "nvidia-modelopt", "onnxslim",
-                 "tokenizers"):
-        try:
-            versions[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            versions[dist] = None
-    from trtpack.gpu import tensorrt_version
-
-    versions["tensorrt"] = tensorrt_version()
-    return versions
+    return {"trtpack": __version__, "trtpack_source": _source_digest(), **recorded_versions()}
 
 
 def _stage_key(stage: Stage, fingerprint: dict[str, Any], upstream: str,
