@@ -20,11 +20,12 @@ import json
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from trtpack.engine.provenance import EngineProvenance, provenance_path
 from trtpack.errors import UserInputError
 from trtpack.model_io import ModelIO, model_io_from_onnx
+from trtpack.options import Serve
 from trtpack.recipe import Recipe, TritonSettings
 from trtpack.serving.config import (
     ENGINE_PLATFORM,
@@ -62,8 +63,6 @@ from trtpack.serving.tokenizer_model import (
 from trtpack.shapes import ShapeProfile
 from trtpack.tokenizer_files import VOCABULARY_FILES, has_tokenizer
 
-ServeMode = Literal["tensor", "text"]
-
 
 def _same_io(a: ModelIO, b: ModelIO) -> bool:
     def sig(io: ModelIO) -> list[tuple[str, str, int]]:
@@ -84,7 +83,7 @@ def write_model_repository(
     profiles: Sequence[ShapeProfile],
     model_path: Path,
     gpu: bool = False,
-    serve: ServeMode = "tensor",
+    serve: Serve = "tensor",
     fallback_cpu: bool = False,
     fallback_onnx: Path | None = None,
     tokenizer_dir: Path | None = None,
@@ -107,6 +106,8 @@ def write_model_repository(
     Model Analyzer config and a README; they name the repository by ``repository_ref``
     (relative to ``tuning_dir``; default the relative path between the two folders now, so
     pass e.g. ``"../model_repository"`` when both are written under temporary names).
+    Which ``serve`` / ``fallback_cpu`` combinations a build may ask for is decided once, by
+    ``api.resolve_options``; this checks only what the files themselves must provide.
     """
     settings = settings or recipe.triton
     name = name or recipe.name
