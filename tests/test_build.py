@@ -15,10 +15,11 @@ import onnxruntime as ort
 import pytest
 
 from tests.conftest import run_cli
+from trtpack.model_io import model_io_from_onnx
 from trtpack.onnx_files import sha256_file
 from trtpack.report import BuildReport
 from trtpack.samples import make_inputs
-from trtpack.serving.config import check_config, model_io_from_onnx, read_config
+from trtpack.serving.config import check_config, read_config
 from trtpack.shapes import TensorSpec
 
 

@@ -16,7 +16,8 @@ import pytest
 from tests.conftest import run_cli
 from tests.hf_models import VISION_MODELS, VOCAB, make_model_dir, make_sentence_transformers_dir
 from trtpack.cases import load_cases
-from trtpack.serving.config import check_config, model_io_from_onnx, read_config
+from trtpack.model_io import model_io_from_onnx
+from trtpack.serving.config import check_config, read_config
 
 PROFILE = "1x8:2x16:4x32"
 

@@ -9,7 +9,8 @@ import onnxruntime as ort
 import pytest
 
 from tests.conftest import run_cli
-from trtpack.serving.config import check_config, model_io_from_onnx, read_config
+from trtpack.model_io import model_io_from_onnx
+from trtpack.serving.config import check_config, read_config
 
 SENTENCES = [
     "A man is playing a guitar on the stage.",

@@ -19,8 +19,9 @@ from tests.conftest import run_cli
 from tests.hf_models import copy_tokenizer, make_model_dir
 from trtpack.cases import load_cases
 from trtpack.errors import UserInputError
+from trtpack.model_io import model_io_from_onnx
 from trtpack.resolve import resolve_model
-from trtpack.serving.config import check_config, model_io_from_onnx, read_config
+from trtpack.serving.config import check_config, read_config
 
 
 def export_outside(folder: Path, external: bool) -> Path:
@@ -360,7 +361,7 @@ def test_gpt2_style_tokenizer_without_tokenizer_json_is_found_and_loaded(tmp_pat
     """vocab.json + merges.txt (a byte-level BPE saved the GPT-2 way, no tokenizer.json):
     the resolver, the model loader and the served vocabulary all read it."""
     from trtpack.models import load_tokenizer
-    from trtpack.serving.ensemble import vocabulary
+    from trtpack.serving.postprocess import vocabulary
 
     folder = tmp_path / "gpt2-bpe"
     folder.mkdir()

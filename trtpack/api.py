@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trtpack.errors import UserInputError, require_modules
+from trtpack.machine import required_modules
 from trtpack.options import BuildOptions, Fallback, Serve, default_cache_dir
 from trtpack.pipeline.runner import build as run_pipeline
 from trtpack.recipe import PRECISIONS, Recipe, apply_overrides, resolve_model
@@ -14,18 +15,6 @@ from trtpack.report import REPORT, BuildReport
 from trtpack.shapes import parse_profiles
 from trtpack.stages.base import ProgressCallback
 from trtpack.targets import AUTO, CPU, Target, engine_support_problem, resolve_target
-
-# What the stages import (import name → pip package), checked before any work starts so a
-# missing package is exit 3 at once, not exit 4 after minutes of export.
-CPU_STAGE_MODULES = {
-    "torch": "torch", "transformers": "transformers", "onnx": "onnx",
-    "onnxruntime": "onnxruntime", "onnxsim": "onnxsim", "polygraphy": "polygraphy",
-}
-# ModelOpt's ONNX path without its [onnx] extra: modelopt.onnx imports these at import time.
-MODELOPT_MODULES = {
-    "modelopt": "nvidia-modelopt", "onnxslim": "onnxslim", "onnx_graphsurgeon":
-    "onnx-graphsurgeon", "ml_dtypes": "ml_dtypes", "lief": "lief", "cppimport": "cppimport",
-}
 
 
 @dataclass
@@ -60,10 +49,10 @@ def resolve_target_for_build(name: str, build_engine: bool,
     GPU and TensorRT are present, else ``cpu`` (with a warning). An explicit GPU target
     never falls back: a missing GPU or TensorRT is an error (exit 3) raised before any work,
     unless ``--no-engine`` was given."""
-    from trtpack import gpu
+    from trtpack import local_targets
 
     if name.strip().lower() == AUTO:
-        local = gpu.local_target()
+        local = local_targets.local_target()
         if local is not None and engine_support_problem(local) is None:
             return local, []
         why = (engine_support_problem(local) if local is not None else
@@ -76,7 +65,7 @@ def resolve_target_for_build(name: str, build_engine: bool,
         if problem is not None:
             raise UserInputError(problem, hint="use --target cpu, or --no-engine for the ONNX "
                                  "models only")
-        gpu.check_engine_environment(target, hardware_compatibility)  # type: ignore[arg-type]
+        local_targets.check_engine_environment(target, hardware_compatibility)  # type: ignore[arg-type]
     return target, []
 
 
@@ -97,10 +86,12 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
             f"unknown precision '{precision}'; choose one of {', '.join(PRECISIONS)}"
         )
     profiles = parse_profiles(list(request.profiles) or recipe.profiles, recipe.input_specs())
-    require_modules(CPU_STAGE_MODULES, purpose="trtpack build",
+    # checked before any work starts: a missing package is exit 3 at once, not exit 4 later
+    require_modules(required_modules("build"), purpose="trtpack build",
                     install="'trtpack[onnx]' (and torch==2.13.0 on a CPU machine)")
     if precision != "fp32":
-        require_modules(MODELOPT_MODULES, purpose=f"--precision {precision} (NVIDIA ModelOpt)",
+        require_modules(required_modules("modelopt"),
+                        purpose=f"--precision {precision} (NVIDIA ModelOpt)",
                         install="'trtpack[modelopt]'")
     if request.opset is not None and not 13 <= request.opset <= 23:
         raise UserInputError(f"--opset {request.opset} is outside 13..23")

@@ -5,7 +5,7 @@ text when the recipe has a tokenizer), three runtimes are timed the same way (wa
 as many runs as fit in a fixed time budget):
 
 * ``served``: the served model in its own runtime: ONNX Runtime for ``--target cpu``, the
-  TensorRT engine (through ``trtpack.engine.tensorrt_api``, as the engine stage runs it) on a
+  TensorRT engine (through ``trtpack.runtimes.tensorrt``, as the engine stage runs it) on a
   GPU target;
 * ``onnx-fp32``: the FP32 ONNX (the verify stage's model) in ONNX Runtime;
 * ``pytorch``: PyTorch eager, loaded from the build's recipe as the export stage loads it.
@@ -31,7 +31,7 @@ import numpy as np
 from trtpack.cases import Case, load_cases
 from trtpack.errors import MissingEnvironmentError, UserInputError, require_modules
 from trtpack.report import REPORT, BuildReport
-from trtpack.serving.repository import REPOSITORY
+from trtpack.serving.layout import REPOSITORY
 
 RECIPE = "recipe.yaml"
 # the recorded inputs: the export stage's, or the import stage's for an ONNX file given as MODEL
@@ -94,7 +94,7 @@ def machine_info() -> dict[str, Any]:
     """CPU model and cores, memory, GPU name (when there is one), load average."""
     import psutil
 
-    from trtpack.gpu import detect_gpu
+    from trtpack.machine import detect_gpu
 
     cpu = platform.processor() or platform.machine()
     try:
@@ -260,7 +260,7 @@ def onnxruntime_runner(model: Path, threads: int) -> Runner:
 def tensorrt_runner(engine_path: Path, profiles: set[int], stack: ExitStack) -> Runner:
     """NOT RUN on any GPU yet (no GPU or TensorRT where this was written): the engine through
     the runner the engine stage verifies it with, one execution context per profile."""
-    from trtpack.engine import tensorrt_api
+    from trtpack.runtimes import tensorrt as tensorrt_api
 
     engine = tensorrt_api.load_engine(engine_path)
     infers = {p: stack.enter_context(tensorrt_api.engine_runner(engine, p)) for p in profiles}
@@ -329,7 +329,7 @@ def pytorch_runner(build: BuildFolder, threads: int, device: str, stack: ExitSta
 def check_runtime(build: BuildFolder) -> None:
     """``MissingEnvironmentError`` (exit 3) when the served model's runtime is not here."""
     if build.is_engine:
-        from trtpack.gpu import engine_environment
+        from trtpack.local_targets import engine_environment
         from trtpack.targets import resolve_target
 
         env = engine_environment(resolve_target(build.report.target))

@@ -383,7 +383,8 @@ def targets() -> None:
     """List the deployment targets: instance families, their GPUs and compute capability.
 
     The 'here' column marks the targets whose engines this machine's GPU can build."""
-    from trtpack.gpu import detect_gpu, targets_table
+    from trtpack.local_targets import targets_table
+    from trtpack.machine import detect_gpu
 
     table = Table(title="targets (--target)")
     for col in ("target", "GPU", "sm", "architecture", "also", "here", "engines"):

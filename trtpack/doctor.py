@@ -2,37 +2,17 @@
 
 from __future__ import annotations
 
-from importlib import metadata
 from typing import Any
-
-COMPONENTS: tuple[tuple[str, str], ...] = (
-    ("torch", "export (PyTorch → ONNX)"),
-    ("transformers", "loading Hugging Face models"),
-    ("onnx", "every ONNX stage"),
-    ("onnxruntime", "verification on CPU, --target cpu serving"),
-    ("onnxsim", "simplify"),
-    ("polygraphy", "comparison, TensorRT engine build"),
-    ("nvidia-modelopt", "--precision fp16 / int8"),
-    ("tensorrt", "TensorRT engines (pip install 'trtpack[tensorrt-cu12]', or NGC)"),
-    ("tritonclient", "Triton config schema"),
-)
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def environment_report() -> dict[str, Any]:
-    from trtpack.api import MODELOPT_MODULES
     from trtpack.errors import MissingEnvironmentError, require_modules
-    from trtpack.gpu import TENSORRT_INSTALL, detect_gpu, local_target, tensorrt_version
+    from trtpack.local_targets import local_target
+    from trtpack.machine import PACKAGES, TENSORRT_INSTALL, detect_gpu, required_modules
 
     # TensorRT is installed as 'tensorrt' (NGC) or 'tensorrt-cu12/-cu13' (pip): any of them
-    components = [{"name": n, "version": tensorrt_version() if n == "tensorrt" else _version(n),
-                   "purpose": p} for n, p in COMPONENTS]
+    components = [{"name": p.name, "version": p.version(), "purpose": p.purpose}
+                  for p in PACKAGES if p.shown]
     gpu = detect_gpu()
     components.append({
         "name": "NVIDIA GPU",
@@ -48,7 +28,7 @@ def environment_report() -> dict[str, Any]:
     else:
         summary.append("CPU stages need: pip install 'trtpack[onnx]'")
     try:
-        require_modules(MODELOPT_MODULES, purpose="precision conversion (fp16/int8)",
+        require_modules(required_modules("modelopt"), purpose="precision conversion (fp16/int8)",
                         install="'trtpack[modelopt]'")
         summary.append("precision conversion (fp16/int8): available")
     except MissingEnvironmentError as e:

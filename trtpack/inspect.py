@@ -16,7 +16,7 @@ from typing import Any
 
 from trtpack.engine.provenance import EngineProvenance, provenance_path, runs_here
 from trtpack.errors import UserInputError
-from trtpack.serving.config import ModelIO
+from trtpack.model_io import ModelIO
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class MachineFacts:
 
     @classmethod
     def detect(cls) -> MachineFacts:
-        from trtpack.gpu import detect_gpu, tensorrt_version
+        from trtpack.machine import detect_gpu, tensorrt_version
 
         gpu = detect_gpu()
         return cls(gpu.name if gpu else None, gpu.compute_capability if gpu else None,
@@ -117,12 +117,12 @@ class Inspection:
 
 def _io_from_engine_file(plan: Path) -> ModelIO | None:
     """Deserialize an engine to read its I/O (only when TensorRT is installed and works)."""
-    from trtpack.gpu import detect_gpu, tensorrt_available
+    from trtpack.machine import detect_gpu, tensorrt_available
 
     if not tensorrt_available() or detect_gpu() is None:
         return None
-    from trtpack.engine import tensorrt_api
-    from trtpack.engine.triton_config import engine_model_io
+    from trtpack.model_io import engine_model_io
+    from trtpack.runtimes import tensorrt as tensorrt_api
 
     try:
         return engine_model_io(tensorrt_api.engine_tensors(tensorrt_api.load_engine(plan)))

@@ -19,7 +19,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
               "trtpack.options", "trtpack.onnx_files", "trtpack.processes",
               "trtpack.resources", "trtpack.cases", "trtpack.samples",
               "trtpack.tokenizer_files", "trtpack.module_paths", "trtpack.model_io",
-              "trtpack.gpu", "trtpack.machine")),
+              "trtpack.gpu", "trtpack.machine", "trtpack.local_targets")),
     ("runtimes", ("trtpack.runtimes",)),
     ("libraries", ("trtpack.precision", "trtpack.engine", "trtpack.serving",
                    "trtpack.verification", "trtpack.quantization_search",
@@ -38,7 +38,9 @@ def layer_of(module: str) -> int | None:
     best: tuple[int, int] | None = None  # (prefix length, layer)
     for index, (_, prefixes) in enumerate(LAYERS):
         for prefix in prefixes:
-            if (module == prefix or module.startswith(prefix + ".")) and (
+            inside = module == prefix or (prefix != "trtpack"
+                                          and module.startswith(prefix + "."))
+            if inside and (
                     best is None or len(prefix) > best[0]):
                 best = (len(prefix), index)
     return None if best is None else best[1]

@@ -1,7 +1,7 @@
 """Real TensorRT engines on a real GPU (skipped elsewhere; see conftest.py).
 
 1. A tiny ONNX model (made here with onnx.helper: float and int64 inputs, dynamic batch and
-   sequence) built directly with trtpack.engine.tensorrt_api into an engine with two
+   sequence) built directly with trtpack.runtimes.tensorrt into an engine with two
    profiles, run at each profile's min/opt/max and compared with ONNX Runtime; timing cache
    miss then hit; the Triton config from the engine's real I/O.
 2. The same model in FP16 (casts in the ONNX): the strongly typed engine keeps the ONNX's
@@ -23,17 +23,18 @@ import pytest
 
 from tests.conftest import run_cli
 from trtpack.cases import Case
-from trtpack.engine import tensorrt_api
-from trtpack.engine.plan import builder_settings, tensorrt_profiles, timing_cache_path
+from trtpack.engine.builder import builder_settings, tensorrt_profiles, timing_cache_path
 from trtpack.engine.provenance import EngineProvenance, provenance_path
-from trtpack.engine.triton_config import engine_model_config, engine_model_io
 from trtpack.errors import MissingEnvironmentError
-from trtpack.gpu import LocalGpu, check_engine_environment, parse_version
 from trtpack.inspect import inspect_path
+from trtpack.local_targets import check_engine_environment
+from trtpack.machine import LocalGpu, parse_version
+from trtpack.model_io import engine_model_io
 from trtpack.onnx_files import sha256_file
 from trtpack.recipe import EngineSettings, TritonSettings
 from trtpack.report import BuildReport
-from trtpack.serving.config import check_config, read_config
+from trtpack.runtimes import tensorrt as tensorrt_api
+from trtpack.serving.config import check_config, engine_model_config, read_config
 from trtpack.shapes import CORNERS, ShapeProfile, ShapeRange
 from trtpack.targets import TARGETS, Target
 

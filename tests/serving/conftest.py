@@ -15,7 +15,8 @@ import pytest
 
 from tests.serving.tritonserver import TritonServer, missing_reason, start_tritonserver
 from trtpack.recipe import RECIPES_DIR, Recipe, infer_recipe_from_hf_dir, load_recipe_file
-from trtpack.serving.repository import ModelRepository, write_model_repository
+from trtpack.serving.layout import ModelRepository
+from trtpack.serving.repository import write_model_repository
 from trtpack.shapes import ShapeProfile, parse_profiles
 from trtpack.tokenizer_files import TOKENIZER_FILES
 

@@ -13,9 +13,10 @@ import pytest
 from tests.conftest import run_cli
 from tests.serving.conftest import servable_copy
 from tests.serving.tritonserver import TritonServer
-from trtpack.serving.config import check_config, model_io_from_onnx, read_config
+from trtpack.model_io import model_io_from_onnx
+from trtpack.serving.config import check_config, read_config
 from trtpack.serving.ensemble import check_ensemble
-from trtpack.serving.repository import ModelRepository, ServedModel
+from trtpack.serving.layout import ModelRepository, ServedModel
 
 
 def test_serve_text_for_a_model_without_tokenizer_is_exit_2(tmp_path: Path) -> None:

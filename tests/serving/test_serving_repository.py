@@ -11,18 +11,13 @@ from pathlib import Path
 import pytest
 
 from tests.serving.conftest import BuiltModel
+from trtpack.api import BuildRequest, resolve_options
 from trtpack.engine.provenance import EngineProvenance, io_records, provenance_path
 from trtpack.errors import ExitCode, UserInputError
-from trtpack.serving.config import (
-    ModelIO,
-    TensorIO,
-    check_config,
-    model_io_from_onnx,
-    read_config,
-    write_config,
-)
+from trtpack.model_io import ModelIO, TensorIO, model_io_from_onnx
+from trtpack.serving.config import check_config, read_config, write_config
 from trtpack.serving.ensemble import check_ensemble
-from trtpack.serving.repository import ModelRepository
+from trtpack.serving.layout import ModelRepository
 
 
 def test_text_repository_layout(minilm_text_repo: ModelRepository) -> None:
@@ -190,13 +185,14 @@ def test_fallback_with_matching_io_gets_its_own_ensemble(minilm: BuiltModel,
     assert check_ensemble(repo.root, "minilm_cpu_ensemble") == []
 
 
-def test_serve_text_without_a_tokenizer_is_exit_2(minilm: BuiltModel, tmp_path: Path) -> None:
-    recipe = minilm.recipe.model_copy(update={"tokenizer": False})
+def test_serve_text_without_a_tokenizer_is_exit_2(tmp_path: Path) -> None:
+    # --serve / --fallback-cpu are validated in one place, the API, before any stage runs
+    request = BuildRequest("minilm", target="cpu", serve="text", out=tmp_path / "out",
+                           overrides=["tokenizer=false"])
     with pytest.raises(UserInputError, match="--serve text needs a tokenizer") as e:
-        BuiltModel(recipe, minilm.profiles, minilm.onnx, minilm.hf_dir).write(
-            tmp_path / "repo", serve="text")
+        resolve_options(request)
     assert e.value.exit_code == ExitCode.BAD_INPUT
-    assert not (tmp_path / "repo").exists()  # nothing written
+    assert not (tmp_path / "out").exists()  # nothing written
 
 
 def test_serve_text_with_an_empty_tokenizer_dir_is_exit_2(minilm: BuiltModel,
@@ -215,9 +211,11 @@ def test_serve_text_for_a_non_token_input_is_exit_2(minilm: BuiltModel, tmp_path
             tmp_path / "repo", serve="text")
 
 
-def test_fallback_cpu_on_a_cpu_build_is_exit_2(minilm: BuiltModel, tmp_path: Path) -> None:
-    with pytest.raises(UserInputError, match="--fallback-cpu"):
-        minilm.write(tmp_path / "repo", fallback_cpu=True)
+def test_fallback_cpu_on_a_cpu_build_is_exit_2(tmp_path: Path) -> None:
+    request = BuildRequest("minilm", target="cpu", fallback_cpu=True, out=tmp_path / "out")
+    with pytest.raises(UserInputError, match="--fallback-cpu") as e:
+        resolve_options(request)
+    assert e.value.exit_code == ExitCode.BAD_INPUT
 
 
 def test_an_engine_without_provenance_is_exit_2(minilm: BuiltModel, tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from tests.serving.tritonserver import TritonServer
 from trtpack.errors import UserInputError
 from trtpack.serving.config import read_config
 from trtpack.serving.ensemble import check_ensemble
-from trtpack.serving.repository import ModelRepository
+from trtpack.serving.layout import ModelRepository
 from trtpack.serving.sagemaker import archive_members, package_sagemaker
 
 TOKENIZER_FILES = ["special_tokens_map.json", "tokenizer.json", "tokenizer_config.json",
@@ -116,7 +116,7 @@ def test_ensemble_archive_alone_serves_text(packaged, tmp_path: Path,  # type: i
     with tarfile.open(archive.path, "r:gz") as tar:
         tar.extractall(extracted, filter="data")
     repo = ModelRepository(extracted, [])
-    from trtpack.serving.repository import ServedModel
+    from trtpack.serving.layout import ServedModel
 
     repo.models = [ServedModel(m, "model", extracted / m,
                                "onnxruntime_onnx" if m == "minilm" else "python")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from trtpack.serving.repository import ModelRepository
+from trtpack.serving.layout import ModelRepository
 
 
 def _tuning(repo: ModelRepository) -> Path:

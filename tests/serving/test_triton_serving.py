@@ -19,7 +19,7 @@ import pytest
 
 from tests.serving.conftest import CLASSIFIER_LABELS, BuiltModel, servable_copy
 from tests.serving.tritonserver import TritonServer, bundled_backends
-from trtpack.serving.repository import ModelRepository
+from trtpack.serving.layout import ModelRepository
 
 pytestmark = pytest.mark.triton
 

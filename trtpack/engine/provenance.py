@@ -14,12 +14,14 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from trtpack.gpu import parse_version
+from trtpack.machine import parse_version
+from trtpack.model_io import ModelIO, TensorIO
 from trtpack.onnx_files import data_path, sha256_file
-from trtpack.serving.config import ModelIO, TensorIO
+from trtpack.targets import AMPERE
 
+PLAN_FILENAME = "model.plan"
+"""A TensorRT engine's file name, in a build's engine stage and in the model repository."""
 PROVENANCE_SCHEMA = 1
-AMPERE = (8, 0)
 
 VARIES_BETWEEN_BUILDS = ("plan_sha256", "plan_bytes", "built_at", "build_seconds",
                          "timing_cache", "trtexec", "driver_version", "cuda_driver_version")

@@ -18,10 +18,6 @@ from trtpack import __version__
 from trtpack.onnx_files import link_tree
 
 META = "trtpack-stage.json"
-# the packages whose versions change what a stage produces
-VERSIONED_PACKAGES = ("torch", "transformers", "onnx", "onnxruntime", "onnxscript", "onnx-ir",
-                      "onnxsim", "onnx-graphsurgeon", "polygraphy", "nvidia-modelopt",
-                      "onnxslim", "tokenizers")
 
 
 def source_digest() -> str:
@@ -36,19 +32,10 @@ def source_digest() -> str:
 
 
 def tool_versions() -> dict[str, str | None]:
-    from importlib import metadata
+    """trtpack's version and code digest, and every package a build report records."""
+    from trtpack.machine import recorded_versions
 
-    versions: dict[str, str | None] = {"trtpack": __version__,
-                                       "trtpack_source": source_digest()}
-    for dist in VERSIONED_PACKAGES:
-        try:
-            versions[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            versions[dist] = None
-    from trtpack.gpu import tensorrt_version
-
-    versions["tensorrt"] = tensorrt_version()
-    return versions
+    return {"trtpack": __version__, "trtpack_source": source_digest(), **recorded_versions()}
 
 
 def stage_key(stage: str, fingerprint: dict[str, Any], upstream: str,

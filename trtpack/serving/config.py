@@ -1,91 +1,37 @@
 """Triton ``config.pbtxt`` from a model's real I/O, through Triton's protobuf schema.
 
-``ModelIO`` is the plain description of a model's tensors (from an ONNX file, an engine, or
-a Python-backend model). ``model_config`` turns it plus the shape profiles and the recipe's
-serving options into a ``ModelConfig`` message; ``write_config``/``read_config`` print and
-parse it with ``google.protobuf.text_format``; ``check_config`` proves a config and a model
-agree. tritonclient (the schema) and onnx are imported inside the functions.
+``model_config`` turns a ``ModelIO`` (``trtpack.model_io``) plus the shape profiles and the
+recipe's serving options into a ``ModelConfig`` message, for every platform;
+``onnx_model_config`` and ``engine_model_config`` add what is specific to ONNX Runtime and
+TensorRT models, and ``add_warmup`` is the one warm-up writer both use.
+``write_config``/``read_config`` print and parse a config with ``google.protobuf.text_format``;
+``check_config`` proves a config and a model agree. tritonclient (the schema) is imported
+inside the functions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from trtpack.engine.provenance import PLAN_FILENAME
 from trtpack.errors import UserInputError
+from trtpack.model_io import NUMPY_TO_TRITON, ModelIO, TensorIO
 from trtpack.recipe import TritonSettings
-from trtpack.shapes import BATCH_AXIS, ShapeProfile
-
-NUMPY_TO_TRITON = {
-    "bool": "TYPE_BOOL", "uint8": "TYPE_UINT8", "uint16": "TYPE_UINT16",
-    "uint32": "TYPE_UINT32", "uint64": "TYPE_UINT64", "int8": "TYPE_INT8",
-    "int16": "TYPE_INT16", "int32": "TYPE_INT32", "int64": "TYPE_INT64",
-    "float16": "TYPE_FP16", "float32": "TYPE_FP32", "float64": "TYPE_FP64",
-    "bytes": "TYPE_STRING", "object": "TYPE_STRING", "bfloat16": "TYPE_BF16",
-}
-TRITON_TO_NUMPY = {v: k for k, v in NUMPY_TO_TRITON.items() if k != "object"}
+from trtpack.shapes import ShapeProfile
 
 InstanceKind = Literal["KIND_CPU", "KIND_GPU", "KIND_MODEL"]
 
-
-@dataclass(frozen=True)
-class TensorIO:
-    """A served tensor: numpy dtype name and full shape; -1 marks a dynamic dimension.
-
-    ``batch_dynamic`` says the first dimension is the batch (dynamic, shared by all tensors).
-    """
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    batch_dynamic: bool = False
-
-
-@dataclass(frozen=True)
-class ModelIO:
-    inputs: tuple[TensorIO, ...]
-    outputs: tuple[TensorIO, ...]
-
-    @property
-    def all_batched(self) -> bool:
-        return all(t.batch_dynamic for t in (*self.inputs, *self.outputs))
+ONNX_PLATFORM = "onnxruntime_onnx"
+ENGINE_PLATFORM = "tensorrt_plan"
+ONNX_FILENAME = "model.onnx"
 
 
 def _schema() -> Any:
     from tritonclient.grpc import model_config_pb2
 
     return model_config_pb2
-
-
-ONNX_ELEM_TO_NUMPY = {
-    1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
-    8: "bytes", 9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64",
-    16: "bfloat16",
-}
-
-
-def model_io_from_onnx(path: Path, batch_axis: str = BATCH_AXIS) -> ModelIO:
-    """The real I/O of an ONNX file (weights are not loaded)."""
-    import onnx
-
-    model = onnx.load(str(path), load_external_data=False)
-    initializers = {i.name for i in model.graph.initializer}
-
-    def tensor(value: Any) -> TensorIO:
-        ttype = value.type.tensor_type
-        dims = []
-        for d in ttype.shape.dim:
-            dims.append(d.dim_value if d.HasField("dim_value") else -1)
-        first = ttype.shape.dim[0] if ttype.shape.dim else None
-        batch = first is not None and first.HasField("dim_param") and first.dim_param == batch_axis
-        return TensorIO(value.name, ONNX_ELEM_TO_NUMPY.get(ttype.elem_type, "float32"),
-                        tuple(dims), batch)
-
-    inputs = tuple(tensor(v) for v in model.graph.input if v.name not in initializers)
-    outputs = tuple(tensor(v) for v in model.graph.output)
-    return ModelIO(inputs, outputs)
 
 
 def max_batch_size(io: ModelIO, profiles: Sequence[ShapeProfile]) -> int:
@@ -144,6 +90,102 @@ def model_config(
         config.version_policy.latest.num_versions = 1
     if settings.response_cache:
         config.response_cache.enable = True
+    return config
+
+
+def _opt_batch(profile: ShapeProfile, limit: int) -> int:
+    return max(1, min(profile.axis_range(0)[1], limit))
+
+
+def _opt_dims(profile: ShapeProfile, t: TensorIO, batched: bool) -> list[int]:
+    """An input's dims at the profile's opt corner (batch excluded when ``batched``); an
+    input the profile does not name keeps its own shape if that has no dynamic dimension."""
+    if t.name in profile.shapes:
+        shape = tuple(profile.shapes[t.name].corner("opt"))
+    elif -1 not in _dims(t, batched):
+        shape = t.shape
+    else:
+        raise UserInputError(f"model input '{t.name}' has no shape in profile {profile}")
+    return list(shape[1:] if batched else shape)
+
+
+def add_warmup(config: Any, io: ModelIO, profiles: Sequence[ShapeProfile]) -> None:
+    """One warm-up request per profile, named ``profile_<k>_opt``, at the profile's opt shape
+    (batch clamped to ``max_batch_size``): random data for floating-point inputs, zeros for
+    integer ones (token ids and masks: Triton's random data is random bytes, which would be
+    ids outside the vocabulary)."""
+    mbs = int(config.max_batch_size)
+    batched = mbs > 0
+    for k, profile in enumerate(profiles):
+        sample = config.model_warmup.add(
+            name=f"profile_{k}_opt", batch_size=_opt_batch(profile, mbs) if batched else 1,
+            count=1)
+        for t in io.inputs:
+            entry = sample.inputs[t.name]
+            entry.data_type = _triton_type(t)
+            entry.dims.extend(_opt_dims(profile, t, batched))
+            if t.dtype.startswith("int"):
+                entry.zero_data = True
+            else:
+                entry.random_data = True
+
+
+def onnx_model_config(name: str, io: ModelIO, profiles: Sequence[ShapeProfile],
+                      settings: TritonSettings, kind: InstanceKind) -> Any:
+    """A ``ModelConfig`` serving ``1/model.onnx`` with ONNX Runtime on ``kind`` instances."""
+    config = model_config(name, io, profiles, settings, platform=ONNX_PLATFORM,
+                          kind=kind, default_model_filename=ONNX_FILENAME)
+    if settings.warmup:
+        add_warmup(config, io, profiles)
+    return config
+
+
+def engine_model_config(name: str, engine_io: ModelIO, profiles: Sequence[ShapeProfile],
+                        settings: TritonSettings) -> Any:
+    """A ``ModelConfig`` serving ``1/model.plan`` (a TensorRT engine).
+
+    - platform ``tensorrt_plan``, dims and data types as the engine has them;
+    - ``max_batch_size`` is the smallest max batch over the profiles (0 when some tensor
+      has no dynamic batch), so every batch Triton forms fits every profile;
+    - one GPU instance group listing every profile index: Triton picks the profile that
+      fits each request's shapes;
+    - dynamic batching with the profiles' opt batches as preferred sizes;
+    - ``settings.warmup``: one warm-up request per profile at its opt shape (``add_warmup``);
+    - ``settings.cuda_graphs``: CUDA graphs captured at each profile's opt shape.
+    """
+    if not profiles:
+        raise UserInputError("an engine config needs at least one profile")
+    config = model_config(
+        name, engine_io, profiles, settings, platform=ENGINE_PLATFORM, kind="KIND_GPU",
+        profile_names=[str(i) for i in range(len(profiles))],
+        default_model_filename=PLAN_FILENAME,
+    )
+    mbs = int(config.max_batch_size)
+    batched = mbs > 0
+    if settings.warmup:
+        add_warmup(config, engine_io, profiles)
+    if settings.cuda_graphs:
+        cuda = config.optimization.cuda
+        cuda.graphs = True
+        for profile in profiles:
+            spec = cuda.graph_spec.add(batch_size=_opt_batch(profile, mbs) if batched else 0)
+            for t in engine_io.inputs:
+                spec.input[t.name].dim.extend(_opt_dims(profile, t, batched))
+    return config
+
+
+def python_model_config(name: str, io: ModelIO, profiles: Sequence[ShapeProfile],
+                        settings: TritonSettings, params: Mapping[str, str]) -> Any:
+    """A Python-backend helper model (tokenizer, post-processing) on CPU instances: the
+    instance count and version policy of ``settings``; no cache, graphs, warm-up or
+    batching queue (Python models get one request per input tensor; queueing only adds
+    latency). ``params`` become the config's string parameters."""
+    helper = settings.model_copy(update={"response_cache": False, "cuda_graphs": False,
+                                         "warmup": False})
+    config = model_config(name, io, profiles, helper, backend="python", kind="KIND_CPU")
+    config.ClearField("dynamic_batching")
+    for key, value in params.items():
+        config.parameters[key].string_value = value
     return config
 
 

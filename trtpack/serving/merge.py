@@ -30,43 +30,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtpack.engine.provenance import EngineProvenance, provenance_path
-from trtpack.engine.triton_config import PLATFORM
+from trtpack.engine.provenance import provenance_path
 from trtpack.errors import UserInputError
 from trtpack.onnx_files import link_or_copy
-from trtpack.report import REPORT
-from trtpack.serving.config import check_config, config_text, read_config, write_config
-from trtpack.serving.repository import REPOSITORY, VERSION
+from trtpack.serving.config import check_config, read_config, write_config
+from trtpack.serving.engine_builds import (
+    EngineBuild,
+    build_error,
+    check_compatible,
+    model_names,
+    read_engine_build,
+    tree_files,
+)
+from trtpack.serving.layout import REPOSITORY, VERSION
 
 MERGE_REPORT = "merge.json"
 CPU_SUFFIX = "_cpu"
-SAME_FIELDS = ("onnx_sha256", "onnx_data_sha256", "precision", "profiles", "inputs", "outputs",
-               "tensorrt_version")
-"""Provenance fields every merged engine must share (see ``VARIES_BETWEEN_BUILDS`` for the
-ones that may differ)."""
-
-
 def engine_filename(compute_capability: tuple[int, int]) -> str:
     """``(8, 6)`` -> ``model.sm86.plan``."""
     return f"model.sm{compute_capability[0]}{compute_capability[1]}.plan"
-
-
-@dataclass(frozen=True)
-class EngineBuild:
-    """One build folder with its engine model, checked."""
-
-    folder: Path
-    name: str
-    target: str
-    model_dir: Path  # model_repository/<name>
-    plan: Path
-    provenance: EngineProvenance
-    config: Any  # the engine model's ModelConfig
-
-    @property
-    def cc_key(self) -> str:
-        major, minor = self.provenance.cc
-        return f"{major}.{minor}"
 
 
 @dataclass
@@ -81,112 +63,6 @@ class MergeResult:
     @property
     def repository(self) -> Path:
         return self.out_dir / REPOSITORY
-
-
-def _fail(folder: Path, problem: str) -> UserInputError:
-    return UserInputError(f"{folder}: {problem}")
-
-
-def read_engine_build(folder: Path) -> EngineBuild:
-    """A build folder and its TensorRT model, or a ``UserInputError`` saying what it lacks."""
-    if not folder.is_dir():
-        raise _fail(folder, "is not a folder")
-    report_path = folder / REPORT
-    if not report_path.is_file():
-        raise _fail(folder, f"is not a trtpack build folder (no {REPORT})")
-    try:
-        report = json.loads(report_path.read_text(encoding="utf-8"))
-        name, target = str(report["model"]), str(report["target"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise _fail(folder, f"{REPORT} is not a trtpack build report ({e})") from None
-    if target == "cpu":
-        raise _fail(folder, "is a CPU-only build (--target cpu): it has no TensorRT engine")
-    model_dir = folder / REPOSITORY / name
-    if not (model_dir / "config.pbtxt").is_file():
-        raise _fail(folder, f"has no {REPOSITORY}/{name}/config.pbtxt")
-    config = read_config(model_dir / "config.pbtxt")
-    if config.platform != PLATFORM:
-        raise _fail(folder, f"model '{name}' is served by {config.platform or config.backend}, "
-                            "not a TensorRT engine (a --no-engine build?)")
-    plan = model_dir / VERSION / (config.default_model_filename or "model.plan")
-    if not plan.is_file():
-        raise _fail(folder, f"has no engine {plan.relative_to(folder)}")
-    prov_file = provenance_path(plan)
-    if not prov_file.is_file():
-        raise _fail(folder, f"{prov_file.relative_to(folder)} is missing: where the engine "
-                            "was built, and for which GPU, is unknown")
-    try:
-        prov = EngineProvenance.load(prov_file)
-        prov.cc  # noqa: B018  (parses the compute capability)
-        prov.model_io()
-    except (OSError, ValueError, TypeError, KeyError) as e:
-        raise _fail(folder, f"{prov_file.relative_to(folder)} is not a valid trtpack "
-                            f"provenance file ({type(e).__name__}: {e})") from None
-    return EngineBuild(folder, name, target, model_dir, plan, prov, config)
-
-
-def _model_names(build: EngineBuild) -> set[str]:
-    repo = build.folder / REPOSITORY
-    return {p.name for p in repo.iterdir() if (p / "config.pbtxt").is_file()}
-
-
-def _tree_files(root: Path) -> dict[str, str]:
-    """Relative path -> sha256 of every file under ``root``."""
-    from trtpack.onnx_files import sha256_file
-
-    return {str(p.relative_to(root)): sha256_file(p)
-            for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def check_compatible(builds: Sequence[EngineBuild]) -> None:
-    """Every build against the first: same model, ONNX, precision, profiles, I/O, TensorRT,
-    Triton config and other models; one engine per compute capability."""
-    first = builds[0]
-    seen: dict[str, Path] = {}
-    for build in builds:
-        if build.cc_key in seen:
-            raise _fail(build.folder, f"has an engine for compute capability {build.cc_key} "
-                                      f"({build.provenance.gpu_name}), as {seen[build.cc_key]} "
-                                      "does: one engine per GPU family")
-        seen[build.cc_key] = build.folder
-        if build is first:
-            continue
-        if build.name != first.name:
-            raise _fail(build.folder, f"is model '{build.name}', {first.folder} is "
-                                      f"'{first.name}'")
-        for name in SAME_FIELDS:
-            mine, theirs = getattr(build.provenance, name), getattr(first.provenance, name)
-            if mine != theirs:
-                label = name.replace("_", " ")
-                verb = "differ" if label.endswith("s") else "differs"
-                raise _fail(build.folder, f"{label} {verb} from {first.folder}: "
-                                          f"{_short(mine)} vs {_short(theirs)}")
-        ours, reference = _comparable_config(build.config), _comparable_config(first.config)
-        if ours != reference:
-            raise _fail(build.folder, f"its Triton config of '{build.name}' differs from "
-                                      f"{first.folder}'s (other triton: settings?)")
-        others = _model_names(build) - {build.name}
-        if others != _model_names(first) - {first.name}:
-            raise _fail(build.folder, f"serves the models {sorted(others)}, {first.folder} "
-                                      f"serves {sorted(_model_names(first) - {first.name})} "
-                                      "(--serve / --fallback-cpu differ?)")
-        for model in sorted(others):
-            if _tree_files(build.folder / REPOSITORY / model) != \
-                    _tree_files(first.folder / REPOSITORY / model):
-                raise _fail(build.folder, f"its model '{model}' differs from {first.folder}'s")
-
-
-def _short(value: Any) -> str:
-    text = json.dumps(value) if not isinstance(value, str) else value
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _comparable_config(config: Any) -> str:
-    copy = type(config)()
-    copy.CopyFrom(config)
-    copy.ClearField("default_model_filename")
-    copy.ClearField("cc_model_filenames")
-    return config_text(copy)
 
 
 def merged_config(builds: Sequence[EngineBuild]) -> Any:
@@ -227,14 +103,14 @@ def merge_builds(build_dirs: Sequence[Path], out: Path,
     check_compatible(builds)
     first = builds[0]
     name = first.name
-    others = sorted(_model_names(first) - {name})
+    others = sorted(model_names(first) - {name})
     cpu_source: Path | None = None
     warnings: list[str] = []
     if fallback_cpu and f"{name}{CPU_SUFFIX}" not in others:
         cpu_source = first.folder / "artifacts" / "simplify" / "model.onnx"
         if not cpu_source.is_file():
-            raise _fail(first.folder, f"--fallback-cpu needs the FP32 ONNX {cpu_source.name} "
-                                      "in artifacts/simplify/, which is missing")
+            raise build_error(first.folder, f"--fallback-cpu needs the FP32 ONNX {cpu_source.name} "
+                                            "in artifacts/simplify/, which is missing")
         if any(m.endswith("_ensemble") for m in others):
             warnings.append(f"no {name}{CPU_SUFFIX}_ensemble: build with --fallback-cpu to "
                             "get a text ensemble over the CPU model")
@@ -256,7 +132,7 @@ def merge_builds(build_dirs: Sequence[Path], out: Path,
         write_config(repo / name / "config.pbtxt", config)
         read_config(repo / name / "config.pbtxt")  # parses back with Triton's schema
         for model in others:
-            for rel in _tree_files(first.folder / REPOSITORY / model):
+            for rel in tree_files(first.folder / REPOSITORY / model):
                 link_or_copy(first.folder / REPOSITORY / model / rel, repo / model / rel)
         models = [name, *others]
         if cpu_source is not None:
@@ -277,9 +153,10 @@ def merge_builds(build_dirs: Sequence[Path], out: Path,
 def _write_cpu_model(repo: Path, name: str, onnx: Path, build: EngineBuild) -> str:
     """``<name>_cpu``: the FP32 ONNX on ONNX Runtime with CPU instances, its config from the
     ONNX's real I/O and the engine config's batching and instance settings."""
+    from trtpack.model_io import model_io_from_onnx
     from trtpack.recipe import TritonSettings
-    from trtpack.serving.config import model_io_from_onnx
-    from trtpack.serving.repository import copy_onnx, onnx_model_config
+    from trtpack.serving.config import onnx_model_config
+    from trtpack.serving.layout import copy_onnx
     from trtpack.shapes import ShapeProfile
 
     cpu_name = f"{name}{CPU_SUFFIX}"

@@ -25,7 +25,7 @@ from typing import Any
 
 from trtpack.errors import UserInputError
 from trtpack.serving.config import read_config
-from trtpack.serving.repository import REPOSITORY
+from trtpack.serving.layout import REPOSITORY
 
 NOTE = "SAGEMAKER.md"
 DEFAULT_DEST = "sagemaker"

@@ -22,7 +22,7 @@ from trtpack.shapes import ShapeProfile
 
 if TYPE_CHECKING:
     from trtpack.cases import Case
-    from trtpack.serving.repository import ModelRepository
+    from trtpack.serving.layout import ModelRepository
 
 PERF_SCRIPT = "perf_analyzer.sh"
 MODEL_ANALYZER_CONFIG = "model_analyzer.yaml"

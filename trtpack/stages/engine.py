@@ -17,22 +17,27 @@ from typing import Any
 
 from trtpack import __version__
 from trtpack.cases import load_cases
-from trtpack.engine import plan as engine_plan
-from trtpack.engine.provenance import EngineProvenance, io_records, onnx_hashes, provenance_path
-from trtpack.engine.triton_config import engine_model_io
-from trtpack.gpu import check_engine_environment, cuda_driver_version, parse_version
+from trtpack.engine import builder
+from trtpack.engine.provenance import (
+    PLAN_FILENAME,
+    EngineProvenance,
+    io_records,
+    onnx_hashes,
+    provenance_path,
+)
+from trtpack.local_targets import check_engine_environment
+from trtpack.machine import cuda_driver_version, parse_version
+from trtpack.model_io import engine_model_io, model_io_from_onnx
 from trtpack.onnx_files import sha256_file
 from trtpack.options import BuildOptions
-from trtpack.serving.config import model_io_from_onnx
 from trtpack.stages.base import StageContext, StageOutcome
 from trtpack.verification import compare_cases
 
 CHECK = "engine-vs-onnx"
-PLAN = "model.plan"
 
 
 def fingerprint(options: BuildOptions) -> dict[str, Any]:
-    from trtpack.gpu import tensorrt_version
+    from trtpack.machine import tensorrt_version
 
     gpu = options.target.gpu
     return {
@@ -61,19 +66,19 @@ def final_path(ctx: StageContext, path: Path) -> Path:
 
 
 def run(ctx: StageContext) -> StageOutcome:
-    from trtpack.engine import tensorrt_api
+    from trtpack.runtimes import tensorrt as tensorrt_api
 
     o = ctx.options
     env = check_engine_environment(o.target, o.recipe.engine.hardware_compatibility)
     assert env.gpu is not None
     onnx = engine_onnx(ctx)
     onnx_io = model_io_from_onnx(onnx)
-    profiles = engine_plan.tensorrt_profiles(o.profiles, [t.name for t in onnx_io.inputs])
+    profiles = builder.tensorrt_profiles(o.profiles, [t.name for t in onnx_io.inputs])
     trt_version = tensorrt_api.tensorrt_version()
-    settings = engine_plan.builder_settings(o.recipe.engine, parse_version(trt_version))
-    cache = engine_plan.timing_cache_path(o.cache_dir, env.gpu.compute_capability, trt_version,
+    settings = builder.builder_settings(o.recipe.engine, parse_version(trt_version))
+    cache = builder.timing_cache_path(o.cache_dir, env.gpu.compute_capability, trt_version,
                                           settings.hardware_compatibility, o.timing_cache)
-    plan = ctx.stage_dir / PLAN
+    plan = ctx.stage_dir / PLAN_FILENAME
     cache_hit = cache.is_file() and cache.stat().st_size > 0
     ctx.progress(f"building on {env.gpu.name} (sm {env.gpu.sm}) with TensorRT {trt_version}, "
                  f"{len(profiles)} profile(s), timing cache {'hit' if cache_hit else 'miss'}")
@@ -89,9 +94,9 @@ def run(ctx: StageContext) -> StageOutcome:
     rows = compare_cases(CHECK, o.recipe, o.precision, cases, outputs)
     del engine
 
-    trtexec = engine_plan.trtexec_command(final_path(ctx, onnx), final_path(ctx, plan), profiles,
+    trtexec = builder.trtexec_command(final_path(ctx, onnx), final_path(ctx, plan), profiles,
                                           settings, cache)
-    command = engine_plan.command_text(trtexec)
+    command = builder.command_text(trtexec)
     script = ctx.stage_dir / "trtexec.sh"
     script.write_text("#!/usr/bin/env bash\n# Builds the same engine with trtexec "
                       f"(TensorRT {trt_version}, {env.gpu.name}).\nset -euo pipefail\n"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trtpack.options import BuildOptions
-from trtpack.serving.repository import REPOSITORY
+from trtpack.serving.layout import REPOSITORY
 from trtpack.stages.base import StageContext, StageOutcome
 
 TUNING = "tuning"

@@ -1,6 +1,6 @@
 """The Triton config of an engine from a description of its I/O and profiles (CPU).
 
-The engine I/O is given as ``EngineTensor`` values: what ``tensorrt_api.engine_tensors``
+The engine I/O is given as ``EngineTensor`` values: what ``runtimes.tensorrt.engine_tensors``
 returns from a real engine. The one test of that reader uses a stand-in object with the
 four TensorRT methods it calls; it checks our loop, not TensorRT.
 """
@@ -13,15 +13,11 @@ from pathlib import Path
 import pytest
 
 from trtpack.engine.provenance import EngineProvenance, io_records, provenance_path
-from trtpack.engine.triton_config import (
-    EngineTensor,
-    engine_model_config,
-    engine_model_io,
-    write_engine_model,
-)
 from trtpack.errors import UserInputError
+from trtpack.model_io import EngineTensor, engine_model_io
 from trtpack.recipe import TritonSettings, resolve_model
-from trtpack.serving.config import check_config, config_text, read_config
+from trtpack.serving.config import check_config, config_text, engine_model_config, read_config
+from trtpack.serving.layout import write_engine_model
 from trtpack.shapes import parse_profiles
 
 pb = pytest.importorskip("tritonclient.grpc.model_config_pb2")
@@ -95,7 +91,7 @@ def test_warmup_one_request_per_profile_at_opt(profiles: list) -> None:
     config = engine_model_config("minilm", engine_model_io(BERT_TENSORS), profiles,
                                  TritonSettings(warmup=True))
     w0, w1 = config.model_warmup
-    assert (w0.name, w0.batch_size) == ("profile0_opt", 4)
+    assert (w0.name, w0.batch_size) == ("profile_0_opt", 4)
     assert list(w0.inputs["input_ids"].dims) == [32] and w0.inputs["input_ids"].zero_data
     assert pb.DataType.Name(w0.inputs["attention_mask"].data_type) == "TYPE_INT64"
     assert w1.batch_size == 8  # opt batch 16 clamped to max_batch_size 8
@@ -192,7 +188,7 @@ def test_engine_tensors_loop_with_a_labelled_stand_in(monkeypatch: pytest.Monkey
     import sys
     import types
 
-    from trtpack.engine import tensorrt_api
+    from trtpack.runtimes import tensorrt as tensorrt_api
 
     input_mode = object()
     fake_trt = types.SimpleNamespace(TensorIOMode=types.SimpleNamespace(INPUT=input_mode))

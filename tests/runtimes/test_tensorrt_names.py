@@ -2,7 +2,7 @@
 
 Checked against the bindings' names, not run: the wheels' ``tensorrt.so`` cannot load
 without libnvinfer (and a GPU), so these tests read the names it defines (see
-tests/tensorrt_names.py) and check that
+tests/runtimes/tensorrt_names.py) and check that
 
 1. every TensorRT attribute trtpack's TensorRT module uses (read from its AST) exists in
    each supported version;
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-import trtpack.engine.tensorrt_api as tensorrt_api_module
-from tests.tensorrt_names import (
+import trtpack.runtimes.tensorrt as tensorrt_api_module
+from tests.runtimes.tensorrt_names import (
     SUPPORTED_BINDINGS,
     BindingsNames,
     StandInTensorRT,
@@ -36,8 +36,8 @@ from tests.tensorrt_names import (
     tensorrt_names,
     used_tensorrt_names,
 )
-from trtpack.engine import plan as engine_plan
-from trtpack.gpu import MIN_TENSORRT, parse_version
+from trtpack.engine import builder as engine_plan
+from trtpack.machine import MIN_TENSORRT, parse_version
 from trtpack.recipe import EngineSettings, resolve_model
 from trtpack.shapes import parse_profiles
 
@@ -114,7 +114,7 @@ def test_every_name_trtpacks_tensorrt_module_uses_exists_in_every_supported_vers
 
 def test_a_misspelled_tensorrt_name_in_the_module_is_reported_in_every_version(
         bindings: dict[str, tuple[Path, BindingsNames]]) -> None:
-    """The check above can fail: a copy of tensorrt_api.py with one TensorRT method
+    """The check above can fail: a copy of runtimes/tensorrt.py with one TensorRT method
     misspelled has exactly that name missing, in every supported version."""
     source = TENSORRT_API.read_text(encoding="utf-8")
     assert "engine.get_tensor_mode(" in source
@@ -245,7 +245,7 @@ def test_polygraphy_build_and_load_with_trtpacks_options_touch_only_existing_nam
 def _assert_options_reached_tensorrt(rec: object, settings: engine_plan.BuilderSettings,
                                      profiles: list[engine_plan.TrtProfile], onnx: Path,
                                      label: str) -> None:
-    from tests.tensorrt_names import Recorder
+    from tests.runtimes.tensorrt_names import Recorder
 
     assert isinstance(rec, Recorder)
     where = f"TensorRT {rec.version} ({label}), {settings.to_dict()}"
@@ -329,7 +329,7 @@ def test_fetching_skips_only_when_nothing_is_cached_and_pypi_is_unreachable(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import subprocess
 
-    import tests.tensorrt_names as names_module
+    import tests.runtimes.tensorrt_names as names_module
 
     def failing_pip(*args: object, **kwargs: object) -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess([], 1, "", "ERROR: No matching distribution found")

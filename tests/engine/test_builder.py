@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trtpack.engine.plan import (
+from trtpack.engine.builder import (
     BuilderSettings,
     builder_settings,
     command_text,
@@ -163,7 +163,7 @@ def test_polygraphy_profiles_from_the_plan(minilm_profiles: list) -> None:
     """The real polygraphy Profile objects (they are plain mappings; TensorRT is only needed
     when CreateConfig turns them into optimization profiles)."""
     pytest.importorskip("polygraphy")
-    from trtpack.engine.tensorrt_api import polygraphy_profiles
+    from trtpack.runtimes.tensorrt import polygraphy_profiles
 
     p0, p1 = polygraphy_profiles(tensorrt_profiles(minilm_profiles))
     assert list(p0) == ["input_ids", "attention_mask", "token_type_ids"]

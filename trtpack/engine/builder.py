@@ -1,7 +1,7 @@
 """What an engine build will do, as plain data: profiles as TensorRT shapes, the builder
 settings (as the names of TensorRT's enums), the timing-cache file and the trtexec command.
 
-Nothing here imports TensorRT: ``trtpack.engine.tensorrt_api`` turns these values into
+Nothing here imports TensorRT: ``trtpack.runtimes.tensorrt`` turns these values into
 TensorRT objects at the last moment, so every decision can be tested on a CPU.
 """
 

@@ -5,10 +5,9 @@ from pathlib import Path
 import pytest
 
 from trtpack.errors import UserInputError
+from trtpack.model_io import ModelIO, TensorIO
 from trtpack.recipe import TritonSettings
 from trtpack.serving.config import (
-    ModelIO,
-    TensorIO,
     check_config,
     max_batch_size,
     model_config,

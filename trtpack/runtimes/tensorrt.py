@@ -3,7 +3,7 @@
 Engines are built through polygraphy's TensorRT loaders (``NetworkFromOnnxPath``,
 ``CreateConfig``, ``Profile``, ``EngineBytesFromNetwork``) and run with its ``TrtRunner``.
 TensorRT and polygraphy's TensorRT backend are imported inside the functions; the values
-passed to them come from ``trtpack.engine.plan`` (plain data, tested on CPU).
+passed to them come from ``trtpack.engine.builder`` (plain data, tested on CPU).
 Polygraphy's and TensorRT's log messages go to the given ``logging.Logger``, never stdout.
 """
 
@@ -16,17 +16,30 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from trtpack.cases import Case
-from trtpack.engine.plan import BuilderSettings, TrtProfile
-from trtpack.engine.triton_config import EngineTensor, numpy_dtype
+from trtpack.model_io import EngineTensor, numpy_dtype
 from trtpack.onnx_files import sha256_file
 
 if TYPE_CHECKING:  # for annotations only (tests read them: TensorRT names this module uses)
     import tensorrt as trt
+
+TrtProfile = Mapping[str, tuple[Sequence[int], Sequence[int], Sequence[int]]]
+"""One optimization profile: input name -> (min, opt, max) (``engine.builder`` makes them)."""
+
+
+class BuilderSettings(Protocol):
+    """The builder options of one build (``engine.builder.BuilderSettings``): keyword
+    arguments for polygraphy's ``CreateConfig`` and network loader, TensorRT enums by name."""
+
+    def config_kwargs(self) -> dict[str, Any]: ...
+
+    def network_kwargs(self) -> dict[str, Any]: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trtpack import gpu
+from trtpack import machine
 from trtpack.errors import MissingEnvironmentError
 from trtpack.options import BuildOptions
 from trtpack.pipeline.stage import STAGES
@@ -20,7 +20,7 @@ from trtpack.stages.base import StageContext
 from trtpack.targets import resolve_target
 
 needs_no_gpu = pytest.mark.skipif(
-    gpu.detect_gpu() is not None and gpu.tensorrt_available(),
+    machine.detect_gpu() is not None and machine.tensorrt_available(),
     reason="this machine has a GPU and TensorRT (tests/gpu covers the engine stage there)",
 )
 
@@ -108,7 +108,7 @@ def test_polygraphy_and_tensorrt_messages_go_to_the_stage_log(
     pytest.importorskip("polygraphy")
     from polygraphy.logger import G_LOGGER
 
-    from trtpack.engine.tensorrt_api import polygraphy_logging
+    from trtpack.runtimes.tensorrt import polygraphy_logging
 
     log = logging.getLogger("test-engine-log")
     log.propagate = False

@@ -17,11 +17,12 @@ from trtpack.engine.provenance import (
     provenance_path,
     runs_here,
 )
-from trtpack.engine.triton_config import EngineTensor, engine_model_io, write_engine_model
 from trtpack.errors import UserInputError
 from trtpack.inspect import MachineFacts, inspect_path
+from trtpack.model_io import EngineTensor, engine_model_io
 from trtpack.recipe import TritonSettings, resolve_model
 from trtpack.report import sha256_file
+from trtpack.serving.layout import write_engine_model
 from trtpack.shapes import parse_profiles
 
 TENSORS = [
@@ -203,6 +204,6 @@ def test_cli_inspect_shows_provenance_and_io_and_check_exits_3(tmp_path: Path) -
 
 
 def gpu_and_tensorrt_here() -> bool:
-    from trtpack.gpu import detect_gpu, tensorrt_available
+    from trtpack.machine import detect_gpu, tensorrt_available
 
     return detect_gpu() is not None and tensorrt_available()

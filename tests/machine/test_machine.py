@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from trtpack import gpu
+from trtpack import local_targets, machine
 from trtpack.errors import ExitCode, MissingEnvironmentError
-from trtpack.gpu import LocalGpu, TensorRTProbe
+from trtpack.machine import LocalGpu, TensorRTProbe
 from trtpack.targets import resolve_target
 
 SMI_CSV = """\
@@ -28,23 +28,23 @@ TRT_MISSING = TensorRTProbe(False, None, "the Python package 'tensorrt' is not i
 
 
 def test_parse_nvidia_smi_csv() -> None:
-    assert gpu.parse_nvidia_smi_csv(SMI_CSV) == [A10G, T4]
+    assert machine.parse_nvidia_smi_csv(SMI_CSV) == [A10G, T4]
 
 
 def test_parse_nvidia_smi_skips_garbage() -> None:
     text = "No devices were found\n0, NVIDIA L4, [N/A], 550, 23034, GPU-x\n"
-    assert gpu.parse_nvidia_smi_csv(text) == []
+    assert machine.parse_nvidia_smi_csv(text) == []
 
 
 def test_parse_memory_not_a_number() -> None:
-    (g,) = gpu.parse_nvidia_smi_csv("0, NVIDIA L4, 8.9, 550.1, [N/A], GPU-x\n")
+    (g,) = machine.parse_nvidia_smi_csv("0, NVIDIA L4, 8.9, 550.1, [N/A], GPU-x\n")
     assert g.memory_mb is None and g.compute_capability == (8, 9)
 
 
 def test_parse_cuda_driver_version() -> None:
     header = "| NVIDIA-SMI 550.54.15    Driver Version: 550.54.15    CUDA Version: 12.4     |"
-    assert gpu.parse_cuda_driver_version(header) == "12.4"
-    assert gpu.parse_cuda_driver_version("no header") is None
+    assert machine.parse_cuda_driver_version(header) == "12.4"
+    assert machine.parse_cuda_driver_version("no header") is None
 
 
 @pytest.mark.parametrize(("env", "expected"), [
@@ -52,7 +52,7 @@ def test_parse_cuda_driver_version() -> None:
     ("7,0", []),  # CUDA stops at the first invalid entry
 ])
 def test_visible_gpus(env: str | None, expected: list[LocalGpu]) -> None:
-    assert gpu.visible_gpus([A10G, T4], env) == expected
+    assert machine.visible_gpus([A10G, T4], env) == expected
 
 
 @pytest.mark.parametrize(("text", "version"), [
@@ -60,18 +60,18 @@ def test_visible_gpus(env: str | None, expected: list[LocalGpu]) -> None:
     ("abc", ()),
 ])
 def test_parse_version(text: str, version: tuple[int, ...]) -> None:
-    assert gpu.parse_version(text) == version
+    assert machine.parse_version(text) == version
 
 
 def test_environment_ok_with_matching_gpu_and_tensorrt() -> None:
-    report = gpu.check_engine_environment(resolve_target("g5"), gpus=[A10G], tensorrt=TRT_OK,
-                                          polygraphy=True)
+    report = local_targets.check_engine_environment(resolve_target("g5"), gpus=[A10G],
+                                                    tensorrt=TRT_OK, polygraphy=True)
     assert report.ok and report.gpu == A10G and report.tensorrt_version == "10.13.0.35"
 
 
 def test_environment_mismatch_names_what_was_found() -> None:
     with pytest.raises(MissingEnvironmentError) as info:
-        gpu.check_engine_environment(resolve_target("g5"), gpus=[T4], tensorrt=TRT_OK,
+        local_targets.check_engine_environment(resolve_target("g5"), gpus=[T4], tensorrt=TRT_OK,
                                      polygraphy=True)
     message = str(info.value)
     assert info.value.exit_code == ExitCode.MISSING_ENVIRONMENT == 3
@@ -80,63 +80,75 @@ def test_environment_mismatch_names_what_was_found() -> None:
 
 
 def test_environment_points_at_a_matching_second_gpu() -> None:
-    report = gpu.engine_environment(resolve_target("g4dn"), gpus=[A10G, T4], tensorrt=TRT_OK,
-                                    polygraphy=True)
+    report = local_targets.engine_environment(resolve_target("g4dn"), gpus=[A10G, T4],
+                                              tensorrt=TRT_OK, polygraphy=True)
     assert not report.ok
     assert any("CUDA_VISIBLE_DEVICES=1" in n for n in report.notes)
 
 
 def test_environment_old_tensorrt_is_refused() -> None:
-    report = gpu.engine_environment(resolve_target("g5"), gpus=[A10G],
+    report = local_targets.engine_environment(resolve_target("g5"), gpus=[A10G],
                                     tensorrt=TensorRTProbe(True, "10.3.0"), polygraphy=True)
     assert any("10.3.0" in p and "10.12" in p for p in report.problems)
 
 
 def test_environment_tensorrt_11_is_accepted() -> None:
-    report = gpu.engine_environment(resolve_target("g5"), gpus=[A10G],
+    report = local_targets.engine_environment(resolve_target("g5"), gpus=[A10G],
                                     tensorrt=TensorRTProbe(True, "11.4.1"), polygraphy=True)
     assert report.ok
 
 
 def test_environment_lists_every_missing_thing() -> None:
-    report = gpu.engine_environment(resolve_target("g5"), gpus=[], tensorrt=TRT_MISSING,
+    report = local_targets.engine_environment(resolve_target("g5"), gpus=[], tensorrt=TRT_MISSING,
                                     polygraphy=False)
     text = " ".join(report.problems)
     assert "no NVIDIA GPU" in text and "tensorrt" in text and "polygraphy" in text
 
 
 def test_environment_ampere_plus_on_turing_target() -> None:
-    report = gpu.engine_environment(resolve_target("g4dn"), "ampere+", gpus=[T4],
+    report = local_targets.engine_environment(resolve_target("g4dn"), "ampere+", gpus=[T4],
                                     tensorrt=TRT_OK, polygraphy=True)
     assert any("ampere+" in p for p in report.problems)
 
 
 def test_this_machine_check_without_injection() -> None:
     """The real detection on this machine: with no GPU or TensorRT it must stop with exit 3."""
-    if gpu.detect_gpu() is not None and gpu.probe_tensorrt().ok:
+    if machine.detect_gpu() is not None and machine.probe_tensorrt().ok:
         pytest.skip("this machine has a GPU and TensorRT; covered by tests/gpu")
     with pytest.raises(MissingEnvironmentError) as info:
-        gpu.check_engine_environment(resolve_target("g5"))
+        local_targets.check_engine_environment(resolve_target("g5"))
     assert info.value.exit_code == 3
     assert "found" in str(info.value)
 
 
 def test_targets_table_marks_local_matches() -> None:
-    rows = {r.name: r for r in gpu.targets_table(LocalGpu("NVIDIA L4", (8, 9)))}
+    rows = {r.name: r for r in local_targets.targets_table(LocalGpu("NVIDIA L4", (8, 9)))}
     assert rows["g6"].local and rows["g6e"].local and not rows["g5"].local
     assert rows["g5"].compute_capability == "8.6"
-    assert not any(r.local for r in gpu.targets_table(None) if r.name != "cpu")
+    assert not any(r.local for r in local_targets.targets_table(None) if r.name != "cpu")
 
 
-def test_installed_tools_reports_without_importing_tensorrt() -> None:
-    names = {t.name: t for t in gpu.installed_tools()}
-    assert {"tensorrt", "polygraphy", "onnxruntime", "trtexec", "nvidia-smi"} <= set(names)
-    assert names["polygraphy"].installed  # a dependency of trtpack[onnx]
+def test_package_table_reports_without_importing_tensorrt() -> None:
+    names = {p.name: p for p in machine.PACKAGES}
+    assert {"tensorrt", "polygraphy", "onnxruntime", "tritonclient"} <= set(names)
+    assert names["polygraphy"].version()  # a dependency of trtpack[onnx]
+    assert names["tensorrt"].version() is None  # not installable here
     assert "tensorrt" not in sys.modules
 
 
+def test_the_package_table_is_what_a_build_checks_and_records() -> None:
+    assert machine.required_modules("build") == {
+        "torch": "torch", "transformers": "transformers", "onnx": "onnx",
+        "onnxruntime": "onnxruntime", "onnxsim": "onnxsim", "polygraphy": "polygraphy"}
+    assert machine.required_modules("modelopt")["modelopt"] == "nvidia-modelopt"
+    recorded = machine.recorded_versions()
+    assert {"torch", "onnx", "nvidia-modelopt", "tokenizers", "tensorrt"} <= set(recorded)
+    assert recorded["onnx"] and recorded["tensorrt"] is None
+
+
 def test_importing_gpu_module_does_not_import_heavy_packages() -> None:
-    code = ("import sys, trtpack.gpu, trtpack.engine, trtpack.inspect, trtpack.stages.engine; "
+    code = ("import sys, trtpack.machine, trtpack.local_targets, trtpack.engine, "
+            "trtpack.inspect, trtpack.stages.engine; "
             "heavy = [m for m in ('tensorrt', 'torch', 'onnxruntime', 'polygraphy') "
             "if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -1,0 +1,148 @@
+"""The engine builds ``trtpack merge`` takes: one build folder read and checked
+(``read_engine_build``), and builds checked against each other (``check_compatible``).
+Every problem is a ``UserInputError`` naming the folder and the mismatch."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trtpack.engine.provenance import PLAN_FILENAME, EngineProvenance, provenance_path
+from trtpack.errors import UserInputError
+from trtpack.onnx_files import sha256_file
+from trtpack.report import REPORT
+from trtpack.serving.config import ENGINE_PLATFORM, config_text, read_config
+from trtpack.serving.layout import REPOSITORY, VERSION
+
+SAME_FIELDS = ("onnx_sha256", "onnx_data_sha256", "precision", "profiles", "inputs", "outputs",
+               "tensorrt_version")
+"""Provenance fields every merged engine must share (see ``VARIES_BETWEEN_BUILDS`` for the
+ones that may differ)."""
+
+
+@dataclass(frozen=True)
+class EngineBuild:
+    """One build folder with its engine model, checked."""
+
+    folder: Path
+    name: str
+    target: str
+    model_dir: Path  # model_repository/<name>
+    plan: Path
+    provenance: EngineProvenance
+    config: Any  # the engine model's ModelConfig
+
+    @property
+    def cc_key(self) -> str:
+        major, minor = self.provenance.cc
+        return f"{major}.{minor}"
+
+
+def build_error(folder: Path, problem: str) -> UserInputError:
+    return UserInputError(f"{folder}: {problem}")
+
+
+def read_engine_build(folder: Path) -> EngineBuild:
+    """A build folder and its TensorRT model, or a ``UserInputError`` saying what it lacks."""
+    if not folder.is_dir():
+        raise build_error(folder, "is not a folder")
+    report_path = folder / REPORT
+    if not report_path.is_file():
+        raise build_error(folder, f"is not a trtpack build folder (no {REPORT})")
+    try:
+        report = json.loads(report_path.read_text(encoding="utf-8"))
+        name, target = str(report["model"]), str(report["target"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise build_error(folder, f"{REPORT} is not a trtpack build report ({e})") from None
+    if target == "cpu":
+        raise build_error(folder, "is a CPU-only build (--target cpu): it has no TensorRT engine")
+    model_dir = folder / REPOSITORY / name
+    if not (model_dir / "config.pbtxt").is_file():
+        raise build_error(folder, f"has no {REPOSITORY}/{name}/config.pbtxt")
+    config = read_config(model_dir / "config.pbtxt")
+    if config.platform != ENGINE_PLATFORM:
+        served_by = config.platform or config.backend
+        raise build_error(folder, f"model '{name}' is served by {served_by}, not a TensorRT "
+                                  "engine (a --no-engine build?)")
+    plan = model_dir / VERSION / (config.default_model_filename or PLAN_FILENAME)
+    if not plan.is_file():
+        raise build_error(folder, f"has no engine {plan.relative_to(folder)}")
+    prov_file = provenance_path(plan)
+    if not prov_file.is_file():
+        raise build_error(folder, f"{prov_file.relative_to(folder)} is missing: where the engine "
+                                  "was built, and for which GPU, is unknown")
+    try:
+        prov = EngineProvenance.load(prov_file)
+        prov.cc  # noqa: B018  (parses the compute capability)
+        prov.model_io()
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise build_error(folder, f"{prov_file.relative_to(folder)} is not a valid trtpack "
+                                  f"provenance file ({type(e).__name__}: {e})") from None
+    return EngineBuild(folder, name, target, model_dir, plan, prov, config)
+
+
+def model_names(build: EngineBuild) -> set[str]:
+    repo = build.folder / REPOSITORY
+    return {p.name for p in repo.iterdir() if (p / "config.pbtxt").is_file()}
+
+
+def tree_files(root: Path) -> dict[str, str]:
+    """Relative path -> sha256 of every file under ``root``."""
+    return {str(p.relative_to(root)): sha256_file(p)
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def check_compatible(builds: Sequence[EngineBuild]) -> None:
+    """Every build against the first: same model, ONNX, precision, profiles, I/O, TensorRT,
+    Triton config and other models; one engine per compute capability."""
+    first = builds[0]
+    seen: dict[str, Path] = {}
+    for build in builds:
+        if build.cc_key in seen:
+            raise build_error(
+                build.folder, f"has an engine for compute capability {build.cc_key} "
+                f"({build.provenance.gpu_name}), as {seen[build.cc_key]} does: one engine per "
+                "GPU family")
+        seen[build.cc_key] = build.folder
+        if build is first:
+            continue
+        if build.name != first.name:
+            raise build_error(build.folder, f"is model '{build.name}', {first.folder} is "
+                                            f"'{first.name}'")
+        for name in SAME_FIELDS:
+            mine, theirs = getattr(build.provenance, name), getattr(first.provenance, name)
+            if mine != theirs:
+                label = name.replace("_", " ")
+                verb = "differ" if label.endswith("s") else "differs"
+                raise build_error(build.folder, f"{label} {verb} from {first.folder}: "
+                                                f"{_short(mine)} vs {_short(theirs)}")
+        ours, reference = _comparable_config(build.config), _comparable_config(first.config)
+        if ours != reference:
+            raise build_error(build.folder, f"its Triton config of '{build.name}' differs from "
+                                            f"{first.folder}'s (other triton: settings?)")
+        others = model_names(build) - {build.name}
+        if others != model_names(first) - {first.name}:
+            raise build_error(build.folder, f"serves the models {sorted(others)}, {first.folder} "
+                                            f"serves {sorted(model_names(first) - {first.name})} "
+                                            "(--serve / --fallback-cpu differ?)")
+        for model in sorted(others):
+            if tree_files(build.folder / REPOSITORY / model) != \
+                    tree_files(first.folder / REPOSITORY / model):
+                raise build_error(build.folder,
+                                  f"its model '{model}' differs from {first.folder}'s")
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else value
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _comparable_config(config: Any) -> str:
+    copy = type(config)()
+    copy.CopyFrom(config)
+    copy.ClearField("default_model_filename")
+    copy.ClearField("cc_model_filenames")
+    return config_text(copy)

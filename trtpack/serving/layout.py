@@ -1,0 +1,110 @@
+"""The folder layout of a Triton model repository, and the files each model directory holds.
+
+    model_repository/
+      <name>/config.pbtxt     every model: its config, from ``serving.config``
+      <name>/1/model.plan     a TensorRT engine, with model.plan.json (its provenance) beside it
+      <name>/1/model.onnx     an ONNX model, with its external data files under their own names
+      <name>/1/model.py       a Python-backend helper (tokenizer, post-processing)
+
+``ModelRepository`` describes what was written; ``write_engine_model`` and ``copy_onnx`` put
+a model's files in place.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from trtpack.engine.provenance import PLAN_FILENAME, EngineProvenance, provenance_path
+from trtpack.errors import UserInputError
+from trtpack.onnx_files import link_or_copy
+from trtpack.recipe import TritonSettings
+from trtpack.serving.config import ONNX_FILENAME, check_config, engine_model_config, write_config
+from trtpack.shapes import ShapeProfile
+
+REPOSITORY = "model_repository"
+"""The Triton model repository's folder in a build's output."""
+VERSION = "1"
+
+Role = Literal["model", "cpu_fallback", "tokenizer", "postprocess", "ensemble"]
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """One model directory of the repository."""
+
+    name: str
+    role: Role
+    path: Path
+    backend: str  # tensorrt_plan | onnxruntime_onnx | python | ensemble
+    members: tuple[str, ...] = ()  # ensembles: the models their steps call
+
+
+@dataclass
+class ModelRepository:
+    root: Path
+    models: list[ServedModel]
+    warnings: list[str] = field(default_factory=list)
+    tuning_files: list[Path] = field(default_factory=list)
+
+    def by_role(self, role: Role) -> list[ServedModel]:
+        return [m for m in self.models if m.role == role]
+
+    def get(self, name: str) -> ServedModel:
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise KeyError(name)
+
+
+def onnx_external_files(path: Path) -> list[str]:
+    """Relative locations of the external data files an ONNX model refers to."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    tensors = list(model.graph.initializer)
+    for node in model.graph.node:
+        tensors.extend(a.t for a in node.attribute if a.HasField("t"))
+    locations: set[str] = set()
+    for t in tensors:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            locations.update(e.value for e in t.external_data if e.key == "location")
+    return sorted(locations)
+
+
+def copy_onnx(src: Path, version_dir: Path) -> None:
+    """The ONNX as ``model.onnx`` with its external data files under their own names."""
+    for location in onnx_external_files(src):
+        data = src.parent / location
+        if not data.is_file():
+            raise UserInputError(f"{src} refers to external data '{location}', which is missing")
+        # a copy: onnx (>= 1.23) refuses external data files with more than one hard link
+        version_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(data, version_dir / location)
+    link_or_copy(src, version_dir / ONNX_FILENAME)
+
+
+def write_engine_model(repo: Path, name: str, plan: Path, profiles: Sequence[ShapeProfile],
+                       settings: TritonSettings) -> Path:
+    """A ``tensorrt_plan`` model directory ``repo/name/`` with ``1/model.plan``, its
+    ``model.plan.json`` beside it, and a ``config.pbtxt`` derived from the engine's I/O as
+    recorded in the provenance (no TensorRT needed); the config is checked against it."""
+    prov_file = provenance_path(plan)
+    if not prov_file.is_file():
+        raise UserInputError(f"{plan} has no {prov_file.name}: the engine's I/O is unknown")
+    io = EngineProvenance.load(prov_file).model_io()
+    config = engine_model_config(name, io, profiles, settings)
+    problems = check_config(config, io)
+    if problems:
+        raise UserInputError(f"the config for engine {plan} does not match it: "
+                             + "; ".join(problems))
+    model_dir = repo / name
+    version_dir = model_dir / VERSION
+    version_dir.mkdir(parents=True, exist_ok=True)
+    link_or_copy(plan, version_dir / PLAN_FILENAME)
+    link_or_copy(prov_file, version_dir / provenance_path(Path(PLAN_FILENAME)).name)
+    write_config(model_dir / "config.pbtxt", config)
+    return model_dir

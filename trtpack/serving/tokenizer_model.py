@@ -1,0 +1,164 @@
+"""The tokenizer model of a ``--serve text`` repository: TEXT (strings) in, the model's token
+inputs out, padded and truncated to the sequence range of the shape profiles.
+
+Its outputs take their integer type from the model's real I/O, so the tokenizer emits
+exactly what the model takes (INT64 or INT32). The Python backend code is
+``templates/tokenizer.py``; it loads ``tokenizer.json`` with the ``tokenizers`` package.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from trtpack.errors import UserInputError
+from trtpack.model_io import ModelIO, TensorIO
+from trtpack.onnx_files import link_or_copy
+from trtpack.recipe import Recipe, TritonSettings
+from trtpack.serving.config import python_model_config
+from trtpack.shapes import ShapeProfile
+from trtpack.tokenizer_files import tokenizer_files
+
+TEXT_INPUT = "TEXT"
+TOKENIZER_FOLDER = "tokenizer"
+TEMPLATES_DIR = Path(__file__).parent / "templates"
+
+TokenField = Literal["ids", "attention_mask", "type_ids"]
+KIND_TO_FIELD: dict[str, TokenField] = {
+    "token_ids": "ids", "attention_mask": "attention_mask", "token_type_ids": "type_ids",
+}
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    pad_id: int
+    model_max_length: int | None
+    padding_side: str = "right"
+    truncation_side: str = "right"
+
+
+def prepare_tokenizer(tokenizer_dir: Path, dst: Path) -> TokenizerInfo:
+    """Copy the tokenizer files into ``dst``; write ``tokenizer.json`` if only a vocab exists.
+
+    The served model loads ``tokenizer.json`` with the ``tokenizers`` package; a folder with
+    only ``vocab.txt`` etc. is converted once here with transformers' fast tokenizer.
+    """
+    files = tokenizer_files(tokenizer_dir)
+    for f in files:
+        link_or_copy(f, dst / f.name)
+    if not (dst / "tokenizer.json").is_file():
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), use_fast=True)
+        if not getattr(tok, "is_fast", False):
+            raise UserInputError(
+                f"--serve text: the tokenizer in {tokenizer_dir} has no fast (tokenizer.json) "
+                "form, which the served tokenizer model needs"
+            )
+        tok.backend_tokenizer.save(str(dst / "tokenizer.json"))
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(dst / "tokenizer.json"))
+    settings: dict[str, Any] = {}
+    if (dst / "tokenizer_config.json").is_file():
+        settings = json.loads((dst / "tokenizer_config.json").read_text(encoding="utf-8"))
+    pad_id: int | None = None
+    pad = settings.get("pad_token")
+    if isinstance(pad, dict):
+        pad = pad.get("content")
+    if isinstance(pad, str):
+        pad_id = tokenizer.token_to_id(pad)
+    if pad_id is None and tokenizer.padding is not None:
+        pad_id = int(tokenizer.padding["pad_id"])
+    max_len = settings.get("model_max_length")
+    model_max_length = int(max_len) if isinstance(max_len, int | float) and max_len < 1e6 else None
+    sides = [str(settings.get(k) or "right") for k in ("padding_side", "truncation_side")]
+    return TokenizerInfo(pad_id if pad_id is not None else 0, model_max_length, *sides)
+
+
+@dataclass(frozen=True)
+class SequenceRange:
+    min: int
+    max: int
+
+
+def token_fields(recipe: Recipe, io: ModelIO) -> dict[str, TokenField]:
+    """Model input name -> tokenizer field; a clear error for inputs text cannot give."""
+    kinds = {i.name: i.kind for i in recipe.inputs}
+    fields: dict[str, TokenField] = {}
+    for t in io.inputs:
+        kind = kinds.get(t.name, "generic")
+        if kind not in KIND_TO_FIELD:
+            raise UserInputError(
+                f"--serve text: input '{t.name}' of model '{recipe.name}' is of kind '{kind}'; "
+                "a tokenizer can only produce token_ids, attention_mask and token_type_ids"
+            )
+        if t.dtype not in ("int64", "int32"):
+            raise UserInputError(
+                f"--serve text: input '{t.name}' has dtype {t.dtype}; token inputs must be "
+                "int64 or int32"
+            )
+        fields[t.name] = KIND_TO_FIELD[kind]
+    if "ids" not in fields.values():
+        raise UserInputError(f"--serve text: model '{recipe.name}' has no token_ids input")
+    return fields
+
+
+def sequence_range(fields: Mapping[str, TokenField], profiles: Sequence[ShapeProfile],
+                   model_max_length: int | None = None) -> SequenceRange:
+    """The sequence lengths every profile accepts: from the token ids input's axis 1."""
+    ids_input = next(name for name, f in fields.items() if f == "ids")
+    lows, highs = [], []
+    for p in profiles:
+        r = p.shapes.get(ids_input)
+        if r is None or len(r.min) < 2:
+            raise UserInputError(
+                f"--serve text: the profiles give no [batch, sequence] shape for '{ids_input}'"
+            )
+        lows.append(r.min[-1])
+        highs.append(r.max[-1])
+    low, high = min(lows), max(highs)
+    if model_max_length is not None and 0 < model_max_length < high:
+        high = model_max_length
+    if low > high:
+        raise UserInputError(
+            f"--serve text: the profiles' shortest sequence ({low}) is longer than the "
+            f"tokenizer's model_max_length ({high})"
+        )
+    return SequenceRange(low, high)
+
+
+def tokenizer_io(model_io: ModelIO, fields: Mapping[str, TokenField]) -> ModelIO:
+    batched = model_io.all_batched
+    text_shape = (-1, 1) if batched else (-1,)
+    outputs = []
+    for t in model_io.inputs:
+        if t.name in fields:
+            outputs.append(TensorIO(t.name, t.dtype, (-1, -1), batched))
+    return ModelIO((TensorIO(TEXT_INPUT, "bytes", text_shape, batched),), tuple(outputs))
+
+
+def tokenizer_config(name: str, model_io: ModelIO, fields: Mapping[str, TokenField],
+                     profiles: Sequence[ShapeProfile], settings: TritonSettings,
+                     seq: SequenceRange, pad_id: int, padding_side: str = "right",
+                     truncation_side: str = "right") -> Any:
+    for side in (padding_side, truncation_side):
+        if side not in ("left", "right"):
+            raise UserInputError(f"tokenizer padding/truncation side '{side}' is not left/right")
+    max_texts = min(p.axis_range(0)[2] for p in profiles)
+    params = {
+        "max_texts": str(max_texts),
+        "padding_side": padding_side,
+        "truncation_side": truncation_side,
+        "tokenizer_file": f"{TOKENIZER_FOLDER}/tokenizer.json",
+        "min_sequence": str(seq.min),
+        "max_sequence": str(seq.max),
+        "pad_id": str(pad_id),
+        "text_input": TEXT_INPUT,
+        "outputs": json.dumps(dict(fields)),
+    }
+    return python_model_config(name, tokenizer_io(model_io, fields), profiles, settings,
+                               params)
