@@ -136,7 +136,7 @@ def test_installed_tools_reports_without_importing_tensorrt() -> None:
 
 
 def test_importing_gpu_module_does_not_import_heavy_packages() -> None:
-    code = ("import sys, trtpack.gpu, trtpack.engine, trtpack.inspect, trtpack.stages.engine; "
+    code = ("import sys, trtpack.gpu, trtpack.engine, trtpack.inspection, trtpack.stages.engine; "
             "heavy = [m for m in ('tensorrt', 'torch', 'onnxruntime', 'polygraphy') "
             "if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

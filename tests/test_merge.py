@@ -19,7 +19,7 @@ from tests.conftest import run_cli
 from trtpack.engine.plan import builder_settings
 from trtpack.engine.provenance import EngineProvenance, io_records, onnx_hashes, provenance_path
 from trtpack.engine.triton_config import write_engine_model
-from trtpack.inspect import MachineFacts, inspect_path
+from trtpack.inspection import MachineFacts, inspect_path
 from trtpack.onnx_files import sha256_file
 from trtpack.recipe import EngineSettings, resolve_model
 from trtpack.serving.config import check_config, model_io_from_onnx, read_config

@@ -411,7 +411,7 @@ def _io_rows(table: Table, inputs: list[Any], outputs: list[Any]) -> None:
 
 
 def inspection_view(result: Any) -> None:
-    """Print what ``trtpack.inspect.inspect_path`` found."""
+    """Print what ``trtpack.inspection.inspect_path`` found."""
     for model in result.models:
         out.print(f"[bold]{model.name}[/] ({model.platform}, max_batch_size "
                   f"{model.max_batch_size}, {model.instance_kind}, profiles "
@@ -455,7 +455,7 @@ def inspect(
 ) -> None:
     """Show an engine's provenance and I/O, and whether it can run on this machine."""
     from trtpack.errors import MissingEnvironmentError
-    from trtpack.inspect import inspect_path
+    from trtpack.inspection import inspect_path
 
     result = inspect_path(path)
     inspection_view(result)

@@ -29,7 +29,7 @@ from trtpack.engine.provenance import EngineProvenance, provenance_path
 from trtpack.engine.triton_config import engine_model_config, engine_model_io
 from trtpack.errors import MissingEnvironmentError
 from trtpack.gpu import LocalGpu, check_engine_environment, parse_version
-from trtpack.inspect import inspect_path
+from trtpack.inspection import inspect_path
 from trtpack.onnx_files import sha256_file
 from trtpack.recipe import EngineSettings, TritonSettings
 from trtpack.report import BuildReport
