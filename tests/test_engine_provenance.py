@@ -20,8 +20,9 @@ from trtpack.engine.provenance import (
 from trtpack.engine.triton_config import EngineTensor, engine_model_io, write_engine_model
 from trtpack.errors import UserInputError
 from trtpack.inspection import MachineFacts, inspect_path
-from trtpack.recipe import TritonSettings, resolve_model
+from trtpack.recipe import TritonSettings
 from trtpack.report import sha256_file
+from trtpack.resolve import resolve_model
 from trtpack.shapes import parse_profiles
 
 TENSORS = [

@@ -20,7 +20,8 @@ from trtpack.engine.triton_config import (
     write_engine_model,
 )
 from trtpack.errors import UserInputError
-from trtpack.recipe import TritonSettings, resolve_model
+from trtpack.recipe import TritonSettings
+from trtpack.resolve import resolve_model
 from trtpack.serving.config import check_config, config_text, read_config
 from trtpack.shapes import parse_profiles
 

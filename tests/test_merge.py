@@ -21,7 +21,8 @@ from trtpack.engine.provenance import EngineProvenance, io_records, onnx_hashes,
 from trtpack.engine.triton_config import write_engine_model
 from trtpack.inspection import MachineFacts, inspect_path
 from trtpack.onnx_files import sha256_file
-from trtpack.recipe import EngineSettings, resolve_model
+from trtpack.recipe import EngineSettings
+from trtpack.resolve import resolve_model
 from trtpack.serving.config import check_config, model_io_from_onnx, read_config
 from trtpack.shapes import parse_profiles
 from trtpack.targets import resolve_target

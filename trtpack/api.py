@@ -9,8 +9,10 @@ from pathlib import Path
 from trtpack.errors import UserInputError, require_modules
 from trtpack.options import BuildOptions, Fallback, Serve, default_cache_dir
 from trtpack.pipeline import build as run_pipeline
-from trtpack.recipe import PRECISIONS, Recipe, apply_overrides, resolve_model
+from trtpack.recipe import PRECISIONS, Recipe
+from trtpack.recipe_files import apply_overrides
 from trtpack.report import REPORT, BuildReport
+from trtpack.resolve import resolve_model
 from trtpack.shapes import parse_profiles
 from trtpack.stages.base import ProgressCallback
 from trtpack.targets import AUTO, CPU, Target, engine_support_problem, resolve_target

@@ -275,7 +275,8 @@ def tensorrt_runner(engine_path: Path, profiles: set[int], stack: ExitStack) -> 
 def _load_recipe(build: BuildFolder) -> Any:
     import yaml
 
-    from trtpack.recipe import Recipe, resolve_model
+    from trtpack.recipe import Recipe
+    from trtpack.resolve import resolve_model
 
     if build.recipe_path.is_file():
         return Recipe.model_validate(yaml.safe_load(build.recipe_path.read_text()))

@@ -325,7 +325,8 @@ def worst_samples(report: Any) -> list[str]:
 @handle_errors
 def recipes_list() -> None:
     """List the built-in recipes."""
-    from trtpack.recipe import builtin_recipe_names, resolve_model
+    from trtpack.recipe_files import builtin_recipe_names
+    from trtpack.resolve import resolve_model
 
     table = Table(title="recipes")
     for col in ("name", "task", "precision", "profiles", "description"):
@@ -347,7 +348,7 @@ def recipes_show(
     """Show a recipe with every default filled in (as YAML)."""
     import yaml
 
-    from trtpack.recipe import resolve_model
+    from trtpack.resolve import resolve_model
 
     recipe = resolve_model(name, task)
     # plain text, never wrapped to the terminal: the output is saved and edited as a file
