@@ -51,7 +51,8 @@ def run_bench(out_dir: Path, seconds: float = 2.0, threads: int | None = None,
                pytorch: bool = True, runtimes: bool = True, served_url: str | None = None,
                concurrency: list[int] | None = None, compare_batching: bool = False,
                corners: list[str] | None = None, show: bool = True) -> None:
-    from trtpack.bench import open_build, run_benchmark, save_benchmark
+    from trtpack.bench import run_benchmark, save_benchmark
+    from trtpack.build_folder import open_build
     from trtpack.cli import err, out
     from trtpack.report_html import write_report_html
 
@@ -158,7 +159,7 @@ def register(app: typer.Typer, handle_errors: Callable[[Any], Any]) -> None:
         path: Annotated[Path, typer.Argument(help="A trtpack build folder.")],
     ) -> None:
         """Write (again) PATH/report.html from PATH/report.json: one self-contained page."""
-        from trtpack.bench import load_build_report
+        from trtpack.build_folder import load_build_report
         from trtpack.cli import out
         from trtpack.report_html import write_report_html
 
