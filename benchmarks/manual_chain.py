@@ -482,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-trtpack", action="store_true")
     args = parser.parse_args(argv)
 
-    from trtpack.recipe import resolve_model
+    from trtpack.resolve import resolve_model
     from trtpack.shapes import parse_profile
 
     recipe = resolve_model(args.model)

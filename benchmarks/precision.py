@@ -105,7 +105,7 @@ def text_feed(tokenizer: Any, batch: int, seq: int) -> dict[str, np.ndarray]:
 def measure_model(model: str, work: Path, threads: int) -> dict[str, Any]:
     import onnxruntime as ort
 
-    from trtpack.recipe import resolve_model
+    from trtpack.resolve import resolve_model
     from trtpack.shapes import parse_profiles
 
     cache = work / f"cache-{model}"

@@ -85,7 +85,7 @@ def run_stage(options: BuildOptions, artifacts: dict[str, Path], stage_dir: Path
 
 def tiny_npz(path: Path, samples: int = 48, seq: int = 16, seed: int = 3) -> Path:
     """Realistic tiny-bert calibration arrays: in-vocabulary ids, padded masks."""
-    from trtpack.recipe import resolve_model
+    from trtpack.resolve import resolve_model
     from trtpack.samples import make_inputs
 
     recipe = resolve_model("tiny-bert")

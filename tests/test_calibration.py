@@ -20,7 +20,7 @@ from trtpack.calibration import (
     text_feeds,
 )
 from trtpack.errors import UserInputError
-from trtpack.recipe import resolve_model
+from trtpack.resolve import resolve_model
 from trtpack.shapes import parse_profiles
 
 

@@ -17,7 +17,7 @@ from trtpack.calibration import (
 )
 from trtpack.cases import Case
 from trtpack.errors import UserInputError
-from trtpack.recipe import resolve_model
+from trtpack.resolve import resolve_model
 from trtpack.shapes import parse_profiles
 from trtpack.verification import (
     compare_cases,

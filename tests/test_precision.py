@@ -36,7 +36,7 @@ from trtpack.quantization_search import (
     producers,
     run_model,
 )
-from trtpack.recipe import load_recipe_file
+from trtpack.recipe_files import load_recipe_file
 from trtpack.report import BuildReport
 from trtpack.samples import make_inputs
 from trtpack.stages import precision
@@ -58,7 +58,7 @@ def _strict(options, precision_name: str, **tolerance):  # type: ignore[no-untyp
 
 def _fresh_inputs(shape: tuple[int, int], seed: int = 11) -> dict[str, np.ndarray]:
     """Inputs at a shape between the profile corners, unlike any verification case."""
-    from trtpack.recipe import resolve_model
+    from trtpack.resolve import resolve_model
 
     specs = resolve_model("tiny-bert").input_specs()
     return make_inputs(specs, {s.name: shape for s in specs}, vocab_size=1000, seed=seed)
@@ -416,7 +416,7 @@ def test_cli_int8_held_out_failure_after_the_search_exits_1(tiny: dict[str, Path
     what the corners and the search split score. The calibration and search samples pass,
     so the build keeps the model and the held-out gate fails it: exit 1, the sample named."""
     from trtpack.calibration import npz_lengths, split_three
-    from trtpack.recipe import resolve_model
+    from trtpack.resolve import resolve_model
     from trtpack.verification import pooled_cosine_per_sample
 
     recipe = resolve_model("tiny-bert")

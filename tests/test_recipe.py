@@ -7,12 +7,8 @@ import pytest
 import yaml
 
 from trtpack.errors import RecipeError, UserInputError
-from trtpack.recipe import (
-    builtin_recipe_names,
-    load_recipe_file,
-    overlay_document,
-    resolve_model,
-)
+from trtpack.recipe_files import builtin_recipe_names, load_recipe_file, overlay_document
+from trtpack.resolve import resolve_model
 from trtpack.shapes import parse_profiles
 
 

@@ -1,17 +1,21 @@
-"""Library entry points; the CLI is a thin wrapper over these."""
+"""Library entry points; the CLI is a thin wrapper over these. ``resolve_options`` is the one
+place a build's flags are validated."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import cast, get_args
 
 from trtpack.errors import UserInputError, require_modules
 from trtpack.machine import required_modules
 from trtpack.options import BuildOptions, Fallback, Serve, default_cache_dir
 from trtpack.pipeline.runner import build as run_pipeline
-from trtpack.recipe import PRECISIONS, Recipe, apply_overrides, resolve_model
+from trtpack.recipe import PRECISIONS, Recipe
+from trtpack.recipe_files import apply_overrides
 from trtpack.report import REPORT, BuildReport
+from trtpack.resolve import resolve_model
 from trtpack.shapes import parse_profiles
 from trtpack.stages.base import ProgressCallback
 from trtpack.targets import AUTO, CPU, Target, engine_support_problem, resolve_target
@@ -30,8 +34,8 @@ class BuildRequest:
     out: Path | None = None
     build_engine: bool = True
     calibration: Path | None = None
-    fallback: Fallback = "auto"
-    serve: Serve | None = None  # None: the recipe's triton.serve
+    fallback: str = "auto"  # a Fallback once validated
+    serve: str | None = None  # a Serve once validated; None: the recipe's triton.serve
     fallback_cpu: bool | None = None  # None: the recipe's triton.fallback_cpu
     cache_dir: Path | None = None
     use_cache: bool = True
@@ -39,7 +43,6 @@ class BuildRequest:
     overrides: Sequence[str] = ()  # --set KEY=VALUE on the recipe, e.g. triton.instance_count=2
     timing_cache: Path | None = None  # --timing-cache DIR: a timing-cache folder to share
     task: str | None = None  # --task: the head of a model directory, hub id or ONNX file
-    warnings: list[str] = field(default_factory=list)
     calibration_method: str | None = None  # None: the recipe's int8.calibration_method
 
 
@@ -71,6 +74,11 @@ def resolve_target_for_build(name: str, build_engine: bool,
 
 def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
     """Validate everything the build needs before any work starts."""
+    if request.fallback not in get_args(Fallback):
+        raise UserInputError(f"--fallback must be auto or off, not '{request.fallback}'")
+    if request.serve is not None and request.serve not in get_args(Serve):
+        raise UserInputError(f"--serve must be tensor or text, not '{request.serve}'")
+    fallback = cast(Fallback, request.fallback)
     recipe: Recipe = apply_overrides(resolve_model(request.model, request.task),
                                      list(request.overrides))
     if request.portable is not None:
@@ -116,7 +124,7 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
             if recipe.precision_options.int8.calibration else None)
         if configured is not None:
             check_calibration_input(configured, recipe, profiles)
-    serve = request.serve or recipe.triton.serve
+    serve = cast(Serve, request.serve or recipe.triton.serve)
     fallback_cpu = recipe.triton.fallback_cpu if request.fallback_cpu is None \
         else request.fallback_cpu
     if serve == "text" and recipe.task == "text-generation":
@@ -146,7 +154,7 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
         recipe=recipe, profiles=tuple(profiles), precision=precision, target=target,
         out_dir=out, opset=request.opset or recipe.opset,
         random_weights=request.random_weights, build_engine=request.build_engine,
-        calibration=request.calibration, fallback=request.fallback, serve=serve,
+        calibration=request.calibration, fallback=fallback, serve=serve,
         fallback_cpu=fallback_cpu, cache_dir=request.cache_dir or default_cache_dir(),
         use_cache=request.use_cache, timing_cache=_timing_cache_dir(request.timing_cache),
         calibration_method=request.calibration_method,
@@ -177,10 +185,24 @@ def timing_cache_warnings(path: Path, no_engine: str | None) -> list[str]:
     return []
 
 
-def build(request: BuildRequest, progress: ProgressCallback | None = None) -> BuildReport:
+@dataclass(frozen=True)
+class BuildResult:
+    """A finished build: its report, and the output folder as the request named it."""
+
+    report: BuildReport
+    out_dir: Path  # --out, or build/<recipe name>
+
+
+def build(request: BuildRequest, progress: ProgressCallback | None = None,
+          on_warning: Callable[[str], None] | None = None) -> BuildResult:
+    """Validate ``request`` (``resolve_options``), then run the pipeline. Warnings about the
+    request go to ``on_warning`` before any work starts, and into the report."""
     options, warnings = resolve_options(request)
+    for w in warnings:
+        if on_warning is not None:
+            on_warning(w)
     report = run_pipeline(options, progress)
-    report.warnings[:0] = warnings
     if warnings:
+        report.warnings[:0] = warnings
         report.save(options.out_dir / REPORT)
-    return report
+    return BuildResult(report, options.out_dir)

@@ -2,7 +2,7 @@
 
 For each profile's min/opt/max shape, on the inputs the export stage recorded (real tokenized
 text when the recipe has a tokenizer), three runtimes are timed the same way (warm-up, then
-as many runs as fit in a fixed time budget):
+as many runs as fit in a fixed time budget; ``trtpack.bench_timing``):
 
 * ``served``: the served model in its own runtime: ONNX Runtime for ``--target cpu``, the
   TensorRT engine (through ``trtpack.runtimes.tensorrt``, as the engine stage runs it) on a
@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import platform
-import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
@@ -28,19 +26,21 @@ from typing import Any
 
 import numpy as np
 
+from trtpack.bench_runners import (
+    check_runtime,
+    onnxruntime_runner,
+    pytorch_runner,
+    pytorch_skip_reason,
+    tensorrt_runner,
+)
+from trtpack.bench_timing import Runner, Timing, machine_info, measure_interleaved
+from trtpack.build_folder import open_build
 from trtpack.cases import Case, load_cases
-from trtpack.errors import MissingEnvironmentError, UserInputError, require_modules
+from trtpack.errors import UserInputError
 from trtpack.report import REPORT, BuildReport
-from trtpack.serving.layout import REPOSITORY
 
-RECIPE = "recipe.yaml"
-# the recorded inputs: the export stage's, or the import stage's for an ONNX file given as MODEL
-REFERENCES = (Path("artifacts") / "export" / "reference.npz",
-              Path("artifacts") / "import" / "reference.npz")
-FP32_ONNX = Path("artifacts") / "simplify" / "model.onnx"
 SERVED, ONNX_FP32, PYTORCH = "served", "onnx-fp32", "pytorch"
 DEFAULT_SECONDS = 2.0
-WARMUP_RUNS = 3
 
 ProgressFn = Callable[[str], None]
 
@@ -90,138 +90,6 @@ class BenchmarkResult:
         return cls(**known, rows=rows)
 
 
-def machine_info() -> dict[str, Any]:
-    """CPU model and cores, memory, GPU name (when there is one), load average."""
-    import psutil
-
-    from trtpack.machine import detect_gpu
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    gpu = detect_gpu()
-    load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
-    return {
-        "cpu": cpu, "logical_cores": os.cpu_count(),
-        "physical_cores": psutil.cpu_count(logical=False),
-        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
-        "gpu": gpu.name if gpu is not None else None,
-        "gpu_driver": gpu.driver if gpu is not None else None,
-        "load_average": [round(x, 2) for x in load],
-        "python": platform.python_version(), "platform": platform.platform(terse=True),
-    }
-
-
-# --- the build folder ------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class BuildFolder:
-    """What bench needs from ``trtpack build``'s output folder."""
-
-    root: Path
-    report: BuildReport
-    served_model: Path  # model.onnx or model.plan in the repository
-    fp32_onnx: Path
-    reference: Path
-
-    @property
-    def is_engine(self) -> bool:
-        return self.served_model.suffix == ".plan"
-
-    @property
-    def recipe_path(self) -> Path:
-        return self.root / RECIPE
-
-
-def load_build_report(out: Path) -> BuildReport:
-    """The report of the trtpack build folder ``out`` (finished or not);
-    ``UserInputError`` (exit 2) when ``out`` is not one."""
-    report_path = out / REPORT
-    if not report_path.is_file():
-        raise UserInputError(f"'{out}' is not a trtpack build folder: it has no {REPORT}")
-    try:
-        return BuildReport.load(report_path)
-    except (ValueError, TypeError, KeyError) as e:
-        raise UserInputError(f"'{report_path}' is not a trtpack report ({e})") from None
-
-
-def open_build(out: Path) -> BuildFolder:
-    """Check that ``out`` is a finished trtpack build; ``UserInputError`` (exit 2) if not."""
-    if not out.is_dir():
-        raise UserInputError(f"'{out}' is not a folder (give the --out of a trtpack build)")
-    report = load_build_report(out)
-    if report.status != "ok":
-        raise UserInputError(f"'{out}' is a build that did not finish ({report.status})")
-    reference = next((out / p for p in REFERENCES if (out / p).is_file()), None)
-    missing = [str(p) for p in (FP32_ONNX,) if not (out / p).is_file()]
-    if reference is None:
-        missing.append(f"{REFERENCES[0]} (or {REFERENCES[1]})")
-    repo = out / REPOSITORY / report.model / "1"
-    served = next((repo / f for f in ("model.plan", "model.onnx") if (repo / f).is_file()), None)
-    if served is None:
-        missing.append(f"{REPOSITORY}/{report.model}/1/model.onnx or model.plan")
-    if missing:
-        raise UserInputError(f"'{out}' is not a complete trtpack build: missing "
-                             + ", ".join(missing))
-    assert served is not None and reference is not None
-    return BuildFolder(out, report, served, out / FP32_ONNX, reference)
-
-
-# --- timing ----------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Timing:
-    latencies_s: list[float]
-    elapsed_s: float
-
-
-RunOnce = Callable[[], object]  # one inference; returns when its results are ready
-Runner = Callable[[Case], RunOnce]  # a runtime, prepared for one case's inputs
-SLICES = 5
-
-
-def warm_up(run_once: RunOnce, seconds: float, warmup_runs: int = WARMUP_RUNS) -> None:
-    """``warmup_runs`` calls and at least a fifth of the budget (up to a second)."""
-    warm_until = time.perf_counter() + min(1.0, seconds / 5)
-    runs = 0
-    while runs < warmup_runs or time.perf_counter() < warm_until:
-        run_once()
-        runs += 1
-
-
-def measure_interleaved(calls: Mapping[str, RunOnce], seconds: float,
-                        slices: int = SLICES) -> dict[str, Timing]:
-    """Time each call back to back for ``seconds`` in all, after warm-up. The budget is cut
-    into ``slices`` turns taken in rotation (A B C A B C …), so that load from elsewhere on
-    the machine falls on every runtime alike and their ratio stays meaningful; every call
-    runs at least once per turn."""
-    for run_once in calls.values():
-        warm_up(run_once, seconds)
-    latencies: dict[str, list[float]] = {name: [] for name in calls}
-    elapsed = dict.fromkeys(calls, 0.0)
-    turn = seconds / slices
-    for _ in range(slices):
-        for name, run_once in calls.items():
-            started = time.perf_counter()
-            while True:
-                t0 = time.perf_counter()
-                run_once()
-                latencies[name].append(time.perf_counter() - t0)
-                if time.perf_counter() - started >= turn:
-                    break
-            elapsed[name] += time.perf_counter() - started
-    return {name: Timing(latencies[name], elapsed[name]) for name in calls}
-
-
-def _caller(func: Callable[..., object], *args: object) -> RunOnce:
-    return lambda: func(*args)
-
-
 def _batch(case: Case) -> int:
     first = next(iter(case.inputs.values()))
     return int(first.shape[0]) if first.ndim else 1
@@ -241,106 +109,6 @@ def _row(runtime: str, engine: str, case: Case, timing: Timing) -> BenchRow:
 def _not_run(runtime: str, engine: str, case: Case, status: str, reason: str) -> BenchRow:
     return BenchRow(runtime, engine, case.profile, case.corner, case.shapes, _batch(case),
                     status=status, reason=reason)
-
-
-# --- runtimes --------------------------------------------------------------------------------
-
-def onnxruntime_runner(model: Path, threads: int) -> Runner:
-    from trtpack.runtimes.onnxruntime import cpu_session
-
-    session = cpu_session(model, threads, inter_op_threads=1)
-    names = {i.name for i in session.get_inputs()}
-
-    def prepare(case: Case) -> RunOnce:
-        return _caller(session.run, None, {k: v for k, v in case.inputs.items() if k in names})
-
-    return prepare
-
-
-def tensorrt_runner(engine_path: Path, profiles: set[int], stack: ExitStack) -> Runner:
-    """NOT RUN on any GPU yet (no GPU or TensorRT where this was written): the engine through
-    the runner the engine stage verifies it with, one execution context per profile."""
-    from trtpack.runtimes import tensorrt as tensorrt_api
-
-    engine = tensorrt_api.load_engine(engine_path)
-    infers = {p: stack.enter_context(tensorrt_api.engine_runner(engine, p)) for p in profiles}
-
-    def prepare(case: Case) -> RunOnce:
-        infer = infers[case.profile]
-        return _caller(infer, infer.feed(case.inputs))
-
-    return prepare
-
-
-def _load_recipe(build: BuildFolder) -> Any:
-    import yaml
-
-    from trtpack.recipe import Recipe, resolve_model
-
-    if build.recipe_path.is_file():
-        return Recipe.model_validate(yaml.safe_load(build.recipe_path.read_text()))
-    return resolve_model(build.report.model)  # a build from before recipe.yaml was written
-
-
-def pytorch_skip_reason(build: BuildFolder) -> str | None:
-    """Why PyTorch eager cannot be the baseline of this build (None when it can)."""
-    export = build.report.stage("export")
-    if export is None or export.status != "ok":
-        return "the model did not come from PyTorch (no export stage): no eager baseline"
-    try:
-        require_modules({"torch": "torch", "transformers": "transformers"},
-                        purpose="the PyTorch baseline", install="'trtpack[onnx]'")
-    except MissingEnvironmentError as e:
-        return str(e)
-    return None
-
-
-def pytorch_runner(build: BuildFolder, threads: int, device: str, stack: ExitStack,
-                   progress: ProgressFn) -> Runner:
-    """The recipe's model in PyTorch eager, loaded as the export stage loads it."""
-    import torch
-
-    from trtpack.models import load_model
-    from trtpack.stages.export import output_selector
-
-    recipe = _load_recipe(build)
-    export = build.report.stage("export")
-    random_weights = export is not None and export.metrics.get("weights") == "random"
-    progress("loading the PyTorch model" + (" (random weights)" if random_weights else ""))
-    torch.set_num_threads(threads)
-    loaded = load_model(recipe, random_weights=random_weights)
-    wrapper = output_selector(loaded.module, recipe).to(device)
-    names = [i.name for i in recipe.inputs]
-    stack.enter_context(torch.inference_mode())
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-
-    def prepare(case: Case) -> RunOnce:
-        args = [torch.from_numpy(case.inputs[n]).to(device) for n in names]
-
-        def run_once() -> None:
-            wrapper(*args)
-            sync()
-
-        return run_once
-
-    return prepare
-
-
-def check_runtime(build: BuildFolder) -> None:
-    """``MissingEnvironmentError`` (exit 3) when the served model's runtime is not here."""
-    if build.is_engine:
-        from trtpack.local_targets import engine_environment
-        from trtpack.targets import resolve_target
-
-        env = engine_environment(resolve_target(build.report.target))
-        if not env.ok:
-            raise MissingEnvironmentError(
-                f"cannot bench the TensorRT engine of '{build.root}' here: "
-                + "; ".join(env.problems),
-                hint="run trtpack bench on a GPU of the target's family with TensorRT (the "
-                "NGC container)")
-    require_modules({"onnxruntime": "onnxruntime"}, purpose="trtpack bench",
-                    install="'trtpack[onnx]'")
 
 
 def run_benchmark(out: Path, *, seconds: float = DEFAULT_SECONDS, threads: int | None = None,
@@ -412,3 +180,44 @@ def save_benchmark(out: Path, result: BenchmarkResult | None = None,
     report.benchmark = section
     report.save(out / REPORT)
     return report
+
+
+@dataclass
+class BenchOutcome:
+    """What ``benchmark_build`` measured and the report it saved them in."""
+
+    result: BenchmarkResult | None  # runtimes here; None with runtimes=False
+    served: dict[str, Any] | None  # through Triton; None without a served URL
+    report: BuildReport
+
+
+def benchmark_build(out: Path, *, seconds: float = DEFAULT_SECONDS, threads: int | None = None,
+                    pytorch: bool = True, runtimes: bool = True, served_url: str | None = None,
+                    concurrency: Sequence[int] | None = None, compare_batching: bool = False,
+                    corners: Sequence[str] | None = None,
+                    progress: ProgressFn | None = None) -> BenchOutcome:
+    """``trtpack bench``: the runtimes here (``run_benchmark``) and/or a running Triton
+    (``bench_served.served_benchmark``), saved into report.json, and report.html rewritten."""
+    from trtpack.report_html import write_report_html
+
+    if compare_batching and served_url is None:
+        raise UserInputError("--compare-batching needs --served URL")
+    if not runtimes and served_url is None:
+        raise UserInputError("--no-runtimes measures nothing without --served URL")
+    if seconds <= 0:  # checked here too: before any server is contacted
+        raise UserInputError(f"--seconds must be positive, not {seconds}")
+    build = open_build(out)
+    result = served = None
+    if served_url is not None:
+        from trtpack.bench_served import DEFAULT_CONCURRENCY, served_benchmark
+
+        served = served_benchmark(build, served_url,
+                                  concurrency=concurrency or DEFAULT_CONCURRENCY,
+                                  seconds=seconds, compare_batching=compare_batching,
+                                  corners=corners or ("min", "opt", "max"), progress=progress)
+    if runtimes:
+        result = run_benchmark(out, seconds=seconds, threads=threads, pytorch=pytorch,
+                               progress=progress)
+    report = save_benchmark(out, result, served)
+    write_report_html(out, report)
+    return BenchOutcome(result, served, report)

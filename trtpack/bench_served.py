@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from trtpack.bench import BuildFolder
+from trtpack.build_folder import BuildFolder
 from trtpack.cases import load_cases
 from trtpack.errors import MissingEnvironmentError, UserInputError
 

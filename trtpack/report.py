@@ -71,7 +71,7 @@ class BuildReport:
     target: str
     profiles: list[str]
     out_dir: str
-    status: Literal["ok", "failed", "accuracy_failed", "interrupted"] = "ok"
+    status: Literal["ok", "failed", "accuracy_failed"] = "ok"
     stages: list[StageResult] = field(default_factory=list)
     verification: list[VerificationRow] = field(default_factory=list)
     versions: dict[str, str | None] = field(default_factory=dict)

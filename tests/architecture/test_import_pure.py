@@ -46,7 +46,7 @@ def test_every_module_imports_without_heavy_packages() -> None:
     assert "trtpack.pipeline" in modules and "trtpack.stages.export" in modules
     proc = _run(
         f"import importlib\nfor m in {modules!r}:\n    importlib.import_module(m)\n"
-        "from trtpack.recipe import resolve_model\n"
+        "from trtpack.resolve import resolve_model\n"
         "r = resolve_model('minilm')\n"
         "from trtpack.shapes import parse_profile\n"
         "print(parse_profile('1x8:4x32:8x128', r.input_specs()))\n"

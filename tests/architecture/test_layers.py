@@ -1,5 +1,5 @@
-"""Imports go one way: cli -> api -> pipeline -> stages -> (precision, engine, serving and the
-other libraries) -> runtimes -> core. A module may import its own layer or a lower one, never
+"""Imports go one way: cli -> api -> pipeline -> stages -> (precision, serving and the other
+libraries) -> engine -> runtimes -> core. A module may import its own layer or a lower one, never
 a higher one (function-level imports count: they are dependencies too). Every module has a
 layer, so a new module must be placed (ARCHITECTURE.md says where things go)."""
 
@@ -15,22 +15,24 @@ PACKAGE = Path(trtpack.__file__).parent
 # lowest first; a module belongs to the layer of its longest matching prefix
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("core", ("trtpack", "trtpack.errors", "trtpack.report", "trtpack.recipe",
-              "trtpack.resolve", "trtpack.heads", "trtpack.shapes", "trtpack.targets",
-              "trtpack.options", "trtpack.onnx_files", "trtpack.processes",
-              "trtpack.resources", "trtpack.cases", "trtpack.samples",
-              "trtpack.tokenizer_files", "trtpack.module_paths", "trtpack.model_io",
-              "trtpack.gpu", "trtpack.machine", "trtpack.local_targets")),
+              "trtpack.recipe_files", "trtpack.resolve", "trtpack.heads", "trtpack.hf_recipe",
+              "trtpack.onnx_recipe", "trtpack.shapes", "trtpack.targets", "trtpack.options",
+              "trtpack.onnx_files", "trtpack.processes", "trtpack.resources", "trtpack.cases",
+              "trtpack.samples", "trtpack.tokenizer_files", "trtpack.module_paths",
+              "trtpack.model_io", "trtpack.machine", "trtpack.local_targets")),
     ("runtimes", ("trtpack.runtimes",)),
-    ("libraries", ("trtpack.precision", "trtpack.engine", "trtpack.serving",
-                   "trtpack.verification", "trtpack.quantization_search",
-                   "trtpack.calibration", "trtpack.smoothquant", "trtpack.activation_ranges",
-                   "trtpack.simplify_graph", "trtpack.models", "trtpack.report_html",
-                   "trtpack.svg_bars")),
+    ("engine", ("trtpack.engine",)),  # builder settings, provenance: never serving
+    ("libraries", ("trtpack.precision", "trtpack.serving", "trtpack.verification",
+                   "trtpack.quantization_search", "trtpack.calibration", "trtpack.smoothquant",
+                   "trtpack.activation_ranges", "trtpack.simplify_graph", "trtpack.models",
+                   "trtpack.report_html", "trtpack.report_charts", "trtpack.svg_bars")),
     ("stages", ("trtpack.stages",)),
     ("pipeline", ("trtpack.pipeline",)),
-    ("api", ("trtpack.api", "trtpack.doctor", "trtpack.inspect", "trtpack.inspection",
-             "trtpack.bench", "trtpack.bench_served")),
-    ("cli", ("trtpack.cli", "trtpack.cli_bench", "trtpack.console", "trtpack.testing")),
+    ("api", ("trtpack.api", "trtpack.doctor", "trtpack.inspection", "trtpack.bench",
+             "trtpack.bench_runners", "trtpack.bench_timing", "trtpack.bench_served",
+             "trtpack.build_folder")),
+    ("cli", ("trtpack.cli", "trtpack.cli_outputs", "trtpack.console", "trtpack.console_views",
+             "trtpack.testing")),
 )
 
 

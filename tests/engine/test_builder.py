@@ -19,7 +19,8 @@ from trtpack.engine.builder import (
     trtexec_command,
 )
 from trtpack.errors import UserInputError
-from trtpack.recipe import EngineSettings, resolve_model
+from trtpack.recipe import EngineSettings
+from trtpack.resolve import resolve_model
 from trtpack.shapes import parse_profiles
 
 TRT10 = (10, 13, 0, 35)

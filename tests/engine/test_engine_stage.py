@@ -13,7 +13,7 @@ from trtpack import machine
 from trtpack.errors import MissingEnvironmentError
 from trtpack.options import BuildOptions
 from trtpack.pipeline.stage import STAGES
-from trtpack.recipe import resolve_model
+from trtpack.resolve import resolve_model
 from trtpack.shapes import parse_profiles
 from trtpack.stages import engine as engine_stage
 from trtpack.stages.base import StageContext

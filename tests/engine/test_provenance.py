@@ -18,10 +18,11 @@ from trtpack.engine.provenance import (
     runs_here,
 )
 from trtpack.errors import UserInputError
-from trtpack.inspect import MachineFacts, inspect_path
+from trtpack.inspection import MachineFacts, inspect_path
 from trtpack.model_io import EngineTensor, engine_model_io
-from trtpack.recipe import TritonSettings, resolve_model
-from trtpack.report import sha256_file
+from trtpack.onnx_files import sha256_file
+from trtpack.recipe import TritonSettings
+from trtpack.resolve import resolve_model
 from trtpack.serving.layout import write_engine_model
 from trtpack.shapes import parse_profiles
 

@@ -26,7 +26,7 @@ from trtpack.cases import Case
 from trtpack.engine.builder import builder_settings, tensorrt_profiles, timing_cache_path
 from trtpack.engine.provenance import EngineProvenance, provenance_path
 from trtpack.errors import MissingEnvironmentError
-from trtpack.inspect import inspect_path
+from trtpack.inspection import inspect_path
 from trtpack.local_targets import check_engine_environment
 from trtpack.machine import LocalGpu, parse_version
 from trtpack.model_io import engine_model_io

@@ -148,7 +148,7 @@ def test_the_package_table_is_what_a_build_checks_and_records() -> None:
 
 def test_importing_gpu_module_does_not_import_heavy_packages() -> None:
     code = ("import sys, trtpack.machine, trtpack.local_targets, trtpack.engine, "
-            "trtpack.inspect, trtpack.stages.engine; "
+            "trtpack.inspection, trtpack.stages.engine; "
             "heavy = [m for m in ('tensorrt', 'torch', 'onnxruntime', 'polygraphy') "
             "if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -38,7 +38,8 @@ from tests.runtimes.tensorrt_names import (
 )
 from trtpack.engine import builder as engine_plan
 from trtpack.machine import MIN_TENSORRT, parse_version
-from trtpack.recipe import EngineSettings, resolve_model
+from trtpack.recipe import EngineSettings
+from trtpack.resolve import resolve_model
 from trtpack.shapes import parse_profiles
 
 TENSORRT_API = Path(tensorrt_api_module.__file__)

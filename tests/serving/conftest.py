@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from tests.serving.tritonserver import TritonServer, missing_reason, start_tritonserver
-from trtpack.recipe import RECIPES_DIR, Recipe, infer_recipe_from_hf_dir, load_recipe_file
+from trtpack.hf_recipe import recipe_for_hf_dir
+from trtpack.recipe import Recipe
+from trtpack.recipe_files import RECIPES_DIR, load_recipe_file
 from trtpack.serving.layout import ModelRepository
 from trtpack.serving.repository import write_model_repository
 from trtpack.shapes import ShapeProfile, parse_profiles
@@ -108,7 +110,7 @@ def classifier(minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Bu
                         label2id={v: k for k, v in CLASSIFIER_LABELS.items()})
     model = BertForSequenceClassification(config).eval()
     model.save_pretrained(str(folder))
-    recipe = infer_recipe_from_hf_dir(folder)
+    recipe = recipe_for_hf_dir(folder)
     onnx = export_onnx(model, tuple(i.name for i in recipe.inputs), "logits",
                        folder.parent / "model.onnx", 2)
     profiles = tuple(parse_profiles(["1x4:2x16:4x64"], recipe.input_specs()))

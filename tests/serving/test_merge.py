@@ -18,10 +18,11 @@ import pytest
 from tests.conftest import run_cli
 from trtpack.engine.builder import builder_settings
 from trtpack.engine.provenance import EngineProvenance, io_records, onnx_hashes, provenance_path
-from trtpack.inspect import MachineFacts, inspect_path
+from trtpack.inspection import MachineFacts, inspect_path
 from trtpack.model_io import model_io_from_onnx
 from trtpack.onnx_files import sha256_file
-from trtpack.recipe import EngineSettings, resolve_model
+from trtpack.recipe import EngineSettings
+from trtpack.resolve import resolve_model
 from trtpack.serving.config import check_config, read_config
 from trtpack.serving.layout import write_engine_model
 from trtpack.shapes import parse_profiles

@@ -61,7 +61,7 @@ def test_model_analyzer_config(minilm_text_repo: ModelRepository) -> None:
 
 def test_repository_ref_names_the_final_repository(minilm_text_repo: ModelRepository,
                                                    tmp_path: Path) -> None:
-    from trtpack.recipe import RECIPES_DIR, load_recipe_file
+    from trtpack.recipe_files import RECIPES_DIR, load_recipe_file
     from trtpack.serving.tuning import write_tuning_files
     from trtpack.shapes import parse_profiles
 

@@ -341,7 +341,7 @@ class _Conversion:
         op type beside them as a comment."""
         import yaml
 
-        from trtpack.recipe import overlay_document
+        from trtpack.recipe_files import overlay_document
 
         path = self.ctx.stage_dir / f"{self.recipe.name}-{self.precision}.yaml"
         body = yaml.safe_dump(

@@ -1,0 +1,107 @@
+"""The runtimes ``trtpack bench`` times, each prepared once and then for one case's inputs:
+ONNX Runtime, the TensorRT engine, PyTorch eager."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+
+from trtpack.bench_timing import Runner, RunOnce
+from trtpack.build_folder import BuildFolder, load_build_recipe
+from trtpack.cases import Case
+from trtpack.errors import MissingEnvironmentError, require_modules
+
+ProgressFn = Callable[[str], None]
+
+
+def call_with(func: Callable[..., object], *args: object) -> RunOnce:
+    return lambda: func(*args)
+
+
+def onnxruntime_runner(model: Path, threads: int) -> Runner:
+    from trtpack.runtimes.onnxruntime import cpu_session
+
+    session = cpu_session(model, threads, inter_op_threads=1)
+    names = {i.name for i in session.get_inputs()}
+
+    def prepare(case: Case) -> RunOnce:
+        return call_with(session.run, None, {k: v for k, v in case.inputs.items() if k in names})
+
+    return prepare
+
+
+def tensorrt_runner(engine_path: Path, profiles: set[int], stack: ExitStack) -> Runner:
+    """NOT RUN on any GPU yet (no GPU or TensorRT where this was written): the engine through
+    the runner the engine stage verifies it with, one execution context per profile."""
+    from trtpack.runtimes import tensorrt as tensorrt_api
+
+    engine = tensorrt_api.load_engine(engine_path)
+    infers = {p: stack.enter_context(tensorrt_api.engine_runner(engine, p)) for p in profiles}
+
+    def prepare(case: Case) -> RunOnce:
+        infer = infers[case.profile]
+        return call_with(infer, infer.feed(case.inputs))
+
+    return prepare
+
+
+def pytorch_skip_reason(build: BuildFolder) -> str | None:
+    """Why PyTorch eager cannot be the baseline of this build (None when it can)."""
+    export = build.report.stage("export")
+    if export is None or export.status != "ok":
+        return "the model did not come from PyTorch (no export stage): no eager baseline"
+    try:
+        require_modules({"torch": "torch", "transformers": "transformers"},
+                        purpose="the PyTorch baseline", install="'trtpack[onnx]'")
+    except MissingEnvironmentError as e:
+        return str(e)
+    return None
+
+
+def pytorch_runner(build: BuildFolder, threads: int, device: str, stack: ExitStack,
+                   progress: ProgressFn) -> Runner:
+    """The recipe's model in PyTorch eager, loaded as the export stage loads it."""
+    import torch
+
+    from trtpack.models import load_model
+    from trtpack.stages.export import output_selector
+
+    recipe = load_build_recipe(build)
+    export = build.report.stage("export")
+    random_weights = export is not None and export.metrics.get("weights") == "random"
+    progress("loading the PyTorch model" + (" (random weights)" if random_weights else ""))
+    torch.set_num_threads(threads)
+    loaded = load_model(recipe, random_weights=random_weights)
+    wrapper = output_selector(loaded.module, recipe).to(device)
+    names = [i.name for i in recipe.inputs]
+    stack.enter_context(torch.inference_mode())
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def prepare(case: Case) -> RunOnce:
+        args = [torch.from_numpy(case.inputs[n]).to(device) for n in names]
+
+        def run_once() -> None:
+            wrapper(*args)
+            sync()
+
+        return run_once
+
+    return prepare
+
+
+def check_runtime(build: BuildFolder) -> None:
+    """``MissingEnvironmentError`` (exit 3) when the served model's runtime is not here."""
+    if build.is_engine:
+        from trtpack.local_targets import engine_environment
+        from trtpack.targets import resolve_target
+
+        env = engine_environment(resolve_target(build.report.target))
+        if not env.ok:
+            raise MissingEnvironmentError(
+                f"cannot bench the TensorRT engine of '{build.root}' here: "
+                + "; ".join(env.problems),
+                hint="run trtpack bench on a GPU of the target's family with TensorRT (the "
+                "NGC container)")
+    require_modules({"onnxruntime": "onnxruntime"}, purpose="trtpack bench",
+                    install="'trtpack[onnx]'")
