@@ -1,5 +1,7 @@
-"""The charts of ``report.html``, drawn by matplotlib (imported here only, when the page is
-written) as inline SVG with text kept as text. Every chart is an
+"""The charts of ``report.html`` as inline SVG with text kept as text: the build's own charts
+(stages, INT8 sensitivity) as plain SVG bars (``svg_bars``: no plotting library, so every build
+and rebuild writes its page at once), the benchmark charts by matplotlib (imported here only,
+when ``trtpack bench`` draws them). Every chart is an
 ``<figure class="chart" id="chart-...">``; bars carry ids (``gid``)."""
 
 from __future__ import annotations
@@ -10,10 +12,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from trtpack.report import BuildReport
+from trtpack.svg_bars import Bar, Panel, hbar_chart
 
 COLORS = {"served": "#2a9d8f", "onnx-fp32": "#8ab17d", "pytorch": "#e76f51",
           "triton": "#264653", "ok": "#2a9d8f", "skipped": "#bbbbbb", "failed": "#e63946",
           "kept": "#e76f51", "quantized": "#2a9d8f", "memory": "#e9c46a"}
+
 
 def _figure(width: float, height: float) -> Any:
     import matplotlib
@@ -38,37 +42,27 @@ def _svg(fig: Any, chart_id: str, caption: str) -> str:
             f"<figcaption>{html.escape(caption)}</figcaption></figure>")
 
 
+def _figure_html(svg: str, chart_id: str, caption: str) -> str:
+    return (f'<figure class="chart" id="{chart_id}">{svg}'
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+
+
 def stage_chart(report: BuildReport) -> str:
+    """Time and peak memory per stage (plain SVG: drawn at every build, in milliseconds)."""
     stages = [s for s in report.stages if s.status != "skipped"]
     if not stages:
         return ""
-    fig = _figure(9.5, 0.45 * len(stages) + 1.1)
-    ax_t, ax_m = fig.subplots(1, 2, sharey=True, width_ratios=[3, 2])
-    names = [s.name + (" (cached)" if s.cached else "") for s in stages]
-    y = list(range(len(stages)))[::-1]
-    bars = ax_t.barh(y, [s.seconds for s in stages],
-                     color=[COLORS["ok"] if s.status == "ok" else COLORS["failed"]
-                            for s in stages], height=0.6)
-    for bar, s in zip(bars, stages, strict=True):
-        bar.set_gid(f"bar-stage-{s.name}")
-        ax_t.annotate(f"{s.seconds:.1f} s", (bar.get_width(), bar.get_y() + 0.3),
-                      xytext=(4, 0), textcoords="offset points", va="center", fontsize=9)
-    ax_t.set_yticks(y, names)
-    ax_t.set_xlabel("seconds")
-    ax_t.set_title("time per stage", loc="left", fontsize=11)
-    ax_t.margins(x=0.18)
-    mem = [s.peak_memory_mb or 0.0 for s in stages]
-    mbars = ax_m.barh(y, mem, color=COLORS["memory"], height=0.6)
-    for bar, s in zip(mbars, stages, strict=True):
-        bar.set_gid(f"bar-memory-{s.name}")
-        label = "–" if s.peak_memory_mb is None else f"{s.peak_memory_mb:,.0f} MB"
-        ax_m.annotate(label, (bar.get_width(), bar.get_y() + 0.3), xytext=(4, 0),
-                      textcoords="offset points", va="center", fontsize=9)
-    ax_m.set_xlabel("peak memory, MB (process and children)")
-    ax_m.set_title("peak memory", loc="left", fontsize=11)
-    ax_m.margins(x=0.25)
-    return _svg(fig, "chart-stages", f"Stage timeline: {report.total_seconds:.1f} s in all. "
-                "Cached stages are reused from the stage cache.")
+    time = Panel("time per stage", "seconds", [
+        Bar(s.seconds, f"{s.seconds:.1f} s", COLORS["ok"] if s.status == "ok"
+            else COLORS["failed"], f"bar-stage-{s.name}") for s in stages], width=420)
+    memory = Panel("peak memory", "peak memory, MB (process and children)", [
+        Bar(s.peak_memory_mb or 0.0, "–" if s.peak_memory_mb is None
+            else f"{s.peak_memory_mb:,.0f} MB", COLORS["memory"], f"bar-memory-{s.name}")
+        for s in stages], width=300)
+    svg = hbar_chart([s.name + (" (cached)" if s.cached else "") for s in stages],
+                     [time, memory])
+    return _figure_html(svg, "chart-stages", f"Stage timeline: {report.total_seconds:.1f} s "
+                        "in all. Cached stages are reused from the stage cache.")
 
 
 def _group_label(row: dict[str, Any]) -> str:
@@ -79,28 +73,26 @@ def _group_label(row: dict[str, Any]) -> str:
 
 
 def sensitivity_chart(search: dict[str, Any], kept: set[str]) -> str:
+    """Damage per node group quantized alone, most sensitive first (plain SVG, log scale)."""
     ranked = search.get("sensitivity") or []
     if not ranked:
         return ""
     ranked = sorted(ranked, key=lambda r: -float(r["damage"]))[:40]
-    fig = _figure(9.5, 0.26 * len(ranked) + 1.2)
-    ax = fig.subplots()
-    y = list(range(len(ranked)))[::-1]
-    is_kept = [any(n in kept for n in r["nodes"]) for r in ranked]
-    bars = ax.barh(y, [max(float(r["damage"]), 1e-7) for r in ranked], height=0.65,
-                   color=[COLORS["kept"] if k else COLORS["quantized"] for k in is_kept])
-    for i, (bar, k) in enumerate(zip(bars, is_kept, strict=True)):
-        bar.set_gid(f"bar-sensitivity-{i}-{'kept' if k else 'int8'}")
-    ax.set_yticks(y, [_group_label(r)[:48] for r in ranked], fontsize=8)
-    ax.set_xscale("log")
-    ax.set_xlabel("damage when quantized alone (1 − worst cosine), log scale")
-    from matplotlib.patches import Patch
-
-    ax.legend(handles=[Patch(color=COLORS["kept"], label="kept in higher precision"),
-                       Patch(color=COLORS["quantized"], label="quantized (INT8)")],
-              loc="lower right", frameon=False)
-    return _svg(fig, "chart-sensitivity", "INT8 sensitivity per node group, most sensitive "
-                "first: each group quantized alone, measured on real inputs.")
+    bars = []
+    for i, row in enumerate(ranked):
+        is_kept = any(n in kept for n in row["nodes"])
+        damage = max(float(row["damage"]), 1e-7)
+        bars.append(Bar(damage, f"{damage:.2g}", COLORS["kept"] if is_kept
+                        else COLORS["quantized"],
+                        f"bar-sensitivity-{i}-{'kept' if is_kept else 'int8'}"))
+    svg = hbar_chart([_group_label(r)[:48] for r in ranked],
+                     [Panel("damage per group", "damage when quantized alone "
+                            "(1 − worst cosine), log scale", bars, width=520,
+                            log_scale=True)],
+                     legend=[(COLORS["kept"], "kept in higher precision"),
+                             (COLORS["quantized"], "quantized (INT8)")])
+    return _figure_html(svg, "chart-sensitivity", "INT8 sensitivity per node group, most "
+                        "sensitive first: each group quantized alone, measured on real inputs.")
 
 
 def benchmark_chart(rows: Sequence[dict[str, Any]]) -> str:

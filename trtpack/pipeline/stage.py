@@ -67,6 +67,5 @@ STAGES: tuple[Stage, ...] = (
           warm_modules=("onnx", "onnxruntime", "polygraphy.backend.onnxrt")),
     Stage("precision", "trtpack.stages.precision", _precision_skip),
     Stage("engine", "trtpack.stages.engine", _engine_skip),
-    Stage("package", "trtpack.stages.package", cacheable=False,
-          warm_modules=("matplotlib.figure", "matplotlib.patches")),  # report.html
+    Stage("package", "trtpack.stages.package", cacheable=False),
 )
