@@ -303,7 +303,7 @@ def test_a_head_named_by_its_suffix_resolves_without_torch_or_transformers(
     import subprocess
     import sys
 
-    from tests.test_import_pure import BLOCKER
+    from tests.architecture.test_import_pure import BLOCKER
 
     (tmp_path / "config.json").write_text(json.dumps(
         {"model_type": "bert", "architectures": ["BertForTokenClassification"],
