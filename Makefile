@@ -65,6 +65,7 @@ test-gpu: install
 lint: install
 	$(VENV)/bin/ruff check trtpack tests benchmarks
 	$(VENV)/bin/mypy
+	$(VENV)/bin/python -m pytest -q tests/architecture  # layers, private names, one home, pure imports
 
 doctor: install
 	$(TRTPACK) doctor
