@@ -23,7 +23,7 @@ def default_cache_dir() -> Path:
 
 @dataclass(frozen=True)
 class BuildOptions:
-    """Everything one build needs, resolved and validated (the CLI builds this)."""
+    """Everything one build needs, resolved and validated (``api.resolve_options`` makes it)."""
 
     recipe: Recipe
     profiles: tuple[ShapeProfile, ...]
