@@ -76,8 +76,9 @@ class ProgressView:
         if not self.enabled:
             return
         if event.kind == "start":
-            self.status = self.console.status(f"[bold]{event.stage}[/] …")
-            self.status.start()
+            status = self.console.status(f"[bold]{event.stage}[/] …")
+            status.start()
+            self.status = status  # only once started: Ctrl-C inside start() leaves none to stop
         elif event.kind == "update" and self.status is not None:
             self.status.update(f"[bold]{event.stage}[/] {escape(event.message)}")
         elif event.kind == "end":

@@ -131,10 +131,14 @@ class Pipeline:
             planned.append(PlannedStage(stage, module, upstream, cached))
         return planned
 
-    def _start_processes(self, planned: list[PlannedStage], logs: Path) -> None:
-        """Start (and warm up) a process for each isolated stage that will run."""
-        for p in planned:
-            if p.stage.isolated and not p.cached:
+    def _start_ahead(self, planned: list[PlannedStage], index: int, logs: Path) -> None:
+        """Make sure the process of the stage about to run (``planned[index]``) and that of the
+        next isolated stage to run exist: the next one warms up while this one runs. One
+        process ahead, not all: each warming process holds its imports' memory."""
+        ahead = [p for p in planned[index:] if p.stage.isolated and not p.cached]
+        wanted = ahead[:2] if ahead and ahead[0] is planned[index] else ahead[:1]
+        for p in wanted:
+            if p.stage.name not in self.processes:
                 self.processes[p.stage.name] = StageProcess(p.stage,
                                                             logs / f"{p.stage.name}.log")
 
@@ -164,9 +168,10 @@ class Pipeline:
         artifacts: dict[str, Path] = {}
         logs = work / "logs"
         logs.mkdir()
-        planned = {p.stage.name: p for p in self._plan(report.versions)}
-        self._start_processes(list(planned.values()), logs)
-        self._warm_up(list(planned.values()))
+        order = self._plan(report.versions)
+        planned = {p.stage.name: p for p in order}
+        self._start_ahead(order, 0, logs)
+        self._warm_up(order)
         for stage in STAGES:
             if not stage.applies(o):
                 continue
@@ -177,6 +182,8 @@ class Pipeline:
                 self.progress(ProgressEvent(stage.name, "end", reason, result))
                 continue
             plan = planned[stage.name]
+            if not plan.cached:
+                self._start_ahead(order, order.index(plan), logs)
             stage_dir = work / "artifacts" / stage.name
             stage_dir.mkdir(parents=True)
             self.progress(ProgressEvent(stage.name, "start"))

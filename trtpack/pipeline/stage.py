@@ -26,8 +26,8 @@ class Stage:
     # build down.
     isolated: bool = False
     # Imported ahead of time while earlier stages run (an isolated stage's process starts
-    # when the build starts; the others' modules are imported by a thread of the build while
-    # it waits for the isolated stages), so the stage does not wait for them.
+    # when the stage before it starts; the others' modules are imported by a thread of the
+    # build while it waits for the isolated stages), so the stage does not wait for them.
     warm_modules: tuple[str, ...] = ()
     # False: the stage is not part of this build at all (not listed in the report)
     applies: Callable[[BuildOptions], bool] = lambda o: True
@@ -63,9 +63,11 @@ STAGES: tuple[Stage, ...] = (
           warm_modules=_TORCH),
     Stage("simplify", "trtpack.stages.simplify", isolated=True,
           warm_modules=("onnx", "onnxsim", "onnxruntime")),
-    Stage("verify", "trtpack.stages.verify",
+    # isolated: ONNX Runtime's memory for the FP32 model goes back before precision starts
+    Stage("verify", "trtpack.stages.verify", isolated=True,
           warm_modules=("onnx", "onnxruntime", "polygraphy.backend.onnxrt")),
-    Stage("precision", "trtpack.stages.precision", _precision_skip),
+    Stage("precision", "trtpack.stages.precision", _precision_skip,
+          warm_modules=("onnx", "onnxruntime", "polygraphy.backend.onnxrt")),
     Stage("engine", "trtpack.stages.engine", _engine_skip),
     Stage("package", "trtpack.stages.package", cacheable=False),
 )
