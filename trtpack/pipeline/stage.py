@@ -25,9 +25,9 @@ class Stage:
     # returned to the system when it ends, and a crash in a native library cannot take the
     # build down.
     isolated: bool = False
-    # Imported ahead of time while earlier stages run (an isolated stage's process starts
-    # when the stage before it starts; the others' modules are imported by a thread of the
-    # build while it waits for the isolated stages), so the stage does not wait for them.
+    # Imported ahead of time while earlier stages run (an isolated stage's process starts up
+    # to two stages ahead; the others' modules are imported by a thread of the build while
+    # it waits for the isolated stages), so the stage does not wait for them.
     warm_modules: tuple[str, ...] = ()
     # False: the stage is not part of this build at all (not listed in the report)
     applies: Callable[[BuildOptions], bool] = lambda o: True
