@@ -11,11 +11,8 @@ interruption (Ctrl-C, SIGTERM) removes it, and an earlier OUT stays intact until
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import os
 import shutil
-import threading
 import time
 import traceback
 from dataclasses import asdict, dataclass
@@ -61,7 +58,6 @@ class Pipeline:
         self.progress: ProgressCallback = progress or (lambda event: None)
         self.cache = StageCache(options.cache_dir)
         self.processes: dict[str, StageProcess] = {}
-        self.warming: threading.Thread | None = None
 
     def run(self) -> BuildReport:
         o = self.options
@@ -143,22 +139,6 @@ class Pipeline:
                 self.processes[p.stage.name] = StageProcess(p.stage,
                                                             logs / f"{p.stage.name}.log")
 
-    def _warm_up(self, planned: list[PlannedStage]) -> None:
-        """Import the in-process stages' heavy modules in a thread while the isolated stages
-        run (the build's own thread only waits for them then)."""
-        modules = [m for p in planned if not p.stage.isolated and not p.cached
-                   for m in p.stage.warm_modules]
-        if not modules or not any(p.stage.isolated and not p.cached for p in planned):
-            return
-
-        def import_all() -> None:
-            for module in modules:
-                with contextlib.suppress(Exception):  # missing: the stage says so itself
-                    importlib.import_module(module)
-
-        self.warming = threading.Thread(target=import_all, name="trtpack-warm-up", daemon=True)
-        self.warming.start()
-
     def _stop_processes(self) -> None:
         for process in self.processes.values():
             process.stop()
@@ -172,7 +152,6 @@ class Pipeline:
         order = self._plan(report.versions)
         planned = {p.stage.name: p for p in order}
         self._start_ahead(order, 0, logs)
-        self._warm_up(order)
         for stage in STAGES:
             if not stage.applies(o):
                 continue
@@ -233,8 +212,6 @@ class Pipeline:
             # planned as cached, but the entry went away
             self.processes[stage.name] = StageProcess(stage, log_path)
         process = self.processes.get(stage.name)
-        if process is None and self.warming is not None:
-            self.warming.join()  # never import in two threads at once
         # the processes warming up for later stages are not this stage's memory
         meter = ResourceMeter(exclude={p.pid for p in self.processes.values()
                                        if p is not process})

@@ -25,9 +25,10 @@ class Stage:
     # returned to the system when it ends, and a crash in a native library cannot take the
     # build down.
     isolated: bool = False
-    # Imported ahead of time while earlier stages run (an isolated stage's process starts up
-    # to two stages ahead; the others' modules are imported by a thread of the build while
-    # it waits for the isolated stages), so the stage does not wait for them.
+    # What an isolated stage's process imports ahead of time: it starts up to two stages
+    # ahead and imports these while the stages before it run, so the stage does not wait.
+    # (Not for in-process stages: an import thread in the build's own process can deadlock
+    # the interpreter's exit when Ctrl-C lands in the middle of an import.)
     warm_modules: tuple[str, ...] = ()
     # False: the stage is not part of this build at all (not listed in the report)
     applies: Callable[[BuildOptions], bool] = lambda o: True
@@ -66,8 +67,7 @@ STAGES: tuple[Stage, ...] = (
     # isolated: ONNX Runtime's memory for the FP32 model goes back before precision starts
     Stage("verify", "trtpack.stages.verify", isolated=True,
           warm_modules=("onnx", "onnxruntime", "polygraphy.backend.onnxrt")),
-    Stage("precision", "trtpack.stages.precision", _precision_skip,
-          warm_modules=("onnx", "onnxruntime", "polygraphy.backend.onnxrt")),
+    Stage("precision", "trtpack.stages.precision", _precision_skip),
     Stage("engine", "trtpack.stages.engine", _engine_skip),
     Stage("package", "trtpack.stages.package", cacheable=False),
 )
