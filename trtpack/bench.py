@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,7 +33,7 @@ from trtpack.bench_runners import (
     pytorch_skip_reason,
     tensorrt_runner,
 )
-from trtpack.bench_timing import Runner, Timing, machine_info, measure_interleaved
+from trtpack.bench_timing import ProgressFn, Runner, Timing, machine_info, measure_interleaved
 from trtpack.build_folder import open_build
 from trtpack.cases import Case, load_cases
 from trtpack.errors import UserInputError
@@ -42,7 +42,6 @@ from trtpack.report import REPORT, BuildReport
 SERVED, ONNX_FP32, PYTORCH = "served", "onnx-fp32", "pytorch"
 DEFAULT_SECONDS = 2.0
 
-ProgressFn = Callable[[str], None]
 
 
 @dataclass

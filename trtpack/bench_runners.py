@@ -7,12 +7,10 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
-from trtpack.bench_timing import Runner, RunOnce
+from trtpack.bench_timing import ProgressFn, Runner, RunOnce
 from trtpack.build_folder import BuildFolder, load_build_recipe
 from trtpack.cases import Case
 from trtpack.errors import MissingEnvironmentError, require_modules
-
-ProgressFn = Callable[[str], None]
 
 
 def call_with(func: Callable[..., object], *args: object) -> RunOnce:

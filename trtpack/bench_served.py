@@ -23,11 +23,12 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from trtpack.bench_timing import ProgressFn
 from trtpack.build_folder import BuildFolder
 from trtpack.cases import load_cases
 from trtpack.errors import MissingEnvironmentError, UserInputError
@@ -36,7 +37,6 @@ CHECK_TIMEOUT_S = 3.0
 DEFAULT_CONCURRENCY = (1, 2, 4)
 PERF_ANALYZER_ENV = "TRTPACK_PERF_ANALYZER"
 PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy")
-ProgressFn = Callable[[str], None]
 
 
 @dataclass

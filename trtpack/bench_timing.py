@@ -14,6 +14,7 @@ from typing import Any
 from trtpack.cases import Case
 
 WARMUP_RUNS = 3
+ProgressFn = Callable[[str], None]  # progress messages, shown by the CLI as a status line
 
 
 def machine_info() -> dict[str, Any]:

@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from trtpack.errors import AccuracyError, TrtpackError
+from trtpack.recipe import Recipe
 from trtpack.report import BuildReport, VerificationRow
 from trtpack.stages.base import ProgressEvent
 
@@ -133,7 +134,7 @@ def verification_summary(report: BuildReport) -> Table:
 def worst_samples(report: BuildReport) -> list[str]:
     """One line per check and output judged per sample: worst / mean and the worst text."""
     lines = []
-    groups: dict[tuple[str, str], list[Any]] = {}
+    groups: dict[tuple[str, str], list[Any]] = {}  # rows whose metric values are set
     for r in report.verification:
         if r.metric_value is not None and r.metric_mean is not None:
             groups.setdefault((r.check, r.output), []).append(r)
@@ -157,7 +158,7 @@ def print_build_summary(report: BuildReport, out_dir: Path) -> None:
               f"model_repository/  (report: {out_dir}/report.json, report.html)")
 
 
-def recipes_table(recipes: Sequence[Any]) -> Table:
+def recipes_table(recipes: Sequence[Recipe]) -> Table:
     table = Table(title="recipes")
     for col in ("name", "task", "precision", "profiles", "description"):
         table.add_column(col)

@@ -7,12 +7,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 from rich.table import Table
 
 from trtpack.console import out
+
+if TYPE_CHECKING:
+    from trtpack.bench import BenchOutcome
+    from trtpack.inspection import Inspection
 
 
 def print_json(data: Any) -> None:
@@ -62,7 +66,7 @@ def io_table(inputs: list[Any], outputs: list[Any]) -> Table:
     return table
 
 
-def print_inspection(result: Any) -> None:
+def print_inspection(result: Inspection) -> None:
     """What ``trtpack.inspection.inspect_path`` found."""
     for model in result.models:
         out.print(f"[bold]{model.name}[/] ({model.platform}, max_batch_size "
@@ -146,8 +150,8 @@ def served_table(served: dict[str, Any]) -> Table:
     return table
 
 
-def print_benchmark(measured: Any, out_dir: Path) -> None:
-    """What ``trtpack bench`` measured (a ``trtpack.bench.BenchOutcome``)."""
+def print_benchmark(measured: BenchOutcome, out_dir: Path) -> None:
+    """What ``trtpack bench`` measured."""
     result, served = measured.result, measured.served
     if result is not None:
         m = result.machine

@@ -14,6 +14,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -224,20 +225,12 @@ class Recipe(_Strict):
         self._origin = origin.resolve()
         return self
 
-    @field_validator("inputs")
+    @field_validator("inputs", "outputs")
     @classmethod
-    def _unique_inputs(cls, v: list[InputSpec]) -> list[InputSpec]:
-        names = [i.name for i in v]
+    def _unique_names(cls, v: list[Any], info: ValidationInfo) -> list[Any]:
+        names = [t.name for t in v]
         if len(set(names)) != len(names) or not names:
-            raise ValueError("inputs must be a non-empty list with unique names")
-        return v
-
-    @field_validator("outputs")
-    @classmethod
-    def _unique_outputs(cls, v: list[OutputSpec]) -> list[OutputSpec]:
-        names = [o.name for o in v]
-        if len(set(names)) != len(names) or not names:
-            raise ValueError("outputs must be a non-empty list with unique names")
+            raise ValueError(f"{info.field_name} must be a non-empty list with unique names")
         return v
 
     def input_specs(self) -> list[TensorSpec]:

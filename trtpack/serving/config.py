@@ -26,6 +26,8 @@ InstanceKind = Literal["KIND_CPU", "KIND_GPU", "KIND_MODEL"]
 ONNX_PLATFORM = "onnxruntime_onnx"
 ENGINE_PLATFORM = "tensorrt_plan"
 ONNX_FILENAME = "model.onnx"
+CONFIG_FILE = "config.pbtxt"
+"""Every Triton model directory's config file."""
 
 
 def _schema() -> Any:

@@ -14,7 +14,7 @@ from trtpack.engine.provenance import PLAN_FILENAME, EngineProvenance, provenanc
 from trtpack.errors import UserInputError
 from trtpack.onnx_files import sha256_file
 from trtpack.report import REPORT
-from trtpack.serving.config import ENGINE_PLATFORM, config_text, read_config
+from trtpack.serving.config import CONFIG_FILE, ENGINE_PLATFORM, config_text, read_config
 from trtpack.serving.layout import REPOSITORY, VERSION
 
 SAME_FIELDS = ("onnx_sha256", "onnx_data_sha256", "precision", "profiles", "inputs", "outputs",
@@ -60,9 +60,9 @@ def read_engine_build(folder: Path) -> EngineBuild:
     if target == "cpu":
         raise build_error(folder, "is a CPU-only build (--target cpu): it has no TensorRT engine")
     model_dir = folder / REPOSITORY / name
-    if not (model_dir / "config.pbtxt").is_file():
+    if not (model_dir / CONFIG_FILE).is_file():
         raise build_error(folder, f"has no {REPOSITORY}/{name}/config.pbtxt")
-    config = read_config(model_dir / "config.pbtxt")
+    config = read_config(model_dir / CONFIG_FILE)
     if config.platform != ENGINE_PLATFORM:
         served_by = config.platform or config.backend
         raise build_error(folder, f"model '{name}' is served by {served_by}, not a TensorRT "
@@ -86,7 +86,7 @@ def read_engine_build(folder: Path) -> EngineBuild:
 
 def model_names(build: EngineBuild) -> set[str]:
     repo = build.folder / REPOSITORY
-    return {p.name for p in repo.iterdir() if (p / "config.pbtxt").is_file()}
+    return {p.name for p in repo.iterdir() if (p / CONFIG_FILE).is_file()}
 
 
 def tree_files(root: Path) -> dict[str, str]:

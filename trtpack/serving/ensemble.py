@@ -17,7 +17,7 @@ from typing import Any
 
 from trtpack.model_io import TRITON_TO_NUMPY, ModelIO
 from trtpack.recipe import TritonSettings
-from trtpack.serving.config import model_config, read_config
+from trtpack.serving.config import CONFIG_FILE, model_config, read_config
 from trtpack.serving.postprocess import Postprocessing
 from trtpack.serving.tokenizer_model import TEXT_INPUT, TokenField
 from trtpack.shapes import ShapeProfile
@@ -87,7 +87,7 @@ def check_ensemble(repository: Path, name: str) -> list[str]:
     name is a real input/output of the member, every tensor is produced once before it is
     read, and producer and consumer agree on type and dims.
     """
-    config = read_config(repository / name / "config.pbtxt")
+    config = read_config(repository / name / CONFIG_FILE)
     problems: list[str] = []
     if config.platform != "ensemble":
         return [f"{name}: platform is '{config.platform}', not 'ensemble'"]
@@ -96,7 +96,7 @@ def check_ensemble(repository: Path, name: str) -> list[str]:
         n: (d, dims, "ensemble input") for n, (d, dims) in _tensors(config, "input").items()
     }
     for step in config.ensemble_scheduling.step:
-        member_path = repository / step.model_name / "config.pbtxt"
+        member_path = repository / step.model_name / CONFIG_FILE
         if not member_path.is_file():
             problems.append(f"{name}: step model '{step.model_name}' is not in the repository")
             continue

@@ -22,7 +22,13 @@ from trtpack.engine.provenance import PLAN_FILENAME, EngineProvenance, provenanc
 from trtpack.errors import UserInputError
 from trtpack.onnx_files import link_or_copy
 from trtpack.recipe import TritonSettings
-from trtpack.serving.config import ONNX_FILENAME, check_config, engine_model_config, write_config
+from trtpack.serving.config import (
+    CONFIG_FILE,
+    ONNX_FILENAME,
+    check_config,
+    engine_model_config,
+    write_config,
+)
 from trtpack.shapes import ShapeProfile
 
 REPOSITORY = "model_repository"
@@ -106,5 +112,5 @@ def write_engine_model(repo: Path, name: str, plan: Path, profiles: Sequence[Sha
     version_dir.mkdir(parents=True, exist_ok=True)
     link_or_copy(plan, version_dir / PLAN_FILENAME)
     link_or_copy(prov_file, version_dir / provenance_path(Path(PLAN_FILENAME)).name)
-    write_config(model_dir / "config.pbtxt", config)
+    write_config(model_dir / CONFIG_FILE, config)
     return model_dir

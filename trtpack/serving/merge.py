@@ -33,7 +33,7 @@ from typing import Any
 from trtpack.engine.provenance import provenance_path
 from trtpack.errors import UserInputError
 from trtpack.onnx_files import link_or_copy
-from trtpack.serving.config import check_config, read_config, write_config
+from trtpack.serving.config import CONFIG_FILE, check_config, read_config, write_config
 from trtpack.serving.engine_builds import (
     EngineBuild,
     build_error,
@@ -129,8 +129,8 @@ def merge_builds(build_dirs: Sequence[Path], out: Path,
             link_or_copy(build.plan, version_dir / filename)
             link_or_copy(provenance_path(build.plan), version_dir / f"{filename}.json")
             engines[build.cc_key] = filename
-        write_config(repo / name / "config.pbtxt", config)
-        read_config(repo / name / "config.pbtxt")  # parses back with Triton's schema
+        write_config(repo / name / CONFIG_FILE, config)
+        read_config(repo / name / CONFIG_FILE)  # parses back with Triton's schema
         for model in others:
             for rel in tree_files(first.folder / REPOSITORY / model):
                 link_or_copy(first.folder / REPOSITORY / model / rel, repo / model / rel)
@@ -173,7 +173,7 @@ def _write_cpu_model(repo: Path, name: str, onnx: Path, build: EngineBuild) -> s
     if problems:
         raise RuntimeError(f"{cpu_name} config does not match its ONNX: " + "; ".join(problems))
     copy_onnx(onnx, repo / cpu_name / VERSION)
-    write_config(repo / cpu_name / "config.pbtxt", config)
+    write_config(repo / cpu_name / CONFIG_FILE, config)
     return cpu_name
 
 

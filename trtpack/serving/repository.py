@@ -28,6 +28,7 @@ from trtpack.model_io import ModelIO, model_io_from_onnx
 from trtpack.options import Serve
 from trtpack.recipe import Recipe, TritonSettings
 from trtpack.serving.config import (
+    CONFIG_FILE,
     ENGINE_PLATFORM,
     ONNX_PLATFORM,
     InstanceKind,
@@ -151,7 +152,7 @@ def write_model_repository(
               members: tuple[str, ...] = ()) -> Path:
         model_dir = dest / model_name
         (model_dir / VERSION).mkdir(parents=True, exist_ok=True)
-        write_config(model_dir / "config.pbtxt", config)
+        write_config(model_dir / CONFIG_FILE, config)
         models.append(ServedModel(model_name, role, model_dir, backend, members))
         return model_dir / VERSION
 

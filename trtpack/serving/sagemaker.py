@@ -88,18 +88,18 @@ def _members(name: str, configs: dict[str, Any], seen: tuple[str, ...] = ()) -> 
     return found
 
 
-def plan_archives(repository: Path) -> list[tuple[str, list[str]]]:
+def archive_contents(repository: Path) -> list[tuple[str, list[str]]]:
     """(entry model, model folders in its archive) for each archive to write."""
     configs = _configs(repository)
     ensembles = [n for n, c in configs.items() if c.platform == "ensemble"]
     in_ensemble = {m for e in ensembles for m in _members(e, configs)}
-    plans: list[tuple[str, list[str]]] = []
+    archives: list[tuple[str, list[str]]] = []
     for name, config in configs.items():
         if config.platform == "ensemble":
-            plans.append((name, [name, *_members(name, configs)]))
+            archives.append((name, [name, *_members(name, configs)]))
         elif not (config.backend == "python" and name in in_ensemble):
-            plans.append((name, [name]))
-    return plans
+            archives.append((name, [name]))
+    return archives
 
 
 def _add_tree(tar: tarfile.TarFile, folder: Path, arcname: str) -> None:
@@ -225,7 +225,7 @@ def package_sagemaker(path: Path, dest: Path | None = None, *,
     configs = _configs(repository)
     dest.mkdir(parents=True, exist_ok=True)
     archives = []
-    for entry, models in plan_archives(repository):
+    for entry, models in archive_contents(repository):
         archive = dest / f"{entry}.tar.gz"
         write_archive(repository, models, archive, compresslevel)
         archives.append(SageMakerArchive(archive, entry, tuple(models)))

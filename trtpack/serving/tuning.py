@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtpack.recipe import TritonSettings
-from trtpack.serving.config import read_config
+from trtpack.serving.config import CONFIG_FILE, read_config
 from trtpack.shapes import ShapeProfile
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ def model_analyzer_config(repo: ModelRepository, model: str, profiles: Sequence[
                           settings: TritonSettings, *, kind: str, integer_inputs: bool,
                           repository_path: str) -> dict[str, Any]:
     """``repository_path`` as Model Analyzer will see it (relative to where it runs)."""
-    config = read_config(repo.root / model / "config.pbtxt")
+    config = read_config(repo.root / model / CONFIG_FILE)
     mbs = int(config.max_batch_size)
     batched = mbs > 0
     _, shapes = _shape_flags(profiles[0], "opt", batched)
@@ -128,7 +128,7 @@ def write_tuning_files(dest: Path, repo: ModelRepository, profiles: Sequence[Sha
     # relative: the build folder is renamed into place after this is written
     rel = repository_ref or os.path.relpath(repo.root.resolve(), dest.resolve())
     main = repo.by_role("model")[0]
-    main_config = read_config(main.path / "config.pbtxt")
+    main_config = read_config(main.path / CONFIG_FILE)
     mbs = int(main_config.max_batch_size)
     integer_inputs = any(t.data_type in (8, 9) for t in main_config.input)  # INT32, INT64
     lines = [

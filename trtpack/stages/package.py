@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trtpack.options import BuildOptions
+from trtpack.serving.config import CONFIG_FILE
 from trtpack.serving.layout import REPOSITORY
 from trtpack.stages.base import StageContext, StageOutcome
 
@@ -78,5 +79,5 @@ def _write_perf_inputs(ctx: StageContext, repo: Any, tuning: Path) -> None:
     if reference is None or not tuning.is_dir():
         return
     main = repo.by_role("model")[0]
-    batched = int(read_config(main.path / "config.pbtxt").max_batch_size) > 0
+    batched = int(read_config(main.path / CONFIG_FILE).max_batch_size) > 0
     repo.tuning_files.extend(write_perf_input_data(tuning, load_cases(reference), batched))
