@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from trtpack.errors import UserInputError
+from trtpack.pipeline.outputs import RECIPE_FILE
 from trtpack.report import REPORT, BuildReport
 from trtpack.serving.layout import REPOSITORY
 
-RECIPE = "recipe.yaml"
 # the recorded inputs: the export stage's, or the import stage's for an ONNX file given as MODEL
 REFERENCES = (Path("artifacts") / "export" / "reference.npz",
               Path("artifacts") / "import" / "reference.npz")
@@ -34,7 +34,7 @@ class BuildFolder:
 
     @property
     def recipe_path(self) -> Path:
-        return self.root / RECIPE
+        return self.root / RECIPE_FILE
 
 
 def load_build_report(out: Path) -> BuildReport:
