@@ -12,6 +12,7 @@ command in the report and in ``trtexec.sh``. TensorRT is imported only inside ``
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +31,25 @@ from trtpack.machine import cuda_driver_version, parse_version
 from trtpack.model_io import engine_model_io, model_io_from_onnx
 from trtpack.onnx_files import sha256_file
 from trtpack.options import BuildOptions
-from trtpack.stages.base import StageContext, StageOutcome
+from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 from trtpack.verification import compare_cases
 
 CHECK = "engine-vs-onnx"
 
+
+
+@dataclass
+class EngineMetrics(StageMetrics):
+    tensorrt: str  # TensorRT version that built the engine
+    gpu: str
+    compute_capability: str
+    profiles: int
+    build_seconds: float
+    plan_bytes: int
+    timing_cache: dict[str, Any]  # path, hit, shared, bytes and sha256 before/after
+    trtexec: str  # the equivalent trtexec command
+    cases: int
+    failed: int  # verification rows that failed
 
 def fingerprint(options: BuildOptions) -> dict[str, Any]:
     from trtpack.machine import tensorrt_version
@@ -129,12 +144,11 @@ def run(ctx: StageContext) -> StageOutcome:
     return StageOutcome(
         artifacts={"engine": plan, "engine_provenance": prov_path, "engine_trtexec": script},
         verification=rows,
-        metrics={
-            "tensorrt": trt_version, "gpu": env.gpu.name, "compute_capability": env.gpu.sm,
-            "profiles": len(profiles), "build_seconds": round(built.seconds, 3),
-            "plan_bytes": built.plan_bytes, "timing_cache": timing, "trtexec": command,
-            "cases": len(cases), "failed": failed,
-        },
+        metrics=EngineMetrics(
+            tensorrt=trt_version, gpu=env.gpu.name, compute_capability=env.gpu.sm,
+            profiles=len(profiles), build_seconds=round(built.seconds, 3),
+            plan_bytes=built.plan_bytes, timing_cache=timing, trtexec=command,
+            cases=len(cases), failed=failed),
         message=(f"{env.gpu.name} sm{env.gpu.sm}, TensorRT {trt_version}, "
                  f"{built.plan_bytes / 2**20:.1f} MB in {built.seconds:.1f} s, timing cache "
                  f"{'hit' if cache_hit else 'miss'}; {len(rows) - failed}/{len(rows)} checks "

@@ -10,16 +10,24 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trtpack.options import BuildOptions
 from trtpack.serving.config import CONFIG_FILE
 from trtpack.serving.layout import REPOSITORY
-from trtpack.stages.base import StageContext, StageOutcome
+from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 
 TUNING = "tuning"
 
+
+
+@dataclass
+class PackageMetrics(StageMetrics):
+    models: dict[str, str]  # model name -> Triton backend or platform
+    repository: str  # the repository folder's name inside OUT
+    tuning: list[str]  # perf_analyzer / Model Analyzer files, relative to OUT
 
 def fingerprint(options: BuildOptions) -> dict[str, Any]:
     return {"triton": options.recipe.triton.model_dump(), "serve": options.serve,
@@ -60,9 +68,10 @@ def run(ctx: StageContext) -> StageOutcome:
         os.replace(tmp_tuning, tuning)
     models = [m.name for m in repo.models]
     return StageOutcome(
-        metrics={"models": {m.name: m.backend for m in repo.models},
-                 "repository": REPOSITORY,
-                 "tuning": [str(tuning / p.relative_to(tmp_tuning)) for p in repo.tuning_files]},
+        metrics=PackageMetrics(
+            models={m.name: m.backend for m in repo.models}, repository=REPOSITORY,
+            # relative to OUT (the folder being built here is renamed to OUT at the end)
+            tuning=[str(Path(TUNING) / p.relative_to(tmp_tuning)) for p in repo.tuning_files]),
         warnings=list(repo.warnings),
         message=f"{REPOSITORY}/: {', '.join(models)}",
     )
