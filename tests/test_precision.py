@@ -274,7 +274,7 @@ def test_surrogates_equal_modelopt_conversions_with_those_nodes_excluded(
     source = precision._prepare_source(tiny["onnx"], work / "source")
     conv = precision._Int8(ctx, work, source)
     cal = load_calibration(options.recipe, options.profiles, tiny_npz(tmp_path / "c.npz"),
-                           tokenizer_dir=None, max_samples=64, seed=0)
+                           tokenizer=None, max_samples=64, seed=0)
     save_feeds(work / "calibration.npz", cal.feeds)
     conv.calibration = cal
     base = conv.convert("all", ["MatMul", "Gemm", "Conv"], [], "fp32")
@@ -488,7 +488,7 @@ def test_int8_percentile_calibration_sets_activation_ranges(tiny: dict[str, Path
     model = onnx.load(str(outcome.artifacts["precision_onnx"]))
     quantizers = activation_quantizers(model)
     assert quantizers
-    cal = load_calibration(options.recipe, options.profiles, npz, tokenizer_dir=None,
+    cal = load_calibration(options.recipe, options.profiles, npz, tokenizer=None,
                            max_samples=options.recipe.precision_options.int8
                            .max_calibration_samples, seed=options.seed)
     copy = tmp_path / "fp32"  # onnx refuses the cache's hard-linked external data

@@ -473,10 +473,9 @@ def npz_lengths(arrays: Mapping[str, np.ndarray], recipe: Recipe) -> list[int]:
 
 
 def load_calibration(recipe: Recipe, profiles: Sequence[ShapeProfile], path: Path | None, *,
-                     tokenizer_dir: Path | None, max_samples: int, seed: int
-                     ) -> CalibrationData:
-    """Calibration, search and held-out batches from ``path`` (text or .npz), or synthetic
-    ones."""
+                     tokenizer: Any, max_samples: int, seed: int) -> CalibrationData:
+    """Calibration, search and held-out batches from ``path`` (text, tokenized with
+    ``tokenizer``, or .npz), or synthetic ones."""
     if max_samples < 1:
         raise UserInputError("precision_options.int8.max_calibration_samples must be >= 1")
     if path is None:
@@ -498,12 +497,11 @@ def load_calibration(recipe: Recipe, profiles: Sequence[ShapeProfile], path: Pat
             len(splits.search), strata=strata_counts(lengths, splits))
     texts = read_text_samples(path)
     _text_inputs(recipe)
-    if tokenizer_dir is None:
+    if tokenizer is None:
         raise UserInputError(
             f"calibration file {path} is text, but recipe '{recipe.name}' has no tokenizer to "
             "tokenize it with; give a .npz of input arrays instead"
         )
-    tokenizer = load_tokenizer(tokenizer_dir)
     token_spec = _token_spec(recipe)
     assert token_spec is not None
     longest = sequence_buckets(token_spec, profiles)[-1].seq

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,18 @@ def cpu_session(model: Any, threads: int | None = None, inter_op_threads: int | 
             onnx.save_model(model, source, save_as_external_data=True,
                             all_tensors_to_one_file=True, location="model.onnx.data")
         return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+
+
+def run_session(session: Any, feeds: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Every output of ``session`` for each feed (inputs the model does not take are
+    ignored)."""
+    names = [o.name for o in session.get_outputs()]
+    inputs = {i.name for i in session.get_inputs()}
+    results = []
+    for feed in feeds:
+        values = session.run(names, {k: v for k, v in feed.items() if k in inputs})
+        results.append(dict(zip(names, values, strict=True)))
+    return results
 
 
 def with_outputs(model: Any, tensors: Iterable[str]) -> Any:

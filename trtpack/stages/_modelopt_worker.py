@@ -38,13 +38,10 @@ from typing import Any
 from trtpack.onnx_files import (
     LARGE_INITIALIZER_BYTES,
     data_path,
-    model_bytes,
     save_model,
     tensor_bytes,
 )
 
-# Over this size ModelOpt itself must write external data (protobuf's limit is 2 GiB).
-EXTERNAL_DATA_THRESHOLD = 1_800_000_000
 # Initializers of LARGE_INITIALIZER_BYTES or more (the simplify worker's threshold: the same
 # model layout) are kept out of AutoCast (see run_fp16) and saved in the model's data file.
 
@@ -82,13 +79,43 @@ def _calibration_reader(feeds_path: str) -> Any:
     return FeedReader()
 
 
+# ModelOpt's INT8 path needs this opset (Q/DQ with FP16 scales); it upgrades lower ones.
+INT8_OPSET = 19
+
+
+def prepare_int8_input(source: Path) -> tuple[Path, list[str]]:
+    """ModelOpt's preprocessing steps that rewrite the whole model, done on the graph alone.
+
+    ``quantize`` upgrades the opset to 19 and duplicates initializers shared by several
+    nodes, and saves a full copy of the model (weights included) after each step. Done
+    here first, on the graph without its weights (external data stays in the source's data
+    file, which the copy beside it refers to), the same model reaches ``quantize`` with
+    nothing left for those steps to do. Returns the path to quantize and what was done."""
+    import onnx
+    from modelopt.onnx.utils import duplicate_shared_constants
+
+    model = onnx.load(str(source), load_external_data=False)
+    done = []
+    version = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if 1 < version < INT8_OPSET:
+        model = onnx.version_converter.convert_version(model, INT8_OPSET)
+        done.append(f"opset {version} -> {INT8_OPSET}")
+    model, duplicated = duplicate_shared_constants(model)
+    if duplicated:
+        done.append("shared initializers duplicated")
+    if not done:
+        return source, done
+    prepared = source.with_name("modelopt-" + source.name)  # beside it: same weight file
+    onnx.save_model(model, str(prepared))
+    return prepared, done
+
+
 def run_int8(job: dict[str, Any], work: Path) -> dict[str, Any]:
     import onnx
     from modelopt.onnx.quantization import quantize
 
     spec = job["int8"]
-    source = Path(job["input"])
-    external = model_bytes(source) > EXTERNAL_DATA_THRESHOLD
+    source, prepared = prepare_int8_input(Path(job["input"]))
     tmp_out = work / "quantized.onnx"
     quantize(
         onnx_path=str(source),
@@ -100,7 +127,9 @@ def run_int8(job: dict[str, Any], work: Path) -> dict[str, Any]:
         op_types_to_exclude=spec.get("op_types_to_exclude") or None,
         nodes_to_exclude=_exact(spec.get("nodes_to_exclude") or []) or None,
         high_precision_dtype=spec.get("high_precision", "fp32"),
-        use_external_data_format=external,
+        # weights outside the protobuf in every copy ModelOpt saves (the same model; its
+        # intermediate copies are written and read faster, without protobuf serialization)
+        use_external_data_format=True,
         output_path=str(tmp_out),
         log_level="INFO",
     )
@@ -113,7 +142,9 @@ def run_int8(job: dict[str, Any], work: Path) -> dict[str, Any]:
 
         rewired = dedicate_qdq(model, spec["op_types_to_quantize"])
     save_model(model, Path(job["output"]))
-    return {"dedicated_qdq_rewired": rewired}
+    if source != Path(job["input"]):
+        source.unlink(missing_ok=True)
+    return {"dedicated_qdq_rewired": rewired, "prepared": prepared}
 
 
 def out_of_range_nodes(source: Path, feed: dict[str, Any], data_max: float) -> list[str]:
@@ -342,9 +373,40 @@ def run_fp16(job: dict[str, Any], work: Path) -> dict[str, Any]:
             "weights_outside_autocast": len(weights)}
 
 
+def preload(mode: str) -> None:
+    """Import what a conversion in ``mode`` needs (ModelOpt and torch: seconds), so that a
+    worker started early is ready when its job comes."""
+    if mode == "int8":
+        import modelopt.onnx.quantization
+        import modelopt.onnx.utils
+    elif mode == "fp16":
+        import modelopt.onnx.autocast  # noqa: F401
+
+
+def exit_with_parent() -> None:
+    """End this process when the one that started it has gone (killed builds leave no
+    worker behind)."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="trtpack-parent-watch", daemon=True).start()
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        sys.stderr.write("usage: python -m trtpack.stages._modelopt_worker JOB.json\n")
+    exit_with_parent()
+    if len(argv) == 2 and argv[0] == "--preload":
+        # started ahead of its job: import first, then read the job's path from stdin
+        preload(argv[1])
+        argv = [sys.stdin.readline().strip()]
+    if len(argv) != 1 or not argv[0]:
+        sys.stderr.write("usage: python -m trtpack.stages._modelopt_worker "
+                         "(JOB.json | --preload MODE < JOB-PATH)\n")
         return 2
     job = json.loads(Path(argv[0]).read_text())
     work = Path.cwd()
@@ -363,4 +425,8 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    # done: skip the interpreter's teardown of torch and ModelOpt (about a second)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

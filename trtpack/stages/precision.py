@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,12 +91,15 @@ def run(ctx: StageContext) -> StageOutcome:
     if precision not in ("fp16", "int8"):
         raise UserInputError(f"the precision stage converts to fp16 or int8, not {precision}")
     work = Path(tempfile.mkdtemp(prefix=".work-", dir=ctx.stage_dir))
+    # the first conversion's worker imports ModelOpt while its job is prepared here
+    worker = ModelOptWorker(precision, ctx.stage_dir)
     try:
         source = _prepare_source(ctx.artifact("onnx"), work / "source")
         if precision == "fp16":
-            return _Fp16(ctx, work, source).run()
-        return _Int8(ctx, work, source).run()
+            return _Fp16(ctx, work, source, worker).run()
+        return _Int8(ctx, work, source, worker).run()
     finally:
+        worker.close()
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -183,6 +186,7 @@ class Attempt:
     holdout_passed: bool = True
     holdout_reasons: list[str] = field(default_factory=list)
     split_rows: list[VerificationRow] = field(default_factory=list)
+    session: Any = field(default=None, repr=False)  # ONNX Runtime's, while it is needed
 
     @property
     def passed(self) -> bool:
@@ -204,12 +208,72 @@ class Attempt:
         }
 
 
+class ModelOptWorker:
+    """A ``trtpack.stages._modelopt_worker`` process started ahead of its job: it imports
+    ModelOpt while the caller prepares the job, then runs it in a throw-away working
+    directory (ModelOpt drops temporary files in the current directory), its output in
+    files there."""
+
+    def __init__(self, mode: str, parent_dir: Path) -> None:
+        self.cwd = Path(tempfile.mkdtemp(prefix="modelopt-", dir=parent_dir))
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        self.started = time.perf_counter()
+        self.submitted = self.started
+        with open(self.cwd / "stdout.txt", "wb") as out, \
+                open(self.cwd / "stderr.txt", "wb") as err:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "trtpack.stages._modelopt_worker", "--preload", mode],
+                cwd=self.cwd, env=env, stdin=subprocess.PIPE, stdout=out, stderr=err)
+
+    @property
+    def head_start(self) -> float:
+        return self.submitted - self.started
+
+    def submit(self, job: dict[str, Any]) -> None:
+        (self.cwd / "job.json").write_text(json.dumps(job, indent=1))
+        self.submitted = time.perf_counter()
+        assert self.process.stdin is not None
+        try:
+            self.process.stdin.write(f"{self.cwd / 'job.json'}\n".encode())
+            self.process.stdin.close()
+        except BrokenPipeError:  # it ended already: wait() reports how
+            pass
+
+    def wait(self, timeout: float) -> tuple[int, str, str, float]:
+        """(exit code, stdout, stderr, seconds since the job was submitted)."""
+        left = timeout - (time.perf_counter() - self.submitted)
+        try:
+            code = self.process.wait(timeout=max(left, 1.0))
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+        seconds = time.perf_counter() - self.submitted
+
+        def read(name: str) -> str:
+            return (self.cwd / name).read_text(errors="replace")
+
+        return code, read("stdout.txt"), read("stderr.txt"), seconds
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        if self.process.stdin is not None and not self.process.stdin.closed:
+            self.process.stdin.close()
+        shutil.rmtree(self.cwd, ignore_errors=True)
+
+
 class _Conversion:
     """What the FP16 and INT8 paths share: the worker, the gate, the output."""
 
     precision: str
 
-    def __init__(self, ctx: StageContext, work: Path, source: Path) -> None:
+    def __init__(self, ctx: StageContext, work: Path, source: Path,
+                 worker: ModelOptWorker | None = None) -> None:
         import onnx
 
         self.ctx = ctx
@@ -226,67 +290,68 @@ class _Conversion:
         self.op_types = {n.name: n.op_type for n in graph.node}
         self.module_paths = module_paths(graph.node)
         self._sample_text: Any = None
+        self._tokenizer: Any = None
         self.conversion_seconds = 0.0
         self.conversions = 0
+        self.worker = worker  # started ahead of the first conversion
         self.warnings: list[str] = []
         self.check = f"{self.precision}-vs-fp32"
 
-    def modelopt(self, job: dict[str, Any], label: str) -> Path:
-        """Run the worker; returns the converted model (``<work>/<label>/model.onnx``)."""
+    def modelopt(self, job: dict[str, Any], label: str,
+                 meanwhile: Callable[[], None] | None = None) -> Path:
+        """Run a conversion in the worker (``meanwhile`` runs here while it works); returns
+        the converted model (``<work>/<label>/model.onnx``)."""
         out_dir = self.work / label
         out_dir.mkdir()
         output = out_dir / "model.onnx"
-        cwd = Path(tempfile.mkdtemp(prefix="modelopt-", dir=self.ctx.stage_dir))
+        worker = self.worker or ModelOptWorker(self.precision, self.ctx.stage_dir)
+        self.worker = None  # one job per worker
         try:
             job = {**job, "input": str(self.quantize_source), "output": str(output),
-                   "result": str(cwd / "result.json")}
-            (cwd / "job.json").write_text(json.dumps(job, indent=1))
-            env = dict(os.environ)
-            root = str(Path(__file__).resolve().parents[2])
-            env["PYTHONPATH"] = os.pathsep.join(
-                p for p in (root, env.get("PYTHONPATH")) if p)
-            env.setdefault("HF_HUB_OFFLINE", "1")
-            started = time.perf_counter()
+                   "result": str(worker.cwd / "result.json")}
+            worker.submit(job)
+            if meanwhile is not None:
+                meanwhile()
             try:
-                proc = subprocess.run(
-                    [sys.executable, "-m", "trtpack.stages._modelopt_worker",
-                     str(cwd / "job.json")],
-                    cwd=cwd, env=env, capture_output=True, text=True, check=False,
-                    timeout=WORKER_TIMEOUT_SECONDS,
-                )
+                returncode, stdout, stderr, seconds = worker.wait(WORKER_TIMEOUT_SECONDS)
             except subprocess.TimeoutExpired as e:
                 raise StageError(self.ctx.stage, f"ModelOpt ({label}) timed out after "
                                  f"{WORKER_TIMEOUT_SECONDS} s") from e
-            seconds = time.perf_counter() - started
-            self.ctx.log.info("ModelOpt %s: exit %s in %.1f s\n--- stdout\n%s\n--- stderr\n%s",
-                              label, proc.returncode, seconds, proc.stdout, proc.stderr)
-            if proc.returncode != 0 or not output.is_file():
-                lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-                last = lines[-1] if lines else f"exit code {proc.returncode}"
+            self.ctx.log.info("ModelOpt %s: exit %s in %.1f s after its job came (started "
+                              "%.1f s before)\n--- stdout\n%s\n--- stderr\n%s", label,
+                              returncode, seconds, worker.head_start, stdout, stderr)
+            if returncode != 0 or not output.is_file():
+                lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+                last = lines[-1] if lines else f"exit code {returncode}"
                 raise StageError(self.ctx.stage, f"ModelOpt {self.precision} conversion "
                                  f"({label}) failed: {last}")
             self.conversion_seconds += seconds
             self.conversions += 1
-            result = json.loads((cwd / "result.json").read_text())
+            result = json.loads((worker.cwd / "result.json").read_text())
             self.ctx.log.info("ModelOpt %s result: %s", label, json.dumps(result))
             return output
         finally:
-            shutil.rmtree(cwd, ignore_errors=True)
+            worker.close()
 
-    def verify(self, path: Path) -> list[VerificationRow]:
-        from trtpack.verification import compare_cases, run_onnxruntime
+    def verify(self, path: Path, session: Any = None) -> list[VerificationRow]:
+        """Rows of the profile corners (``session``: one already open on ``path``)."""
+        from trtpack.runtimes.onnxruntime import cpu_session, run_session
+        from trtpack.verification import compare_cases
 
-        outputs = run_onnxruntime(path, self.cases)
+        outputs = run_session(session or cpu_session(path), [c.inputs for c in self.cases])
         return compare_cases(self.check, self.recipe, self.precision, self.cases, outputs,
                              self.sample_text())
 
     def tokenizer(self) -> Any:
+        """The model's tokenizer (loaded once), or None."""
         folder = self.ctx.artifacts.get("tokenizer")
         if folder is None:
             return None
-        from trtpack.calibration import load_tokenizer
+        if self._tokenizer is None:
+            from trtpack.calibration import load_tokenizer
 
-        return load_tokenizer(folder)
+            self._tokenizer = load_tokenizer(folder)
+        return self._tokenizer
 
     def sample_text(self) -> Any:
         """A ``SampleText`` decoding token ids with the model's tokenizer (None: no text)."""
@@ -486,54 +551,59 @@ class _Fp16(_Conversion):
 class _Int8(_Conversion):
     precision = "int8"
 
-    def __init__(self, ctx: StageContext, work: Path, source: Path) -> None:
-        super().__init__(ctx, work, source)
+    def __init__(self, ctx: StageContext, work: Path, source: Path,
+                 worker: ModelOptWorker | None = None) -> None:
+        super().__init__(ctx, work, source, worker)
         self.settings = self.recipe.precision_options.int8
         self.calibration: CalibrationData | None = None
         self.holdout: list[Case] = []
         self.search: list[Case] = []
         self.calibration_cases: list[Case] = []
         self.texts: dict[int, list[str]] = {}  # id(case inputs) -> the text of each row
+        self.fp32_model: Any = None  # what ModelOpt quantizes, in memory (the search's)
 
     @property
     def method(self) -> str:
         return self.options.calibration_method or self.settings.calibration_method
 
     def load_calibration(self) -> None:
-        from trtpack.quantization_search import run_model
-
         path = calibration_path(self.options)
-        tokenizer = self.ctx.artifacts.get("tokenizer")
         self.ctx.progress("loading calibration data")
+        text = path is not None and path.suffix.lower() != ".npz"
         cal = load_calibration(self.recipe, self.options.profiles, path,
-                               tokenizer_dir=tokenizer,
+                               tokenizer=self.tokenizer() if text else None,
                                max_samples=self.settings.max_calibration_samples,
                                seed=self.options.seed)
         self.calibration = cal
         self.warnings.extend(cal.warnings)
         save_feeds(self.work / "calibration.npz", cal.feeds)
 
-        def cases(label: str, feeds: list[dict[str, Any]], texts: list[list[str]]
-                  ) -> list[Case]:
-            if not feeds:
-                return []
-            refs = run_model(self.source, feeds)
-            found = [Case(-1, f"{label}{i}", feed, out)
-                     for i, (feed, out) in enumerate(zip(feeds, refs, strict=True))]
-            for case, rows in zip(found, texts, strict=False):
-                self.texts[id(case.inputs)] = rows
-            return found
+    def split_references(self) -> None:
+        """The FP32 outputs of the three splits (one ONNX Runtime session)."""
+        from trtpack.quantization_search import run_model
 
-        # one ONNX Runtime session for the three splits' FP32 references
-        together = cases("split", [*cal.holdout, *cal.search, *cal.feeds],
-                         [*cal.holdout_texts, *cal.search_texts])
+        cal = self.calibration
+        assert cal is not None
+        feeds = [*cal.holdout, *cal.search, *cal.feeds]
+        refs = run_model(self.source, feeds) if feeds else []
+        texts = [*cal.holdout_texts, *cal.search_texts]
+        for feed, rows in zip(feeds, texts, strict=False):
+            self.texts[id(feed)] = rows
         h, k = len(cal.holdout), len(cal.holdout) + len(cal.search)
-        self.holdout = [Case(-1, f"heldout{i}", c.inputs, c.outputs)
-                        for i, c in enumerate(together[:h])]
-        self.search = [Case(-1, f"search{i}", c.inputs, c.outputs)
-                       for i, c in enumerate(together[h:k])]
-        self.calibration_cases = [Case(-1, f"calibration{i}", c.inputs, c.outputs)
-                                  for i, c in enumerate(together[k:])]
+        together = list(zip(feeds, refs, strict=True))
+        self.holdout = [Case(-1, f"heldout{i}", f, o) for i, (f, o) in enumerate(together[:h])]
+        self.search = [Case(-1, f"search{i}", f, o) for i, (f, o) in enumerate(together[h:k])]
+        self.calibration_cases = [Case(-1, f"calibration{i}", f, o)
+                                  for i, (f, o) in enumerate(together[k:])]
+
+    def while_quantizing(self) -> None:
+        """What needs no quantized model, done while ModelOpt works: the splits' FP32
+        references, the FP32 model the search takes nodes from."""
+        self.split_references()
+        if self.fp32_model is None and self.options.fallback == "auto":
+            import onnx
+
+            self.fp32_model = onnx.load(str(self.quantize_source))
 
     def split_text(self) -> Any:
         """Sample texts for the split cases: the calibration file's own lines."""
@@ -548,7 +618,8 @@ class _Int8(_Conversion):
         return describe
 
     def convert(self, label: str, op_types: Sequence[str], excluded: Sequence[str],
-                high_precision: str) -> Attempt:
+                high_precision: str, meanwhile: Callable[[], None] | None = None
+                ) -> Attempt:
         assert self.calibration is not None
         method = "entropy" if self.method == "entropy" else "max"
         self.ctx.progress(f"ModelOpt INT8 quantization ({label}, {method} calibration on "
@@ -558,7 +629,7 @@ class _Int8(_Conversion):
             "calibration_method": method, "high_precision": high_precision,
             "nodes_to_exclude": list(excluded),
             "op_types_to_exclude": list(self.settings.exclude_op_types),
-            "op_types_to_quantize": list(op_types)}}, label)
+            "op_types_to_quantize": list(op_types)}}, label, meanwhile)
         if self.method == "percentile":
             self.percentile_ranges(path)
         return self.judge(label, path, excluded)
@@ -580,6 +651,7 @@ class _Int8(_Conversion):
         folder.mkdir()
         save_model(model, folder / "model.onnx")
         self.quantize_source = folder / "model.onnx"
+        self.fp32_model = model
         self.ctx.log.info("SmoothQuant: %d activations smoothed: %s", len(smoothed),
                           ", ".join(smoothed))
         return {"alpha": self.settings.smoothquant, "activations": len(smoothed)}
@@ -600,24 +672,14 @@ class _Int8(_Conversion):
         self.ctx.log.info("percentile calibration: %d activation ranges set to the %s "
                           "percentile", changed, DEFAULT_PERCENTILE)
 
-    def split_rows(self, check: str, cases: Sequence[Case], path: Path
-                   ) -> list[VerificationRow]:
-        from trtpack.quantization_search import run_model
-        from trtpack.verification import compare_cases
-
-        if not cases:
-            return []
-        outputs = run_model(path, [c.inputs for c in cases])
-        return compare_cases(check, self.recipe, "int8", cases, outputs, self.split_text())
-
-    def split_rows_many(self, path: Path, *splits: tuple[str, Sequence[Case]]
-                        ) -> list[list[VerificationRow]]:
-        """``split_rows`` of several splits with one ONNX Runtime session."""
-        from trtpack.quantization_search import run_model
+    def split_rows(self, session: Any, *splits: tuple[str, Sequence[Case]]
+                   ) -> list[list[VerificationRow]]:
+        """The rows of each split's cases, run in ``session``."""
+        from trtpack.runtimes.onnxruntime import run_session
         from trtpack.verification import compare_cases
 
         every = [c for _, cases in splits for c in cases]
-        outputs = run_model(path, [c.inputs for c in every]) if every else []
+        outputs = run_session(session, [c.inputs for c in every])
         found, start = [], 0
         for check, cases in splits:
             mine = outputs[start:start + len(cases)]
@@ -628,14 +690,19 @@ class _Int8(_Conversion):
 
     def judge(self, label: str, path: Path, excluded: Sequence[str]) -> Attempt:
         """Verified at the profile corners and on the search split (what the search may
-        look at); the held-out split is judged once, on the final model (``heldout_gate``)."""
-        attempt = Attempt(label, path, list(excluded), self.verify(path))
-        search_rows = self.split_rows("int8-search", self.search, path)
+        look at); the held-out split is judged once, on the final model (``heldout_gate``).
+        The attempt keeps its ONNX Runtime session for that."""
+        from trtpack.runtimes.onnxruntime import cpu_session
+
+        session = cpu_session(path)
+        attempt = Attempt(label, path, list(excluded), self.verify(path, session))
+        (search_rows,) = self.split_rows(session, ("int8-search", self.search))
         attempt.holdout_worst = _worst(search_rows)
         attempt.holdout_passed = all(r.passed for r in search_rows)
         attempt.holdout_reasons = [f"{r.corner}: {r.reason}" for r in search_rows
                                    if not r.passed][:5]
         attempt.split_rows = search_rows
+        attempt.session = session
         return attempt
 
     def run(self) -> StageOutcome:
@@ -650,7 +717,7 @@ class _Int8(_Conversion):
         op_types = list(s.quantize_op_types) or (list(FALLBACK_QUANTIZE_OP_TYPES) if auto
                                                  else [])
         first = self.convert("quantize", op_types, user_excluded,
-                             "fp32" if auto else s.high_precision)
+                             "fp32" if auto else s.high_precision, self.while_quantizing)
         final = first
         search: dict[str, Any] = {"mode": self.options.fallback, "rounds": 0}
         if not first.passed and auto:
@@ -668,9 +735,10 @@ class _Int8(_Conversion):
             overlay = self.write_overlay(
                 section, f"{len(added)} nodes kept in {s.high_precision} after a measured "
                 "per-node-group search so that the INT8 model passes its gate")
-        heldout_rows, calibration_rows = self.split_rows_many(
-            final.path, ("int8-heldout", self.holdout),
+        heldout_rows, calibration_rows = self.split_rows(
+            final.session, ("int8-heldout", self.holdout),
             ("int8-calibration", self.calibration_cases))
+        final.session = first.session = None  # closes them
         stats = self.stats(final.path)
         if stats["compute_nodes"] and stats["low_precision_nodes"] == 0:
             self.warnings.append("no MatMul/Gemm/Conv node is quantized: this INT8 model "
@@ -735,6 +803,7 @@ class _Int8(_Conversion):
             Evaluator,
             SurrogateBuilder,
             ToggledSurrogates,
+            evaluation_workers,
             int8_quantized_nodes,
             measure_sensitivity,
             node_groups,
@@ -743,7 +812,7 @@ class _Int8(_Conversion):
 
         s = self.settings
         started = time.perf_counter()
-        fp32 = onnx.load(str(self.quantize_source))
+        fp32 = self.fp32_model or onnx.load(str(self.quantize_source))
         quantized = onnx.load(str(first.path))
         candidates = sorted(int8_quantized_nodes(quantized) - set(user_excluded))
         groups = node_groups(fp32, candidates, per_node=SEARCH_PER_NODE)
@@ -751,10 +820,11 @@ class _Int8(_Conversion):
             g.hints = [self.display(n) if n in self.module_paths else h
                        for n, h in zip(g.nodes, g.hints, strict=True)]
         builder = SurrogateBuilder(quantized, fp32)
-        toggled = ToggledSurrogates(quantized, fp32, groups)
+        workers = evaluation_workers()
+        toggled = ToggledSurrogates(quantized, fp32, groups, threads=1)
         opt_cases = [c for c in self.cases if c.corner == "opt"] or self.cases[:1]
         judged_corners = [c for c in self.cases if c.corner != "max"] or self.cases
-        quick = Evaluator(self.recipe, "int8", self.search or opt_cases)
+        quick = Evaluator(self.recipe, "int8", self.search or opt_cases, workers=workers)
         self.ctx.progress(f"fallback: measuring the sensitivity of {len(groups)} node groups "
                           f"({len(candidates)} quantized nodes)")
         ranked = measure_sensitivity(toggled, groups, quick, self.ctx.progress)
@@ -767,7 +837,9 @@ class _Int8(_Conversion):
         while rounds < MAX_INT8_ROUNDS:
             rounds += 1
             # the largest corner is left to the final verification (it costs the most)
-            judge = Evaluator(self.recipe, "int8", [*judged_corners, *self.search], margin)
+            # the search split first: most candidates that fail, fail there
+            judge = Evaluator(self.recipe, "int8", [*self.search, *judged_corners], margin,
+                              fail_fast=True, workers=workers)
             self.ctx.progress(f"fallback round {rounds}: searching the node groups to keep "
                               f"quantized (target margin {margin:.2f})")
             selection = select_groups(toggled, ranked, judge, self.ctx.progress,
