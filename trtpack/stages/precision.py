@@ -38,6 +38,7 @@ from trtpack.cases import Case, load_cases
 from trtpack.errors import StageError, UserInputError
 from trtpack.onnx_files import link_or_copy, move_model
 from trtpack.options import BuildOptions
+from trtpack.quantization_search import evaluation_workers
 from trtpack.report import VerificationRow
 from trtpack.stages.base import StageContext, StageOutcome
 
@@ -333,12 +334,15 @@ class _Conversion:
         finally:
             worker.close()
 
-    def verify(self, path: Path, session: Any = None) -> list[VerificationRow]:
-        """Rows of the profile corners (``session``: one already open on ``path``)."""
+    def verify(self, path: Path, session: Any = None, workers: int = 1
+               ) -> list[VerificationRow]:
+        """Rows of the profile corners (``session``: one already open on ``path``, run
+        from ``workers`` threads)."""
         from trtpack.runtimes.onnxruntime import cpu_session, run_session
         from trtpack.verification import compare_cases
 
-        outputs = run_session(session or cpu_session(path), [c.inputs for c in self.cases])
+        outputs = run_session(session or cpu_session(path), [c.inputs for c in self.cases],
+                              workers)
         return compare_cases(self.check, self.recipe, self.precision, self.cases, outputs,
                              self.sample_text())
 
@@ -561,6 +565,7 @@ class _Int8(_Conversion):
         self.calibration_cases: list[Case] = []
         self.texts: dict[int, list[str]] = {}  # id(case inputs) -> the text of each row
         self.fp32_model: Any = None  # what ModelOpt quantizes, in memory (the search's)
+        self.workers = evaluation_workers()  # ONNX Runtime runs at a time, one thread each
 
     @property
     def method(self) -> str:
@@ -679,7 +684,7 @@ class _Int8(_Conversion):
         from trtpack.verification import compare_cases
 
         every = [c for _, cases in splits for c in cases]
-        outputs = run_session(session, [c.inputs for c in every])
+        outputs = run_session(session, [c.inputs for c in every], self.workers)
         found, start = [], 0
         for check, cases in splits:
             mine = outputs[start:start + len(cases)]
@@ -694,8 +699,8 @@ class _Int8(_Conversion):
         The attempt keeps its ONNX Runtime session for that."""
         from trtpack.runtimes.onnxruntime import cpu_session
 
-        session = cpu_session(path)
-        attempt = Attempt(label, path, list(excluded), self.verify(path, session))
+        session = cpu_session(path, threads=1 if self.workers > 1 else None)
+        attempt = Attempt(label, path, list(excluded), self.verify(path, session, self.workers))
         (search_rows,) = self.split_rows(session, ("int8-search", self.search))
         attempt.holdout_worst = _worst(search_rows)
         attempt.holdout_passed = all(r.passed for r in search_rows)
@@ -803,7 +808,6 @@ class _Int8(_Conversion):
             Evaluator,
             SurrogateBuilder,
             ToggledSurrogates,
-            evaluation_workers,
             int8_quantized_nodes,
             measure_sensitivity,
             node_groups,
@@ -820,7 +824,7 @@ class _Int8(_Conversion):
             g.hints = [self.display(n) if n in self.module_paths else h
                        for n, h in zip(g.nodes, g.hints, strict=True)]
         builder = SurrogateBuilder(quantized, fp32)
-        workers = evaluation_workers()
+        workers = self.workers
         toggled = ToggledSurrogates(quantized, fp32, groups, threads=1)
         opt_cases = [c for c in self.cases if c.corner == "opt"] or self.cases[:1]
         judged_corners = [c for c in self.cases if c.corner != "max"] or self.cases
