@@ -7,20 +7,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest_precision import CALIBRATION_TEXT, HELDOUT_TEXT
-from trtpack.calibration import (
+from tests.precision_fixtures import CALIBRATION_TEXT, HELDOUT_TEXT
+from trtpack.errors import UserInputError
+from trtpack.models import load_tokenizer
+from trtpack.precision.calibration import (
     SYNTHETIC_WARNING,
     load_calibration,
     load_feeds,
-    load_tokenizer,
     read_npz_samples,
     read_text_samples,
     save_feeds,
-    sequence_buckets,
-    split_holdout,
-    text_feeds,
 )
-from trtpack.errors import UserInputError
+from trtpack.precision.splits import split_holdout
+from trtpack.precision.text_batches import sequence_buckets, text_feeds
 from trtpack.recipe import resolve_model
 from trtpack.shapes import parse_profiles
 
@@ -106,7 +105,8 @@ def test_buckets_come_from_every_profile_corner() -> None:
 def test_load_text_calibration_holds_out_samples(minilm_tokenizer_dir: Path) -> None:
     recipe, profiles = _setup("minilm", ["1x8:4x32:8x128"])
     cal = load_calibration(recipe, profiles, CALIBRATION_TEXT,
-                           tokenizer=load_tokenizer(minilm_tokenizer_dir), max_samples=64, seed=0)
+                           tokenizer=load_tokenizer(recipe, minilm_tokenizer_dir),
+                           max_samples=64, seed=0)
     assert cal.source == "text" and not cal.warnings
     # three splits: held-out and search capped, the rest calibrates (at most max_samples)
     assert cal.samples == 64 and cal.holdout_samples == 48 and cal.search_samples == 24

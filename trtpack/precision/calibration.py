@@ -1,22 +1,15 @@
 """INT8 calibration data: batches of model inputs ("feeds") from a text file, a ``.npz`` or,
 only when neither is given, synthetic inputs (with a warning that accuracy is unknown).
 
-A text file holds one sample a line (``text<TAB>pair`` for sentence pairs); samples are
-tokenized with the model's tokenizer and *bucketed* to the profile shapes: each sample is
-padded to the smallest profile sequence size (min/opt/max of any profile) that holds it, and
-a bucket is cut into batches of that profile's opt batch size. A ``.npz`` holds one array per
-model input, samples along the first axis (ModelOpt's own calibration format).
-
-The samples are split three ways by a fixed seed, stratified by length (short, medium and
-long inputs each spread over every split; a file without short inputs gets a warning):
-*calibration* (the quantization ranges), *search* (what the fallback search judges its
-candidates on, with a margin) and *held-out* (judged once, at the end: it gates the build).
-Neither the ranges nor the search have seen the held-out samples.
+A text file holds one sample a line (``trtpack.precision.text_batches`` tokenizes and
+batches it); a ``.npz`` holds one array per model input, samples along the first axis
+(ModelOpt's own calibration format). The samples are split three ways
+(``trtpack.precision.splits``): calibration, search and held-out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -25,24 +18,30 @@ import numpy as np
 
 from trtpack.errors import UserInputError
 from trtpack.onnx_files import sha256_file
+from trtpack.precision.splits import (
+    MEDIUM_TOKENS,
+    split_three,
+    strata_counts,
+    strata_warnings,
+)
+from trtpack.precision.text_batches import (
+    Feed,
+    chunks,
+    sequence_buckets,
+    text_feeds,
+    text_inputs,
+    tight_text_feeds,
+    token_counts,
+    token_ids_spec,
+)
 from trtpack.recipe import Recipe
-from trtpack.shapes import BATCH_AXIS, ShapeProfile, TensorSpec
+from trtpack.shapes import ShapeProfile
 
 CalibrationSource = Literal["text", "npz", "synthetic"]
-CALIBRATION_METHODS = ("max", "entropy", "percentile")
-Feed = dict[str, np.ndarray]
 
-MAX_HOLDOUT = 48
-MAX_SEARCH = 24
-MIN_SAMPLES_FOR_HOLDOUT = 10
-# Token-count strata of the split: short (a few words, where INT8 error shows most in a
-# mean-pooled embedding), medium, long.
-SHORT_TOKENS = 8
-MEDIUM_TOKENS = 24
-STRATA = ("short", "medium", "long")
+CALIBRATION_METHODS = ("max", "entropy", "percentile")
+
 SYNTHETIC_SAMPLES = 32
-TEXT_KINDS = {"token_ids": "input_ids", "attention_mask": "attention_mask",
-              "token_type_ids": "token_type_ids"}
 
 SYNTHETIC_WARNING = (
     "INT8 calibration used SYNTHETIC random inputs (no --calibration file and no "
@@ -121,219 +120,6 @@ def read_text_samples(path: Path) -> list[str]:
     return samples
 
 
-def _token_spec(recipe: Recipe) -> TensorSpec | None:
-    return next((s for s in recipe.input_specs() if s.kind == "token_ids"), None)
-
-
-def _seq_index(spec: TensorSpec) -> int:
-    """The sequence dimension: the last dimension that is not the batch axis."""
-    return max(i for i, a in enumerate(spec.axes) if not (i == 0 and a == BATCH_AXIS))
-
-
-@dataclass(frozen=True)
-class Bucket:
-    seq: int
-    batch: int
-    min_batch: int
-
-
-def sequence_buckets(spec: TensorSpec, profiles: Sequence[ShapeProfile]) -> list[Bucket]:
-    """One bucket per distinct sequence size of any profile corner, smallest first."""
-    seq_i = _seq_index(spec)
-    buckets: dict[int, Bucket] = {}
-    for profile in profiles:
-        r = profile.shapes[spec.name]
-        batched = spec.has_dynamic_batch
-        lo_b, opt_b = (r.min[0], r.opt[0]) if batched else (1, 1)
-        for corner in (r.min, r.opt, r.max):
-            buckets.setdefault(corner[seq_i], Bucket(corner[seq_i], opt_b, lo_b))
-    return [buckets[s] for s in sorted(buckets)]
-
-
-def _chunks(items: list[Any], size: int, min_size: int) -> Iterable[list[Any]]:
-    for start in range(0, len(items), size):
-        chunk = items[start:start + size]
-        while len(chunk) < min_size:  # a profile's min batch: repeat samples of the bucket
-            chunk = chunk + items[: min_size - len(chunk)]
-        yield chunk
-
-
-def _text_inputs(recipe: Recipe) -> list[TensorSpec]:
-    specs = recipe.input_specs()
-    other = [s.name for s in specs if s.kind not in TEXT_KINDS]
-    if other or _token_spec(recipe) is None:
-        raise UserInputError(
-            f"text calibration needs a text model, but inputs {other or [s.name for s in specs]}"
-            " are not token ids / attention mask / token types; give a .npz of input arrays"
-        )
-    return specs
-
-
-def text_feeds(texts: Sequence[str], tokenizer: Any, recipe: Recipe,
-               profiles: Sequence[ShapeProfile]) -> list[Feed]:
-    """Tokenize samples and pad each to the smallest profile sequence size that holds it."""
-    return text_feeds_with_texts(texts, tokenizer, recipe, profiles)[0]
-
-
-def text_feeds_with_texts(texts: Sequence[str], tokenizer: Any, recipe: Recipe,
-                          profiles: Sequence[ShapeProfile]
-                          ) -> tuple[list[Feed], list[list[str]]]:
-    """``text_feeds`` and, for each batch, the text of each of its rows."""
-    specs = _text_inputs(recipe)
-    token_spec = _token_spec(recipe)
-    assert token_spec is not None
-    buckets = sequence_buckets(token_spec, profiles)
-    longest = buckets[-1].seq
-    pairs = [t.split("\t", 1) if "\t" in t else [t] for t in texts]
-    with_pairs = any(len(p) == 2 for p in pairs) and any(
-        s.kind == "token_type_ids" for s in specs)
-    lengths = [
-        len(tokenizer(p[0], p[1] if with_pairs and len(p) == 2 else None, truncation=True,
-                      max_length=longest)["input_ids"])
-        for p in pairs
-    ]
-    by_bucket: dict[int, list[list[str]]] = {}
-    for p, n in zip(pairs, lengths, strict=True):
-        bucket = next(b for b in buckets if b.seq >= n or b.seq == longest)
-        by_bucket.setdefault(bucket.seq, []).append(p)
-    feeds: list[Feed] = []
-    row_texts: list[list[str]] = []
-    for bucket in buckets:
-        for chunk in _chunks(by_bucket.get(bucket.seq, []), bucket.batch, bucket.min_batch):
-            row_texts.append(["\t".join(p) for p in chunk])
-            first = [p[0] for p in chunk]
-            second = [p[1] if len(p) == 2 else "" for p in chunk] if with_pairs else None
-            encoded = tokenizer(first, second, padding="max_length", truncation=True,
-                                max_length=bucket.seq, return_tensors="np")
-            feed: Feed = {}
-            for spec in specs:
-                value = encoded.get(TEXT_KINDS[spec.kind])
-                if value is None:  # a tokenizer without token types
-                    value = np.zeros_like(encoded["input_ids"])
-                feed[spec.name] = np.asarray(value).astype(spec.dtype)
-            feeds.append(feed)
-    # The largest batch first: ModelOpt runs its shape probes on the first calibration batch.
-    order = sorted(range(len(feeds)),
-                   key=lambda i: -int(np.prod(next(iter(feeds[i].values())).shape)))
-    return [feeds[i] for i in order], [row_texts[i] for i in order]
-
-
-def tight_text_feeds(texts: Sequence[str], tokenizer: Any, recipe: Recipe,
-                     profiles: Sequence[ShapeProfile]) -> tuple[list[Feed], list[list[str]]]:
-    """Samples sorted by length in batches of the first profile's opt batch size, each
-    batch padded only to its longest sample (at least the smallest profile sequence):
-    the cheapest inputs to judge samples one by one on (the search and held-out splits;
-    the profile corners are judged separately at their exact shapes)."""
-    specs = _text_inputs(recipe)
-    token_spec = _token_spec(recipe)
-    assert token_spec is not None
-    buckets = sequence_buckets(token_spec, profiles)
-    shortest, longest = buckets[0].seq, buckets[-1].seq
-    size = max(1, buckets[0].batch)
-    pairs = [t.split("\t", 1) if "\t" in t else [t] for t in texts]
-    with_pairs = any(len(p) == 2 for p in pairs) and any(
-        s.kind == "token_type_ids" for s in specs)
-    lengths = token_counts(texts, tokenizer, longest)
-    order = sorted(range(len(pairs)), key=lambda i: lengths[i])
-    feeds: list[Feed] = []
-    row_texts: list[list[str]] = []
-    for chunk_rows in _chunks(order, size, buckets[0].min_batch):
-        chunk = [pairs[i] for i in chunk_rows]
-        seq = min(longest, max(shortest, max(lengths[i] for i in chunk_rows)))
-        first = [p[0] for p in chunk]
-        second = [p[1] if len(p) == 2 else "" for p in chunk] if with_pairs else None
-        encoded = tokenizer(first, second, padding="max_length", truncation=True,
-                            max_length=seq, return_tensors="np")
-        feed: Feed = {}
-        for spec in specs:
-            value = encoded.get(TEXT_KINDS[spec.kind])
-            if value is None:
-                value = np.zeros_like(encoded["input_ids"])
-            feed[spec.name] = np.asarray(value).astype(spec.dtype)
-        feeds.append(feed)
-        row_texts.append(["\t".join(p) for p in chunk])
-    return feeds, row_texts
-
-
-def token_counts(texts: Sequence[str], tokenizer: Any, longest: int) -> list[int]:
-    """Tokens of each sample (special tokens included, at most ``longest``)."""
-    pairs = [t.split("\t", 1) for t in texts]
-    return [len(tokenizer(p[0], p[1] if len(p) == 2 else None, truncation=True,
-                          max_length=longest)["input_ids"]) for p in pairs]
-
-
-def stratum(tokens: int) -> str:
-    return "short" if tokens <= SHORT_TOKENS else (
-        "medium" if tokens <= MEDIUM_TOKENS else "long")
-
-
-@dataclass(frozen=True)
-class Splits:
-    """Row indices of each split."""
-
-    calibration: list[int]
-    search: list[int]
-    holdout: list[int]
-
-
-def split_three(lengths: Sequence[int], max_samples: int, seed: int) -> Splits:
-    """Calibration / search / held-out rows, stratified by length: within each stratum
-    (short / medium / long, see ``stratum``), after a shuffle with ``seed``, the rows go
-    held-out, search, calibration, calibration, calibration in turn, so every stratum with
-    at least three samples is in every split. The search and held-out splits are capped
-    (``MAX_SEARCH``, ``MAX_HOLDOUT``); under ``MIN_SAMPLES_FOR_HOLDOUT`` samples everything
-    calibrates."""
-    n = len(lengths)
-    if n < MIN_SAMPLES_FOR_HOLDOUT:
-        return Splits(list(range(n))[:max_samples], [], [])
-    rng = np.random.default_rng(seed)
-    calibration: list[int] = []
-    search: list[int] = []
-    holdout: list[int] = []
-    cycle = (holdout, search, calibration, calibration, calibration)
-    for name in STRATA:
-        rows = [i for i, t in enumerate(lengths) if stratum(t) == name]
-        for k, i in enumerate(rng.permutation(rows).tolist() if rows else []):
-            cycle[k % len(cycle)].append(int(i))
-    # caps: overflow of the held-out and search splits goes to calibration
-    holdout_keep = _spread(holdout, MAX_HOLDOUT)
-    search_keep = _spread(search, MAX_SEARCH)
-    calibration += [i for i in holdout + search if i not in holdout_keep
-                    and i not in search_keep]
-    return Splits(sorted(calibration)[:max_samples] if len(calibration) <= max_samples
-                  else sorted(rng.permutation(calibration)[:max_samples].tolist()),
-                  sorted(search_keep), sorted(holdout_keep))
-
-
-def _spread(rows: list[int], cap: int) -> list[int]:
-    """At most ``cap`` of ``rows`` (already stratified and shuffled), evenly taken."""
-    if len(rows) <= cap:
-        return list(rows)
-    step = len(rows) / cap
-    return [rows[int(k * step)] for k in range(cap)]
-
-
-def strata_counts(lengths: Sequence[int], splits: Splits) -> dict[str, dict[str, int]]:
-    found: dict[str, dict[str, int]] = {}
-    for split, rows in (("calibration", splits.calibration), ("search", splits.search),
-                        ("holdout", splits.holdout)):
-        found[split] = {name: sum(stratum(lengths[i]) == name for i in rows)
-                        for name in STRATA}
-    return found
-
-
-def strata_warnings(path: Path, lengths: Sequence[int]) -> list[str]:
-    present = {stratum(t) for t in lengths}
-    missing = [s for s in STRATA if s not in present]
-    if not missing:
-        return []
-    bounds = {"short": f"<= {SHORT_TOKENS} tokens",
-              "medium": f"{SHORT_TOKENS + 1}-{MEDIUM_TOKENS} tokens",
-              "long": f"> {MEDIUM_TOKENS} tokens"}
-    return [f"calibration file {path} has no {s} inputs ({bounds[s]}): INT8 accuracy on "
-            f"such inputs is not measured by the held-out gate" for s in missing]
-
-
 def read_npz_samples(path: Path, recipe: Recipe) -> tuple[dict[str, np.ndarray], list[str]]:
     """One array per model input with samples along axis 0, validated against the recipe."""
     _check_file(path)
@@ -398,9 +184,18 @@ def npz_feeds(arrays: Mapping[str, np.ndarray], rows: Sequence[int], recipe: Rec
     min_size = (r.min[0] if r is not None else 1) if batched else 1
     idx = list(rows)
     feeds: list[Feed] = []
-    for chunk in _chunks(idx, max(1, size), min_size):
+    for chunk in chunks(idx, max(1, size), min_size):
         feeds.append({s.name: np.ascontiguousarray(arrays[s.name][chunk]) for s in specs})
     return feeds
+
+
+def npz_lengths(arrays: Mapping[str, np.ndarray], recipe: Recipe) -> list[int]:
+    """Unpadded length of each .npz sample (its attention-mask sum), for the strata."""
+    mask = next((s.name for s in recipe.input_specs() if s.kind == "attention_mask"), None)
+    n = next(iter(arrays.values())).shape[0]
+    if mask is None or arrays[mask].ndim != 2:
+        return [MEDIUM_TOKENS] * n
+    return [int(v) for v in (arrays[mask] != 0).sum(axis=1)]
 
 
 def synthetic_feeds(recipe: Recipe, profiles: Sequence[ShapeProfile], samples: int,
@@ -427,22 +222,6 @@ def feed_rows(feeds: Sequence[Feed]) -> int:
     return sum(next(iter(f.values())).shape[0] for f in feeds if f)
 
 
-def split_holdout(n: int, max_samples: int, seed: int) -> tuple[list[int], list[int]]:
-    """(calibration rows, held-out rows) of ``n`` samples, shuffled with ``seed``."""
-    order = np.random.default_rng(seed).permutation(n).tolist()
-    held = min(MAX_HOLDOUT, n // 5) if n >= MIN_SAMPLES_FOR_HOLDOUT else 0
-    return sorted(order[held:][:max_samples]), sorted(order[:held])
-
-
-def load_tokenizer(folder: Path) -> Any:
-    import os
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(folder))
-
-
 def check_calibration_input(path: Path, recipe: Recipe, profiles: Sequence[ShapeProfile]
                             ) -> None:
     """What can be checked of a calibration file before any stage runs (exit 2 when bad):
@@ -453,7 +232,7 @@ def check_calibration_input(path: Path, recipe: Recipe, profiles: Sequence[Shape
         read_npz_samples(path, recipe)
         return
     texts = read_text_samples(path)
-    token_spec = _token_spec(recipe)
+    token_spec = token_ids_spec(recipe)
     if token_spec is None:
         return
     longest = sequence_buckets(token_spec, profiles)[-1].seq
@@ -461,15 +240,6 @@ def check_calibration_input(path: Path, recipe: Recipe, profiles: Sequence[Shape
         raise UserInputError(
             f"calibration file {path}: every line is longer than the largest profile takes "
             f"({longest} tokens); expected one sample a line that fits the profiles")
-
-
-def npz_lengths(arrays: Mapping[str, np.ndarray], recipe: Recipe) -> list[int]:
-    """Unpadded length of each .npz sample (its attention-mask sum), for the strata."""
-    mask = next((s.name for s in recipe.input_specs() if s.kind == "attention_mask"), None)
-    n = next(iter(arrays.values())).shape[0]
-    if mask is None or arrays[mask].ndim != 2:
-        return [MEDIUM_TOKENS] * n
-    return [int(v) for v in (arrays[mask] != 0).sum(axis=1)]
 
 
 def load_calibration(recipe: Recipe, profiles: Sequence[ShapeProfile], path: Path | None, *,
@@ -496,13 +266,13 @@ def load_calibration(recipe: Recipe, profiles: Sequence[ShapeProfile], path: Pat
             npz_feeds(arrays, splits.search, recipe, profiles) if splits.search else [],
             len(splits.search), strata=strata_counts(lengths, splits))
     texts = read_text_samples(path)
-    _text_inputs(recipe)
+    text_inputs(recipe)
     if tokenizer is None:
         raise UserInputError(
             f"calibration file {path} is text, but recipe '{recipe.name}' has no tokenizer to "
             "tokenize it with; give a .npz of input arrays instead"
         )
-    token_spec = _token_spec(recipe)
+    token_spec = token_ids_spec(recipe)
     assert token_spec is not None
     longest = sequence_buckets(token_spec, profiles)[-1].seq
     lengths = token_counts(texts, tokenizer, longest + 1)

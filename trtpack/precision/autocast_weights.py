@@ -1,0 +1,191 @@
+"""FP16 conversion without AutoCast copying the weights: the large float initializers are
+taken out of the graph before ``convert_to_mixed_precision`` (each a graph input instead),
+AutoCast's two value rules (I/O range, initializer range) are applied here, and the weights
+are put back afterwards, cast to FP16 one at a time where AutoCast made them FP16.
+
+Runs in the ModelOpt worker; onnx and onnxruntime are imported inside the functions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trtpack.onnx_files import LARGE_INITIALIZER_BYTES, data_path, tensor_bytes
+
+
+def out_of_range_nodes(source: Path, feed: dict[str, Any], data_max: float) -> list[str]:
+    """The nodes AutoCast's I/O range rule keeps in FP32: any input or output whose largest
+    absolute value on ``feed`` exceeds ``data_max`` (graph inputs and every node output;
+    initializers are its init_max rule's). One ONNX Runtime run with every tensor marked as
+    an output, on the graph alone next to the source's weight file: unlike AutoCast's own
+    reference run, no copy of the model or its weights is made."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    model = onnx.load(str(source), load_external_data=False)
+    typed = onnx.shape_inference.infer_shapes(model)
+    known = {v.name: v for v in (*typed.graph.value_info, *typed.graph.output)}
+    listed = {o.name for o in model.graph.output}
+    for node in model.graph.node:
+        for name in node.output:
+            if name and name not in listed and name in known:
+                model.graph.output.append(known[name])
+                listed.add(name)
+    probe = source.with_name("ranges-" + source.name)  # beside the source: same weight file
+    onnx.save_model(model, str(probe))
+    del model, typed
+    try:
+        session = ort.InferenceSession(str(probe), providers=["CPUExecutionProvider"])
+        names = [o.name for o in session.get_outputs()]
+        values = dict(zip(names, session.run(names, feed), strict=True))
+        del session
+    finally:
+        probe.unlink(missing_ok=True)
+    absmax = {k: float(np.abs(v).max()) for k, v in {**feed, **values}.items() if v.size}
+    graph = onnx.load(str(source), load_external_data=False).graph
+    return [n.name for n in graph.node if n.op_type != "Constant" and any(
+        absmax.get(t, 0.0) > data_max for t in (*n.input, *n.output))]
+
+
+def _weight_array(tensor: Any, folder: Path) -> Any:
+    """An initializer's values: from its bytes, or mapped from its external data file."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    if not uses_external_data(tensor):
+        return numpy_helper.to_array(tensor)
+    info = ExternalDataInfo(tensor)
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
+    return np.memmap(folder / info.location, dtype=dtype, mode="r", offset=info.offset or 0,
+                     shape=tuple(tensor.dims))
+
+
+def fp16_initializer(values: Any, name: str) -> Any:
+    """``values`` as an FP16 initializer, the way AutoCast converts one: clamped to FP16's
+    range, non-zero values below its smallest subnormal set to that subnormal."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    top, lowest = np.finfo(np.float16).max, np.finfo(np.float16).smallest_subnormal
+    array = np.clip(np.asarray(values, dtype=np.float32), -top, top)
+    array = np.where((array != 0.0) & (np.abs(array) < lowest), lowest, array)
+    return numpy_helper.from_array(array.astype(np.float16), name)
+
+
+def strip_weights(source: Path, graph_path: Path) -> tuple[dict[str, Any], list[str]]:
+    """Write ``source`` without its large float initializers to ``graph_path``, each one a
+    graph input of its shape and type instead. Returns those initializers (values not
+    loaded when external) and the nodes AutoCast's initializer range rule would keep in FP32
+    (they read a weight beyond FP16's range), which it can no longer see."""
+    import numpy as np
+    import onnx
+    from onnx import helper
+
+    model = onnx.load(str(source), load_external_data=False)
+    readers: dict[str, list[str]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node.name)
+    weights: dict[str, Any] = {}
+    kept, beyond = [], []
+    for t in model.graph.initializer:
+        if t.data_type == onnx.TensorProto.FLOAT and tensor_bytes(t) >= LARGE_INITIALIZER_BYTES:
+            weights[t.name] = onnx.TensorProto()
+            weights[t.name].CopyFrom(t)
+            if float(np.abs(_weight_array(t, source.parent)).max(initial=0.0)) > \
+                    np.finfo(np.float16).max:
+                beyond.extend(readers.get(t.name, []))
+        else:
+            kept.append(t)
+    model.graph.ClearField("initializer")
+    model.graph.initializer.extend(kept)
+    model.graph.input.extend(helper.make_tensor_value_info(n, t.data_type, list(t.dims))
+                             for n, t in weights.items())
+    onnx.save_model(model, str(graph_path))
+    return weights, beyond
+
+
+def restore_weights(model: Any, weights: dict[str, Any], folder: Path) -> list[Any]:
+    """Put the stripped weights back into AutoCast's result: an FP16 initializer where it
+    made the weight FP16 (a graph input of type FP16, or Cast-to-FP16 nodes reading it, which
+    are removed), the FP32 one where a node still reads it as FP32. FP32 weights that are in
+    an external data file stay there: they are returned for ``save_converted`` to copy."""
+    import onnx
+
+    graph = model.graph
+    inputs = {i.name: i for i in graph.input}
+    casts = [n for n in graph.node if n.op_type == "Cast" and n.input and n.input[0] in weights
+             and any(a.name == "to" and a.i == onnx.TensorProto.FLOAT16 for a in n.attribute)]
+    cast_outputs: dict[str, list[str]] = {}
+    for n in casts:
+        cast_outputs.setdefault(n.input[0], []).append(n.output[0])
+    drop = {id(n) for n in casts}
+    nodes = [n for n in graph.node if id(n) not in drop]
+    graph.ClearField("node")
+    graph.node.extend(nodes)
+    readers = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    restored, external = [], set()
+    for name, tensor in weights.items():
+        values = _weight_array(tensor, folder)
+        as_input = inputs.get(name)
+        if as_input is not None and \
+                as_input.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16:
+            restored.append(fp16_initializer(values, name))
+            continue
+        for output in cast_outputs.get(name, []):
+            restored.append(fp16_initializer(values, output))
+        if name in readers:
+            fp32 = onnx.TensorProto()
+            fp32.CopyFrom(tensor)
+            restored.append(fp32)
+            if fp32.data_location == onnx.TensorProto.EXTERNAL:
+                external.add(name)
+    kept_inputs = [i for i in graph.input if i.name not in weights]
+    graph.ClearField("input")
+    graph.input.extend(kept_inputs)
+    graph.initializer.extend(restored)
+    return [t for t in graph.initializer if t.name in external]  # the graph's own copies
+
+
+def save_converted(model: Any, path: Path, external_weights: list[Any], source_folder: Path
+                   ) -> None:
+    """Save AutoCast's result as ``save_model`` does. ``external_weights`` are initializers
+    still pointing into the source's data file: copied into ``<name>.data`` in chunks."""
+    import onnx
+    from onnx.external_data_helper import (
+        ExternalDataInfo,
+        set_external_data,
+        write_external_data_tensors,
+    )
+
+    data = data_path(path)
+    data.write_bytes(b"")
+    for t in model.graph.initializer:
+        if t.HasField("raw_data") and len(t.raw_data) >= LARGE_INITIALIZER_BYTES:
+            set_external_data(t, location=data.name)
+    write_external_data_tensors(model, str(path.parent))  # appends each, records offsets
+    chunk = 64 << 20
+    with open(data, "ab") as out:
+        for t in external_weights:
+            info = ExternalDataInfo(t)
+            length = info.length if info.length is not None else \
+                _weight_array(t, source_folder).nbytes
+            offset = out.tell()
+            with open(source_folder / info.location, "rb") as src:
+                src.seek(info.offset or 0)
+                left = length
+                while left:
+                    block = src.read(min(chunk, left))
+                    if not block:
+                        raise ValueError(f"{info.location} ends inside tensor {t.name}")
+                    out.write(block)
+                    left -= len(block)
+            del t.external_data[:]
+            for key, value in (("location", data.name), ("offset", str(offset)),
+                               ("length", str(length))):
+                entry = t.external_data.add()
+                entry.key, entry.value = key, value
+    onnx.save_model(model, str(path))
