@@ -14,13 +14,9 @@ from trtpack.errors import UserInputError
 from trtpack.precision.calibration import check_calibration_input
 from trtpack.precision.splits import STRATA, split_three, stratum
 from trtpack.recipe import resolve_model
+from trtpack.sample_metrics import pooled_cosine_per_sample, sample_scores, top1_per_sample
 from trtpack.shapes import parse_profiles
-from trtpack.verification import (
-    compare_cases,
-    pooled_cosine_per_sample,
-    sample_scores,
-    top1_per_sample,
-)
+from trtpack.verification import compare_cases
 
 TINY_PROFILES = ["1x4:2x8:4x16", "2x16:4x32:8x64"]
 

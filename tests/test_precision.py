@@ -27,7 +27,6 @@ from tests.precision_fixtures import (
     with_recipe,
 )
 from trtpack.errors import StageError, UserInputError
-from trtpack.precision.conversion import prepare_source, resolve_node_patterns
 from trtpack.precision.fp16 import Fp16Conversion
 from trtpack.precision.graph import (
     fp16_nodes,
@@ -38,6 +37,7 @@ from trtpack.precision.graph import (
 from trtpack.precision.int8 import Int8Conversion
 from trtpack.precision.modelopt_jobs import ModelOptJob
 from trtpack.precision.search import run_model
+from trtpack.precision.source import prepare_source, resolve_node_patterns
 from trtpack.precision.surrogates import SurrogateBuilder, node_groups
 from trtpack.recipe import load_recipe_file
 from trtpack.report import BuildReport
@@ -421,7 +421,7 @@ def test_cli_int8_held_out_failure_after_the_search_exits_1(tiny: dict[str, Path
     from trtpack.precision.calibration import npz_lengths
     from trtpack.precision.splits import split_three
     from trtpack.recipe import resolve_model
-    from trtpack.verification import pooled_cosine_per_sample
+    from trtpack.sample_metrics import pooled_cosine_per_sample
 
     recipe = resolve_model("tiny-bert")
     n = 40

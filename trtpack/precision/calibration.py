@@ -70,11 +70,6 @@ class CalibrationData:
     # samples per length stratum in each split, e.g. {"calibration": {"short": 4, ...}}
     strata: dict[str, dict[str, int]] = field(default_factory=dict)
 
-    def describe(self) -> str:
-        where = f" {self.path}" if self.path else ""
-        return (f"{self.source}{where}: {self.samples} samples in {len(self.feeds)} batches, "
-                f"{self.search_samples} for the search, {self.holdout_samples} held out")
-
 
 def calibration_path(options: Any) -> Path | None:
     """``--calibration`` if given, else the recipe's ``precision_options.int8.calibration``."""

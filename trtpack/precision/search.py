@@ -31,7 +31,7 @@ from trtpack.precision.surrogates import (
 )
 from trtpack.recipe import Recipe, Tolerance, VerifySettings
 from trtpack.runtimes.onnxruntime import cpu_session, run_session
-from trtpack.verification import TOP1_METRICS, task_metric
+from trtpack.sample_metrics import TOP1_METRICS, task_metric
 
 if TYPE_CHECKING:
     import onnx

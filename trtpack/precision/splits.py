@@ -99,10 +99,3 @@ def strata_warnings(path: Path, lengths: Sequence[int]) -> list[str]:
               "long": f"> {MEDIUM_TOKENS} tokens"}
     return [f"calibration file {path} has no {s} inputs ({bounds[s]}): INT8 accuracy on "
             f"such inputs is not measured by the held-out gate" for s in missing]
-
-
-def split_holdout(n: int, max_samples: int, seed: int) -> tuple[list[int], list[int]]:
-    """(calibration rows, held-out rows) of ``n`` samples, shuffled with ``seed``."""
-    order = np.random.default_rng(seed).permutation(n).tolist()
-    held = min(MAX_HOLDOUT, n // 5) if n >= MIN_SAMPLES_FOR_HOLDOUT else 0
-    return sorted(order[held:][:max_samples]), sorted(order[:held])

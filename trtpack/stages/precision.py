@@ -13,7 +13,6 @@ from typing import Any
 from trtpack.errors import UserInputError
 from trtpack.options import BuildOptions
 from trtpack.precision.calibration import calibration_path, file_sha256
-from trtpack.precision.conversion import prepare_source
 from trtpack.precision.fallback import (
     FALLBACK_QUANTIZE_OP_TYPES,
     GREEDY_FAILURES,
@@ -25,6 +24,7 @@ from trtpack.precision.fallback import (
 from trtpack.precision.fp16 import FP16_FIRST_NODES, MAX_FP16_ROUNDS, Fp16Conversion
 from trtpack.precision.int8 import Int8Conversion
 from trtpack.precision.modelopt_jobs import ModelOptWorker
+from trtpack.precision.source import prepare_source
 from trtpack.stages.base import StageContext, StageOutcome
 
 # Bump when the conversion or the search changes what this stage produces (cache key).
