@@ -10,22 +10,49 @@ the chosen exclusions are written to a recipe overlay (``extends: <recipe>`` +
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from trtpack.cases import load_cases
 from trtpack.errors import StageError
 from trtpack.onnx_files import move_model
+from trtpack.options import BuildOptions
 from trtpack.precision.metrics import AttemptSummary, Fp16Metrics, Int8Metrics
 from trtpack.precision.modelopt_jobs import ModelOptJob, ModelOptWorker
 from trtpack.precision.source import resolve_node_patterns
 from trtpack.report import VerificationRow
-from trtpack.stages.base import StageContext, StageOutcome
 
 WORKER_TIMEOUT_SECONDS = 4 * 3600
+
+
+class ConversionContext(Protocol):
+    """What a conversion sees of its stage (``trtpack.stages.base.StageContext`` is one)."""
+
+    options: BuildOptions
+    stage: str
+    stage_dir: Path
+    artifacts: dict[str, Path]
+    log: logging.Logger
+
+    def progress(self, message: str) -> None: ...
+
+    def artifact(self, name: str) -> Path: ...
+
+
+@dataclass
+class ConversionResult:
+    """The converted model (``precision_onnx``, and ``recipe_overlay`` when the fallback
+    chose exclusions), its metrics and verification rows."""
+
+    artifacts: dict[str, Path]
+    metrics: Fp16Metrics | Int8Metrics
+    verification: list[VerificationRow]
+    warnings: list[str]
+    message: str
 
 
 @dataclass
@@ -65,7 +92,7 @@ class Conversion:
 
     precision: str
 
-    def __init__(self, ctx: StageContext, work: Path, source: Path,
+    def __init__(self, ctx: ConversionContext, work: Path, source: Path,
                  worker: ModelOptWorker | None = None) -> None:
         import onnx
 
@@ -218,7 +245,7 @@ class Conversion:
         return path
 
     def finish(self, final: Attempt, metrics: Fp16Metrics | Int8Metrics,
-               overlay: Path | None, message: str) -> StageOutcome:
+               overlay: Path | None, message: str) -> ConversionResult:
         out = self.ctx.stage_dir / "model.onnx"
         move_model(final.path, out)
         artifacts = {"precision_onnx": out}
@@ -226,8 +253,8 @@ class Conversion:
             artifacts["recipe_overlay"] = overlay
         metrics.conversions = self.conversions
         metrics.conversion_seconds = round(self.conversion_seconds, 2)
-        return StageOutcome(artifacts=artifacts, metrics=metrics.as_dict(),
-                            verification=final.rows,
+        return ConversionResult(artifacts=artifacts, metrics=metrics,
+                                verification=final.rows,
                             warnings=self.warnings, message=message)
 
 

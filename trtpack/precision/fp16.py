@@ -12,12 +12,11 @@ from typing import Any
 import numpy as np
 
 from trtpack.cases import Case
-from trtpack.precision.conversion import Attempt, Conversion, format_metric
+from trtpack.precision.conversion import Attempt, Conversion, ConversionResult, format_metric
 from trtpack.precision.graph import DATA_MOVEMENT
 from trtpack.precision.metrics import FallbackSummary, Fp16Metrics
 from trtpack.precision.modelopt_jobs import Fp16Job, ModelOptJob
 from trtpack.runtimes.onnxruntime import cpu_session
-from trtpack.stages.base import StageOutcome
 
 # Rounds of the FP16 fallback; round r keeps FP16_FIRST_NODES * 2**(r-1) more nodes in FP32.
 MAX_FP16_ROUNDS = 4
@@ -69,7 +68,7 @@ class Fp16Conversion(Conversion):
         path = self.modelopt(job, label)
         return Attempt(label, path, list(keep_fp32), self.verify(path))
 
-    def run(self) -> StageOutcome:
+    def run(self) -> ConversionResult:
         s = self.recipe.precision_options.fp16
         user_nodes = self.resolve(s.keep_fp32_nodes, "keep_fp32_nodes")
         self.ctx.progress("ModelOpt AutoCast to FP16")

@@ -20,6 +20,8 @@ from trtpack.precision.calibration import (
 from trtpack.precision.conversion import (
     Attempt,
     Conversion,
+    ConversionContext,
+    ConversionResult,
     format_metric,
     worst_metric,
 )
@@ -33,13 +35,12 @@ from trtpack.precision.metrics import (
 from trtpack.precision.modelopt_jobs import Int8Job, ModelOptJob, ModelOptWorker
 from trtpack.precision.search import evaluation_workers
 from trtpack.report import VerificationRow
-from trtpack.stages.base import StageContext, StageOutcome
 
 
 class Int8Conversion(Conversion):
     precision = "int8"
 
-    def __init__(self, ctx: StageContext, work: Path, source: Path,
+    def __init__(self, ctx: ConversionContext, work: Path, source: Path,
                  worker: ModelOptWorker | None = None) -> None:
         super().__init__(ctx, work, source, worker)
         self.settings = self.recipe.precision_options.int8
@@ -194,7 +195,7 @@ class Int8Conversion(Conversion):
         attempt.session = session
         return attempt
 
-    def run(self) -> StageOutcome:
+    def run(self) -> ConversionResult:
         s = self.settings
         user_excluded = self.resolve(s.exclude_nodes, "exclude_nodes")
         self.load_calibration()

@@ -62,9 +62,11 @@ def run(ctx: StageContext) -> StageOutcome:
     worker = ModelOptWorker(precision, ctx.stage_dir)
     try:
         source = prepare_source(ctx.artifact("onnx"), work / "source")
-        if precision == "fp16":
-            return Fp16Conversion(ctx, work, source, worker).run()
-        return Int8Conversion(ctx, work, source, worker).run()
+        conversion = Fp16Conversion if precision == "fp16" else Int8Conversion
+        result = conversion(ctx, work, source, worker).run()
     finally:
         worker.close()
         shutil.rmtree(work, ignore_errors=True)
+    return StageOutcome(artifacts=result.artifacts, metrics=result.metrics.as_dict(),
+                        verification=result.verification, warnings=result.warnings,
+                        message=result.message)
