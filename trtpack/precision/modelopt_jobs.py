@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -136,6 +137,4 @@ class ModelOptWorker:
             self.process.wait()
         if self.process.stdin is not None and not self.process.stdin.closed:
             self.process.stdin.close()
-        import shutil
-
         shutil.rmtree(self.cwd, ignore_errors=True)

@@ -73,6 +73,23 @@ def text_inputs(recipe: Recipe) -> list[TensorSpec]:
     return specs
 
 
+def encode_batch(tokenizer: Any, chunk: Sequence[Sequence[str]], seq: int,
+                 specs: Sequence[TensorSpec], with_pairs: bool) -> Feed:
+    """One batch of samples (each ``[text]`` or ``[text, pair]``) padded to ``seq`` tokens,
+    one array per model input."""
+    first = [p[0] for p in chunk]
+    second = [p[1] if len(p) == 2 else "" for p in chunk] if with_pairs else None
+    encoded = tokenizer(first, second, padding="max_length", truncation=True,
+                        max_length=seq, return_tensors="np")
+    feed: Feed = {}
+    for spec in specs:
+        value = encoded.get(TEXT_KINDS[spec.kind])
+        if value is None:  # a tokenizer without token types
+            value = np.zeros_like(encoded["input_ids"])
+        feed[spec.name] = np.asarray(value).astype(spec.dtype)
+    return feed
+
+
 def text_feeds(texts: Sequence[str], tokenizer: Any, recipe: Recipe,
                profiles: Sequence[ShapeProfile]) -> list[Feed]:
     """Tokenize samples and pad each to the smallest profile sequence size that holds it."""
@@ -105,17 +122,7 @@ def text_feeds_with_texts(texts: Sequence[str], tokenizer: Any, recipe: Recipe,
     for bucket in buckets:
         for chunk in chunks(by_bucket.get(bucket.seq, []), bucket.batch, bucket.min_batch):
             row_texts.append(["\t".join(p) for p in chunk])
-            first = [p[0] for p in chunk]
-            second = [p[1] if len(p) == 2 else "" for p in chunk] if with_pairs else None
-            encoded = tokenizer(first, second, padding="max_length", truncation=True,
-                                max_length=bucket.seq, return_tensors="np")
-            feed: Feed = {}
-            for spec in specs:
-                value = encoded.get(TEXT_KINDS[spec.kind])
-                if value is None:  # a tokenizer without token types
-                    value = np.zeros_like(encoded["input_ids"])
-                feed[spec.name] = np.asarray(value).astype(spec.dtype)
-            feeds.append(feed)
+            feeds.append(encode_batch(tokenizer, chunk, bucket.seq, specs, with_pairs))
     # The largest batch first: ModelOpt runs its shape probes on the first calibration batch.
     order = sorted(range(len(feeds)),
                    key=lambda i: -int(np.prod(next(iter(feeds[i].values())).shape)))
@@ -144,17 +151,7 @@ def tight_text_feeds(texts: Sequence[str], tokenizer: Any, recipe: Recipe,
     for chunk_rows in chunks(order, size, buckets[0].min_batch):
         chunk = [pairs[i] for i in chunk_rows]
         seq = min(longest, max(shortest, max(lengths[i] for i in chunk_rows)))
-        first = [p[0] for p in chunk]
-        second = [p[1] if len(p) == 2 else "" for p in chunk] if with_pairs else None
-        encoded = tokenizer(first, second, padding="max_length", truncation=True,
-                            max_length=seq, return_tensors="np")
-        feed: Feed = {}
-        for spec in specs:
-            value = encoded.get(TEXT_KINDS[spec.kind])
-            if value is None:
-                value = np.zeros_like(encoded["input_ids"])
-            feed[spec.name] = np.asarray(value).astype(spec.dtype)
-        feeds.append(feed)
+        feeds.append(encode_batch(tokenizer, chunk, seq, specs, with_pairs))
         row_texts.append(["\t".join(p) for p in chunk])
     return feeds, row_texts
 
