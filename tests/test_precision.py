@@ -507,3 +507,15 @@ def test_int8_percentile_calibration_sets_activation_ranges(tiny: dict[str, Path
         dq = readers[nodes[0].output[0]]  # its DequantizeLinear uses the same scale
         assert float(numpy_helper.to_array(inits[dq.input[1]])) == pytest.approx(scale)
     assert all(r.passed for r in outcome.verification)
+
+
+def test_modelopt_jobs_are_typed_and_round_trip_through_json() -> None:
+    from trtpack.precision.modelopt_jobs import Fp16Job, Int8Job
+
+    int8 = ModelOptJob("int8", "in.onnx", "out.onnx", "result.json", int8=Int8Job(
+        "calibration.npz", nodes_to_exclude=["MatMul_1"], op_types_to_quantize=["MatMul"]))
+    fp16 = ModelOptJob("fp16", "in.onnx", fp16=Fp16Job(keep_io_types=False,
+                                                       reference_inputs="ref.npz"))
+    for job in (int8, fp16):
+        assert ModelOptJob.from_json(job.to_json()) == job
+    assert json.loads(int8.to_json())["int8"]["nodes_to_exclude"] == ["MatMul_1"]
