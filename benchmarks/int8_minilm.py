@@ -71,7 +71,7 @@ def main() -> int:
     args = parser.parse_args()
     import onnx
 
-    from trtpack.quantization_search import low_precision_stats
+    from trtpack.precision.graph import low_precision_stats
 
     with tempfile.TemporaryDirectory(prefix="trtpack-int8-bench-") as tmp:
         out, cache = Path(tmp) / "out", Path(tmp) / "cache"

@@ -7,19 +7,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest_precision import CALIBRATION_TEXT, HELDOUT_TEXT
-from trtpack.calibration import (
+from tests.precision_fixtures import CALIBRATION_TEXT, HELDOUT_TEXT
+from trtpack.errors import UserInputError
+from trtpack.models import load_tokenizer
+from trtpack.precision.calibration import (
     SYNTHETIC_WARNING,
     load_calibration,
     load_feeds,
     read_npz_samples,
     read_text_samples,
     save_feeds,
-    sequence_buckets,
-    split_holdout,
-    text_feeds,
 )
-from trtpack.errors import UserInputError
+from trtpack.precision.text_batches import sequence_buckets, text_feeds
 from trtpack.resolve import resolve_model
 from trtpack.shapes import parse_profiles
 
@@ -59,7 +58,7 @@ def test_missing_calibration_path_and_directory_are_user_errors(tmp_path: Path) 
     recipe, profiles = _setup("tiny-bert", ["1x4:2x8:4x16"])
     for path in (tmp_path / "nope.txt", tmp_path):
         with pytest.raises(UserInputError):
-            load_calibration(recipe, profiles, path, tokenizer_dir=None, max_samples=8, seed=0)
+            load_calibration(recipe, profiles, path, tokenizer=None, max_samples=8, seed=0)
 
 
 def test_text_needs_a_tokenizer(tmp_path: Path) -> None:
@@ -67,7 +66,7 @@ def test_text_needs_a_tokenizer(tmp_path: Path) -> None:
     path = tmp_path / "c.txt"
     path.write_text("one sentence\nanother sentence\n")
     with pytest.raises(UserInputError, match="no tokenizer"):
-        load_calibration(recipe, profiles, path, tokenizer_dir=None, max_samples=8, seed=0)
+        load_calibration(recipe, profiles, path, tokenizer=None, max_samples=8, seed=0)
 
 
 def test_text_is_tokenized_and_bucketed_to_the_profile_shapes(minilm_tokenizer_dir: Path
@@ -104,7 +103,8 @@ def test_buckets_come_from_every_profile_corner() -> None:
 
 def test_load_text_calibration_holds_out_samples(minilm_tokenizer_dir: Path) -> None:
     recipe, profiles = _setup("minilm", ["1x8:4x32:8x128"])
-    cal = load_calibration(recipe, profiles, CALIBRATION_TEXT, tokenizer_dir=minilm_tokenizer_dir,
+    cal = load_calibration(recipe, profiles, CALIBRATION_TEXT,
+                           tokenizer=load_tokenizer(recipe, minilm_tokenizer_dir),
                            max_samples=64, seed=0)
     assert cal.source == "text" and not cal.warnings
     # three splits: held-out and search capped, the rest calibrates (at most max_samples)
@@ -113,9 +113,6 @@ def test_load_text_calibration_holds_out_samples(minilm_tokenizer_dir: Path) -> 
     assert [len(t) for t in cal.holdout_texts] == [f["input_ids"].shape[0] for f in cal.holdout]
     rows = sum(f["input_ids"].shape[0] for f in cal.feeds)
     assert 64 <= rows <= 64 + 3 * len(cal.feeds)  # min-batch padding repeats a few
-    calib_rows, held_rows = split_holdout(len(read_text_samples(CALIBRATION_TEXT)), 64, 0)
-    assert not set(calib_rows) & set(held_rows)
-    assert split_holdout(5, 64, 0) == ([0, 1, 2, 3, 4], [])  # too few to hold any out
 
 
 def test_npz_calibration_is_validated(tmp_path: Path) -> None:
@@ -128,7 +125,7 @@ def test_npz_calibration_is_validated(tmp_path: Path) -> None:
     np.savez(path, **good)
     arrays, warnings = read_npz_samples(path, recipe)
     assert arrays["attention_mask"].dtype == np.int64 and any("extra" in w for w in warnings)
-    cal = load_calibration(recipe, profiles, path, tokenizer_dir=None, max_samples=100, seed=1)
+    cal = load_calibration(recipe, profiles, path, tokenizer=None, max_samples=100, seed=1)
     assert cal.source == "npz" and cal.samples == 12 and cal.holdout_samples == 4
     assert cal.search_samples == 4
     assert all(f["input_ids"].shape == (2, 16) for f in cal.feeds)  # opt batch 2
@@ -144,7 +141,7 @@ def test_npz_calibration_is_validated(tmp_path: Path) -> None:
         bad = tmp_path / f"{name}.npz"
         np.savez(bad, **arrays_)
         with pytest.raises(UserInputError, match=message):
-            load_calibration(recipe, profiles, bad, tokenizer_dir=None, max_samples=8, seed=0)
+            load_calibration(recipe, profiles, bad, tokenizer=None, max_samples=8, seed=0)
     not_npz = tmp_path / "broken.npz"
     not_npz.write_text("not a zip")
     with pytest.raises(UserInputError, match="not a readable"):
@@ -153,7 +150,7 @@ def test_npz_calibration_is_validated(tmp_path: Path) -> None:
 
 def test_synthetic_calibration_warns_and_is_realistic() -> None:
     recipe, profiles = _setup("tiny-bert", ["1x4:2x8:4x16"])
-    cal = load_calibration(recipe, profiles, None, tokenizer_dir=None, max_samples=128, seed=0)
+    cal = load_calibration(recipe, profiles, None, tokenizer=None, max_samples=128, seed=0)
     assert cal.source == "synthetic" and cal.warnings == [SYNTHETIC_WARNING]
     assert "UNKNOWN" in SYNTHETIC_WARNING and "--calibration" in SYNTHETIC_WARNING
     assert cal.samples >= 32 and cal.holdout

@@ -9,22 +9,14 @@ import numpy as np
 import pytest
 
 from tests.conftest import run_cli
-from trtpack.calibration import (
-    STRATA,
-    check_calibration_input,
-    split_three,
-    stratum,
-)
 from trtpack.cases import Case
 from trtpack.errors import UserInputError
+from trtpack.precision.calibration import check_calibration_input
+from trtpack.precision.splits import STRATA, split_three, stratum
 from trtpack.resolve import resolve_model
+from trtpack.sample_metrics import pooled_cosine_per_sample, sample_scores, top1_per_sample
 from trtpack.shapes import parse_profiles
-from trtpack.verification import (
-    compare_cases,
-    pooled_cosine_per_sample,
-    sample_scores,
-    top1_per_sample,
-)
+from trtpack.verification import compare_cases
 
 TINY_PROFILES = ["1x4:2x8:4x16", "2x16:4x32:8x64"]
 
@@ -165,7 +157,7 @@ def test_module_paths_come_from_the_exporters_name_scopes() -> None:
     import onnx
     from onnx import helper
 
-    from trtpack.module_paths import display_name, module_paths
+    from trtpack.precision.module_paths import display_name, module_paths
 
     node = helper.make_node("MatMul", ["x", "w"], ["y"], name="node_MatMul_48")
     entry = node.metadata_props.add()

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests.conftest import run_cli
-from tests.conftest_precision import (
+from tests.precision_fixtures import (
     build_options,
     fp32_artifacts,
     make_context,
@@ -27,15 +27,18 @@ from tests.conftest_precision import (
     with_recipe,
 )
 from trtpack.errors import StageError, UserInputError
-from trtpack.quantization_search import (
-    SurrogateBuilder,
+from trtpack.precision.fp16 import Fp16Conversion
+from trtpack.precision.graph import (
     fp16_nodes,
     int8_quantized_nodes,
     low_precision_stats,
-    node_groups,
     producers,
-    run_model,
 )
+from trtpack.precision.int8 import Int8Conversion
+from trtpack.precision.modelopt_jobs import ModelOptJob
+from trtpack.precision.search import run_model
+from trtpack.precision.source import prepare_source, resolve_node_patterns
+from trtpack.precision.surrogates import SurrogateBuilder, node_groups
 from trtpack.recipe_files import load_recipe_file
 from trtpack.report import BuildReport
 from trtpack.samples import make_inputs
@@ -129,7 +132,7 @@ def test_fp16_recipe_keeps_nodes_and_op_types_in_fp32(tiny: dict[str, Path], tmp
     assert first_matmul not in low
     stats = low_precision_stats(model, "fp16")
     assert stats.low == stats.total - 1
-    from trtpack.quantization_search import tensor_types
+    from trtpack.precision.graph import tensor_types
 
     types = tensor_types(model)
     softmax = [n for n in model.graph.node if n.op_type == "Softmax"]
@@ -265,16 +268,16 @@ def test_int8_fallback_off_reports_the_failed_gate(tiny: dict[str, Path], tmp_pa
 def test_surrogates_equal_modelopt_conversions_with_those_nodes_excluded(
         tiny: dict[str, Path], tmp_path: Path) -> None:
     """What the search evaluates is what ModelOpt builds for the exclusions it picks."""
-    from trtpack.calibration import load_calibration, save_feeds
+    from trtpack.precision.calibration import load_calibration, save_feeds
 
     options = build_options("tiny-bert", "int8", tmp_path / "out", TINY_PROFILES)
     ctx, _, _ = make_context(options, tiny, tmp_path / "stage")
     work = tmp_path / "work"
     work.mkdir()
-    source = precision._prepare_source(tiny["onnx"], work / "source")
-    conv = precision._Int8(ctx, work, source)
+    source = prepare_source(tiny["onnx"], work / "source")
+    conv = Int8Conversion(ctx, work, source)
     cal = load_calibration(options.recipe, options.profiles, tiny_npz(tmp_path / "c.npz"),
-                           tokenizer_dir=None, max_samples=64, seed=0)
+                           tokenizer=None, max_samples=64, seed=0)
     save_feeds(work / "calibration.npz", cal.feeds)
     conv.calibration = cal
     base = conv.convert("all", ["MatMul", "Gemm", "Conv"], [], "fp32")
@@ -306,10 +309,10 @@ def test_worker_failure_is_a_stage_error_with_the_reason(tiny: dict[str, Path], 
     ctx, _, log = make_context(options, tiny, tmp_path / "stage")
     work = tmp_path / "work"
     work.mkdir()
-    conv = precision._Fp16(ctx, work, precision._prepare_source(tiny["onnx"], work / "src"))
+    conv = Fp16Conversion(ctx, work, prepare_source(tiny["onnx"], work / "src"))
     with pytest.raises(StageError, match=r"ModelOpt fp16 conversion \(broken\) failed: "
                                          r"unknown mode 'nonsense'"):
-        conv.modelopt({"mode": "nonsense"}, "broken")
+        conv.modelopt(ModelOptJob("nonsense"), "broken")
     assert "exit 2" in log.read_text()
     assert [p.name for p in (tmp_path / "stage").iterdir()] == []  # its temp folder is gone
 
@@ -368,12 +371,12 @@ def test_cli_failed_int8_gate_with_fallback_off_exits_1(tmp_path: Path, cache_di
 
 def test_node_patterns_are_exact_names_or_whole_name_regexes() -> None:
     names = ["MatMul", "MatMul_1", "/enc/layer.0/MatMul", "Gemm_3"]
-    assert precision.resolve_node_patterns(names, ["MatMul"]) == (["MatMul"], [])
-    assert precision.resolve_node_patterns(names, ["MatMul.*", "nope", "Gemm_3"]) == (
+    assert resolve_node_patterns(names, ["MatMul"]) == (["MatMul"], [])
+    assert resolve_node_patterns(names, ["MatMul.*", "nope", "Gemm_3"]) == (
         ["MatMul", "MatMul_1", "Gemm_3"], ["nope"])
-    assert precision.resolve_node_patterns(names, ["/enc/layer.0/MatMul"]) == (
+    assert resolve_node_patterns(names, ["/enc/layer.0/MatMul"]) == (
         ["/enc/layer.0/MatMul"], [])
-    assert precision.resolve_node_patterns(names, ["(bad"]) == ([], ["(bad"])
+    assert resolve_node_patterns(names, ["(bad"]) == ([], ["(bad"])
 
 
 def test_fingerprint_follows_calibration_content_fallback_and_seed(tmp_path: Path) -> None:
@@ -398,8 +401,8 @@ def test_precision_modules_import_without_heavy_packages() -> None:
     from tests.test_import_pure import _run
 
     proc = _run(
-        "import trtpack.stages.precision, trtpack.calibration, trtpack.quantization_search\n"
-        "import trtpack.stages._modelopt_worker\n"
+        "import trtpack.stages.precision, trtpack.precision.calibration\n"
+        "import trtpack.precision.search, trtpack.precision.modelopt_worker\n"
         "heavy = [m for m in sys.modules if m.split('.')[0] in HEAVY]\n"
         "assert not heavy, heavy\n"
         "print('ok')\n"
@@ -415,9 +418,10 @@ def test_cli_int8_held_out_failure_after_the_search_exits_1(tiny: dict[str, Path
     token) lands in the held-out split, with a gate between what that sample scores and
     what the corners and the search split score. The calibration and search samples pass,
     so the build keeps the model and the held-out gate fails it: exit 1, the sample named."""
-    from trtpack.calibration import npz_lengths, split_three
+    from trtpack.precision.calibration import npz_lengths
+    from trtpack.precision.splits import split_three
     from trtpack.resolve import resolve_model
-    from trtpack.verification import pooled_cosine_per_sample
+    from trtpack.sample_metrics import pooled_cosine_per_sample
 
     recipe = resolve_model("tiny-bert")
     n = 40
@@ -473,12 +477,12 @@ def test_int8_percentile_calibration_sets_activation_ranges(tiny: dict[str, Path
     the 99.99th percentile of |x| over the calibration split / 127 (weights untouched)."""
     from onnx import numpy_helper
 
-    from trtpack.activation_ranges import (
+    from trtpack.precision.activation_ranges import (
         DEFAULT_PERCENTILE,
         activation_quantizers,
         percentile_ranges,
     )
-    from trtpack.calibration import load_calibration
+    from trtpack.precision.calibration import load_calibration
 
     npz = tiny_npz(tmp_path / "calibration.npz")
     options = build_options("tiny-bert", "int8", tmp_path / "out", TINY_PROFILES,
@@ -488,7 +492,7 @@ def test_int8_percentile_calibration_sets_activation_ranges(tiny: dict[str, Path
     model = onnx.load(str(outcome.artifacts["precision_onnx"]))
     quantizers = activation_quantizers(model)
     assert quantizers
-    cal = load_calibration(options.recipe, options.profiles, npz, tokenizer_dir=None,
+    cal = load_calibration(options.recipe, options.profiles, npz, tokenizer=None,
                            max_samples=options.recipe.precision_options.int8
                            .max_calibration_samples, seed=options.seed)
     copy = tmp_path / "fp32"  # onnx refuses the cache's hard-linked external data
@@ -503,3 +507,15 @@ def test_int8_percentile_calibration_sets_activation_ranges(tiny: dict[str, Path
         dq = readers[nodes[0].output[0]]  # its DequantizeLinear uses the same scale
         assert float(numpy_helper.to_array(inits[dq.input[1]])) == pytest.approx(scale)
     assert all(r.passed for r in outcome.verification)
+
+
+def test_modelopt_jobs_are_typed_and_round_trip_through_json() -> None:
+    from trtpack.precision.modelopt_jobs import Fp16Job, Int8Job
+
+    int8 = ModelOptJob("int8", "in.onnx", "out.onnx", "result.json", int8=Int8Job(
+        "calibration.npz", nodes_to_exclude=["MatMul_1"], op_types_to_quantize=["MatMul"]))
+    fp16 = ModelOptJob("fp16", "in.onnx", fp16=Fp16Job(keep_io_types=False,
+                                                       reference_inputs="ref.npz"))
+    for job in (int8, fp16):
+        assert ModelOptJob.from_json(job.to_json()) == job
+    assert json.loads(int8.to_json())["int8"]["nodes_to_exclude"] == ["MatMul_1"]

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from tests.conftest import run_cli
-from tests.conftest_precision import CALIBRATION_TEXT, HELDOUT_TEXT, pooled_cosine
-from trtpack.quantization_search import int8_quantized_nodes
+from tests.precision_fixtures import CALIBRATION_TEXT, HELDOUT_TEXT, pooled_cosine
+from trtpack.precision.graph import int8_quantized_nodes
 from trtpack.report import BuildReport
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""SmoothQuant activation smoothing (trtpack.smoothquant): the smoothed FP32 model is the
+"""SmoothQuant activation smoothing (trtpack.precision.smoothquant): the smoothed FP32 model is the
 same function, and the activation channels ModelOpt quantizes get evened out."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from trtpack.smoothquant import smooth_model, smoothing_scales, smoothing_targets
+from trtpack.precision.smoothquant import smooth_model, smoothing_scales, smoothing_targets
 
 HIDDEN, FFN = 16, 32
 
@@ -112,14 +112,14 @@ def test_producer_filter_and_scales() -> None:
 def test_int8_stage_quantizes_the_smoothed_model(tiny_build: Path, tmp_path: Path) -> None:
     """precision_options.int8.smoothquant: ModelOpt quantizes the smoothed copy (each
     smoothed activation's Mul feeds quantized MatMuls), judged against the original FP32."""
-    from tests.conftest_precision import (
+    from tests.precision_fixtures import (
         build_options,
         fp32_artifacts,
         run_stage,
         tiny_npz,
         with_recipe,
     )
-    from trtpack.quantization_search import int8_quantized_nodes
+    from trtpack.precision.graph import int8_quantized_nodes
 
     options = build_options("tiny-bert", "int8", tmp_path / "out", ["1x4:2x8:4x16"],
                             calibration=tiny_npz(tmp_path / "calibration.npz"))

@@ -123,17 +123,17 @@ import json, sys
 from pathlib import Path
 import numpy as np, onnx
 from modelopt.onnx.autocast import convert_to_mixed_precision
-from trtpack.stages import _modelopt_worker as w
+from trtpack.precision import modelopt_worker as w
+from trtpack.precision.modelopt_jobs import Fp16Job, ModelOptJob
 
 src, ref, out, tmp = map(Path, sys.argv[1:5])
-job = {"mode": "fp16", "input": str(src), "output": str(out), "fp16": {
-    "keep_io_types": True, "reference_inputs": str(ref),
-    "range_nodes_file": str(tmp / "ranges.json")}}
+job = ModelOptJob("fp16", input=str(src), output=str(out), fp16=Fp16Job(
+    keep_io_types=True, reference_inputs=str(ref), range_nodes_file=str(tmp / "ranges.json")))
 result = w.run_fp16(job, tmp)
 # AutoCast on the whole model, told the same I/O range exclusions, no own reference run
 whole = convert_to_mixed_precision(
     onnx_path=str(src), low_precision_type="fp16", keep_io_types=True,
-    nodes_to_exclude=w._exact(result["out_of_range_nodes"]) or None, data_max=np.inf,
+    nodes_to_exclude=w.exact(result["out_of_range_nodes"]) or None, data_max=np.inf,
     providers=["cpu"])
 onnx.save(whole, str(tmp / "whole.onnx"))
 print(json.dumps(result))

@@ -108,7 +108,7 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
     if request.calibration is not None and precision != "int8":
         raise UserInputError("--calibration is only used with --precision int8")
     if request.calibration_method is not None:
-        from trtpack.calibration import CALIBRATION_METHODS
+        from trtpack.precision.calibration import CALIBRATION_METHODS
 
         if request.calibration_method not in CALIBRATION_METHODS:
             raise UserInputError(
@@ -117,7 +117,7 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
         if precision != "int8":
             raise UserInputError("--calibration-method is only used with --precision int8")
     if precision == "int8":
-        from trtpack.calibration import check_calibration_input
+        from trtpack.precision.calibration import check_calibration_input
 
         configured = request.calibration or (
             Path(recipe.precision_options.int8.calibration)

@@ -17,7 +17,7 @@ onnxsim drops the nodes' ``metadata_props``, where the dynamo exporter records t
 module each node came from (``pkg.torch.onnx.name_scopes``). They are recorded by node
 output tensor before simplifying and put back on the node that produces the same tensor
 afterwards (a Gemm fused from MatMul+Add gets the Add's, the same module), so later stages
-can name nodes by module path (``trtpack.module_paths``).
+can name nodes by module path (``trtpack.precision.module_paths``).
 """
 
 from __future__ import annotations

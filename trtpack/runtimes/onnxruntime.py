@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,26 @@ def cpu_session(model: Any, threads: int | None = None, inter_op_threads: int | 
             onnx.save_model(model, source, save_as_external_data=True,
                             all_tensors_to_one_file=True, location="model.onnx.data")
         return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+
+
+def run_session(session: Any, feeds: Iterable[Mapping[str, Any]], workers: int = 1
+                ) -> list[dict[str, Any]]:
+    """Every output of ``session`` for each feed (inputs the model does not take are
+    ignored), ``workers`` feeds at a time (ONNX Runtime runs a session from several threads;
+    give such a session one thread of its own)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    names = [o.name for o in session.get_outputs()]
+    inputs = {i.name for i in session.get_inputs()}
+
+    def run(feed: Mapping[str, Any]) -> dict[str, Any]:
+        values = session.run(names, {k: v for k, v in feed.items() if k in inputs})
+        return dict(zip(names, values, strict=True))
+
+    if workers <= 1:
+        return [run(feed) for feed in feeds]
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(run, feeds))
 
 
 def with_outputs(model: Any, tensors: Iterable[str]) -> Any:

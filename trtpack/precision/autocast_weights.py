@@ -1,119 +1,17 @@
-"""Runs one NVIDIA ModelOpt conversion in its own process: ``python -m
-trtpack.stages._modelopt_worker JOB.json``.
+"""FP16 conversion without AutoCast copying the weights: the large float initializers are
+taken out of the graph before ``convert_to_mixed_precision`` (each a graph input instead),
+AutoCast's two value rules (I/O range, initializer range) are applied here, and the weights
+are put back afterwards, cast to FP16 one at a time where AutoCast made them FP16.
 
-ModelOpt is isolated because it monkeypatches ``onnxruntime.quantization``, drops temporary
-files (``sym_shape_infer_temp.onnx``, ``<uuid>.data``, ``augmented_model.onnx``) in the
-current directory and logs an NVML error on machines without a GPU. The precision stage
-starts this module with a throw-away working directory and captures its output into the
-stage log. The job (JSON) says:
-
-    mode          "int8" (ModelOpt ONNX PTQ, Q/DQ) or "fp16" (ModelOpt AutoCast)
-    input         FP32 ONNX path (its external data file, if any, beside it)
-    output        where to write the converted model (external data as ``<name>.data``
-                  when the model is over the protobuf limit)
-    result        where to write a JSON result (seconds, ...)
-    int8          calibration (feeds .npz, see trtpack.calibration.save_feeds),
-                  calibration_method, high_precision, nodes_to_exclude (exact names),
-                  op_types_to_exclude, op_types_to_quantize (empty: ModelOpt's default),
-                  dedicated_qdq (default true: with op_types_to_quantize, nodes that are
-                  not quantized read the original tensor, not a shared dequantized copy)
-    fp16          keep_io_types, nodes_to_exclude (exact names), op_types_to_exclude,
-                  reference_inputs (one .npz feed for the I/O range rule), range_nodes_file
-                  (where the nodes that rule keeps in FP32 are kept between conversions)
-
-Node names are passed as exact names and escaped here: ModelOpt treats them as regexes
-matched at the start of a name, so "MatMul" would also exclude "MatMul_1".
+Runs in the ModelOpt worker; onnx and onnxruntime are imported inside the functions.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from trtpack.onnx_files import (
-    LARGE_INITIALIZER_BYTES,
-    data_path,
-    model_bytes,
-    save_model,
-    tensor_bytes,
-)
-
-# Over this size ModelOpt itself must write external data (protobuf's limit is 2 GiB).
-EXTERNAL_DATA_THRESHOLD = 1_800_000_000
-# Initializers of LARGE_INITIALIZER_BYTES or more (the simplify worker's threshold: the same
-# model layout) are kept out of AutoCast (see run_fp16) and saved in the model's data file.
-
-
-def _exact(names: list[str]) -> list[str]:
-    return [f"^{re.escape(n)}$" for n in names]
-
-
-def _calibration_reader(feeds_path: str) -> Any:
-    from onnxruntime.quantization.calibrate import CalibrationDataReader
-
-    from trtpack.calibration import load_feeds
-
-    feeds = load_feeds(Path(feeds_path))
-
-    class FeedReader(CalibrationDataReader):  # type: ignore[misc]
-        """Batches of different shapes (bucketed to the profiles), in order."""
-
-        def __init__(self) -> None:
-            self.feeds = feeds
-            self._it = iter(self.feeds)
-
-        def get_next(self) -> dict[str, Any] | None:
-            return next(self._it, None)
-
-        def get_first(self) -> dict[str, Any]:
-            return self.feeds[0]
-
-        def rewind(self) -> None:
-            self._it = iter(self.feeds)
-
-        def __len__(self) -> int:
-            return len(self.feeds)
-
-    return FeedReader()
-
-
-def run_int8(job: dict[str, Any], work: Path) -> dict[str, Any]:
-    import onnx
-    from modelopt.onnx.quantization import quantize
-
-    spec = job["int8"]
-    source = Path(job["input"])
-    external = model_bytes(source) > EXTERNAL_DATA_THRESHOLD
-    tmp_out = work / "quantized.onnx"
-    quantize(
-        onnx_path=str(source),
-        quantize_mode="int8",
-        calibration_data_reader=_calibration_reader(spec["calibration"]),
-        calibration_method=spec.get("calibration_method", "max"),
-        calibration_eps=["cpu"],
-        op_types_to_quantize=spec.get("op_types_to_quantize") or None,
-        op_types_to_exclude=spec.get("op_types_to_exclude") or None,
-        nodes_to_exclude=_exact(spec.get("nodes_to_exclude") or []) or None,
-        high_precision_dtype=spec.get("high_precision", "fp32"),
-        use_external_data_format=external,
-        output_path=str(tmp_out),
-        log_level="INFO",
-    )
-    if not tmp_out.is_file():
-        raise RuntimeError("ModelOpt quantize finished without writing a model")
-    model = onnx.load(str(tmp_out), load_external_data=True)
-    rewired: list[str] = []
-    if spec.get("op_types_to_quantize") and spec.get("dedicated_qdq", True):
-        from trtpack.quantization_search import dedicate_qdq
-
-        rewired = dedicate_qdq(model, spec["op_types_to_quantize"])
-    save_model(model, Path(job["output"]))
-    return {"dedicated_qdq_rewired": rewired}
+from trtpack.onnx_files import LARGE_INITIALIZER_BYTES, data_path, tensor_bytes
 
 
 def out_of_range_nodes(source: Path, feed: dict[str, Any], data_max: float) -> list[str]:
@@ -291,76 +189,3 @@ def save_converted(model: Any, path: Path, external_weights: list[Any], source_f
                 entry = t.external_data.add()
                 entry.key, entry.value = key, value
     onnx.save_model(model, str(path))
-
-
-def run_fp16(job: dict[str, Any], work: Path) -> dict[str, Any]:
-    import numpy as np
-    from modelopt.onnx.autocast import convert_to_mixed_precision
-    from modelopt.onnx.autocast.convert import DEFAULT_DATA_MAX
-
-    spec = job["fp16"]
-    source = Path(job["input"])
-    range_nodes: list[str] = []
-    reference = spec.get("reference_inputs")
-    if reference:
-        # the range rule computed once per stage and kept in a file across its conversions
-        cached = Path(spec["range_nodes_file"])
-        if cached.is_file():
-            range_nodes = json.loads(cached.read_text())
-        else:
-            with np.load(reference) as data:
-                feed = {k: data[k] for k in data.files}
-            range_nodes = out_of_range_nodes(source, feed, DEFAULT_DATA_MAX)
-            cached.write_text(json.dumps(range_nodes))
-    excluded = [*(spec.get("nodes_to_exclude") or []), *range_nodes]
-    # With reference inputs both of AutoCast's value rules are applied here (I/O range
-    # above, initializer range in strip_weights), so AutoCast converts the graph alone: its
-    # own reference run and its copies of the weights (8 GB for bert-large's 1.3 GB) are
-    # skipped, and the weights are cast to FP16 one at a time afterwards.
-    weights: dict[str, Any] = {}
-    onnx_path = source
-    if reference:
-        onnx_path = source.with_name("graph-" + source.name)
-        weights, beyond = strip_weights(source, onnx_path)
-        excluded += beyond
-    try:
-        model = convert_to_mixed_precision(
-            onnx_path=str(onnx_path),
-            low_precision_type="fp16",
-            keep_io_types=bool(spec.get("keep_io_types", True)),
-            nodes_to_exclude=_exact(list(dict.fromkeys(excluded))) or None,
-            op_types_to_exclude=spec.get("op_types_to_exclude") or None,
-            data_max=np.inf if reference else DEFAULT_DATA_MAX,
-            providers=["cpu"],
-        )
-    finally:
-        if onnx_path != source:
-            onnx_path.unlink(missing_ok=True)
-    pending = restore_weights(model, weights, source.parent)
-    save_converted(model, Path(job["output"]), pending, source.parent)
-    return {"out_of_range_nodes": range_nodes,
-            "weights_outside_autocast": len(weights)}
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        sys.stderr.write("usage: python -m trtpack.stages._modelopt_worker JOB.json\n")
-        return 2
-    job = json.loads(Path(argv[0]).read_text())
-    work = Path.cwd()
-    started = time.perf_counter()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if job["mode"] == "int8":
-        result = run_int8(job, work)
-    elif job["mode"] == "fp16":
-        result = run_fp16(job, work)
-    else:
-        sys.stderr.write(f"unknown mode {job['mode']!r}\n")
-        return 2
-    result["seconds"] = time.perf_counter() - started
-    Path(job["result"]).write_text(json.dumps(result))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

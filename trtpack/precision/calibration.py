@@ -1,0 +1,310 @@
+"""INT8 calibration data: batches of model inputs ("feeds") from a text file, a ``.npz`` or,
+only when neither is given, synthetic inputs (with a warning that accuracy is unknown).
+
+A text file holds one sample a line (``trtpack.precision.text_batches`` tokenizes and
+batches it); a ``.npz`` holds one array per model input, samples along the first axis
+(ModelOpt's own calibration format). The samples are split three ways
+(``trtpack.precision.splits``): calibration, search and held-out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from trtpack.errors import UserInputError
+from trtpack.onnx_files import sha256_file
+from trtpack.precision.splits import (
+    MEDIUM_TOKENS,
+    split_three,
+    strata_counts,
+    strata_warnings,
+)
+from trtpack.precision.text_batches import (
+    Feed,
+    chunks,
+    sequence_buckets,
+    text_feeds,
+    text_inputs,
+    tight_text_feeds,
+    token_counts,
+    token_ids_spec,
+)
+from trtpack.recipe import Recipe
+from trtpack.shapes import ShapeProfile
+
+CalibrationSource = Literal["text", "npz", "synthetic"]
+
+CALIBRATION_METHODS = ("max", "entropy", "percentile")
+
+SYNTHETIC_SAMPLES = 32
+
+SYNTHETIC_WARNING = (
+    "INT8 calibration used SYNTHETIC random inputs (no --calibration file and no "
+    "precision_options.int8.calibration in the recipe): the quantization ranges do not come "
+    "from real data, so the accuracy of the INT8 model on real inputs is UNKNOWN. Pass "
+    "--calibration FILE (a text file with one sample a line, or a .npz of input arrays)."
+)
+
+
+@dataclass
+class CalibrationData:
+    """Calibration batches, held-out batches for the fallback search, and where they came from."""
+
+    feeds: list[Feed]
+    holdout: list[Feed]
+    source: CalibrationSource
+    path: Path | None = None
+    samples: int = 0
+    holdout_samples: int = 0
+    warnings: list[str] = field(default_factory=list)
+    search: list[Feed] = field(default_factory=list)
+    search_samples: int = 0
+    # the text of each row of each held-out / search batch (text calibration only)
+    holdout_texts: list[list[str]] = field(default_factory=list)
+    search_texts: list[list[str]] = field(default_factory=list)
+    # samples per length stratum in each split, e.g. {"calibration": {"short": 4, ...}}
+    strata: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+def calibration_path(options: Any) -> Path | None:
+    """``--calibration`` if given, else the recipe's ``precision_options.int8.calibration``."""
+    if options.calibration is not None:
+        return Path(options.calibration)
+    configured = options.recipe.precision_options.int8.calibration
+    return Path(configured) if configured else None
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a calibration file; unreadable is the user's error (exit 2)."""
+    try:
+        return sha256_file(path)
+    except OSError as e:
+        raise UserInputError(f"cannot read calibration file {path}: {e.strerror}") from None
+
+
+def _check_file(path: Path) -> None:
+    if not path.exists():
+        raise UserInputError(f"calibration file {path} does not exist")
+    if not path.is_file():
+        raise UserInputError(f"calibration path {path} is not a file")
+
+
+def read_text_samples(path: Path) -> list[str]:
+    """Non-blank lines of a UTF-8 text file, stripped; a file without any is a user error."""
+    _check_file(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UserInputError(
+            f"calibration file {path} is not UTF-8 text (byte {e.start}); give a text file "
+            "with one sample a line, or a .npz of input arrays"
+        ) from None
+    except OSError as e:
+        raise UserInputError(f"cannot read calibration file {path}: {e.strerror}") from None
+    samples = [line.strip() for line in text.splitlines()]
+    samples = [s for s in samples if s and "\x00" not in s]
+    if not samples:
+        raise UserInputError(
+            f"calibration file {path} has no usable samples: expected one text sample a line"
+        )
+    return samples
+
+
+def read_npz_samples(path: Path, recipe: Recipe) -> tuple[dict[str, np.ndarray], list[str]]:
+    """One array per model input with samples along axis 0, validated against the recipe."""
+    _check_file(path)
+    warnings: list[str] = []
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (OSError, ValueError, EOFError) as e:
+        raise UserInputError(f"calibration file {path} is not a readable .npz: {e}") from None
+    specs = recipe.input_specs()
+    missing = [s.name for s in specs if s.name not in arrays]
+    if missing:
+        raise UserInputError(
+            f"calibration file {path} has no array for input(s) {missing}; it has "
+            f"{sorted(arrays) or 'no arrays'} (one array per model input, samples along axis 0)"
+        )
+    extra = sorted(set(arrays) - {s.name for s in specs})
+    if extra:
+        warnings.append(f"calibration file {path}: ignored arrays {extra} (not model inputs)")
+    counts = {s.name: (arrays[s.name].shape[0] if arrays[s.name].ndim else 0) for s in specs}
+    if len(set(counts.values())) != 1:
+        raise UserInputError(
+            f"calibration file {path}: inputs have different sample counts {counts}")
+    n = next(iter(counts.values()))
+    if n == 0:
+        raise UserInputError(f"calibration file {path} has no usable samples (0 rows)")
+    out: dict[str, np.ndarray] = {}
+    for spec in specs:
+        a = arrays[spec.name]
+        if a.ndim != spec.rank:
+            raise UserInputError(
+                f"calibration file {path}: '{spec.name}' has shape {list(a.shape)}, the model "
+                f"input has rank {spec.rank} ({', '.join(map(str, spec.axes))})")
+        for d, axis in enumerate(spec.axes):
+            if isinstance(axis, int) and a.shape[d] != axis:
+                raise UserInputError(
+                    f"calibration file {path}: '{spec.name}' dimension {d} is {a.shape[d]}, "
+                    f"the model needs {axis}")
+        if not np.issubdtype(a.dtype, np.number) and a.dtype != np.bool_:
+            raise UserInputError(
+                f"calibration file {path}: '{spec.name}' has non-numeric dtype {a.dtype}")
+        if np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all():
+            raise UserInputError(
+                f"calibration file {path}: '{spec.name}' holds NaN or infinite values")
+        want = np.dtype(spec.dtype)
+        if np.issubdtype(want, np.integer) and not (
+                np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_):
+            raise UserInputError(
+                f"calibration file {path}: '{spec.name}' has dtype {a.dtype}, the model "
+                f"input is {want} (integer token ids / masks)")
+        out[spec.name] = a.astype(spec.dtype)
+    return out, warnings
+
+
+def npz_feeds(arrays: Mapping[str, np.ndarray], rows: Sequence[int], recipe: Recipe,
+              profiles: Sequence[ShapeProfile]) -> list[Feed]:
+    """Cut the selected rows into batches of the first profile's opt batch size."""
+    specs = recipe.input_specs()
+    batched = specs[0].has_dynamic_batch
+    r = profiles[0].shapes[specs[0].name] if profiles else None
+    size = (r.opt[0] if r is not None else 1) if batched else 1
+    min_size = (r.min[0] if r is not None else 1) if batched else 1
+    idx = list(rows)
+    feeds: list[Feed] = []
+    for chunk in chunks(idx, max(1, size), min_size):
+        feeds.append({s.name: np.ascontiguousarray(arrays[s.name][chunk]) for s in specs})
+    return feeds
+
+
+def npz_lengths(arrays: Mapping[str, np.ndarray], recipe: Recipe) -> list[int]:
+    """Unpadded length of each .npz sample (its attention-mask sum), for the strata."""
+    mask = next((s.name for s in recipe.input_specs() if s.kind == "attention_mask"), None)
+    n = next(iter(arrays.values())).shape[0]
+    if mask is None or arrays[mask].ndim != 2:
+        return [MEDIUM_TOKENS] * n
+    return [int(v) for v in (arrays[mask] != 0).sum(axis=1)]
+
+
+def synthetic_feeds(recipe: Recipe, profiles: Sequence[ShapeProfile], samples: int,
+                    seed: int, vocab_size: int | None = None) -> list[Feed]:
+    """Random in-vocabulary inputs at every profile corner, cycled until ``samples`` rows."""
+    from trtpack.samples import make_inputs
+
+    vocab = vocab_size or int(recipe.config.get("vocab_size", 30522))
+    specs = recipe.input_specs()
+    corners = [shapes for p in profiles for _, shapes in p.corners()]
+    feeds: list[Feed] = []
+    total = 0
+    i = 0
+    while total < samples:
+        shapes = corners[i % len(corners)]
+        feed = make_inputs(specs, shapes, tokenizer=None, vocab_size=vocab, seed=seed + 7919 * i)
+        feeds.append(feed)
+        total += next(iter(feed.values())).shape[0] if feed else 1
+        i += 1
+    return feeds
+
+
+def feed_rows(feeds: Sequence[Feed]) -> int:
+    return sum(next(iter(f.values())).shape[0] for f in feeds if f)
+
+
+def check_calibration_input(path: Path, recipe: Recipe, profiles: Sequence[ShapeProfile]
+                            ) -> None:
+    """What can be checked of a calibration file before any stage runs (exit 2 when bad):
+    a .npz must hold every input with the model's rank and a compatible dtype; a text file
+    needs a sample that fits the largest profile (checked without the tokenizer: a line of
+    more words than the largest sequence can never fit)."""
+    if path.suffix.lower() == ".npz":
+        read_npz_samples(path, recipe)
+        return
+    texts = read_text_samples(path)
+    token_spec = token_ids_spec(recipe)
+    if token_spec is None:
+        return
+    longest = sequence_buckets(token_spec, profiles)[-1].seq
+    if all(len(t.split()) > longest for t in texts):
+        raise UserInputError(
+            f"calibration file {path}: every line is longer than the largest profile takes "
+            f"({longest} tokens); expected one sample a line that fits the profiles")
+
+
+def load_calibration(recipe: Recipe, profiles: Sequence[ShapeProfile], path: Path | None, *,
+                     tokenizer: Any, max_samples: int, seed: int) -> CalibrationData:
+    """Calibration, search and held-out batches from ``path`` (text, tokenized with
+    ``tokenizer``, or .npz), or synthetic ones."""
+    if max_samples < 1:
+        raise UserInputError("precision_options.int8.max_calibration_samples must be >= 1")
+    if path is None:
+        feeds = synthetic_feeds(recipe, profiles, min(max_samples, SYNTHETIC_SAMPLES), seed)
+        holdout = synthetic_feeds(recipe, profiles, 4, seed + 1_000_003)
+        search = synthetic_feeds(recipe, profiles, 4, seed + 2_000_003)
+        return CalibrationData(feeds, holdout, "synthetic", None, feed_rows(feeds),
+                               feed_rows(holdout), [SYNTHETIC_WARNING], search,
+                               feed_rows(search))
+    if path.suffix.lower() == ".npz":
+        arrays, warnings = read_npz_samples(path, recipe)
+        lengths = npz_lengths(arrays, recipe)
+        splits = split_three(lengths, max_samples, seed)
+        return CalibrationData(
+            npz_feeds(arrays, splits.calibration, recipe, profiles),
+            npz_feeds(arrays, splits.holdout, recipe, profiles) if splits.holdout else [],
+            "npz", path, len(splits.calibration), len(splits.holdout), warnings,
+            npz_feeds(arrays, splits.search, recipe, profiles) if splits.search else [],
+            len(splits.search), strata=strata_counts(lengths, splits))
+    texts = read_text_samples(path)
+    text_inputs(recipe)
+    if tokenizer is None:
+        raise UserInputError(
+            f"calibration file {path} is text, but recipe '{recipe.name}' has no tokenizer to "
+            "tokenize it with; give a .npz of input arrays instead"
+        )
+    token_spec = token_ids_spec(recipe)
+    assert token_spec is not None
+    longest = sequence_buckets(token_spec, profiles)[-1].seq
+    lengths = token_counts(texts, tokenizer, longest + 1)
+    fits = [i for i, n in enumerate(lengths) if n <= longest]
+    if not fits:
+        raise UserInputError(
+            f"calibration file {path}: every sample is longer than the largest profile takes "
+            f"({longest} tokens); expected one sample a line that fits the profiles")
+    warnings = strata_warnings(path, lengths)
+    if len(fits) < len(texts):
+        warnings.append(f"calibration file {path}: {len(texts) - len(fits)} samples longer "
+                        f"than the largest profile ({longest} tokens) are truncated")
+    splits = split_three(lengths, max_samples, seed)
+    feeds = text_feeds([texts[i] for i in splits.calibration], tokenizer, recipe, profiles)
+    holdout, holdout_texts = tight_text_feeds(
+        [texts[i] for i in splits.holdout], tokenizer, recipe, profiles) \
+        if splits.holdout else ([], [])
+    search, search_texts = tight_text_feeds(
+        [texts[i] for i in splits.search], tokenizer, recipe, profiles) \
+        if splits.search else ([], [])
+    return CalibrationData(feeds, holdout, "text", path, len(splits.calibration),
+                           len(splits.holdout), warnings, search, len(splits.search),
+                           holdout_texts, search_texts, strata_counts(lengths, splits))
+
+
+def save_feeds(path: Path, feeds: Sequence[Feed]) -> None:
+    """Batches of different shapes in one .npz (``<index>/<input name>``)."""
+    arrays = {f"{i:06d}/{name}": value for i, feed in enumerate(feeds)
+              for name, value in feed.items()}
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)  # type: ignore[arg-type]
+
+
+def load_feeds(path: Path) -> list[Feed]:
+    feeds: dict[str, Feed] = {}
+    with np.load(path, allow_pickle=False) as data:
+        for key in data.files:
+            index, name = key.split("/", 1)
+            feeds.setdefault(index, {})[name] = data[key]
+    return [feeds[k] for k in sorted(feeds)]

@@ -1,0 +1,181 @@
+"""FP16: ModelOpt AutoCast, verified per sample at every profile corner; the fallback keeps
+the nodes that add the most error (ranked by comparing every intermediate tensor of the
+FP16 model with the FP32 one) in FP32, more each round."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trtpack.cases import Case
+from trtpack.precision.conversion import Attempt, Conversion, ConversionResult, format_metric
+from trtpack.precision.graph import DATA_MOVEMENT
+from trtpack.precision.metrics import FallbackSummary, Fp16Metrics
+from trtpack.precision.modelopt_jobs import Fp16Job, ModelOptJob
+from trtpack.runtimes.onnxruntime import cpu_session
+
+# Rounds of the FP16 fallback; round r keeps FP16_FIRST_NODES * 2**(r-1) more nodes in FP32.
+MAX_FP16_ROUNDS = 4
+
+FP16_FIRST_NODES = 4
+
+
+def autocast_reference_inputs(cases: Sequence[Case], recipe: Any) -> dict[str, Any]:
+    """The one input the FP16 range rule sees: one row of the largest profile corner (real
+    tokens, the longest sequence; the row with the fewest padding tokens).
+
+    The values it looks for (what would overflow FP16) are per token, not per batch, and the
+    variant is verified at every corner afterwards, with the fallback behind that. AutoCast's
+    own reference run over every corner kept all their intermediate tensors in memory:
+    21 GB on bert-large."""
+    batched = {i.name for i in recipe.input_specs() if i.has_dynamic_batch}
+    largest = max(cases, key=lambda c: sum(v.size for v in c.inputs.values()))
+    mask = next((i.name for i in recipe.inputs if i.kind == "attention_mask"
+                 and i.name in batched and largest.inputs[i.name].ndim == 2), None)
+    row = int(largest.inputs[mask].sum(axis=1).argmax()) if mask else 0
+    return {k: (v[row:row + 1] if k in batched else v) for k, v in largest.inputs.items()}
+
+
+class Fp16Conversion(Conversion):
+    precision = "fp16"
+
+    @property
+    def range_nodes_file(self) -> Path:
+        return self.work / "fp16_range_nodes.json"
+
+    def range_nodes(self) -> list[str]:
+        """Nodes kept in FP32 because their values on the reference input exceed FP16's
+        safe range (AutoCast's I/O range rule)."""
+        path = self.range_nodes_file
+        return list(json.loads(path.read_text())) if path.is_file() else []
+
+    def convert(self, label: str, keep_fp32: Sequence[str]) -> Attempt:
+        s = self.recipe.precision_options.fp16
+        reference = self.work / "reference_input.npz"
+        if not reference.is_file():
+            import numpy as np
+
+            with open(reference, "wb") as f:
+                np.savez(f, **autocast_reference_inputs(self.cases, self.recipe))
+        job = ModelOptJob("fp16", fp16=Fp16Job(
+            keep_io_types=s.keep_io_types, nodes_to_exclude=list(keep_fp32),
+            op_types_to_exclude=list(s.keep_fp32_op_types), reference_inputs=str(reference),
+            range_nodes_file=str(self.range_nodes_file)))
+        path = self.modelopt(job, label)
+        return Attempt(label, path, list(keep_fp32), self.verify(path))
+
+    def run(self) -> ConversionResult:
+        s = self.recipe.precision_options.fp16
+        user_nodes = self.resolve(s.keep_fp32_nodes, "keep_fp32_nodes")
+        self.ctx.progress("ModelOpt AutoCast to FP16")
+        first = self.convert("autocast", user_nodes)
+        final = first
+        added: list[str] = []
+        rounds = 0
+        if not first.passed and self.options.fallback == "auto":
+            while not final.passed and rounds < MAX_FP16_ROUNDS:
+                rounds += 1
+                failing = [c for c, r in zip(self.cases, self._case_pass(final), strict=True)
+                           if not r] or self.cases
+                probe = min(failing, key=lambda c: sum(v.size for v in c.inputs.values()))
+                ranked = rank_fp16_nodes(self.source, final.path, probe.inputs,
+                                         skip=[*user_nodes, *added])
+                take = FP16_FIRST_NODES * 2 ** (rounds - 1)
+                new = [name for name, err in ranked[:take] if err > 0]
+                if not new:
+                    break
+                added.extend(new)
+                self.ctx.progress(f"fallback round {rounds}: {len(added)} nodes kept in FP32 "
+                                  f"(worst metric {format_metric(final.worst)})")
+                final = self.convert(f"fallback{rounds}", [*user_nodes, *added])
+        overlay = None
+        if added and final.passed:
+            overlay = self.write_overlay(
+                {"keep_fp32_nodes": [*s.keep_fp32_nodes, *added]},
+                f"{len(added)} nodes kept in FP32 so that the FP16 model passes its gate")
+        stats = self.stats(final.path)
+        metrics = Fp16Metrics(
+            excluded_nodes=[*user_nodes, *added], excluded_by_fallback=added,
+            excluded_node_hints=self.hints(added), low_precision=stats,
+            before=first.summary(), after=final.summary(),
+            fallback=FallbackSummary(self.options.fallback, rounds),
+            keep_io_types=s.keep_io_types, kept_fp32_out_of_range=self.range_nodes())
+        message = (f"fp16: {stats['matmul_gemm_low_precision']}/{stats['matmul_gemm_nodes']} "
+                   f"MatMul/Gemm in FP16, worst metric {format_metric(final.worst)}")
+        if added:
+            message += (f" ({len(added)} nodes kept in FP32 by fallback, was "
+                        f"{format_metric(first.worst)})")
+        return self.finish(final, metrics, overlay, message)
+
+    def _case_pass(self, attempt: Attempt) -> list[bool]:
+        by_case: dict[tuple[int, str], bool] = {}
+        for r in attempt.rows:
+            key = (r.profile, r.corner)
+            by_case[key] = by_case.get(key, True) and r.passed
+        return [by_case.get((c.profile, c.corner), True) for c in self.cases]
+
+
+def rank_fp16_nodes(fp32_path: Path, fp16_path: Path, feed: Mapping[str, np.ndarray],
+                    skip: Iterable[str] = ()) -> list[tuple[str, float]]:
+    """Nodes of the FP32 model ranked by the relative error they add in the FP16 model.
+
+    Every float tensor both models compute is compared; a node's added error is its output
+    error minus the largest error of its float inputs.
+    """
+    import onnx
+
+    fp32 = onnx.load(str(fp32_path), load_external_data=False)
+    ref = all_tensors(fp32_path, feed)
+    low = all_tensors(fp16_path, feed)
+
+    def rel(name: str) -> float | None:
+        if name not in ref or name not in low:
+            return None
+        a = np.asarray(ref[name], dtype=np.float64)
+        b = np.asarray(low[name], dtype=np.float64)
+        if a.shape != b.shape or a.size == 0 or not np.issubdtype(ref[name].dtype, np.floating):
+            return None
+        if not np.isfinite(b).all():
+            return float("inf")
+        return float(np.linalg.norm(a - b) / (np.linalg.norm(a) + 1e-12))
+
+    skipped = set(skip)
+    ranked: list[tuple[str, float]] = []
+    for node in fp32.graph.node:
+        if node.name in skipped or node.op_type in DATA_MOVEMENT:
+            continue
+        outs = [e for e in (rel(t) for t in node.output) if e is not None]
+        if not outs:
+            continue
+        ins = [e for e in (rel(t) for t in node.input) if e is not None]
+        added = max(outs) - (max(ins) if ins else 0.0)
+        if not np.isfinite(added):
+            added = 1e9
+        ranked.append((node.name, added))
+    ranked.sort(key=lambda item: -item[1])
+    return ranked
+
+
+def all_tensors(path: Path, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every intermediate tensor of a model for one feed (polygraphy marks them outputs)."""
+    import onnx
+    from polygraphy import constants
+    from polygraphy.backend.onnx import ModifyOutputs
+
+    from trtpack.verification import quiet_polygraphy
+
+    model = onnx.load(str(path), load_external_data=True)
+    for vi in list(model.graph.value_info):
+        if not vi.type.HasField("tensor_type"):
+            model.graph.value_info.remove(vi)
+    with quiet_polygraphy():
+        marked = ModifyOutputs(model, outputs=constants.MARK_ALL)()
+    session = cpu_session(marked)
+    names = [o.name for o in session.get_outputs()]
+    inputs = {i.name for i in session.get_inputs()}
+    values = session.run(names, {k: v for k, v in feed.items() if k in inputs})
+    return {n: v for n, v in zip(names, values, strict=True) if isinstance(v, np.ndarray)}

@@ -1,0 +1,277 @@
+"""INT8: ModelOpt PTQ (Q/DQ) calibrated on the calibration split (optionally on a
+SmoothQuant-smoothed copy, or with percentile ranges), judged per sample at the profile
+corners and on the search split; with ``--fallback auto`` the measured search
+(``trtpack.precision.fallback``) keeps node groups in high precision until it passes, and
+the held-out split, judged once on the final model, gates the build."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from trtpack.cases import Case
+from trtpack.precision.calibration import (
+    CalibrationData,
+    calibration_path,
+    load_calibration,
+    save_feeds,
+)
+from trtpack.precision.conversion import (
+    Attempt,
+    Conversion,
+    ConversionContext,
+    ConversionResult,
+    format_metric,
+    worst_metric,
+)
+from trtpack.precision.fallback import FALLBACK_QUANTIZE_OP_TYPES, int8_fallback
+from trtpack.precision.metrics import (
+    CalibrationSummary,
+    FallbackSummary,
+    Int8Metrics,
+    SplitSummary,
+)
+from trtpack.precision.modelopt_jobs import Int8Job, ModelOptJob, ModelOptWorker
+from trtpack.precision.search import evaluation_workers
+from trtpack.report import VerificationRow
+
+
+class Int8Conversion(Conversion):
+    precision = "int8"
+
+    def __init__(self, ctx: ConversionContext, work: Path, source: Path,
+                 worker: ModelOptWorker | None = None) -> None:
+        super().__init__(ctx, work, source, worker)
+        self.settings = self.recipe.precision_options.int8
+        self.calibration: CalibrationData | None = None
+        self.holdout: list[Case] = []
+        self.search: list[Case] = []
+        self.calibration_cases: list[Case] = []
+        self.texts: dict[int, list[str]] = {}  # id(case inputs) -> the text of each row
+        self.fp32_model: Any = None  # what ModelOpt quantizes, in memory (the search's)
+        self.workers = evaluation_workers()  # ONNX Runtime runs at a time, one thread each
+
+    @property
+    def method(self) -> str:
+        return self.options.calibration_method or self.settings.calibration_method
+
+    def load_calibration(self) -> None:
+        path = calibration_path(self.options)
+        self.ctx.progress("loading calibration data")
+        text = path is not None and path.suffix.lower() != ".npz"
+        cal = load_calibration(self.recipe, self.options.profiles, path,
+                               tokenizer=self.tokenizer() if text else None,
+                               max_samples=self.settings.max_calibration_samples,
+                               seed=self.options.seed)
+        self.calibration = cal
+        self.warnings.extend(cal.warnings)
+        save_feeds(self.work / "calibration.npz", cal.feeds)
+
+    def split_references(self) -> None:
+        """The FP32 outputs of the three splits (one ONNX Runtime session)."""
+        from trtpack.precision.search import run_model
+
+        cal = self.calibration
+        assert cal is not None
+        feeds = [*cal.holdout, *cal.search, *cal.feeds]
+        refs = run_model(self.source, feeds) if feeds else []
+        texts = [*cal.holdout_texts, *cal.search_texts]
+        for feed, rows in zip(feeds, texts, strict=False):
+            self.texts[id(feed)] = rows
+        h, k = len(cal.holdout), len(cal.holdout) + len(cal.search)
+        together = list(zip(feeds, refs, strict=True))
+        self.holdout = [Case(-1, f"heldout{i}", f, o) for i, (f, o) in enumerate(together[:h])]
+        self.search = [Case(-1, f"search{i}", f, o) for i, (f, o) in enumerate(together[h:k])]
+        self.calibration_cases = [Case(-1, f"calibration{i}", f, o)
+                                  for i, (f, o) in enumerate(together[k:])]
+
+    def while_quantizing(self) -> None:
+        """What needs no quantized model, done while ModelOpt works: the splits' FP32
+        references, the FP32 model the search takes nodes from."""
+        self.split_references()
+        if self.fp32_model is None and self.options.fallback == "auto":
+            import onnx
+
+            self.fp32_model = onnx.load(str(self.quantize_source))
+
+    def split_text(self) -> Any:
+        """Sample texts for the split cases: the calibration file's own lines."""
+        decode = self.sample_text()
+
+        def describe(inputs: Any, index: int) -> str | None:
+            rows = self.texts.get(id(inputs))
+            if rows is not None and index < len(rows):
+                return rows[index]
+            return decode(inputs, index)  # type: ignore[no-any-return]
+
+        return describe
+
+    def convert(self, label: str, op_types: Sequence[str], excluded: Sequence[str],
+                high_precision: str, meanwhile: Callable[[], None] | None = None
+                ) -> Attempt:
+        assert self.calibration is not None
+        method = "entropy" if self.method == "entropy" else "max"
+        self.ctx.progress(f"ModelOpt INT8 quantization ({label}, {method} calibration on "
+                          f"{self.calibration.samples} samples)")
+        job = ModelOptJob("int8", int8=Int8Job(
+            calibration=str(self.work / "calibration.npz"), calibration_method=method,
+            high_precision=high_precision, nodes_to_exclude=list(excluded),
+            op_types_to_exclude=list(self.settings.exclude_op_types),
+            op_types_to_quantize=list(op_types)))
+        path = self.modelopt(job, label, meanwhile)
+        if self.method == "percentile":
+            self.percentile_ranges(path)
+        return self.judge(label, path, excluded)
+
+    def smooth(self) -> dict[str, Any]:
+        """SmoothQuant (``trtpack.precision.smoothquant``): ModelOpt quantizes a smoothed
+        copy of the FP32 model; the references stay the original's."""
+        import onnx
+
+        from trtpack.onnx_files import save_model
+        from trtpack.precision.smoothquant import smooth_model
+
+        assert self.calibration is not None and self.settings.smoothquant is not None
+        self.ctx.progress(f"SmoothQuant (alpha {self.settings.smoothquant})")
+        model = onnx.load(str(self.source))
+        smoothed = smooth_model(model, self.calibration.feeds, self.settings.smoothquant,
+                                self.settings.smoothquant_producers or None)
+        folder = self.work / "smoothed"
+        folder.mkdir()
+        save_model(model, folder / "model.onnx")
+        self.quantize_source = folder / "model.onnx"
+        self.fp32_model = model
+        self.ctx.log.info("SmoothQuant: %d activations smoothed: %s", len(smoothed),
+                          ", ".join(smoothed))
+        return {"alpha": self.settings.smoothquant, "activations": len(smoothed)}
+
+    def percentile_ranges(self, path: Path) -> None:
+        """ModelOpt's max model with its activation ranges set to a percentile
+        (``trtpack.precision.activation_ranges``)."""
+        import onnx
+
+        from trtpack.onnx_files import save_model
+        from trtpack.precision.activation_ranges import DEFAULT_PERCENTILE, apply_percentile_ranges
+
+        assert self.calibration is not None
+        model = onnx.load(str(path))
+        changed = apply_percentile_ranges(model, onnx.load(str(self.quantize_source)),
+                                          self.calibration.feeds, DEFAULT_PERCENTILE)
+        save_model(model, path)
+        self.ctx.log.info("percentile calibration: %d activation ranges set to the %s "
+                          "percentile", changed, DEFAULT_PERCENTILE)
+
+    def split_rows(self, session: Any, *splits: tuple[str, Sequence[Case]]
+                   ) -> list[list[VerificationRow]]:
+        """The rows of each split's cases, run in ``session``."""
+        from trtpack.runtimes.onnxruntime import run_session
+        from trtpack.verification import compare_cases
+
+        every = [c for _, cases in splits for c in cases]
+        outputs = run_session(session, [c.inputs for c in every], self.workers)
+        found, start = [], 0
+        for check, cases in splits:
+            mine = outputs[start:start + len(cases)]
+            start += len(cases)
+            found.append(compare_cases(check, self.recipe, "int8", cases, mine,
+                                       self.split_text()) if cases else [])
+        return found
+
+    def judge(self, label: str, path: Path, excluded: Sequence[str]) -> Attempt:
+        """Verified at the profile corners and on the search split (what the search may
+        look at); the held-out split is judged once, on the final model (``heldout_gate``).
+        The attempt keeps its ONNX Runtime session for that."""
+        from trtpack.runtimes.onnxruntime import cpu_session
+
+        session = cpu_session(path, threads=1 if self.workers > 1 else None)
+        attempt = Attempt(label, path, list(excluded), self.verify(path, session, self.workers))
+        (search_rows,) = self.split_rows(session, ("int8-search", self.search))
+        attempt.holdout_worst = worst_metric(search_rows)
+        attempt.holdout_passed = all(r.passed for r in search_rows)
+        attempt.holdout_reasons = [f"{r.corner}: {r.reason}" for r in search_rows
+                                   if not r.passed][:5]
+        attempt.split_rows = search_rows
+        attempt.session = session
+        return attempt
+
+    def run(self) -> ConversionResult:
+        s = self.settings
+        user_excluded = self.resolve(s.exclude_nodes, "exclude_nodes")
+        self.load_calibration()
+        smoothed = self.smooth() if s.smoothquant is not None else None
+        # With the fallback on, the first model already quantizes only the op types the
+        # search works on (ModelOpt's default placement also quantizes Add inputs, which
+        # MiniLM never survives): one ModelOpt run instead of two.
+        auto = self.options.fallback == "auto"
+        op_types = list(s.quantize_op_types) or (list(FALLBACK_QUANTIZE_OP_TYPES) if auto
+                                                 else [])
+        first = self.convert("quantize", op_types, user_excluded,
+                             "fp32" if auto else s.high_precision, self.while_quantizing)
+        final = first
+        search = FallbackSummary(self.options.fallback, 0)
+        if not first.passed and auto:
+            final, search = int8_fallback(self, first, user_excluded, op_types)
+        elif auto and s.high_precision != "fp32":
+            final = self.convert("final", op_types, user_excluded, s.high_precision)
+        added = [n for n in final.excluded if n not in user_excluded]
+        overlay = None
+        changed_types = op_types != list(s.quantize_op_types)
+        if final.passed and (added or changed_types):
+            section: dict[str, Any] = {}
+            if changed_types:
+                section["quantize_op_types"] = op_types
+            section["exclude_nodes"] = [*s.exclude_nodes, *added]
+            overlay = self.write_overlay(
+                section, f"{len(added)} nodes kept in {s.high_precision} after a measured "
+                "per-node-group search so that the INT8 model passes its gate")
+        heldout_rows, calibration_rows = self.split_rows(
+            final.session, ("int8-heldout", self.holdout),
+            ("int8-calibration", self.calibration_cases))
+        final.session = first.session = None  # closes them
+        stats = self.stats(final.path)
+        if stats["compute_nodes"] and stats["low_precision_nodes"] == 0:
+            self.warnings.append("no MatMul/Gemm/Conv node is quantized: this INT8 model "
+                                 f"computes in {s.high_precision}")
+        assert self.calibration is not None
+        cal = self.calibration
+        held = SplitSummary.of(heldout_rows)
+        metrics = Int8Metrics(
+            excluded_nodes=final.excluded, excluded_by_fallback=added,
+            excluded_node_hints=self.hints(added), low_precision=stats,
+            before=first.summary(), after=final.summary(), fallback=search,
+            calibration=CalibrationSummary(
+                source=cal.source, path=str(cal.path) if cal.path else None,
+                samples=cal.samples, batches=len(cal.feeds), search_samples=cal.search_samples,
+                holdout_samples=cal.holdout_samples, strata=cal.strata, method=self.method,
+                smoothquant=smoothed),
+            splits={"calibration": SplitSummary.of(calibration_rows),
+                    "search": SplitSummary.of(final.split_rows), "holdout": held},
+            quantize_op_types=op_types or "modelopt default",
+            high_precision=s.high_precision, kept_layers=[self.display(n) for n in added])
+        message = (f"int8: {stats['matmul_gemm_low_precision']}/{stats['matmul_gemm_nodes']} "
+                   f"MatMul/Gemm quantized ({stats['matmul_gemm_share']:.0%}, {self.method} "
+                   f"calibration), worst sample {format_metric(final.worst)}")
+        if held:
+            message += (f", held-out worst {format_metric(held.worst)} "
+                        f"(mean {format_metric(held.mean)})")
+            if held.worst_text:
+                message += f" on \"{held.worst_text}\""
+        if final is not first:
+            message += f" (fallback; was {format_metric(first.worst)})"
+        if added:
+            shown = ", ".join(self.display(n) for n in added[:6])
+            more = f" and {len(added) - 6} more" if len(added) > 6 else ""
+            message += f"; kept in {s.high_precision}: {shown}{more}"
+        rows = list(final.rows)
+        if auto:
+            rows += heldout_rows  # the held-out split gates the build
+        elif heldout_rows and not all(r.passed for r in heldout_rows):
+            self.warnings.append(
+                "--fallback off: the INT8 model fails on the held-out calibration samples "
+                "(not gated): " + "; ".join(r.reason for r in heldout_rows if not r.passed))
+        if not final.passed and final.holdout_reasons and all(r.passed for r in final.rows):
+            self.warnings.append("INT8 model passes at the profile corners but not on the "
+                                 "search split: " + "; ".join(final.holdout_reasons))
+        final.rows = rows
+        return self.finish(final, metrics, overlay, message)

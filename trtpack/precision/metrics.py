@@ -1,0 +1,162 @@
+"""The precision stage's results, typed. ``as_dict`` gives the report's ``metrics`` (the same
+keys as report.json has always had: report_html, bench and the tests read them)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from trtpack.report import VerificationRow
+
+
+@dataclass
+class AttemptSummary:
+    """How one converted model fared: its worst per-sample metric at the profile corners
+    (and, INT8, on the search split), the largest elementwise difference."""
+
+    worst_metric: float | None
+    search_worst_metric: float | None
+    max_abs_diff: float | None
+    failed_checks: int
+    search_passed: bool
+    passed: bool
+
+
+@dataclass
+class SplitSummary:
+    """Worst and mean per-sample metric of a calibration split, and the worst sample's
+    text."""
+
+    samples: int
+    worst: float | None
+    mean: float
+    worst_text: str | None
+    passed: bool
+    failed_batches: int
+
+    @classmethod
+    def of(cls, rows: Sequence[VerificationRow]) -> SplitSummary | None:
+        scored = [r for r in rows if r.metric_value is not None]
+        if not scored:
+            return None
+        worst = min(scored, key=lambda r: r.metric_value or 0.0)
+        total = sum(r.samples or 1 for r in scored)
+        mean = sum((r.metric_mean if r.metric_mean is not None else r.metric_value or 0.0)
+                   * (r.samples or 1) for r in scored) / total
+        return cls(total, worst.metric_value, round(mean, 6), worst.worst_text,
+                   all(r.passed for r in rows), sum(not r.passed for r in rows))
+
+
+@dataclass
+class CalibrationSummary:
+    source: str
+    path: str | None
+    samples: int
+    batches: int
+    search_samples: int
+    holdout_samples: int
+    strata: dict[str, dict[str, int]]
+    method: str
+    smoothquant: dict[str, Any] | None  # {"alpha", "activations"} when smoothed
+
+
+@dataclass
+class SensitivityRow:
+    """The damage when only this node group is INT8, and whether the search kept it."""
+
+    layers: list[str]
+    nodes: list[str]
+    damage: float
+    worst: float | None
+    kept_quantized: bool
+
+
+@dataclass
+class SearchRound:
+    round: int
+    margin: float
+    quantized_groups: int
+    excluded_nodes: int
+    summary: AttemptSummary
+
+    def as_dict(self) -> dict[str, Any]:
+        found = {k: v for k, v in asdict(self).items() if k != "summary"}
+        return {**found, **asdict(self.summary)}
+
+
+@dataclass
+class FallbackSummary:
+    """What the fallback did: ``mode`` and ``rounds`` always, the rest when it searched."""
+
+    mode: str
+    rounds: int
+    evaluations: int | None = None
+    seconds: float | None = None
+    node_groups: int | None = None
+    sensitivity: list[SensitivityRow] = field(default_factory=list)
+    history: list[SearchRound] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        if self.evaluations is None:
+            return {"mode": self.mode, "rounds": self.rounds}
+        return {"mode": self.mode, "rounds": self.rounds, "evaluations": self.evaluations,
+                "seconds": self.seconds, "node_groups": self.node_groups,
+                "sensitivity": [asdict(r) for r in self.sensitivity],
+                "history": [r.as_dict() for r in self.history]}
+
+
+@dataclass
+class PrecisionMetrics:
+    """What both conversions report."""
+
+    excluded_nodes: list[str]
+    excluded_by_fallback: list[str]
+    excluded_node_hints: dict[str, str]
+    low_precision: dict[str, Any]  # LowPrecisionStats.as_dict()
+    before: AttemptSummary
+    after: AttemptSummary
+    fallback: FallbackSummary
+    conversions: int = 0
+    conversion_seconds: float = 0.0
+
+
+@dataclass
+class Fp16Metrics(PrecisionMetrics):
+    keep_io_types: bool = True
+    kept_fp32_out_of_range: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"precision": "fp16", "keep_io_types": self.keep_io_types,
+                "excluded_nodes": self.excluded_nodes,
+                "excluded_by_fallback": self.excluded_by_fallback,
+                "excluded_node_hints": self.excluded_node_hints,
+                "kept_fp32_out_of_range": self.kept_fp32_out_of_range,
+                **_shared(self)}
+
+
+@dataclass
+class Int8Metrics(PrecisionMetrics):
+    calibration: CalibrationSummary | None = None
+    splits: dict[str, SplitSummary | None] = field(default_factory=dict)
+    quantize_op_types: list[str] | str = "modelopt default"
+    high_precision: str = "fp32"
+    kept_layers: list[str] = field(default_factory=list)  # module path (op type) of each
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"precision": "int8",
+                "calibration": asdict(self.calibration) if self.calibration else None,
+                "splits": {k: asdict(v) if v else {} for k, v in self.splits.items()},
+                "quantize_op_types": self.quantize_op_types,
+                "high_precision": self.high_precision,
+                "excluded_nodes": self.excluded_nodes,
+                "excluded_by_fallback": self.excluded_by_fallback,
+                "excluded_node_hints": self.excluded_node_hints,
+                "kept_layers": self.kept_layers,
+                **_shared(self)}
+
+
+def _shared(m: PrecisionMetrics) -> dict[str, Any]:
+    return {"low_precision": m.low_precision, "before": asdict(m.before),
+            "after": asdict(m.after), "fallback": m.fallback.as_dict(),
+            "conversions": m.conversions, "conversion_seconds": m.conversion_seconds}

@@ -1,0 +1,140 @@
+"""A ModelOpt conversion as typed data, and the process that runs it.
+
+Every ModelOpt call runs in ``trtpack.precision.modelopt_worker``, in its own process: ModelOpt
+monkeypatches ``onnxruntime.quantization``, drops temporary files
+(``sym_shape_infer_temp.onnx``, ``<uuid>.data``, ``augmented_model.onnx``) in the current
+directory and logs an NVML error on machines without a GPU. ``ModelOptWorker`` starts that
+process in a throw-away working directory *ahead of its job* (it imports ModelOpt, seconds,
+while the caller prepares the job) and hands it a ``ModelOptJob`` as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+WORKER_MODULE = "trtpack.precision.modelopt_worker"
+
+
+@dataclass(frozen=True)
+class Int8Job:
+    """ModelOpt ONNX PTQ (Q/DQ). ``calibration``: feeds .npz (``save_feeds``);
+    ``op_types_to_quantize`` empty: ModelOpt's default placement; ``dedicated_qdq``: with
+    op types given, nodes that are not quantized read the original tensor, not a shared
+    dequantized copy. Node names are exact names (escaped for ModelOpt, which matches them
+    as regexes at the start of a name)."""
+
+    calibration: str
+    calibration_method: str = "max"
+    high_precision: str = "fp32"
+    nodes_to_exclude: list[str] = field(default_factory=list)
+    op_types_to_exclude: list[str] = field(default_factory=list)
+    op_types_to_quantize: list[str] = field(default_factory=list)
+    dedicated_qdq: bool = True
+
+
+@dataclass(frozen=True)
+class Fp16Job:
+    """ModelOpt AutoCast. ``reference_inputs``: one .npz feed for the I/O range rule;
+    ``range_nodes_file``: where the nodes that rule keeps in FP32 are kept between
+    conversions."""
+
+    keep_io_types: bool = True
+    nodes_to_exclude: list[str] = field(default_factory=list)
+    op_types_to_exclude: list[str] = field(default_factory=list)
+    reference_inputs: str | None = None
+    range_nodes_file: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelOptJob:
+    """One conversion: ``mode`` "int8" or "fp16" with its settings; ``input`` the FP32 ONNX
+    (its data file beside it), ``output`` where the converted model goes (external data as
+    ``<name>.data``), ``result`` where the worker writes its JSON result."""
+
+    mode: str
+    input: str = ""
+    output: str = ""
+    result: str = ""
+    int8: Int8Job | None = None
+    fp16: Fp16Job | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> ModelOptJob:
+        data = json.loads(text)
+        int8, fp16 = data.pop("int8", None), data.pop("fp16", None)
+        return cls(**data, int8=Int8Job(**int8) if int8 else None,
+                   fp16=Fp16Job(**fp16) if fp16 else None)
+
+
+class ModelOptWorker:
+    """A worker process started ahead of its job; its output goes to files in its working
+    directory, removed by ``close``."""
+
+    def __init__(self, mode: str, parent_dir: Path) -> None:
+        self.cwd = Path(tempfile.mkdtemp(prefix="modelopt-", dir=parent_dir))
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        self.started = time.perf_counter()
+        self.submitted = self.started
+        with open(self.cwd / "stdout.txt", "wb") as out, \
+                open(self.cwd / "stderr.txt", "wb") as err:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", WORKER_MODULE, "--preload", mode],
+                cwd=self.cwd, env=env, stdin=subprocess.PIPE, stdout=out, stderr=err)
+
+    @property
+    def head_start(self) -> float:
+        """Seconds between its start and its job."""
+        return self.submitted - self.started
+
+    def submit(self, job: ModelOptJob) -> None:
+        (self.cwd / "job.json").write_text(job.to_json())
+        self.submitted = time.perf_counter()
+        assert self.process.stdin is not None
+        try:
+            self.process.stdin.write(f"{self.cwd / 'job.json'}\n".encode())
+            self.process.stdin.close()
+        except BrokenPipeError:  # it ended already: wait() reports how
+            pass
+
+    def wait(self, timeout: float) -> tuple[int, str, str, float]:
+        """(exit code, stdout, stderr, seconds since the job was submitted); kills it and
+        raises ``subprocess.TimeoutExpired`` after ``timeout`` seconds."""
+        left = timeout - (time.perf_counter() - self.submitted)
+        try:
+            code = self.process.wait(timeout=max(left, 1.0))
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+        seconds = time.perf_counter() - self.submitted
+
+        def read(name: str) -> str:
+            return (self.cwd / name).read_text(errors="replace")
+
+        return code, read("stdout.txt"), read("stderr.txt"), seconds
+
+    def result(self) -> dict[str, Any]:
+        return json.loads((self.cwd / "result.json").read_text())  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        if self.process.stdin is not None and not self.process.stdin.closed:
+            self.process.stdin.close()
+        shutil.rmtree(self.cwd, ignore_errors=True)

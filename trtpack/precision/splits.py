@@ -1,0 +1,101 @@
+"""Calibration / search / held-out splits of calibration samples, stratified by length.
+
+*calibration* sets the quantization ranges, *search* is what the fallback search judges its
+candidates on (with a margin), *held-out* is judged once, at the end, and gates the build:
+neither the ranges nor the search have seen it. Short, medium and long inputs are each
+spread over every split; a file without short inputs gets a warning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+MAX_HOLDOUT = 48
+
+MAX_SEARCH = 24
+
+MIN_SAMPLES_FOR_HOLDOUT = 10
+
+# Token-count strata of the split: short (a few words, where INT8 error shows most in a
+# mean-pooled embedding), medium, long.
+SHORT_TOKENS = 8
+
+MEDIUM_TOKENS = 24
+
+STRATA = ("short", "medium", "long")
+
+
+def stratum(tokens: int) -> str:
+    return "short" if tokens <= SHORT_TOKENS else (
+        "medium" if tokens <= MEDIUM_TOKENS else "long")
+
+
+@dataclass(frozen=True)
+class Splits:
+    """Row indices of each split."""
+
+    calibration: list[int]
+    search: list[int]
+    holdout: list[int]
+
+
+def split_three(lengths: Sequence[int], max_samples: int, seed: int) -> Splits:
+    """Calibration / search / held-out rows, stratified by length: within each stratum
+    (short / medium / long, see ``stratum``), after a shuffle with ``seed``, the rows go
+    held-out, search, calibration, calibration, calibration in turn, so every stratum with
+    at least three samples is in every split. The search and held-out splits are capped
+    (``MAX_SEARCH``, ``MAX_HOLDOUT``); under ``MIN_SAMPLES_FOR_HOLDOUT`` samples everything
+    calibrates."""
+    n = len(lengths)
+    if n < MIN_SAMPLES_FOR_HOLDOUT:
+        return Splits(list(range(n))[:max_samples], [], [])
+    rng = np.random.default_rng(seed)
+    calibration: list[int] = []
+    search: list[int] = []
+    holdout: list[int] = []
+    cycle = (holdout, search, calibration, calibration, calibration)
+    for name in STRATA:
+        rows = [i for i, t in enumerate(lengths) if stratum(t) == name]
+        for k, i in enumerate(rng.permutation(rows).tolist() if rows else []):
+            cycle[k % len(cycle)].append(int(i))
+    # caps: overflow of the held-out and search splits goes to calibration
+    holdout_keep = _spread(holdout, MAX_HOLDOUT)
+    search_keep = _spread(search, MAX_SEARCH)
+    calibration += [i for i in holdout + search if i not in holdout_keep
+                    and i not in search_keep]
+    return Splits(sorted(calibration)[:max_samples] if len(calibration) <= max_samples
+                  else sorted(rng.permutation(calibration)[:max_samples].tolist()),
+                  sorted(search_keep), sorted(holdout_keep))
+
+
+def _spread(rows: list[int], cap: int) -> list[int]:
+    """At most ``cap`` of ``rows`` (already stratified and shuffled), evenly taken."""
+    if len(rows) <= cap:
+        return list(rows)
+    step = len(rows) / cap
+    return [rows[int(k * step)] for k in range(cap)]
+
+
+def strata_counts(lengths: Sequence[int], splits: Splits) -> dict[str, dict[str, int]]:
+    found: dict[str, dict[str, int]] = {}
+    for split, rows in (("calibration", splits.calibration), ("search", splits.search),
+                        ("holdout", splits.holdout)):
+        found[split] = {name: sum(stratum(lengths[i]) == name for i in rows)
+                        for name in STRATA}
+    return found
+
+
+def strata_warnings(path: Path, lengths: Sequence[int]) -> list[str]:
+    present = {stratum(t) for t in lengths}
+    missing = [s for s in STRATA if s not in present]
+    if not missing:
+        return []
+    bounds = {"short": f"<= {SHORT_TOKENS} tokens",
+              "medium": f"{SHORT_TOKENS + 1}-{MEDIUM_TOKENS} tokens",
+              "long": f"> {MEDIUM_TOKENS} tokens"}
+    return [f"calibration file {path} has no {s} inputs ({bounds[s]}): INT8 accuracy on "
+            f"such inputs is not measured by the held-out gate" for s in missing]

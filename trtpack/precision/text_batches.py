@@ -1,0 +1,163 @@
+"""Text calibration samples tokenized into model inputs ("feeds").
+
+Each sample is padded to the smallest profile sequence size (min/opt/max of any profile)
+that holds it (*bucketed*), and a bucket is cut into batches of that profile's opt batch
+size; the search and held-out splits are batched tightly instead (sorted by length, each
+batch padded only to its longest sample). A line ``text<TAB>pair`` is a sentence pair.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from trtpack.errors import UserInputError
+from trtpack.recipe import Recipe
+from trtpack.shapes import BATCH_AXIS, ShapeProfile, TensorSpec
+
+Feed = dict[str, np.ndarray]
+
+
+TEXT_KINDS = {"token_ids": "input_ids", "attention_mask": "attention_mask",
+              "token_type_ids": "token_type_ids"}
+
+
+def token_ids_spec(recipe: Recipe) -> TensorSpec | None:
+    return next((s for s in recipe.input_specs() if s.kind == "token_ids"), None)
+
+
+def _seq_index(spec: TensorSpec) -> int:
+    """The sequence dimension: the last dimension that is not the batch axis."""
+    return max(i for i, a in enumerate(spec.axes) if not (i == 0 and a == BATCH_AXIS))
+
+
+@dataclass(frozen=True)
+class Bucket:
+    seq: int
+    batch: int
+    min_batch: int
+
+
+def sequence_buckets(spec: TensorSpec, profiles: Sequence[ShapeProfile]) -> list[Bucket]:
+    """One bucket per distinct sequence size of any profile corner, smallest first."""
+    seq_i = _seq_index(spec)
+    buckets: dict[int, Bucket] = {}
+    for profile in profiles:
+        r = profile.shapes[spec.name]
+        batched = spec.has_dynamic_batch
+        lo_b, opt_b = (r.min[0], r.opt[0]) if batched else (1, 1)
+        for corner in (r.min, r.opt, r.max):
+            buckets.setdefault(corner[seq_i], Bucket(corner[seq_i], opt_b, lo_b))
+    return [buckets[s] for s in sorted(buckets)]
+
+
+def chunks(items: list[Any], size: int, min_size: int) -> Iterable[list[Any]]:
+    for start in range(0, len(items), size):
+        chunk = items[start:start + size]
+        while len(chunk) < min_size:  # a profile's min batch: repeat samples of the bucket
+            chunk = chunk + items[: min_size - len(chunk)]
+        yield chunk
+
+
+def text_inputs(recipe: Recipe) -> list[TensorSpec]:
+    specs = recipe.input_specs()
+    other = [s.name for s in specs if s.kind not in TEXT_KINDS]
+    if other or token_ids_spec(recipe) is None:
+        raise UserInputError(
+            f"text calibration needs a text model, but inputs {other or [s.name for s in specs]}"
+            " are not token ids / attention mask / token types; give a .npz of input arrays"
+        )
+    return specs
+
+
+def encode_batch(tokenizer: Any, chunk: Sequence[Sequence[str]], seq: int,
+                 specs: Sequence[TensorSpec], with_pairs: bool) -> Feed:
+    """One batch of samples (each ``[text]`` or ``[text, pair]``) padded to ``seq`` tokens,
+    one array per model input."""
+    first = [p[0] for p in chunk]
+    second = [p[1] if len(p) == 2 else "" for p in chunk] if with_pairs else None
+    encoded = tokenizer(first, second, padding="max_length", truncation=True,
+                        max_length=seq, return_tensors="np")
+    feed: Feed = {}
+    for spec in specs:
+        value = encoded.get(TEXT_KINDS[spec.kind])
+        if value is None:  # a tokenizer without token types
+            value = np.zeros_like(encoded["input_ids"])
+        feed[spec.name] = np.asarray(value).astype(spec.dtype)
+    return feed
+
+
+def text_feeds(texts: Sequence[str], tokenizer: Any, recipe: Recipe,
+               profiles: Sequence[ShapeProfile]) -> list[Feed]:
+    """Tokenize samples and pad each to the smallest profile sequence size that holds it."""
+    return text_feeds_with_texts(texts, tokenizer, recipe, profiles)[0]
+
+
+def text_feeds_with_texts(texts: Sequence[str], tokenizer: Any, recipe: Recipe,
+                          profiles: Sequence[ShapeProfile]
+                          ) -> tuple[list[Feed], list[list[str]]]:
+    """``text_feeds`` and, for each batch, the text of each of its rows."""
+    specs = text_inputs(recipe)
+    token_spec = token_ids_spec(recipe)
+    assert token_spec is not None
+    buckets = sequence_buckets(token_spec, profiles)
+    longest = buckets[-1].seq
+    pairs = [t.split("\t", 1) if "\t" in t else [t] for t in texts]
+    with_pairs = any(len(p) == 2 for p in pairs) and any(
+        s.kind == "token_type_ids" for s in specs)
+    lengths = [
+        len(tokenizer(p[0], p[1] if with_pairs and len(p) == 2 else None, truncation=True,
+                      max_length=longest)["input_ids"])
+        for p in pairs
+    ]
+    by_bucket: dict[int, list[list[str]]] = {}
+    for p, n in zip(pairs, lengths, strict=True):
+        bucket = next(b for b in buckets if b.seq >= n or b.seq == longest)
+        by_bucket.setdefault(bucket.seq, []).append(p)
+    feeds: list[Feed] = []
+    row_texts: list[list[str]] = []
+    for bucket in buckets:
+        for chunk in chunks(by_bucket.get(bucket.seq, []), bucket.batch, bucket.min_batch):
+            row_texts.append(["\t".join(p) for p in chunk])
+            feeds.append(encode_batch(tokenizer, chunk, bucket.seq, specs, with_pairs))
+    # The largest batch first: ModelOpt runs its shape probes on the first calibration batch.
+    order = sorted(range(len(feeds)),
+                   key=lambda i: -int(np.prod(next(iter(feeds[i].values())).shape)))
+    return [feeds[i] for i in order], [row_texts[i] for i in order]
+
+
+def tight_text_feeds(texts: Sequence[str], tokenizer: Any, recipe: Recipe,
+                     profiles: Sequence[ShapeProfile]) -> tuple[list[Feed], list[list[str]]]:
+    """Samples sorted by length in batches of the first profile's opt batch size, each
+    batch padded only to its longest sample (at least the smallest profile sequence):
+    the cheapest inputs to judge samples one by one on (the search and held-out splits;
+    the profile corners are judged separately at their exact shapes)."""
+    specs = text_inputs(recipe)
+    token_spec = token_ids_spec(recipe)
+    assert token_spec is not None
+    buckets = sequence_buckets(token_spec, profiles)
+    shortest, longest = buckets[0].seq, buckets[-1].seq
+    size = max(1, buckets[0].batch)
+    pairs = [t.split("\t", 1) if "\t" in t else [t] for t in texts]
+    with_pairs = any(len(p) == 2 for p in pairs) and any(
+        s.kind == "token_type_ids" for s in specs)
+    lengths = token_counts(texts, tokenizer, longest)
+    order = sorted(range(len(pairs)), key=lambda i: lengths[i])
+    feeds: list[Feed] = []
+    row_texts: list[list[str]] = []
+    for chunk_rows in chunks(order, size, buckets[0].min_batch):
+        chunk = [pairs[i] for i in chunk_rows]
+        seq = min(longest, max(shortest, max(lengths[i] for i in chunk_rows)))
+        feeds.append(encode_batch(tokenizer, chunk, seq, specs, with_pairs))
+        row_texts.append(["\t".join(p) for p in chunk])
+    return feeds, row_texts
+
+
+def token_counts(texts: Sequence[str], tokenizer: Any, longest: int) -> list[int]:
+    """Tokens of each sample (special tokens included, at most ``longest``)."""
+    pairs = [t.split("\t", 1) for t in texts]
+    return [len(tokenizer(p[0], p[1] if len(p) == 2 else None, truncation=True,
+                          max_length=longest)["input_ids"]) for p in pairs]
