@@ -295,10 +295,8 @@ def main() -> None:
     except SystemExit as e:
         if e.code != ExitCode.INTERRUPTED:
             raise
-        # An interrupted build has cleaned up (stage processes ended, temporary folder
-        # removed) and said so: leave now, without the interpreter's shutdown, where a
-        # process was seen to end by SIGINT (status -2) instead of 130 about once in 20
-        # interrupted builds.
+        # cleaned up and said so: leave without the interpreter's shutdown, where about one
+        # interrupted build in 20 ended by SIGINT (-2) instead of 130
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(ExitCode.INTERRUPTED)

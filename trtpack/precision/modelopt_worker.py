@@ -26,6 +26,7 @@ from trtpack.precision.autocast_weights import (
     strip_weights,
 )
 from trtpack.precision.modelopt_jobs import ModelOptJob
+from trtpack.processes import die_with_parent
 
 
 def exact(names: list[str]) -> list[str]:
@@ -191,23 +192,8 @@ def preload(mode: str) -> None:
         import modelopt.onnx.autocast  # noqa: F401
 
 
-def exit_with_parent() -> None:
-    """End this process when the one that started it has gone (killed builds leave no
-    worker behind)."""
-    import threading
-
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="trtpack-parent-watch", daemon=True).start()
-
-
 def main(argv: list[str]) -> int:
-    exit_with_parent()
+    die_with_parent()
     if len(argv) == 2 and argv[0] == "--preload":
         # started ahead of its job: import first, then read the job's path from stdin
         preload(argv[1])

@@ -57,7 +57,7 @@ def run(ctx: StageContext) -> StageOutcome:
     except ImportError:
         reason = "onnxsim is not installed; kept as exported (pip install onnxsim)"
         return StageOutcome(status="skipped", message=reason, warnings=[reason],
-                            metrics={"nodes_before": before, "nodes_after": before})
+                            metrics=SimplifyMetrics(before, before))
     dst = ctx.stage_dir / "model.onnx"
     result_path = ctx.stage_dir / "onnxsim.json"
     output = ctx.stage_dir / "onnxsim.log"
@@ -76,7 +76,7 @@ def run(ctx: StageContext) -> StageOutcome:
             path.unlink(missing_ok=True)
         reason = f"onnxsim failed ({failure}); kept the unsimplified model"
         return StageOutcome(status="skipped", message=reason, warnings=[reason],
-                            metrics={"nodes_before": before, "nodes_after": before})
+                            metrics=SimplifyMetrics(before, before))
     result = json.loads(result_path.read_text())
     result_path.unlink()
     after = result["nodes_after"]
