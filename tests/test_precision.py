@@ -398,9 +398,9 @@ def test_fingerprint_follows_calibration_content_fallback_and_seed(tmp_path: Pat
 
 
 def test_precision_modules_import_without_heavy_packages() -> None:
-    from tests.test_import_pure import _run
+    from tests.architecture.test_import_pure import run_blocked
 
-    proc = _run(
+    proc = run_blocked(
         "import trtpack.stages.precision, trtpack.precision.calibration\n"
         "import trtpack.precision.search, trtpack.precision.modelopt_worker\n"
         "heavy = [m for m in sys.modules if m.split('.')[0] in HEAVY]\n"

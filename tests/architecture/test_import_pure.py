@@ -22,7 +22,7 @@ sys.meta_path.insert(0, Block())
 """
 
 
-def _run(code: str) -> subprocess.CompletedProcess[str]:
+def run_blocked(code: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", BLOCKER + code], capture_output=True,
                           text=True, timeout=120, check=False)
 
@@ -44,7 +44,7 @@ def every_module() -> list[str]:
 def test_every_module_imports_without_heavy_packages() -> None:
     modules = every_module()
     assert "trtpack.pipeline" in modules and "trtpack.stages.export" in modules
-    proc = _run(
+    proc = run_blocked(
         f"import importlib\nfor m in {modules!r}:\n    importlib.import_module(m)\n"
         "from trtpack.resolve import resolve_model\n"
         "r = resolve_model('minilm')\n"
@@ -60,14 +60,14 @@ def test_every_module_imports_without_heavy_packages() -> None:
 
 def test_block_really_blocks() -> None:
     """The blocker itself works (so the test above can fail)."""
-    proc = _run("import torch")
+    proc = run_blocked("import torch")
     assert proc.returncode != 0
     assert "blocked heavy import: torch" in proc.stderr
 
 
 def test_cli_help_and_light_commands_without_heavy_packages() -> None:
     for argv in (["--help"], ["build", "--help"], ["recipes", "list"], ["targets"]):
-        proc = _run(f"import sys; sys.argv = ['trtpack', *{argv!r}]\n"
+        proc = run_blocked(f"import sys; sys.argv = ['trtpack', *{argv!r}]\n"
                     "from trtpack.cli import main\n"
                     "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n")
         assert proc.returncode == 0, (argv, proc.stderr)
