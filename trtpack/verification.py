@@ -11,6 +11,7 @@ polygraphy and onnxruntime are imported inside the functions that need them.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,10 +24,22 @@ from trtpack.report import VerificationRow
 from trtpack.sample_metrics import TOP1_METRICS, SampleScores, gate_threshold, sample_scores
 
 
+def _is_loaded_torch_tensor(obj: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
 @contextlib.contextmanager
 def quiet_polygraphy() -> Iterator[Any]:
-    """Polygraphy logs to stdout; the library never prints, so silence it while in use."""
+    """Polygraphy logs to stdout; the library never prints, so silence it while in use.
+
+    Also: polygraphy asks of every array whether it is a torch tensor by importing torch
+    (1.8 s and ~300 MB here, in processes that never use torch: verify, precision). An object
+    can only be a torch tensor when torch is loaded already, so it asks that instead."""
     from polygraphy.logger import G_LOGGER
+    from polygraphy.util import array
+
+    array.is_torch = _is_loaded_torch_tensor
 
     saved = G_LOGGER.module_severity
     G_LOGGER.module_severity = G_LOGGER.CRITICAL
@@ -174,16 +187,17 @@ def _per_output_results(accuracy: Any) -> dict[str, Any]:
 
 def run_onnxruntime(model_path: Path, cases: Sequence[Case], threads: int | None = None
                     ) -> list[dict[str, np.ndarray]]:
-    """Run an ONNX model on each case's inputs with polygraphy's ONNX Runtime runner (CPU)."""
-    from polygraphy.backend.onnxrt import OnnxrtRunner
-
+    """Run an ONNX model on each case's inputs in ONNX Runtime (CPU). (Not through
+    polygraphy's runner: it imports torch, 1.8 s here, to ask whether each output is a torch
+    tensor.)"""
     from trtpack.runtimes.onnxruntime import cpu_session
 
     session = cpu_session(model_path, threads)
+    input_names = {i.name for i in session.get_inputs()}
+    output_names = [o.name for o in session.get_outputs()]
     outputs: list[dict[str, np.ndarray]] = []
-    with quiet_polygraphy(), OnnxrtRunner(session) as runner:
-        input_names = {i.name for i in session.get_inputs()}
-        for case in cases:
-            feed = {k: v for k, v in case.inputs.items() if k in input_names}
-            outputs.append({k: np.asarray(v) for k, v in runner.infer(feed).items()})
+    for case in cases:
+        feed = {k: v for k, v in case.inputs.items() if k in input_names}
+        values = session.run(output_names, feed)
+        outputs.append({k: np.asarray(v) for k, v in zip(output_names, values, strict=True)})
     return outputs

@@ -133,7 +133,7 @@ class Pipeline:
         and verify while the export runs). Not all at once: each warming process holds its
         imports' memory."""
         ahead = [p for p in planned[index:] if p.stage.isolated and not p.cached]
-        wanted = ahead[:3] if ahead and ahead[0] is planned[index] else ahead[:2]
+        wanted = ahead[:2] if ahead and ahead[0] is planned[index] else ahead[:1]
         for p in wanted:
             if p.stage.name not in self.processes:
                 self.processes[p.stage.name] = StageProcess(p.stage,
