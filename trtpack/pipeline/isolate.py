@@ -1,6 +1,6 @@
 """Stages in a process of their own (``Stage.isolated``).
 
-A ``StageProcess`` starts ahead of its stage (up to two stages ahead): a fresh Python
+A ``StageProcess`` starts ahead of its stage (when the one before it starts): a fresh Python
 (``python -m trtpack.pipeline.isolate``) that imports the stage's module and its heavy
 packages while the stages before it run, then waits for its one job. It runs the stage,
 sends progress messages and then the outcome (or what went wrong) back, and exits; what the
