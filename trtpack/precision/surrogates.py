@@ -83,16 +83,7 @@ class SurrogateBuilder:
             else:
                 nodes.append(node)
         nodes = prune(nodes, {o.name for o in q.graph.output})
-        used = {t for n in nodes for t in n.input}
-        have = set()
-        for init in q.graph.initializer:
-            if init.name in used:
-                graph.initializer.append(init)
-                have.add(init.name)
-        for name in sorted(used - have):
-            if name in self.fp32_inits:
-                graph.initializer.append(self.fp32_inits[name])
-        graph.node.extend(nodes)
+        attach_initializers(graph, nodes, q, self.fp32_inits)
         return model
 
 
@@ -158,16 +149,7 @@ class ToggledSurrogates:
                                   f"{out}_high_precision"], [out], name=f"{out}_toggle"))
             else:
                 nodes.append(node)
-        used = {t for n in nodes for t in n.input}
-        have = set()
-        for init in q.graph.initializer:
-            if init.name in used:
-                graph.initializer.append(init)
-                have.add(init.name)
-        for name in sorted(used - have):
-            if name in fp32_inits:
-                graph.initializer.append(fp32_inits[name])
-        graph.node.extend(nodes)
+        attach_initializers(graph, nodes, q, fp32_inits)
         self.session = cpu_session(model, threads)
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.input_names = {i.name for i in self.session.get_inputs()}
@@ -196,3 +178,19 @@ class ModelCandidate:
 
     def run(self, feeds: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
         return run_session(self.session, feeds)
+
+
+def attach_initializers(graph: Any, nodes: list[Any], quantized: Any,
+                        fp32_inits: dict[str, Any]) -> None:
+    """Add ``nodes`` to ``graph`` with the initializers they read: the quantized model's
+    where it has them, else the FP32 model's (the weights of layers kept in FP32)."""
+    used = {t for n in nodes for t in n.input}
+    have = set()
+    for init in quantized.graph.initializer:
+        if init.name in used:
+            graph.initializer.append(init)
+            have.add(init.name)
+    for name in sorted(used - have):
+        if name in fp32_inits:
+            graph.initializer.append(fp32_inits[name])
+    graph.node.extend(nodes)
