@@ -1,6 +1,6 @@
 """Stages in a process of their own (``Stage.isolated``).
 
-A ``StageProcess`` starts ahead of its stage (when the one before it starts): a fresh Python
+A ``StageProcess`` starts ahead of its stage (up to two stages ahead): a fresh Python
 (``python -m trtpack.pipeline.isolate``) that imports the stage's module and its heavy
 packages while the stages before it run, then waits for its one job. It runs the stage,
 sends progress messages and then the outcome (or what went wrong) back, and exits; what the
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from trtpack.errors import StageError, TrtpackError
+from trtpack.options import BuildOptions
 from trtpack.pipeline.stage import Stage
 from trtpack.processes import die_with_parent, kill_group
 from trtpack.stages.base import ProgressEvent, StageContext, StageOutcome, stage_logger
@@ -42,7 +43,8 @@ class StageProcess:
     """The process one isolated stage will run in, started (and warming up) ahead of time.
     Its output (native libraries' messages) goes to ``log_path``."""
 
-    def __init__(self, stage: Stage, log_path: Path) -> None:
+    def __init__(self, stage: Stage, log_path: Path, options: BuildOptions,
+                 build_dir: Path) -> None:
         self.stage = stage
         jobs_r, jobs_w = os.pipe()  # build -> stage: the job
         messages_r, messages_w = os.pipe()  # stage -> build: progress, then the outcome
@@ -57,6 +59,8 @@ class StageProcess:
         os.close(messages_w)
         self._jobs = Connection(jobs_w, readable=False)
         self._messages = Connection(messages_r, writable=False)
+        # what the stage may start ahead of its job (its module's ``warm_up``)
+        self._jobs.send((options, build_dir))
 
     @property
     def pid(self) -> int:
@@ -127,11 +131,21 @@ def _run_job(module_name: str, job: tuple[Any, ...], messages: Connection) -> No
 
 
 def main(argv: list[str]) -> int:
-    """The stage process: ``JOBS_FD MESSAGES_FD STAGE_MODULE [WARM_MODULE...]``."""
+    """The stage process: ``JOBS_FD MESSAGES_FD STAGE_MODULE [WARM_MODULE...]``. The
+    first message is ``(options, build_dir)`` for the stage module's optional
+    ``warm_up(options, build_dir)``; the second is the job."""
     die_with_parent()
     jobs = Connection(int(argv[0]), writable=False)
     messages = Connection(int(argv[1]), readable=False)
-    for module in argv[2:]:
+    try:
+        options, build_dir = jobs.recv()
+    except EOFError:
+        return 0
+    stage_module = importlib.import_module(argv[2])
+    warm_up = getattr(stage_module, "warm_up", None)
+    if warm_up is not None:  # e.g. precision starts the ModelOpt worker
+        warm_up(options, build_dir)
+    for module in argv[3:]:
         with contextlib.suppress(Exception):  # not installed: the stage says so when it runs
             importlib.import_module(module)
     try:

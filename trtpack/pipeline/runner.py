@@ -128,16 +128,16 @@ class Pipeline:
         return planned
 
     def _start_ahead(self, planned: list[PlannedStage], index: int, logs: Path) -> None:
-        """Make sure the process of the stage about to run (``planned[index]``) and that of the
-        next isolated stage to run exist: the next one warms up while this one runs. One
-        ahead, not all: each warming process holds its imports' memory and takes a core from
-        the running stage (measured: two ahead was no faster on 2 cores)."""
+        """Make sure the process of the stage about to run (``planned[index]``) and those of
+        the next two isolated stages to run exist: they warm up while this one runs (the
+        stages after the export are short). Not all at once: each warming process holds its
+        imports' memory."""
         ahead = [p for p in planned[index:] if p.stage.isolated and not p.cached]
-        wanted = ahead[:2] if ahead and ahead[0] is planned[index] else ahead[:1]
+        wanted = ahead[:3] if ahead and ahead[0] is planned[index] else ahead[:2]
         for p in wanted:
             if p.stage.name not in self.processes:
-                self.processes[p.stage.name] = StageProcess(p.stage,
-                                                            logs / f"{p.stage.name}.log")
+                self.processes[p.stage.name] = StageProcess(
+                    p.stage, logs / f"{p.stage.name}.log", self.options, logs.parent)
 
     def _stop_processes(self) -> None:
         for process in self.processes.values():
@@ -210,7 +210,7 @@ class Pipeline:
                            self.progress)
         if stage.isolated and stage.name not in self.processes:
             # planned as cached, but the entry went away
-            self.processes[stage.name] = StageProcess(stage, log_path)
+            self.processes[stage.name] = StageProcess(stage, log_path, self.options, work)
         process = self.processes.get(stage.name)
         # the processes warming up for later stages are not this stage's memory
         meter = ResourceMeter(exclude={p.pid for p in self.processes.values()

@@ -25,8 +25,8 @@ class Stage:
     # returned to the system when it ends, and a crash in a native library cannot take the
     # build down.
     isolated: bool = False
-    # What an isolated stage's process imports ahead of time: it starts when the stage before
-    # it starts and imports these while that one runs, so the stage does not wait.
+    # What an isolated stage's process imports ahead of time: it starts up to two stages
+    # ahead and imports these while the stages before it run, so the stage does not wait.
     # (Not for in-process stages: an import thread in the build's own process can deadlock
     # the interpreter's exit when Ctrl-C lands in the middle of an import.)
     warm_modules: tuple[str, ...] = ()
@@ -67,7 +67,10 @@ STAGES: tuple[Stage, ...] = (
     # isolated: ONNX Runtime's memory for the FP32 model goes back before precision starts
     Stage("verify", "trtpack.stages.verify", isolated=True,
           warm_modules=("onnx", "onnxruntime", "polygraphy.backend.onnxrt")),
-    Stage("precision", "trtpack.stages.precision", _precision_skip),
+    # isolated: a Ctrl-C landing while its ONNX Runtime threads ran crashed the build's own
+    # process (SIGSEGV, once in the test suite); in a process of its own it is simply ended
+    Stage("precision", "trtpack.stages.precision", _precision_skip, isolated=True,
+          warm_modules=("onnx", "onnxruntime", "polygraphy.comparator")),
     Stage("engine", "trtpack.stages.engine", _engine_skip),
     Stage("package", "trtpack.stages.package", cacheable=False),
 )

@@ -53,13 +53,23 @@ def fingerprint(options: BuildOptions) -> dict[str, Any]:
     }
 
 
+_EARLY_WORKERS: dict[str, ModelOptWorker] = {}  # started by warm_up, by precision
+
+
+def warm_up(options: BuildOptions, build_dir: Path) -> None:
+    """In the stage's own process, before its job: start the ModelOpt worker so it imports
+    ModelOpt while the stages before this one run."""
+    if options.precision in ("fp16", "int8"):
+        _EARLY_WORKERS[options.precision] = ModelOptWorker(options.precision, build_dir)
+
+
 def run(ctx: StageContext) -> StageOutcome:
     precision = ctx.options.precision
     if precision not in ("fp16", "int8"):
         raise UserInputError(f"the precision stage converts to fp16 or int8, not {precision}")
     work = Path(tempfile.mkdtemp(prefix=".work-", dir=ctx.stage_dir))
     # the first conversion's worker imports ModelOpt while its job is prepared here
-    worker = ModelOptWorker(precision, ctx.stage_dir)
+    worker = _EARLY_WORKERS.pop(precision, None) or ModelOptWorker(precision, ctx.stage_dir)
     try:
         source = prepare_source(ctx.artifact("onnx"), work / "source")
         conversion = Fp16Conversion if precision == "fp16" else Int8Conversion
