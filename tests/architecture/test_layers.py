@@ -24,6 +24,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("engine", ("trtpack.engine",)),  # builder settings, provenance: never serving
     ("libraries", ("trtpack.precision", "trtpack.serving", "trtpack.verification",
                    "trtpack.sample_metrics", "trtpack.simplify_graph", "trtpack.models",
+                   "trtpack.onnx_export",
                    "trtpack.report_html", "trtpack.report_charts", "trtpack.svg_bars")),
     ("stages", ("trtpack.stages",)),
     ("pipeline", ("trtpack.pipeline",)),

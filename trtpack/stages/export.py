@@ -25,6 +25,12 @@ import numpy as np
 from trtpack.cases import Case, save_cases
 from trtpack.errors import UserInputError
 from trtpack.models import LoadedModel, load_model, source_directory
+from trtpack.onnx_export import (
+    Decomposition,
+    optimize_program,
+    save_program,
+    skip_needless_decomposition,
+)
 from trtpack.onnx_files import (
     DATA_SUFFIX,
     data_path,
@@ -46,6 +52,7 @@ class ExportMetrics(StageMetrics):
     opset: int | None
     exporter: str
     external_data: bool  # weights in model.onnx.data
+    decomposition: str  # whether the exporter's decomposition re-trace ran, and why
     cases: int  # reference cases (profile corners)
     op_types: dict[str, int]
 
@@ -172,19 +179,26 @@ def export_onnx(wrapper: Any, options: BuildOptions, path: Path, log: Any) -> di
     with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured), \
             warnings.catch_warnings(), _torch_logs_to(log):
         warnings.simplefilter("ignore")
-        kwargs: dict[str, Any] = dict(
-            input_names=input_names, output_names=output_names, dynamic_axes=dynamic_axes,
-            opset_version=options.opset, dynamo=recipe.exporter == "dynamo",
-        )
+        decomposition = Decomposition(reason="legacy exporter")
         if recipe.exporter == "dynamo":
-            kwargs["external_data"] = True  # weights streamed to model.onnx.data
-            kwargs["dynamic_shapes"] = (_dynamic_shapes(options),)  # forward(*args)
-            del kwargs["dynamic_axes"]
-        torch.onnx.export(wrapper, args, str(scratch / path.name), **kwargs)
+            with skip_needless_decomposition() as decomposition:
+                program = torch.onnx.export(
+                    wrapper, args, input_names=input_names, output_names=output_names,
+                    opset_version=options.opset, dynamo=True, optimize=False,
+                    dynamic_shapes=(_dynamic_shapes(options),))  # forward(*args)
+            assert program is not None  # the dynamo exporter returns its program
+            optimize_program(program.model)
+            save_program(program, scratch / path.name)
+        else:
+            torch.onnx.export(wrapper, args, str(scratch / path.name), input_names=input_names,
+                              output_names=output_names, dynamic_axes=dynamic_axes,
+                              opset_version=options.opset, dynamo=False)
     log.info("torch.onnx.export output:\n%s", captured.getvalue())
     place_onnx(scratch / path.name, path)
     shutil.rmtree(scratch)
-    return {"external_data": data_path(path).is_file()}
+    log.info("decomposition re-trace %s", decomposition.summary())
+    return {"external_data": data_path(path).is_file(),
+            "decomposition": decomposition.summary()}
 
 
 @contextlib.contextmanager
@@ -270,7 +284,8 @@ def run(ctx: StageContext) -> StageOutcome:
         metrics=ExportMetrics(
             parameters=params, weights=loaded.weights, nodes=summary["nodes"],
             opset=summary["opset"], exporter=recipe.exporter,
-            external_data=exported["external_data"], cases=len(cases),
+            external_data=exported["external_data"],
+            decomposition=exported["decomposition"], cases=len(cases),
             op_types=summary["op_types"]),
         warnings=warnings_out,
         message=f"{summary['nodes']} nodes, opset {summary['opset']}, "

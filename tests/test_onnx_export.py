@@ -1,0 +1,97 @@
+"""The exporter without needless work (trtpack.onnx_export): the decomposition re-trace is
+skipped only when every captured op has an ONNX translation, and the ONNX model computes what
+PyTorch does either way (real torch.onnx exports, checked with ONNX Runtime)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+ort = pytest.importorskip("onnxruntime")
+
+from trtpack.onnx_export import (  # noqa: E402
+    optimize_program,
+    save_program,
+    skip_needless_decomposition,
+)
+
+
+class Block(torch.nn.Module):
+    """Linear layers (a folded Transpose weight), a reshape to the same shape, a mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(16, 32)
+        self.b = torch.nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.gelu(self.a(x))
+        h = h.reshape(h.shape[0], h.shape[1], 32)  # the shape it already has
+        mask = (x > 0) & (x < 1)
+        return self.b(h) + mask.to(torch.float32)
+
+
+class Counting(torch.nn.Module):
+    """Mutates a buffer: the re-trace must run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(1))
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls.add_(1)
+        return self.lin(x)
+
+
+def export(module: torch.nn.Module, x: torch.Tensor, path: Path) -> str:
+    from torch.export import Dim
+
+    torch.manual_seed(0)
+    module.eval()
+    with skip_needless_decomposition() as decomposition:
+        program = torch.onnx.export(
+            module, (x,), input_names=["x"], output_names=["y"], opset_version=18,
+            dynamo=True, optimize=False,
+            dynamic_shapes=({0: Dim("batch", min=1, max=8), 1: Dim("seq", min=1, max=64)},))
+    assert program is not None
+    optimize_program(program.model)
+    save_program(program, path)
+    return decomposition.summary()
+
+
+def run_onnx(path: Path, x: np.ndarray) -> np.ndarray:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+def test_translatable_graph_skips_the_retrace_and_matches_torch(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    module = Block()
+    x = torch.randn(2, 5, 16)
+    how = export(module, x, tmp_path / "m.onnx")
+    assert how == "skipped: every op has an ONNX translation"
+    assert (tmp_path / "m.onnx.data").is_file()  # weights written beside the model
+    for shape in [(1, 1, 16), (3, 7, 16), (8, 64, 16)]:  # every corner of the dynamic axes
+        sample = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
+        with torch.inference_mode():
+            expected = module(torch.from_numpy(sample)).numpy()
+        np.testing.assert_allclose(run_onnx(tmp_path / "m.onnx", sample), expected,
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_mutating_graph_keeps_the_retrace(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    module = Counting()
+    x = torch.randn(2, 3, 8)
+    how = export(module, x, tmp_path / "m.onnx")
+    assert how.startswith("ran: ")
+    assert "add_" in how  # the in-place op (or the mutation) is why
+    sample = np.random.default_rng(1).standard_normal((4, 9, 8)).astype(np.float32)
+    with torch.inference_mode():
+        expected = module.lin(torch.from_numpy(sample)).numpy()
+    np.testing.assert_allclose(run_onnx(tmp_path / "m.onnx", sample), expected,
+                               rtol=1e-5, atol=1e-5)
