@@ -190,14 +190,7 @@ def run_onnxruntime(model_path: Path, cases: Sequence[Case], threads: int | None
     """Run an ONNX model on each case's inputs in ONNX Runtime (CPU). (Not through
     polygraphy's runner: it imports torch, 1.8 s here, to ask whether each output is a torch
     tensor.)"""
-    from trtpack.runtimes.onnxruntime import cpu_session
+    from trtpack.runtimes.onnxruntime import cpu_session, run_session
 
-    session = cpu_session(model_path, threads)
-    input_names = {i.name for i in session.get_inputs()}
-    output_names = [o.name for o in session.get_outputs()]
-    outputs: list[dict[str, np.ndarray]] = []
-    for case in cases:
-        feed = {k: v for k, v in case.inputs.items() if k in input_names}
-        values = session.run(output_names, feed)
-        outputs.append({k: np.asarray(v) for k, v in zip(output_names, values, strict=True)})
-    return outputs
+    outputs = run_session(cpu_session(model_path, threads), [c.inputs for c in cases])
+    return [{k: np.asarray(v) for k, v in out.items()} for out in outputs]
