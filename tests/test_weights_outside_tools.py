@@ -170,3 +170,31 @@ def test_autocast_on_the_graph_alone_equals_autocast_on_the_whole_model(tmp_path
     np.testing.assert_array_equal(_run(out, x), _run(tmp_path / "whole.onnx", x))
     # and it is an FP16 model that stays close to the FP32 one
     assert 0 < np.abs(_run(out, x) - _run(src, x)).max() < 0.05
+
+
+def test_range_rule_matches_every_tensor_taken_out_and_measured(tmp_path: Path) -> None:
+    """The I/O range rule's nodes (the graph computes each tensor's largest absolute value)
+    equal those found by making every tensor an output and measuring it here, at
+    thresholds that split the model's nodes, on inputs with large values."""
+    from trtpack.precision.autocast_weights import out_of_range_nodes
+
+    src = tmp_path / "model.onnx"
+    _model(src)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    feed = {"x": (X[:1] * 40).astype(np.float32)}
+    model = onnx.load(str(src), load_external_data=False)
+    tensors = [o for n in model.graph.node for o in n.output]
+    probe = onnx.load(str(src))
+    del probe.graph.output[:]
+    probe.graph.output.extend(onnx.ValueInfoProto(name=t) for t in tensors)
+    session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    absmax = {t: float(np.abs(v).max()) for t, v in zip(tensors, session.run(tensors, feed),
+                                                        strict=True)}
+    absmax["x"] = float(np.abs(feed["x"]).max())
+    assert absmax["x_shape"] == HIDDEN and absmax["e"] > 1e5  # int and beyond-FP16 tensors
+    for threshold in (65504.0, 1000.0, 100.0, 1.5, 0.5):
+        expected = [n.name for n in model.graph.node if n.op_type != "Constant" and any(
+            absmax.get(t, 0.0) > threshold for t in (*n.input, *n.output))]
+        assert out_of_range_nodes(src, feed, threshold) == expected
+        assert 0 < len(expected) < len(model.graph.node) or threshold == 0.5
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # the probe is gone
