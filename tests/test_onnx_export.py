@@ -14,8 +14,10 @@ ort = pytest.importorskip("onnxruntime")
 
 from trtpack.onnx_export import (  # noqa: E402
     optimize_program,
+    quick_torchlib_registry,
     save_program,
     skip_needless_decomposition,
+    torchlib_ops_without_parsing,
 )
 
 
@@ -52,7 +54,7 @@ def export(module: torch.nn.Module, x: torch.Tensor, path: Path) -> str:
 
     torch.manual_seed(0)
     module.eval()
-    with skip_needless_decomposition() as decomposition:
+    with skip_needless_decomposition() as decomposition, quick_torchlib_registry():
         program = torch.onnx.export(
             module, (x,), input_names=["x"], output_names=["y"], opset_version=18,
             dynamo=True, optimize=False,
@@ -95,3 +97,25 @@ def test_mutating_graph_keeps_the_retrace(tmp_path: Path) -> None:
         expected = module.lin(torch.from_numpy(sample)).numpy()
     np.testing.assert_allclose(run_onnx(tmp_path / "m.onnx", sample), expected,
                                rtol=1e-5, atol=1e-5)
+
+
+def test_torchlib_listing_without_parsing_is_the_listing() -> None:
+    """Every torchlib function, in the same order, with the same fields (the domain read
+    from its opset instead of its parsed source), as onnxscript's own listing; and within
+    quick_torchlib_registry the exporter's registry is built from it."""
+    from onnxscript._framework_apis import torch_2_5
+    from torch.onnx._internal.exporter import _registration
+
+    fields = ("qualified_name", "function", "domain", "name", "is_complex")
+    ours = [tuple(getattr(m, f) for f in fields) for m in torchlib_ops_without_parsing()]
+    theirs = [tuple(getattr(m, f) for f in fields) for m in torch_2_5.get_torchlib_ops()]
+    assert len(ours) > 400 and ours == theirs
+    from torch.onnx._internal._lazy_import import onnxscript_apis
+
+    original = onnxscript_apis.get_torchlib_ops
+    with quick_torchlib_registry():
+        assert onnxscript_apis.get_torchlib_ops is torchlib_ops_without_parsing
+        registry = _registration.ONNXRegistry.from_torchlib(18)
+    assert onnxscript_apis.get_torchlib_ops is original  # restored after the block
+    assert registry.is_registered(torch.ops.aten.gelu.default)
+    assert registry.is_registered(torch.ops.aten.bitwise_and.Tensor)

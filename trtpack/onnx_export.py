@@ -14,6 +14,9 @@ for bert-large: decompositions 6 s, optimizer 7.6 s, save 13.6 s. Three things h
 - **Optimizer.** One round of the exporter's optimizer instead of two: the second round of
   its rewrite rules changed nothing on the BERT family (3 s of bert-large) and the simplify
   stage folds what a second round of constant folding would.
+- **The registry's listing.** The exporter builds its op registry from onnxscript's list of
+  torchlib functions, which parses the source of each of 497 traced functions to read a
+  field (the domain) that is its opset's; the list is made without the parse (0.5 s).
 - **Saving.** Folding ``Transpose`` of a weight leaves a transposed numpy view, which numpy
   writes element by element; each such weight is made contiguous just before it is
   written, one at a time, so no second copy of the weights is held.
@@ -31,6 +34,7 @@ from typing import Any
 import numpy as np
 
 TORCH_VERSION = "2.13.0"  # the version whose private decomposition step is wrapped
+ONNXSCRIPT_VERSION = "0.7.2"  # the version whose private torchlib listing is replaced
 
 
 @dataclass
@@ -167,6 +171,59 @@ def skip_needless_decomposition() -> Iterator[Decomposition]:
         yield record
     finally:
         _fx_passes.decompose_with_registry = original
+
+
+def torchlib_ops_without_parsing() -> list[Any]:
+    """What onnxscript's ``get_torchlib_ops`` returns (every torchlib function, for the
+    exporter's registry), without parsing each traced function's source to read its domain:
+    a traced function's domain is its opset's (a test checks every one). The parse took
+    0.5 s of each export's registry, for a field the registry does not read."""
+    from onnxscript._framework_apis.torch_2_5 import _OnnxFunctionMeta
+    from onnxscript._internal.values import TracedOnnxFunction
+    from onnxscript.function_libs.torch_lib import ops, registration
+
+    del ops  # imported for its registrations
+
+    def domain(function: Any) -> str:
+        if isinstance(function, TracedOnnxFunction):
+            return str(function.opset.domain)
+        return str(function.function_ir.domain)
+
+    metas = []
+    for qualified_name, functions in registration.default_registry.items():
+        if qualified_name.startswith("internal::"):
+            continue
+        metas += [_OnnxFunctionMeta(qualified_name=qualified_name, function=f,
+                                    domain=domain(f), name=f.name, is_complex=False)
+                  for f in functions.overloads]
+        metas += [_OnnxFunctionMeta(qualified_name=qualified_name, function=f,
+                                    domain=domain(f), name=f.name, is_complex=True)
+                  for f in functions.complex]
+    return metas
+
+
+@contextlib.contextmanager
+def quick_torchlib_registry() -> Iterator[None]:
+    """Within the block, the exporter lists torchlib's functions with
+    ``torchlib_ops_without_parsing`` (pinned torch and onnxscript only: the function it
+    replaces is private; otherwise nothing changes)."""
+    import importlib.metadata
+
+    import torch
+
+    if torch.__version__.split("+")[0] != TORCH_VERSION or \
+            importlib.metadata.version("onnxscript") != ONNXSCRIPT_VERSION:
+        yield
+        return
+    from torch.onnx._internal._lazy_import import onnxscript_apis
+
+    apis = importlib.import_module(onnxscript_apis.__name__)
+    original = getattr(apis, "get_torchlib_ops")  # noqa: B009 (a module mypy cannot see)
+    setattr(apis, "get_torchlib_ops", torchlib_ops_without_parsing)  # noqa: B010
+    try:
+        yield
+    finally:
+        setattr(apis, "get_torchlib_ops", original)  # noqa: B010
 
 
 def optimize_program(model: Any) -> None:

@@ -28,6 +28,7 @@ from trtpack.models import LoadedModel, load_model, source_directory
 from trtpack.onnx_export import (
     Decomposition,
     optimize_program,
+    quick_torchlib_registry,
     save_program,
     skip_needless_decomposition,
 )
@@ -186,7 +187,7 @@ def export_onnx(wrapper: Any, options: BuildOptions, path: Path, log: Any) -> di
         warnings.simplefilter("ignore")
         decomposition = Decomposition(reason="legacy exporter")
         if recipe.exporter == "dynamo":
-            with skip_needless_decomposition() as decomposition:
+            with skip_needless_decomposition() as decomposition, quick_torchlib_registry():
                 program = torch.onnx.export(
                     wrapper, args, input_names=input_names, output_names=output_names,
                     opset_version=options.opset, dynamo=True, optimize=False,
