@@ -48,8 +48,10 @@ def _build(out: Path, precision: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def build_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _build(tmp_path_factory.mktemp("big-build") / "out", "fp32")
+def build_out(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    folder = tmp_path_factory.mktemp("big-build")
+    yield _build(folder / "out", "fp32")
+    shutil.rmtree(folder, ignore_errors=True)  # GBs: not left until the session ends
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +64,7 @@ def moved_version_dir(build_out: Path, tmp_path_factory: pytest.TempPathFactory
     shutil.move(str(build_out / "model_repository" / MODEL), str(elsewhere / MODEL))
     shutil.rmtree(build_out)
     yield elsewhere / MODEL / "1"
+    shutil.rmtree(elsewhere, ignore_errors=True)
 
 
 def _external_locations(model_path: Path) -> dict[str, list[str]]:
