@@ -63,7 +63,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("export", "trtpack.stages.export", isolated=True, applies=lambda o: not _onnx_in(o),
           warm_modules=_TORCH),
     Stage("simplify", "trtpack.stages.simplify", isolated=True,
-          warm_modules=("onnx", "onnxsim", "onnxruntime")),
+          warm_modules=("onnx", "onnxruntime")),  # and onnxsim, in its warm_up
     # isolated: ONNX Runtime's memory for the FP32 model goes back before precision starts
     Stage("verify", "trtpack.stages.verify", isolated=True,
           warm_modules=("onnx", "onnxruntime", "polygraphy.backend.onnxrt")),

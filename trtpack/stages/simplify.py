@@ -7,15 +7,17 @@ unsimplified model and the report says why: this stage never fails the build."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from trtpack.onnx_files import graph_summary
 from trtpack.options import BuildOptions
 from trtpack.processes import run_forked
-from trtpack.simplify_graph import simplify_file
+from trtpack.simplify_graph import import_onnxsim, simplify_file
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 
 TIMEOUT_ENV = "TRTPACK_ONNXSIM_TIMEOUT"
@@ -29,6 +31,12 @@ class SimplifyMetrics(StageMetrics):
     op_types: dict[str, int] | None = None
     weights_outside_onnxsim: int | None = None  # initializers onnxsim never saw
     external_data: bool | None = None
+
+
+def warm_up(options: BuildOptions, build_dir: Path) -> None:
+    """Import onnxsim (without torch: ``import_onnxsim``) while the stages before run."""
+    with contextlib.suppress(ImportError):  # not installed: run() says so
+        import_onnxsim()
 
 
 def fingerprint(options: BuildOptions) -> dict[str, Any]:
@@ -53,7 +61,7 @@ def run(ctx: StageContext) -> StageOutcome:
     src = ctx.artifact("onnx")
     before = graph_summary(src)["nodes"]
     try:
-        import onnxsim  # noqa: F401
+        import_onnxsim()
     except ImportError:
         reason = "onnxsim is not installed; kept as exported (pip install onnxsim)"
         return StageOutcome(status="skipped", message=reason, warnings=[reason],
