@@ -154,12 +154,12 @@ class Conversion:
     def verify(self, path: Path, session: Any = None, workers: int = 1
                ) -> list[VerificationRow]:
         """Rows of the profile corners (``session``: one already open on ``path``, run
-        from ``workers`` threads)."""
+        from ``workers`` threads; None: one for these few runs, weights not pre-packed)."""
         from trtpack.runtimes.onnxruntime import cpu_session, run_session
         from trtpack.verification import compare_cases
 
-        outputs = run_session(session or cpu_session(path), [c.inputs for c in self.cases],
-                              workers)
+        outputs = run_session(session or cpu_session(path, few_runs=True),
+                              [c.inputs for c in self.cases], workers)
         return compare_cases(self.check, self.recipe, self.precision, self.cases, outputs,
                              self.sample_text())
 
