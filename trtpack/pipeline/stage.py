@@ -30,6 +30,8 @@ class Stage:
     # (Not for in-process stages: an import thread in the build's own process can deadlock
     # the interpreter's exit when Ctrl-C lands in the middle of an import.)
     warm_modules: tuple[str, ...] = ()
+    # How many later isolated stages' processes warm up while this one runs.
+    warm_beside: int = 2
     # False: the stage is not part of this build at all (not listed in the report)
     applies: Callable[[BuildOptions], bool] = lambda o: True
 
@@ -60,8 +62,10 @@ STAGES: tuple[Stage, ...] = (
     # ONNX in: the user's ONNX is imported, and is the reference; there is no export
     Stage("import", "trtpack.stages.import_onnx", isolated=True, applies=_onnx_in,
           warm_modules=("onnx", "onnxruntime")),
+    # warm_beside=1: the export holds the whole PyTorch model, the build's memory peak (each
+    # warming process holds 80-140 MB of imports); verify's process starts with the simplify
     Stage("export", "trtpack.stages.export", isolated=True, applies=lambda o: not _onnx_in(o),
-          warm_modules=_TORCH),
+          warm_modules=_TORCH, warm_beside=1),
     Stage("simplify", "trtpack.stages.simplify", isolated=True,
           warm_modules=("onnx", "onnxruntime")),  # and onnxsim, in its warm_up
     # isolated: ONNX Runtime's memory for the FP32 model goes back before precision starts
