@@ -78,15 +78,14 @@ def main() -> None:
     print(f"| **whole command** | | {cold_s:.1f} | {cold_peak:,.0f} | cold cache |")
     print(f"| **rebuild, nothing changed** | | {warm_s:.1f} | {warm_peak:,.0f} | "
           f"stages reused: {sum(s['cached'] for s in warm['stages'])} |")
-    targets = {"cold_seconds_max": args.max_cold_seconds,
-               "rebuild_seconds_max": args.max_rebuild_seconds}
-    met = {"cold_seconds": None if args.max_cold_seconds is None
-           else cold_s <= args.max_cold_seconds,
-           "rebuild_seconds": None if args.max_rebuild_seconds is None
-           else warm_s <= args.max_rebuild_seconds}
-    for name, ok in met.items():
-        if ok is not None:
-            print(f"target {name} <= {targets[name + '_max']:g}: {'met' if ok else 'NOT met'}")
+    measured = {"cold_seconds": (cold_s, args.max_cold_seconds),
+                "rebuild_seconds": (warm_s, args.max_rebuild_seconds)}
+    targets = {f"{name}_max": limit for name, (_, limit) in measured.items()}
+    met = {name: None if limit is None else value <= limit
+           for name, (value, limit) in measured.items()}
+    for name, (_, limit) in measured.items():
+        if limit is not None:
+            print(f"target {name} <= {limit:g}: {'met' if met[name] else 'NOT met'}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({

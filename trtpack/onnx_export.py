@@ -142,6 +142,14 @@ def respell(program: Any) -> None:
     program.graph_module.recompile()
 
 
+def torch_is_pinned() -> bool:
+    """Whether torch is ``TORCH_VERSION`` (a local build such as ``+cpu`` aside), the version
+    whose private export functions this module wraps."""
+    import torch
+
+    return str(torch.__version__).split("+")[0] == TORCH_VERSION
+
+
 @contextlib.contextmanager
 def skip_needless_decomposition() -> Iterator[Decomposition]:
     """Within the block, ``torch.onnx.export`` skips its decomposition re-trace when every op
@@ -149,7 +157,7 @@ def skip_needless_decomposition() -> Iterator[Decomposition]:
     import torch
 
     record = Decomposition()
-    if torch.__version__.split("+")[0] != TORCH_VERSION:
+    if not torch_is_pinned():
         record.reason = f"torch {torch.__version__} (the skip is written for {TORCH_VERSION})"
         yield record
         return
@@ -209,10 +217,7 @@ def quick_torchlib_registry() -> Iterator[None]:
     replaces is private; otherwise nothing changes)."""
     import importlib.metadata
 
-    import torch
-
-    if torch.__version__.split("+")[0] != TORCH_VERSION or \
-            importlib.metadata.version("onnxscript") != ONNXSCRIPT_VERSION:
+    if not torch_is_pinned() or importlib.metadata.version("onnxscript") != ONNXSCRIPT_VERSION:
         yield
         return
     from torch.onnx._internal._lazy_import import onnxscript_apis

@@ -189,8 +189,7 @@ def run_onnxruntime(model_path: Path, cases: Sequence[Case], threads: int | None
                     ) -> list[dict[str, np.ndarray]]:
     """Run an ONNX model on each case's inputs in ONNX Runtime (CPU). (Not through
     polygraphy's runner: it imports torch, 1.8 s here, to ask whether each output is a torch
-    tensor.) A session for a few runs: weights are not pre-packed (5 s of bert-large's
-    session creation, for runs no faster)."""
+    tensor.) The session is made for a few runs (``cpu_session``'s ``few_runs``)."""
     from trtpack.runtimes.onnxruntime import cpu_session, run_session
 
     outputs = run_session(cpu_session(model_path, threads, few_runs=True),

@@ -129,9 +129,9 @@ class Pipeline:
 
     def _start_ahead(self, planned: list[PlannedStage], index: int, logs: Path) -> None:
         """Make sure the process of the stage about to run (``planned[index]``) and those of
-        the next isolated stages to run (its ``warm_beside``, two but for the export) exist:
-        they warm up while this one runs (the stages after the export are short). Not all at
-        once: each warming process holds its imports' memory."""
+        the next isolated stages to run (as many as its ``warm_beside``) exist: they warm up
+        while this one runs (the stages after the export are short). Not all at once: each
+        warming process holds its imports' memory."""
         ahead = [p for p in planned[index:] if p.stage.isolated and not p.cached]
         beside = planned[index].stage.warm_beside
         wanted = ahead[:beside + 1] if ahead and ahead[0] is planned[index] else ahead[:beside]

@@ -154,7 +154,7 @@ class Conversion:
     def verify(self, path: Path, session: Any = None, workers: int = 1
                ) -> list[VerificationRow]:
         """Rows of the profile corners (``session``: one already open on ``path``, run
-        from ``workers`` threads; None: one for these few runs, weights not pre-packed)."""
+        from ``workers`` threads; None: one made for these few runs)."""
         from trtpack.runtimes.onnxruntime import cpu_session, run_session
         from trtpack.verification import compare_cases
 
