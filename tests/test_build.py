@@ -30,10 +30,10 @@ def test_repository_config_parses_and_matches_the_onnx(tiny_build: Path) -> None
     io = model_io_from_onnx(onnx_path)
     assert config.platform == "onnxruntime_onnx"
     assert check_config(config, io) == []
-    assert config.max_batch_size == 4  # smallest profile max batch (4 and 8)
+    assert config.max_batch_size == 8  # the largest profile max batch (4 and 8)
     assert [i.name for i in config.input] == ["input_ids", "attention_mask", "token_type_ids"]
     assert list(config.output[0].dims) == [-1, 64]
-    assert list(config.dynamic_batching.preferred_batch_size) == [2, 4]
+    assert list(config.dynamic_batching.preferred_batch_size) == [2, 4, 8]
 
 
 def test_exported_onnx_has_named_dynamic_axes_and_pinned_opset(tiny_build: Path) -> None:

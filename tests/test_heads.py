@@ -15,6 +15,7 @@ import pytest
 
 from tests.conftest import run_cli
 from tests.hf_models import VISION_MODELS, VOCAB, make_model_dir, make_sentence_transformers_dir
+from tests.serving.python_models import run_python_model
 from trtpack.cases import load_cases
 from trtpack.model_io import model_io_from_onnx
 from trtpack.serving.config import check_config, read_config
@@ -205,43 +206,6 @@ def test_decoder_without_token_types_gets_no_token_type_ids(tmp_path: Path) -> N
         "input_ids", "attention_mask", "token_type_ids"]
 
 
-class _StandInTensor:
-    def __init__(self, name: str, value: np.ndarray) -> None:
-        self.name, self.value = name, value
-
-    def as_numpy(self) -> np.ndarray:
-        return self.value
-
-
-def _run_postprocess(model_dir: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Run the generated post-processing model.py in this process, with a stand-in for
-    Triton's ``triton_python_backend_utils`` (only Tensor and input lookup are used)."""
-    import importlib.util
-    import sys
-    import types
-
-    from google.protobuf.json_format import MessageToDict
-
-    stand_in = types.ModuleType("triton_python_backend_utils")
-    stand_in.Tensor = _StandInTensor  # type: ignore[attr-defined]
-    stand_in.get_input_tensor_by_name = (  # type: ignore[attr-defined]
-        lambda request, name: _StandInTensor(name, request[name]))
-    sys.modules["triton_python_backend_utils"] = stand_in
-    try:
-        spec = importlib.util.spec_from_file_location("postprocess", model_dir / "1" / "model.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        config = MessageToDict(read_config(model_dir / "config.pbtxt"),
-                               preserving_proto_field_name=True)
-        model = module.TritonPythonModel()
-        model.initialize({"model_config": json.dumps(config),
-                          "model_repository": str(model_dir), "model_version": "1"})
-        return {t.name: t.value for t in model.run(feeds)}
-    finally:
-        del sys.modules["triton_python_backend_utils"]
-
-
 @pytest.mark.parametrize(("kind", "output", "names"), [
     ("bert-mlm", "tokens", "vocabulary"),
     pytest.param("bert-tokcls", "labels", "id2label", marks=pytest.mark.slow),
@@ -267,7 +231,7 @@ def test_text_serving_postprocess_follows_the_head(kind: str, output: str, names
     case = load_cases(out / "artifacts" / "export" / "reference.npz")[-1]
     session = ort.InferenceSession(str(served_onnx(out, kind)))
     logits = session.run(None, case.inputs)[0]
-    got = _run_postprocess(post, {"logits": logits})[output]
+    got = run_python_model(post, {"logits": logits})[output]
     assert got.shape == logits.shape[:2]
     top = logits.argmax(-1)
     assert [[v.decode() for v in row] for row in got] == [[expected[i] for i in row]

@@ -16,7 +16,7 @@ from trtpack.recipe import PRECISIONS, Recipe
 from trtpack.recipe_files import apply_overrides
 from trtpack.report import REPORT, BuildReport
 from trtpack.resolve import resolve_model
-from trtpack.shapes import parse_profiles
+from trtpack.shapes import ShapeProfile, parse_profiles
 from trtpack.stages.base import ProgressCallback
 from trtpack.targets import AUTO, CPU, Target, engine_support_problem, resolve_target
 
@@ -139,6 +139,8 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
         )
     target, warnings = resolve_target_for_build(request.target, request.build_engine,
                                                 recipe.engine.hardware_compatibility)
+    if target.is_gpu:
+        check_triton_profiles(profiles, recipe, serve)
     if fallback_cpu and not target.is_gpu:
         raise UserInputError(
             "--fallback-cpu adds an ONNX Runtime CPU model beside a GPU model; a --target cpu "
@@ -160,6 +162,24 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
         calibration_method=request.calibration_method,
     )
     return options, warnings
+
+
+def check_triton_profiles(profiles: Sequence[ShapeProfile], recipe: Recipe, serve: str) -> None:
+    """Refuse, before any work, profile sets Triton's TensorRT backend cannot serve
+    (``serving.triton_rules``): a gap between the profiles' batch ranges, and for
+    ``--serve text`` no sequence length served at every batch."""
+    from trtpack.serving.triton_rules import batch_coverage_problem, no_served_length_problem
+
+    problem = batch_coverage_problem(profiles) if profiles and all(
+        p.shapes and len(next(iter(p.shapes.values())).min) > 0 for p in profiles) else None
+    if problem is not None:
+        raise UserInputError(problem)
+    ids = next((i.name for i in recipe.inputs if i.kind == "token_ids"), None)
+    if serve == "text" and ids is not None and all(
+            ids in p.shapes and len(p.shapes[ids].min) >= 2 for p in profiles):
+        problem = no_served_length_problem(profiles, ids)
+        if problem is not None:
+            raise UserInputError(problem)
 
 
 def _timing_cache_dir(path: Path | None) -> Path | None:

@@ -163,7 +163,7 @@ def test_tiny_engine_two_profiles_matches_onnxruntime(tmp_path: Path, gpu_cache_
         np.testing.assert_allclose(g["y"], w["y"], atol=1e-4, rtol=1e-4, err_msg=case.label)
 
     config = engine_model_config("tiny", io, tiny_profiles(), TritonSettings(warmup=True))
-    assert config.max_batch_size == 4 and list(config.instance_group[0].profile) == ["0", "1"]
+    assert config.max_batch_size == 16 and list(config.instance_group[0].profile) == ["0", "1"]
     assert check_config(config, io) == []
 
     (tmp_path / "again").mkdir()
@@ -237,7 +237,7 @@ def test_minilm_fp32_two_profiles_repository_and_inspect(tmp_path: Path, gpu_cac
     model_dir = out / "model_repository" / "minilm"
     config = read_config(model_dir / "config.pbtxt")
     assert config.platform == "tensorrt_plan"
-    assert config.max_batch_size == 8
+    assert config.max_batch_size == 32  # the largest profile max (triton_rules)
     assert list(config.instance_group[0].profile) == ["0", "1"]
     assert (model_dir / "1" / "model.plan").is_file()
 

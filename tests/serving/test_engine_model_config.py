@@ -67,15 +67,16 @@ def test_config_from_engine_io(profiles: list) -> None:
                                  TritonSettings(instance_count=2))
     assert config.platform == "tensorrt_plan"
     assert config.default_model_filename == "model.plan"
-    # the smallest profile max batch: every batch Triton forms fits every profile
-    assert config.max_batch_size == 8
+    # the largest profile max batch: Triton loads every profile and uses the larger one
+    # (tests/serving/test_triton_rules.py)
+    assert config.max_batch_size == 32
     assert [list(i.dims) for i in config.input] == [[-1], [-1], [-1]]
     assert pb.DataType.Name(config.input[0].data_type) == "TYPE_INT64"
     assert list(config.output[0].dims) == [-1, 384]
     (group,) = config.instance_group
     assert pb.ModelInstanceGroup.Kind.Name(group.kind) == "KIND_GPU"
     assert group.count == 2 and list(group.profile) == ["0", "1"]
-    assert list(config.dynamic_batching.preferred_batch_size) == [4]  # 16 > max batch 8
+    assert list(config.dynamic_batching.preferred_batch_size) == [4, 16, 32]
     assert not config.model_warmup and not config.optimization.cuda.graphs
     assert check_config(config, engine_model_io(BERT_TENSORS)) == []
 
@@ -95,7 +96,7 @@ def test_warmup_one_request_per_profile_at_opt(profiles: list) -> None:
     assert (w0.name, w0.batch_size) == ("profile_0_opt", 4)
     assert list(w0.inputs["input_ids"].dims) == [32] and w0.inputs["input_ids"].zero_data
     assert pb.DataType.Name(w0.inputs["attention_mask"].data_type) == "TYPE_INT64"
-    assert w1.batch_size == 8  # opt batch 16 clamped to max_batch_size 8
+    assert w1.batch_size == 16
     assert list(w1.inputs["token_type_ids"].dims) == [256]
 
 
@@ -104,7 +105,7 @@ def test_cuda_graphs_at_each_profile_opt(profiles: list) -> None:
                                  TritonSettings(cuda_graphs=True))
     cuda = config.optimization.cuda
     assert cuda.graphs
-    assert [s.batch_size for s in cuda.graph_spec] == [4, 8]
+    assert [s.batch_size for s in cuda.graph_spec] == [4, 16]
     assert list(cuda.graph_spec[1].input["input_ids"].dim) == [256]
 
 
@@ -148,7 +149,7 @@ def test_write_engine_model_from_provenance(profiles: list, tmp_path: Path) -> N
     assert (model_dir / "1" / "model.plan").read_bytes() == b"plan"
     assert json.loads((model_dir / "1" / "model.plan.json").read_text())["target"] == "g5"
     config = read_config(model_dir / "config.pbtxt")
-    assert config.platform == "tensorrt_plan" and config.max_batch_size == 8
+    assert config.platform == "tensorrt_plan" and config.max_batch_size == 32
 
 
 def test_write_engine_model_needs_provenance(profiles: list, tmp_path: Path) -> None:

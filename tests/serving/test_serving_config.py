@@ -23,18 +23,20 @@ IO = ModelIO(
 )
 
 
-def test_max_batch_is_the_smallest_profile_max_and_dims_exclude_batch(tmp_path: Path) -> None:
+def test_max_batch_is_the_largest_profile_max_and_dims_exclude_batch(tmp_path: Path) -> None:
     profiles = [parse_profile("1x8:4x32:8x128", SPECS), parse_profile("8x8:16x32:32x64", SPECS)]
-    assert max_batch_size(IO, profiles) == 8
+    # the largest profile max: with the smallest, Triton never uses the larger profile
+    # (tests/serving/test_triton_rules.py)
+    assert max_batch_size(IO, profiles) == 32
     config = model_config("m", IO, profiles, TritonSettings(instance_count=2),
                           platform="onnxruntime_onnx")
     path = tmp_path / "config.pbtxt"
     write_config(path, config)
     parsed = read_config(path)
-    assert parsed.max_batch_size == 8
+    assert parsed.max_batch_size == 32
     assert list(parsed.input[0].dims) == [-1]
     assert list(parsed.output[0].dims) == [-1, 384]
-    assert list(parsed.dynamic_batching.preferred_batch_size) == [4]  # 16 > max batch 8
+    assert list(parsed.dynamic_batching.preferred_batch_size) == [4, 16, 32]
     assert parsed.instance_group[0].count == 2
     assert check_config(parsed, IO) == []
 

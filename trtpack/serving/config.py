@@ -19,6 +19,7 @@ from trtpack.engine.provenance import PLAN_FILENAME
 from trtpack.errors import UserInputError
 from trtpack.model_io import NUMPY_TO_TRITON, ModelIO, TensorIO
 from trtpack.recipe import TritonSettings
+from trtpack.serving.triton_rules import engine_max_batch_size, preferred_batch_sizes
 from trtpack.shapes import ShapeProfile
 
 InstanceKind = Literal["KIND_CPU", "KIND_GPU", "KIND_MODEL"]
@@ -37,14 +38,12 @@ def _schema() -> Any:
 
 
 def max_batch_size(io: ModelIO, profiles: Sequence[ShapeProfile]) -> int:
-    """The smallest profile max batch when every tensor has a dynamic batch dimension, else 0."""
+    """The largest profile max batch when every tensor has a dynamic batch dimension, else 0
+    (``triton_rules.engine_max_batch_size``: with the smallest, Triton's TensorRT backend
+    fails to load a profile whose min batch is above it and never uses the larger ones)."""
     if not io.all_batched or not profiles:
         return 0
-    return min(p.axis_range(0)[2] for p in profiles)
-
-
-def preferred_batch_sizes(profiles: Sequence[ShapeProfile], limit: int) -> list[int]:
-    return sorted({p.axis_range(0)[1] for p in profiles if p.axis_range(0)[1] <= limit})
+    return engine_max_batch_size(profiles)
 
 
 def _dims(t: TensorIO, batched: bool) -> list[int]:
@@ -147,11 +146,14 @@ def engine_model_config(name: str, engine_io: ModelIO, profiles: Sequence[ShapeP
     """A ``ModelConfig`` serving ``1/model.plan`` (a TensorRT engine).
 
     - platform ``tensorrt_plan``, dims and data types as the engine has them;
-    - ``max_batch_size`` is the smallest max batch over the profiles (0 when some tensor
-      has no dynamic batch), so every batch Triton forms fits every profile;
+    - ``max_batch_size`` is the largest max batch over the profiles (0 when some tensor
+      has no dynamic batch), so every profile loads in Triton and is used
+      (``triton_rules``; profile sets with a gap in their batch ranges are refused before
+      the build);
     - one GPU instance group listing every profile index: Triton picks the profile that
-      fits each request's shapes;
-    - dynamic batching with the profiles' opt batches as preferred sizes;
+      fits each batch's shapes;
+    - dynamic batching with the profiles' opt batches above 1 and the max batch as
+      preferred sizes;
     - ``settings.warmup``: one warm-up request per profile at its opt shape (``add_warmup``);
     - ``settings.cuda_graphs``: CUDA graphs captured at each profile's opt shape.
     """

@@ -1,5 +1,6 @@
 """The post-processing model of a ``--serve text`` repository, chosen by the recipe's task:
-mean pooling + L2 norm (feature-extraction), softmax + label names (sequence-classification),
+mean pooling + L2 norm (feature-extraction), softmax, sigmoid or raw scores + label names
+(sequence-classification, by transformers' rule: ``classification_function``),
 the top label of every token (token-classification), the top-1 token at every position
 (fill-mask). The Python backend code is ``templates/postprocess.py``.
 """
@@ -26,7 +27,10 @@ LABELS_FILE = "labels.json"
 TOKENS_OUTPUT = "tokens"  # fill-mask: the top-1 token at every position
 TOKEN_LABELS_OUTPUT = "labels"  # token classification: the top label of every token
 
-PostprocessMode = Literal["mean_pooling", "normalize", "softmax", "token_argmax"]
+PostprocessMode = Literal["mean_pooling", "normalize", "softmax", "sigmoid", "identity",
+                          "token_argmax"]
+CLASSIFY_MODES = ("softmax", "sigmoid", "identity")
+"""Sequence-classification modes: the function applied to the logits before the top label."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,24 @@ def labels_from_config(model_config_json: Path | None, count: int) -> tuple[str,
             raise UserInputError(f"cannot read {model_config_json}: {e}") from None
         id2label = {str(k): str(v) for k, v in (data.get("id2label") or {}).items()}
     return tuple(id2label.get(str(i), f"LABEL_{i}") for i in range(count))
+
+
+def classification_function(model_config_json: Path | None, count: int) -> PostprocessMode:
+    """transformers' ``TextClassificationPipeline`` rule: ``problem_type`` regression -> the
+    raw scores; multi-label, or a single logit (rerankers, binary heads with one output) ->
+    sigmoid; otherwise softmax."""
+    problem_type = None
+    if model_config_json is not None and model_config_json.is_file():
+        try:
+            data = json.loads(model_config_json.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as e:
+            raise UserInputError(f"cannot read {model_config_json}: {e}") from None
+        problem_type = data.get("problem_type") if isinstance(data, dict) else None
+    if problem_type == "regression":
+        return "identity"
+    if problem_type == "multi_label_classification" or count == 1:
+        return "sigmoid"
+    return "softmax"
 
 
 def vocabulary(tokenizer_dir: Path | None) -> tuple[str, ...]:
@@ -129,7 +151,7 @@ def postprocessing(recipe: Recipe, model_io: ModelIO, fields: Mapping[str, Token
             )
         count = values.shape[-1]
         return Postprocessing(
-            "softmax", values, None,
+            classification_function(model_config_json, count), values, None,
             (TensorIO(PROBABILITIES_OUTPUT, "float32", (-1, count), batched),
              TensorIO(LABEL_OUTPUT, "bytes", (-1, 1), batched)),
             labels_from_config(model_config_json, count),
@@ -143,7 +165,7 @@ def postprocess_config(name: str, post: Postprocessing, profiles: Sequence[Shape
               "output": post.outputs[0].name}
     if post.mask is not None:
         params["mask_input"] = post.mask.name
-    if post.mode == "softmax":
+    if post.mode in CLASSIFY_MODES:
         params["labels_file"] = LABELS_FILE
         params["label_output"] = LABEL_OUTPUT
     if post.mode == "token_argmax":

@@ -1,5 +1,6 @@
 """The tokenizer model of a ``--serve text`` repository: TEXT (strings) in, the model's token
-inputs out, padded and truncated to the sequence range of the shape profiles.
+inputs out, padded to one of a few sequence lengths (buckets) that the shape profiles serve at
+every batch, and truncated to the longest.
 
 Its outputs take their integer type from the model's real I/O, so the tokenizer emits
 exactly what the model takes (INT64 or INT32). The Python backend code is
@@ -19,6 +20,12 @@ from trtpack.model_io import ModelIO, TensorIO
 from trtpack.onnx_files import link_or_copy
 from trtpack.recipe import Recipe, TritonSettings
 from trtpack.serving.config import python_model_config
+from trtpack.serving.triton_rules import (
+    engine_max_batch_size,
+    no_served_length_problem,
+    padding_buckets,
+    served_lengths,
+)
 from trtpack.shapes import ShapeProfile
 from trtpack.tokenizer_files import tokenizer_files
 
@@ -81,8 +88,12 @@ def prepare_tokenizer(tokenizer_dir: Path, dst: Path) -> TokenizerInfo:
 
 @dataclass(frozen=True)
 class SequenceRange:
+    """The sequence lengths the tokenizer pads to: ``buckets`` (shortest ``min``, longest
+    ``max``), each served by some profile at every batch Triton's batcher can form."""
+
     min: int
     max: int
+    buckets: tuple[int, ...] = ()
 
 
 def token_fields(recipe: Recipe, io: ModelIO) -> dict[str, TokenField]:
@@ -109,26 +120,29 @@ def token_fields(recipe: Recipe, io: ModelIO) -> dict[str, TokenField]:
 
 def sequence_range(fields: Mapping[str, TokenField], profiles: Sequence[ShapeProfile],
                    model_max_length: int | None = None) -> SequenceRange:
-    """The sequence lengths every profile accepts: from the token ids input's axis 1."""
+    """The lengths the tokenizer pads to: from the token ids input's axis 1, only lengths at
+    which every batch up to ``max_batch_size`` has a profile (``triton_rules``: requests of
+    one length are batched together), capped at the tokenizer's ``model_max_length``."""
     ids_input = next(name for name, f in fields.items() if f == "ids")
-    lows, highs = [], []
     for p in profiles:
         r = p.shapes.get(ids_input)
         if r is None or len(r.min) < 2:
             raise UserInputError(
                 f"--serve text: the profiles give no [batch, sequence] shape for '{ids_input}'"
             )
-        lows.append(r.min[-1])
-        highs.append(r.max[-1])
-    low, high = min(lows), max(highs)
-    if model_max_length is not None and 0 < model_max_length < high:
-        high = model_max_length
-    if low > high:
-        raise UserInputError(
-            f"--serve text: the profiles' shortest sequence ({low}) is longer than the "
-            f"tokenizer's model_max_length ({high})"
-        )
-    return SequenceRange(low, high)
+    problem = no_served_length_problem(profiles, ids_input)
+    if problem is not None:
+        raise UserInputError(problem)
+    lengths = served_lengths(profiles, ids_input, engine_max_batch_size(profiles))
+    if model_max_length is not None and model_max_length > 0:
+        capped = [n for n in lengths if n <= model_max_length]
+        if not capped:
+            raise UserInputError(
+                f"--serve text: the profiles' shortest served sequence ({lengths[0]}) is longer "
+                f"than the tokenizer's model_max_length ({model_max_length})")
+        lengths = capped
+    buckets = tuple(padding_buckets(lengths))
+    return SequenceRange(buckets[0], buckets[-1], buckets)
 
 
 def tokenizer_io(model_io: ModelIO, fields: Mapping[str, TokenField]) -> ModelIO:
@@ -148,14 +162,14 @@ def tokenizer_config(name: str, model_io: ModelIO, fields: Mapping[str, TokenFie
     for side in (padding_side, truncation_side):
         if side not in ("left", "right"):
             raise UserInputError(f"tokenizer padding/truncation side '{side}' is not left/right")
-    max_texts = min(p.axis_range(0)[2] for p in profiles)
     params = {
-        "max_texts": str(max_texts),
+        "max_texts": str(engine_max_batch_size(profiles)),
         "padding_side": padding_side,
         "truncation_side": truncation_side,
         "tokenizer_file": f"{TOKENIZER_FOLDER}/tokenizer.json",
         "min_sequence": str(seq.min),
         "max_sequence": str(seq.max),
+        "sequence_buckets": json.dumps(list(seq.buckets or (seq.min, seq.max))),
         "pad_id": str(pad_id),
         "text_input": TEXT_INPUT,
         "outputs": json.dumps(dict(fields)),

@@ -6,6 +6,9 @@ Modes (``parameters.mode`` in its ``config.pbtxt``):
   ``normalize``     pooled embeddings [batch, hidden] -> L2-normalised
   ``softmax``       logits [batch, labels] -> probabilities, and the top label's name
                     (from ``labels.json`` beside this file: the model's id2label)
+  ``sigmoid``       the same with an independent sigmoid per label (multi-label heads and
+                    single-logit heads such as rerankers: transformers' pipeline rule)
+  ``identity``      the same with the raw scores (regression heads)
   ``token_argmax``  logits [batch, sequence, classes] -> the name of the top class at every
                     position (``labels.json``: token labels, or the vocabulary for fill-mask)
 
@@ -34,10 +37,11 @@ class TritonPythonModel:
         self.output = params["output"]
         self.label_output = params.get("label_output", "")
         self.labels = []
-        if self.mode in ("softmax", "token_argmax"):
+        classify = ("softmax", "sigmoid", "identity")
+        if self.mode in (*classify, "token_argmax"):
             folder = Path(args["model_repository"]) / args["model_version"]
             self.labels = json.loads((folder / params["labels_file"]).read_text("utf-8"))
-        if self.mode not in ("mean_pooling", "normalize", "softmax", "token_argmax"):
+        if self.mode not in ("mean_pooling", "normalize", "token_argmax", *classify):
             raise ValueError(f"unknown mode '{self.mode}'")
 
     def run(self, request):
@@ -55,9 +59,13 @@ class TritonPythonModel:
             names = np.array([self.labels[i].encode("utf-8") for i in top.reshape(-1)],
                              dtype=np.object_).reshape(top.shape)
             return [pb_utils.Tensor(self.output, names)]
-        shifted = values - values.max(axis=-1, keepdims=True)
-        exp = np.exp(shifted)
-        probs = (exp / exp.sum(axis=-1, keepdims=True)).astype(np.float32)
+        if self.mode == "softmax":
+            exp = np.exp(values - values.max(axis=-1, keepdims=True))
+            probs = (exp / exp.sum(axis=-1, keepdims=True)).astype(np.float32)
+        elif self.mode == "sigmoid":
+            probs = (1.0 / (1.0 + np.exp(-values))).astype(np.float32)
+        else:
+            probs = values.astype(np.float32)
         top = probs.argmax(axis=-1)
         names = np.array([self.labels[i].encode("utf-8") for i in top.reshape(-1)],
                          dtype=np.object_).reshape((*top.shape, 1))

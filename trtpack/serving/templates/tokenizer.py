@@ -2,10 +2,11 @@
 
 Reads its settings from the ``parameters`` of its ``config.pbtxt`` and its tokenizer from the
 ``tokenizer/`` folder beside this file (``tokenizer.json``, loaded with the ``tokenizers``
-package: local files only, no network at load time). Each request is padded to its longest
-sentence, but to at least ``min_sequence`` tokens, and truncated to ``max_sequence``: the
-sequence range of the engine's optimization profiles; a request with more texts than the
-profiles' batch range allows is an error.
+package: local files only, no network at load time). Each request is padded to the shortest
+of ``sequence_buckets`` that holds its longest text, and truncated to the longest bucket: the
+buckets are lengths the engine's optimization profiles serve at every batch Triton's dynamic
+batcher can form, and few of them let requests of different text lengths be batched together;
+a request with more texts than ``max_texts`` (the model's max batch) is an error.
 
 Needs ``numpy`` and ``tokenizers`` in the Python environment of the Triton server.
 """
@@ -33,6 +34,8 @@ class TritonPythonModel:
         self.max_len = int(params["max_sequence"])
         self.pad_id = int(params["pad_id"])
         self.max_texts = int(params["max_texts"])
+        self.buckets = sorted(json.loads(params.get("sequence_buckets") or "[]")
+                              or {self.min_len, self.max_len})
         self.text_input = params["text_input"]
         self.fields = json.loads(params["outputs"])  # output name -> one of FIELDS
         self.pad_left = params.get("padding_side", "right") == "left"
@@ -54,7 +57,7 @@ class TritonPythonModel:
                              f"most {self.max_texts}")
         encodings = self.tokenizer.encode_batch(flat)
         longest = max((len(e.ids) for e in encodings), default=0)
-        length = min(max(longest, self.min_len), self.max_len)
+        length = next((b for b in self.buckets if b >= longest), self.buckets[-1])
         arrays = {
             "ids": np.full((len(flat), length), self.pad_id, dtype=np.int64),
             "attention_mask": np.zeros((len(flat), length), dtype=np.int64),
