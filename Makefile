@@ -17,7 +17,7 @@ OUT ?= build
 help:
 	@echo "make run        set up .venv and build the default model (minilm, real weights) for CPU"
 	@echo "make test       set up .venv with the dev extras and run the test suite"
-	@echo "make lint       ruff + mypy"
+	@echo "make lint       ruff, mypy, the architecture tests, workflow schema, hadolint"
 	@echo "make g5 MODEL=bert-large   build an engine for an instance family (needs GPU + TensorRT)"
 
 # In an NGC container: make VENV_ARGS=--system-site-packages, so the venv sees the
@@ -66,6 +66,8 @@ lint: install
 	$(VENV)/bin/ruff check trtpack tests benchmarks
 	$(VENV)/bin/mypy
 	$(VENV)/bin/python -m pytest -q tests/architecture  # layers, private names, one home, pure imports
+	$(VENV)/bin/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
+	$(VENV)/bin/hadolint Dockerfile.ngc
 
 doctor: install
 	$(TRTPACK) doctor
