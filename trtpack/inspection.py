@@ -180,8 +180,10 @@ def inspect_model_dir(model_dir: Path, machine: MachineFacts) -> ModelInspection
                     model.problems += [f"version {version.name}: {p}"
                                        for p in check_config(config, engine.io)]
     latest = versions[-1] if versions else model_dir / "1"
-    built_for = {e.path: e.provenance.compute_capability for e in model.engines
-                 if e.provenance is not None}
+    from trtpack.serving.engine_builds import served_compute_capability
+
+    built_for = {e.path: "{}.{}".format(*served_compute_capability(e.provenance))
+                 for e in model.engines if e.provenance is not None}
     for cc, file in by_cc.items():
         model.gpu_families.append(_gpu_family(cc, file, (latest / file).is_file()))
         if not (latest / file).is_file():

@@ -239,3 +239,40 @@ def test_serve_text_ensembles_keep_working_over_the_merged_model(
     for model in ("minilm_tokenizer", "minilm_postprocess"):
         assert sorted(p.name for p in (repo / model / "1").rglob("*")) == \
             sorted(p.name for p in (source / "model_repository" / model / "1").rglob("*"))
+
+
+def test_ampere_plus_engines_are_filed_under_the_family_they_were_built_for(
+        no_engine: Path, tmp_path: Path) -> None:
+    """An 'ampere+' (hardware-compatible) engine for g5 (A10G, 8.6) built on an A100 (8.0):
+    the merged config files it under 8.6, so an A10G's instance finds it (Triton's
+    cc_model_filenames lookup, ``triton_rules.engine_file``); a plain engine keeps the
+    building GPU's compute capability."""
+    from trtpack.engine.provenance import runs_here
+    from trtpack.serving.triton_rules import engine_file
+
+    options = builder_settings(EngineSettings(hardware_compatibility="ampere+"),
+                               (10, 13, 0, 35)).to_dict()
+    g5 = engine_build(no_engine, tmp_path / "g5", "g5", gpu_name="NVIDIA A100-SXM4-40GB",
+                      compute_capability="8.0", build_options=options)
+    g4dn = engine_build(no_engine, tmp_path / "g4dn", "g4dn")
+    out = tmp_path / "merged"
+    result = run_cli("merge", str(g5), str(g4dn), "--out", str(out))
+    assert result.exit_code == 0, result.output
+    model = out / "model_repository" / "tiny-bert"
+    config = read_config(model / "config.pbtxt")
+    for gpu, cc in (("NVIDIA A10G", (8, 6)), ("Tesla T4", (7, 5))):
+        file = model / "1" / engine_file(config, cc)
+        assert file.is_file(), (cc, dict(config.cc_model_filenames))
+        ok, reasons = runs_here(EngineProvenance.load(provenance_path(file)), gpu, cc, TENSORRT)
+        assert ok, reasons
+    assert engine_file(config, (8, 0)) == "model.plan"  # no A100 engine: refused, not wrong
+    assert not (model / "1" / "model.plan").exists()
+    record = json.loads((out / "merge.json").read_text())
+    assert [(e["compute_capability"], e["target"]) for e in record["engines"]] == [
+        ("7.5", "g4dn"), ("8.6", "g5")]
+    (inspected,) = inspect_path(out, MachineFacts("NVIDIA A10G", (8, 6), TENSORRT)).models
+    assert inspected.problems == []
+    # a second ampere+ g5 engine (built on an L4) clashes with the first, as for any family
+    g5_again = engine_build(no_engine, tmp_path / "g5-l4", "g5", gpu_name="NVIDIA L4",
+                            compute_capability="8.9", build_options=options)
+    _refused([str(g5), str(g5_again)], tmp_path / "again", "compute capability 8.6")

@@ -16,6 +16,7 @@ from trtpack.onnx_files import sha256_file
 from trtpack.report import REPORT
 from trtpack.serving.config import CONFIG_FILE, ENGINE_PLATFORM, config_text, read_config
 from trtpack.serving.layout import REPOSITORY, VERSION
+from trtpack.targets import resolve_target
 
 SAME_FIELDS = ("onnx_sha256", "onnx_data_sha256", "precision", "profiles", "inputs", "outputs",
                "tensorrt_version")
@@ -36,9 +37,55 @@ class EngineBuild:
     config: Any  # the engine model's ModelConfig
 
     @property
+    def served_cc(self) -> tuple[int, int]:
+        """The compute capability this engine is filed under in ``cc_model_filenames``."""
+        return served_compute_capability(self.provenance)
+
+    @property
     def cc_key(self) -> str:
-        major, minor = self.provenance.cc
+        major, minor = self.served_cc
         return f"{major}.{minor}"
+
+
+def served_compute_capability(prov: EngineProvenance) -> tuple[int, int]:
+    """The GPU family an engine was built *for*: the building GPU's compute capability, but
+    for an ``ampere+`` (hardware-compatible) engine, which any Ampere-or-newer GPU may build,
+    the compute capability of its target (an A10G engine built on an A100 serves 8.6)."""
+    if prov.hardware_compatibility == "ampere+":
+        target = target_compute_capability(prov.target)
+        if target is not None:
+            return target
+    return prov.cc
+
+
+def target_compute_capability(target: str) -> tuple[int, int] | None:
+    """A target's compute capability: from the family table, or ``smXY`` (a local GPU
+    outside it); None when neither."""
+    try:
+        gpu = resolve_target(target).gpu
+    except UserInputError:
+        gpu = None
+    if gpu is not None:
+        return gpu.compute_capability
+    digits = target.removeprefix("sm")
+    if target.startswith("sm") and digits.isdigit() and len(digits) >= 2:
+        return int(digits[:-1]), int(digits[-1])
+    return None
+
+
+def one_engine_per_compute_capability(keyed: Sequence[tuple[str, str]]) -> list[str]:
+    """The rule ``merge`` applies: Triton's ``cc_model_filenames`` maps a compute capability
+    to one file, so two engines for one compute capability cannot be merged. ``keyed`` is
+    (compute capability "8.6", who) pairs; returns one problem per clash (empty: mergeable)."""
+    seen: dict[str, str] = {}
+    problems = []
+    for cc, who in keyed:
+        if cc in seen:
+            problems.append(f"{who} has an engine for compute capability {cc}, as {seen[cc]} "
+                            "does: one engine per GPU family")
+        else:
+            seen[cc] = who
+    return problems
 
 
 def build_error(folder: Path, problem: str) -> UserInputError:
@@ -99,14 +146,11 @@ def check_compatible(builds: Sequence[EngineBuild]) -> None:
     """Every build against the first: same model, ONNX, precision, profiles, I/O, TensorRT,
     Triton config and other models; one engine per compute capability."""
     first = builds[0]
-    seen: dict[str, Path] = {}
+    clashes = one_engine_per_compute_capability(
+        [(b.cc_key, f"{b.folder} ({b.provenance.gpu_name})") for b in builds])
+    if clashes:
+        raise UserInputError(clashes[0])
     for build in builds:
-        if build.cc_key in seen:
-            raise build_error(
-                build.folder, f"has an engine for compute capability {build.cc_key} "
-                f"({build.provenance.gpu_name}), as {seen[build.cc_key]} does: one engine per "
-                "GPU family")
-        seen[build.cc_key] = build.folder
         if build is first:
             continue
         if build.name != first.name:

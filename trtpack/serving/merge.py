@@ -73,8 +73,8 @@ def merged_config(builds: Sequence[EngineBuild]) -> Any:
     config = type(builds[0].config)()
     config.CopyFrom(builds[0].config)
     config.ClearField("default_model_filename")
-    for build in sorted(builds, key=lambda b: b.provenance.cc):
-        config.cc_model_filenames[build.cc_key] = engine_filename(build.provenance.cc)
+    for build in sorted(builds, key=lambda b: b.served_cc):
+        config.cc_model_filenames[build.cc_key] = engine_filename(build.served_cc)
     problems = check_config(config, builds[0].provenance.model_io())
     if problems:  # the builds' configs agreed with their engines: a bug, not user input
         raise RuntimeError("merged config does not match the engines: " + "; ".join(problems))
@@ -125,7 +125,7 @@ def merge_builds(build_dirs: Sequence[Path], out: Path,
         version_dir.mkdir(parents=True)
         engines: dict[str, str] = {}
         for build in builds:
-            filename = engine_filename(build.provenance.cc)
+            filename = engine_filename(build.served_cc)
             link_or_copy(build.plan, version_dir / filename)
             link_or_copy(provenance_path(build.plan), version_dir / f"{filename}.json")
             engines[build.cc_key] = filename
@@ -189,7 +189,7 @@ def _merge_record(result: MergeResult, builds: Sequence[EngineBuild]) -> dict[st
             "target": b.target, "gpu": b.provenance.gpu_name,
             "tensorrt_version": b.provenance.tensorrt_version,
             "plan_sha256": b.provenance.plan_sha256, "source": str(b.folder.resolve()),
-        } for b in sorted(builds, key=lambda b: b.provenance.cc)],
+        } for b in sorted(builds, key=lambda b: b.served_cc)],
         "onnx_sha256": builds[0].provenance.onnx_sha256,
         "precision": builds[0].provenance.precision,
         "warnings": result.warnings,

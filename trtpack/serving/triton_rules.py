@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trtpack.engine.provenance import PLAN_FILENAME
 from trtpack.shapes import Shape, ShapeProfile
 
 RULE = ("Triton's TensorRT backend serves a batch only with a profile whose batch range holds "
@@ -227,3 +228,15 @@ def padding_buckets(lengths: Sequence[int]) -> list[int]:
             buckets.add(power)
         power *= 2
     return sorted(buckets)
+
+
+def engine_file(config: Any, compute_capability: tuple[int, int]) -> str:
+    """The file of the version folder a TensorRT-backend instance on a GPU of this compute
+    capability loads: ``cc_model_filenames["<major>.<minor>"]``, else
+    ``default_model_filename``, else ``model.plan`` (Triton core's ``ArtifactFilename``;
+    tensorrt_backend ``ModelInstanceState::Create``, which fails the load with "unable to
+    find '<path>'" when that file is absent)."""
+    key = f"{compute_capability[0]}.{compute_capability[1]}"
+    if key in config.cc_model_filenames:
+        return str(config.cc_model_filenames[key])
+    return str(config.default_model_filename or PLAN_FILENAME)
