@@ -192,9 +192,10 @@ def triton_server(tmp_path_factory: pytest.TempPathFactory
     pytest.importorskip("tritonclient.http", reason="tritonclient[http] is not installed")
     started: list[TritonServer] = []
 
-    def start(repository: Path, cache_bytes: int = 0, explicit: bool = False) -> TritonServer:
+    def start(repository: Path, cache_bytes: int = 0, explicit: bool = False,
+              hidden: tuple[str, ...] = ()) -> TritonServer:
         server = start_tritonserver(repository, tmp_path_factory.mktemp("tritonserver"),
-                                    cache_bytes=cache_bytes, explicit=explicit)
+                                    cache_bytes=cache_bytes, explicit=explicit, hidden=hidden)
         started.append(server)
         return server
 

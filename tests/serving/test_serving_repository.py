@@ -247,3 +247,29 @@ def test_recipe_can_ask_for_text_serving_and_cpu_fallback(minilm: BuiltModel) ->
     assert (TritonSettings().serve, TritonSettings().fallback_cpu) == ("tensor", False)
     with pytest.raises(ValidationError):
         TritonSettings.model_validate({"serve": "image"})
+
+
+def test_tokenizers_is_carried_only_when_it_is_an_abi3_linux_build(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The installed (PyPI, abi3 manylinux) tokenizers is copied whole; a per-version macOS
+    build found first on sys.path is not, and the build says why."""
+    import importlib.metadata
+
+    from trtpack.serving.tokenizer_model import vendor_tokenizers
+
+    assert vendor_tokenizers(tmp_path / "vendor") is None
+    installed = Path(importlib.metadata.distribution("tokenizers").locate_file("tokenizers"))
+    copied = sorted(p.relative_to(tmp_path / "vendor" / "tokenizers")
+                    for p in (tmp_path / "vendor" / "tokenizers").rglob("*.py"))
+    assert copied == sorted(p.relative_to(installed) for p in installed.rglob("*.py"))
+    assert (tmp_path / "vendor" / "tokenizers" / "tokenizers.abi3.so").stat().st_size > 1e6
+
+    other = tmp_path / "site"
+    info = other / "tokenizers-0.23.3.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tokenizers\nVersion: 0.23.3\n")
+    (info / "WHEEL").write_text("Wheel-Version: 1.0\nTag: cp311-cp311-macosx_11_0_arm64\n")
+    monkeypatch.syspath_prepend(str(other))
+    warning = vendor_tokenizers(tmp_path / "mac")
+    assert warning is not None and "not an abi3 Linux build" in warning
+    assert "cp311-cp311-macosx_11_0_arm64" in warning and not (tmp_path / "mac").exists()

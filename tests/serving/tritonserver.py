@@ -19,6 +19,7 @@ import sysconfig
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,13 +136,29 @@ def _ready(port: int) -> bool:
         return False
 
 
+def hide_packages(folder: Path, names: Sequence[str]) -> Path:
+    """Make ``import <name>`` fail in ``folder``'s Python processes, as if the package were
+    not installed, for each of ``names``: a package of that name that raises
+    ModuleNotFoundError, in ``folder``. The Python backend's stub embeds its interpreter
+    with PYTHONPATH ignored, but its ``sys.path`` starts with ``''``, its working folder
+    (the server's), so a package there shadows the venv's copy."""
+    for name in names:
+        package = folder / name
+        package.mkdir(parents=True, exist_ok=True)
+        (package / "__init__.py").write_text(
+            f"raise ModuleNotFoundError(\"No module named '{name}' (hidden by the test)\", "
+            f"name={name!r})\n", encoding="utf-8")
+    return folder
+
+
 def start_tritonserver(repository: Path, workdir: Path, *, cache_bytes: int = 0,
-                       explicit: bool = False) -> TritonServer:
+                       explicit: bool = False, hidden: Sequence[str] = ()) -> TritonServer:
     """Start tritonserver on ``repository`` (every model loaded); wait until it is ready.
 
     ``cache_bytes`` > 0 starts the local response cache (for configs that enable it);
     ``explicit`` lets clients load models and config variants (``--model-control-mode
-    explicit``, every model loaded at start)."""
+    explicit``, every model loaded at start); ``hidden`` packages cannot be imported by the
+    Python-backend models (``hide_packages``: a stock Triton image's Python lacks them)."""
     reason = missing_reason()
     if reason is not None:
         raise RuntimeError(reason)
@@ -156,6 +173,8 @@ def start_tritonserver(repository: Path, workdir: Path, *, cache_bytes: int = 0,
     env["LD_LIBRARY_PATH"] = ":".join(p for p in [*libdirs, env.get("LD_LIBRARY_PATH", "")] if p)
     env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
     env["HF_HUB_OFFLINE"] = "1"
+    if hidden:
+        hide_packages(workdir, hidden)  # the server's, so its stubs', working folder
     http_port, grpc_port, metrics_port = _free_port(), _free_port(), _free_port()
     log_path = workdir / "tritonserver.log"
     cmd = [
@@ -179,8 +198,9 @@ def start_tritonserver(repository: Path, workdir: Path, *, cache_bytes: int = 0,
     deadline = started + START_TIMEOUT_S
     while time.perf_counter() < deadline:
         if process.poll() is not None:
+            errors = [line for line in server.log().splitlines() if line.startswith("E")]
             raise RuntimeError(f"tritonserver exited with {process.returncode}:\n"
-                               + server.log()[-4000:])
+                               + "\n".join(errors[:20]) + "\n...\n" + server.log()[-4000:])
         if _ready(http_port):
             server.start_seconds = time.perf_counter() - started
             return server

@@ -54,12 +54,14 @@ from trtpack.serving.postprocess import (
 from trtpack.serving.tokenizer_model import (
     TEMPLATES_DIR,
     TOKENIZER_FOLDER,
+    VENDOR_FOLDER,
     TokenField,
     prepare_tokenizer,
     sequence_range,
     token_fields,
     tokenizer_config,
     tokenizer_io,
+    vendor_tokenizers,
 )
 from trtpack.shapes import ShapeProfile
 from trtpack.tokenizer_files import VOCABULARY_FILES, has_tokenizer
@@ -183,8 +185,11 @@ def write_model_repository(
         seq = sequence_range(fields, profiles, info.model_max_length)
         tok_config = tokenizer_config(tok_name, io, fields, profiles, settings, seq,
                                       info.pad_id, info.padding_side, info.truncation_side)
-        shutil.copyfile(TEMPLATES_DIR / "tokenizer.py",
-                        write(tok_name, "tokenizer", "python", tok_config) / "model.py")
+        tok_version = write(tok_name, "tokenizer", "python", tok_config)
+        shutil.copyfile(TEMPLATES_DIR / "tokenizer.py", tok_version / "model.py")
+        not_carried = vendor_tokenizers(tok_version / VENDOR_FOLDER)
+        if not_carried is not None:
+            warnings.append(not_carried)
         if post is not None:
             post_config = postprocess_config(post_name, post, profiles, settings)
             post_version = write(post_name, "postprocess", "python", post_config)

@@ -31,6 +31,9 @@ from trtpack.tokenizer_files import tokenizer_files
 
 TEXT_INPUT = "TEXT"
 TOKENIZER_FOLDER = "tokenizer"
+VENDOR_FOLDER = "vendor"
+"""Beside a Python-backend model.py: the packages it imports that stock Triton images lack;
+the model puts the folder first on ``sys.path``."""
 TEMPLATES_DIR = Path(__file__).parent / "templates"
 
 TokenField = Literal["ids", "attention_mask", "type_ids"]
@@ -94,6 +97,47 @@ class SequenceRange:
     min: int
     max: int
     buckets: tuple[int, ...] = ()
+
+
+def vendor_tokenizers(dest: Path) -> str | None:
+    """Copy the installed ``tokenizers`` package into ``dest/tokenizers`` for the served
+    tokenizer model: stock NGC and SageMaker Triton images have numpy in the Python backend
+    but not ``tokenizers``.
+
+    Only an abi3 Linux build is copied: PyPI's ``tokenizers`` is one
+    ``cp310-abi3-manylinux2014`` wheel, whose binary serves the images' Python 3.10 or
+    3.12. It comes from the installed files (``importlib.metadata``), so a build needs no
+    network or download cache. When the installed build cannot serve a Linux Triton
+    (another platform, or a per-version build) nothing is copied and the returned warning
+    says the server's Python needs ``tokenizers`` itself."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution("tokenizers")
+    except metadata.PackageNotFoundError:
+        return ("tokenizers is not installed here, so the tokenizer model does not carry "
+                "it: install it in the Triton server's Python")
+    wheel = dist.read_text("WHEEL") or ""
+    tags = [line.split(":", 1)[1].strip() for line in wheel.splitlines()
+            if line.startswith("Tag:")]
+    if not any("-abi3-" in tag and "linux" in tag for tag in tags):
+        return (f"the installed tokenizers {dist.version} is not an abi3 Linux build "
+                f"({', '.join(tags) or 'no wheel tags'}), so the tokenizer model does not "
+                "carry it: install tokenizers in the Triton server's Python")
+    copied = 0
+    for file in dist.files or []:
+        parts = file.parts
+        if not parts or parts[0] != "tokenizers" or "__pycache__" in parts \
+                or file.suffix == ".pyi":
+            continue
+        target = dest.joinpath(*parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        link_or_copy(Path(str(dist.locate_file(file))), target)
+        copied += 1
+    if not copied:
+        return (f"the installed tokenizers {dist.version} lists no files, so the tokenizer "
+                "model does not carry it: install tokenizers in the Triton server's Python")
+    return None
 
 
 def token_fields(recipe: Recipe, io: ModelIO) -> dict[str, TokenField]:

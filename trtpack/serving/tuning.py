@@ -190,11 +190,17 @@ def _readme(repo: ModelRepository, mbs: int, rel: str) -> str:
     python = [m.name for m in repo.models if m.backend == "python"]
     deps = ""
     if python:
+        carried = all((m.path / "1" / "vendor" / "tokenizers").is_dir()
+                      for m in repo.models if m.role == "tokenizer")
+        tokenizers = (
+            "`tokenizers` ships with the tokenizer model (its `1/vendor/` folder, an abi3 "
+            "build for Python 3.10+ on Linux)" if carried else
+            "`tokenizers` must be installed there too (`pip install tokenizers` in the "
+            "tritonserver container, or a conda-pack environment named by the "
+            "`EXECUTION_ENV_PATH` parameter)")
         deps = (
-            f"\nThe Python-backend models ({', '.join(python)}) need `numpy` and "
-            "`tokenizers` in the server's Python environment (`pip install tokenizers` in "
-            "the tritonserver container, or a conda-pack environment named by the "
-            "`EXECUTION_ENV_PATH` parameter).\n"
+            f"\nThe Python-backend models ({', '.join(python)}) need `numpy` in the "
+            f"server's Python environment, which Triton images have; {tokenizers}.\n"
         )
     return (
         "# Serving and tuning\n\n"

@@ -8,11 +8,14 @@ buckets are lengths the engine's optimization profiles serve at every batch Trit
 batcher can form, and few of them let requests of different text lengths be batched together;
 a request with more texts than ``max_texts`` (the model's max batch) is an error.
 
-Needs ``numpy`` and ``tokenizers`` in the Python environment of the Triton server.
+Needs ``numpy`` in the Python environment of the Triton server. ``tokenizers`` comes from
+the ``vendor/`` folder beside this file when trtpack could ship it there (an abi3 Linux
+build: one binary for Python 3.10+), else from the server's Python.
 """
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,11 +27,14 @@ FIELDS = ("ids", "attention_mask", "type_ids")
 class TritonPythonModel:
     def initialize(self, args):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        folder = Path(args["model_repository"]) / args["model_version"]
+        vendor = folder / "vendor"  # the tokenizers package trtpack ships with this model
+        if vendor.is_dir() and str(vendor) not in sys.path:
+            sys.path.insert(0, str(vendor))
         from tokenizers import Tokenizer
 
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
-        folder = Path(args["model_repository"]) / args["model_version"]
         self.tokenizer = Tokenizer.from_file(str(folder / params["tokenizer_file"]))
         self.min_len = int(params["min_sequence"])
         self.max_len = int(params["max_sequence"])
