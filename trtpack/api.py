@@ -140,7 +140,7 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
     target, warnings = resolve_target_for_build(request.target, request.build_engine,
                                                 recipe.engine.hardware_compatibility)
     if target.is_gpu:
-        check_triton_profiles(profiles, recipe, serve)
+        warnings += check_triton_profiles(profiles, recipe, serve)
     if fallback_cpu and not target.is_gpu:
         raise UserInputError(
             "--fallback-cpu adds an ONNX Runtime CPU model beside a GPU model; a --target cpu "
@@ -164,11 +164,17 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
     return options, warnings
 
 
-def check_triton_profiles(profiles: Sequence[ShapeProfile], recipe: Recipe, serve: str) -> None:
+def check_triton_profiles(profiles: Sequence[ShapeProfile], recipe: Recipe,
+                          serve: str) -> list[str]:
     """Refuse, before any work, profile sets Triton's TensorRT backend cannot serve
     (``serving.triton_rules``): a gap between the profiles' batch ranges, and for
-    ``--serve text`` no sequence length served at every batch."""
-    from trtpack.serving.triton_rules import batch_coverage_problem, no_served_length_problem
+    ``--serve text`` no sequence length served at every batch. Warn when some sequence
+    lengths are served only at some batches (clients must pad those; --serve text does)."""
+    from trtpack.serving.triton_rules import (
+        batch_coverage_problem,
+        no_served_length_problem,
+        partly_served_lengths_warning,
+    )
 
     problem = batch_coverage_problem(profiles) if profiles and all(
         p.shapes and len(next(iter(p.shapes.values())).min) > 0 for p in profiles) else None
@@ -180,6 +186,11 @@ def check_triton_profiles(profiles: Sequence[ShapeProfile], recipe: Recipe, serv
         problem = no_served_length_problem(profiles, ids)
         if problem is not None:
             raise UserInputError(problem)
+    if serve != "text" and ids is not None and all(
+            ids in p.shapes and len(p.shapes[ids].min) >= 2 for p in profiles):
+        warning = partly_served_lengths_warning(profiles, ids)
+        return [warning] if warning else []
+    return []
 
 
 def _timing_cache_dir(path: Path | None) -> Path | None:

@@ -64,6 +64,22 @@ def test_build_refuses_disjoint_profiles_before_any_work() -> None:
     assert "batch 9-15" in result.output and "dynamic batcher" in result.output
 
 
+def test_lengths_served_only_at_some_batches_are_warned_about() -> None:
+    """1x8:4x32:8x128 + 8x128:16x128:32x128: a batch of 9+ texts shorter than 128 tokens
+    fits no profile; the build says so before any work (tensor serving)."""
+    from trtpack.api import BuildRequest, resolve_options
+
+    request = BuildRequest(model="tiny-bert", target="g5", build_engine=False,
+                           random_weights=True,
+                           profiles=("1x8:4x32:8x64", "8x64:16x64:32x64"))
+    _, warnings = resolve_options(request)
+    assert any("sequence lengths 8-63" in w and "max_batch_size 32" in w for w in warnings)
+    covered = BuildRequest(model="tiny-bert", target="g5", build_engine=False,
+                           random_weights=True,
+                           profiles=("1x8:4x32:8x64", "8x8:16x64:32x64"))
+    assert not any("sequence lengths" in w for w in resolve_options(covered)[1])
+
+
 def test_overlapping_profiles_load_and_every_profile_serves_its_whole_range() -> None:
     """Both profiles load, each is chosen for its own opt shape, and every corner of every
     profile (the larger one's batch 32 too) is served."""
@@ -143,6 +159,14 @@ def test_padding_buckets_are_few_and_at_most_double() -> None:
     assert sequence_range(FIELDS, profiles("1x8:4x32:8x128")).buckets == (8, 16, 32, 64, 128)
     assert sequence_range(FIELDS, profiles("1x8:4x32:8x128", "8x128:16x256:32x512")
                           ).buckets == (128,)
+
+
+def test_left_padding_pads_to_the_shortest_served_length() -> None:
+    """Extra left padding moves the text's positions (absolute position embeddings change the
+    outputs), so a left-padding tokenizer pads exactly, to any served length."""
+    seq = sequence_range(FIELDS, profiles("1x8:4x32:8x128"))
+    assert seq.padding_lengths("left") == list(range(8, 129))
+    assert seq.padding_lengths("right") == [8, 16, 32, 64, 128]
 
 
 def test_no_served_length_is_refused() -> None:

@@ -92,11 +92,20 @@ def prepare_tokenizer(tokenizer_dir: Path, dst: Path) -> TokenizerInfo:
 @dataclass(frozen=True)
 class SequenceRange:
     """The sequence lengths the tokenizer pads to: ``buckets`` (shortest ``min``, longest
-    ``max``), each served by some profile at every batch Triton's batcher can form."""
+    ``max``) out of ``lengths``, every length some profile serves at every batch Triton's
+    batcher can form."""
 
     min: int
     max: int
     buckets: tuple[int, ...] = ()
+    lengths: tuple[int, ...] = ()
+
+    def padding_lengths(self, padding_side: str) -> list[int]:
+        """Buckets when padding goes on the right; every served length when it goes on the
+        left, since extra left padding moves the text's positions and so changes the
+        outputs of models with absolute position embeddings."""
+        chosen = self.lengths if padding_side == "left" else self.buckets
+        return list(chosen or (self.min, self.max))
 
 
 def vendor_tokenizers(dest: Path) -> str | None:
@@ -186,7 +195,7 @@ def sequence_range(fields: Mapping[str, TokenField], profiles: Sequence[ShapePro
                 f"than the tokenizer's model_max_length ({model_max_length})")
         lengths = capped
     buckets = tuple(padding_buckets(lengths))
-    return SequenceRange(buckets[0], buckets[-1], buckets)
+    return SequenceRange(buckets[0], buckets[-1], buckets, tuple(lengths))
 
 
 def tokenizer_io(model_io: ModelIO, fields: Mapping[str, TokenField]) -> ModelIO:
@@ -213,7 +222,7 @@ def tokenizer_config(name: str, model_io: ModelIO, fields: Mapping[str, TokenFie
         "tokenizer_file": f"{TOKENIZER_FOLDER}/tokenizer.json",
         "min_sequence": str(seq.min),
         "max_sequence": str(seq.max),
-        "sequence_buckets": json.dumps(list(seq.buckets or (seq.min, seq.max))),
+        "sequence_buckets": json.dumps(seq.padding_lengths(padding_side)),
         "pad_id": str(pad_id),
         "text_input": TEXT_INPUT,
         "outputs": json.dumps(dict(fields)),

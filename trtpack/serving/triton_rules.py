@@ -213,6 +213,32 @@ def no_served_length_problem(profiles: Sequence[ShapeProfile], input_name: str) 
             "length (e.g. one profile's max sequence inside another's range)")
 
 
+def partly_served_lengths_warning(profiles: Sequence[ShapeProfile],
+                                  input_name: str) -> str | None:
+    """A warning naming the sequence lengths of ``input_name`` that some batch up to
+    ``max_batch_size`` cannot be served at, or None when every length is served at every
+    batch."""
+    mbs = engine_max_batch_size(profiles)
+    served = set(served_lengths(profiles, input_name, mbs))
+    low = min(p.shapes[input_name].min[1] for p in profiles if input_name in p.shapes)
+    high = max(p.shapes[input_name].max[1] for p in profiles if input_name in p.shapes)
+    missing = [n for n in range(low, high + 1) if n not in served]
+    if not missing:
+        return None
+    spans: list[list[int]] = []
+    for n in missing:
+        if spans and spans[-1][1] == n - 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
+    return (f"sequence lengths {text} of '{input_name}' are not served at every batch up to "
+            f"max_batch_size {mbs} (Triton's dynamic batcher merges requests of one shape into "
+            "any batch, and a batch no profile holds fails): clients should pad to a served "
+            "length (--serve text does), or give profiles that cover every length at every "
+            "batch")
+
+
 def padding_buckets(lengths: Sequence[int]) -> list[int]:
     """The lengths a tokenizer pads to, out of ``lengths`` (served at every batch): the
     shortest, every power of two between, the longest. Few distinct lengths let the

@@ -6,7 +6,9 @@ package: local files only, no network at load time). Each request is padded to t
 of ``sequence_buckets`` that holds its longest text, and truncated to the longest bucket: the
 buckets are lengths the engine's optimization profiles serve at every batch Triton's dynamic
 batcher can form, and few of them let requests of different text lengths be batched together;
-a request with more texts than ``max_texts`` (the model's max batch) is an error.
+a request with more texts than ``max_texts`` (the model's max batch) is an error. With
+``padding_side`` left, the buckets are every served length (extra left padding would move the
+text's positions).
 
 Needs ``numpy`` in the Python environment of the Triton server. ``tokenizers`` comes from
 the ``vendor/`` folder beside this file when trtpack could ship it there (an abi3 Linux
