@@ -65,7 +65,7 @@ def trtpack_commands(text: str, variables: dict[str, str]) -> list[list[str]]:
                 rest = rest.replace("${" + name + "}", value).replace("$" + name, value)
             rest = re.sub(r"\$\{\{\s*matrix\.target\s*\}\}", variables.get("target", ""), rest)
             words = shlex.split(rest)
-            if not words or words == ["$@"] or words[0].startswith("-") and not words[1:]:
+            if not words or words == ["$@"]:
                 continue
             commands.append(words)
     return commands
