@@ -155,7 +155,7 @@ def parse_trtpack(args: list[str]) -> None:
 
 
 def all_sources() -> list[tuple[str, str, dict[str, str]]]:
-    sources = [("Dockerfile.ngc", dockerfile_shell(), {})]
+    sources: list[tuple[str, str, dict[str, str]]] = [("Dockerfile.ngc", dockerfile_shell(), {})]
     sources += [(where, run, WORKFLOW_VARIABLES) for where, run in workflow_runs()]
     sources.append(("Makefile (make -n <family>)", makefile_gpu_commands(), {}))
     return sources
@@ -181,7 +181,7 @@ def test_every_trtpack_command_parses() -> None:
         try:
             parse_trtpack(args)
         except UsageError as e:
-            problems.append(f"{where}: trtpack {shlex.join(args)}: {e.format_message()}")
+            problems.append(f"{where}: trtpack {shlex.join(args)}: {e}")
     assert not problems, "\n".join(problems)
 
 
