@@ -42,4 +42,11 @@ def environment_report() -> dict[str, Any]:
                        "TensorRT); use --target cpu or --no-engine")
     if not found["tensorrt"]:
         summary.append(f"TensorRT: {TENSORRT_INSTALL}")
+    else:
+        from trtpack.engine.triton_release import VERSION_COMPATIBLE_BACKEND_CONFIG, triton_serving
+
+        summary.append(f"Triton: engines built here (TensorRT {found['tensorrt']}) are "
+                       f"{triton_serving(str(found['tensorrt']), False).summary()}; "
+                       f"version-compatible ones (engine.version_compatible) also need "
+                       f"{VERSION_COMPATIBLE_BACKEND_CONFIG}")
     return {"components": components, "summary": summary}

@@ -26,6 +26,7 @@ from trtpack.engine.provenance import (
     onnx_hashes,
     provenance_path,
 )
+from trtpack.engine.triton_release import triton_serving
 from trtpack.local_targets import check_engine_environment
 from trtpack.machine import cuda_driver_version, parse_version
 from trtpack.model_io import engine_model_io, model_io_from_onnx
@@ -138,6 +139,7 @@ def run(ctx: StageContext) -> StageOutcome:
         onnx_file=onnx.name, onnx_data_sha256=onnx_data_sha,
         built_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         build_seconds=round(built.seconds, 3), timing_cache=timing, trtexec=command,
+        triton=triton_serving(trt_version, settings.version_compatible).to_dict(),
     )
     prov_path = provenance_path(plan)
     provenance.save(prov_path)
