@@ -136,3 +136,18 @@ def test_identical_gpus_need_no_order(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     report = environment("p4d")
     assert report.ok and report.gpu is not None and report.gpu.compute_capability == (8, 0)
+
+
+def test_doctor_says_why_no_gpu_is_chosen_on_a_mixed_host(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from trtpack import doctor
+
+    stub_nvidia_smi(monkeypatch, MIXED_QUERY, MIXED_LIST)
+    report = doctor.environment_report()
+    assert any(s.startswith("GPU: ") and "CUDA_DEVICE_ORDER=PCI_BUS_ID" in s
+               for s in report["summary"])
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    report = doctor.environment_report()
+    gpu_row = next(c for c in report["components"] if c["name"] == "NVIDIA GPU")
+    assert gpu_row["version"] == "NVIDIA A10G (sm 8.6)"
+    assert not any(s.startswith("GPU: ") for s in report["summary"])
