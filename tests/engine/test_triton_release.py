@@ -188,3 +188,15 @@ def test_doctor_says_which_triton_serves_engines_built_here(
     assert "TensorRT 10.13.3.9" in line and FLAG in line
     monkeypatch.setattr(machine, "tensorrt_version", lambda: None)
     assert not any(s.startswith("Triton:") for s in doctor.environment_report()["summary"])
+
+
+def test_inspect_says_which_triton_serves_an_engine(tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+
+    plan = tmp_path / "model.plan"
+    plan.write_bytes(b"plan")
+    _provenance(True).save(provenance_path(plan))
+    result = run_cli("inspect", str(plan))
+    text = " ".join(result.stdout.split())  # the console wraps long lines
+    assert "Triton: served by a Triton with TensorRT 10.13.3.9 or newer" in text
+    assert FLAG in text
