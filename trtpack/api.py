@@ -195,12 +195,13 @@ def check_triton_profiles(profiles: Sequence[ShapeProfile], recipe: Recipe,
 
 def _timing_cache_dir(path: Path | None) -> Path | None:
     """``--timing-cache DIR``: a folder (created when missing), not a file: it holds one
-    cache per compute capability and TensorRT version, so a CI matrix can share it."""
+    cache per GPU (model and compute capability) and TensorRT version, so a CI matrix can
+    share it."""
     if path is None:
         return None
     if path.exists() and not path.is_dir():
         raise UserInputError(f"--timing-cache '{path}' is a file; give a folder: it holds one "
-                             "timing cache per GPU compute capability and TensorRT version")
+                             "timing cache per GPU and TensorRT version")
     return path.resolve()
 
 
@@ -212,7 +213,7 @@ def timing_cache_warnings(path: Path, no_engine: str | None) -> list[str]:
         return [f"--timing-cache is ignored: {no_engine} builds no TensorRT engine"]
     if not path.exists() and path.suffix:
         return [f"--timing-cache '{path}' will be created as a folder, not a file: it holds "
-                "one timing cache per GPU compute capability and TensorRT version"]
+                "one timing cache per GPU and TensorRT version"]
     return []
 
 

@@ -6,11 +6,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from trtpack.bench_timing import ProgressFn, Runner, RunOnce
 from trtpack.build_folder import BuildFolder, load_build_recipe
 from trtpack.cases import Case
-from trtpack.errors import MissingEnvironmentError, require_modules
+from trtpack.errors import MissingEnvironmentError, UserInputError, require_modules
+from trtpack.targets import HardwareCompatibility, Target
+
+if TYPE_CHECKING:
+    from trtpack.engine.provenance import EngineProvenance
 
 
 def call_with(func: Callable[..., object], *args: object) -> RunOnce:
@@ -88,17 +93,48 @@ def pytorch_runner(build: BuildFolder, threads: int, device: str, stack: ExitSta
     return prepare
 
 
-def check_runtime(build: BuildFolder) -> None:
-    """``MissingEnvironmentError`` (exit 3) when the served model's runtime is not here."""
-    if build.is_engine:
-        from trtpack.local_targets import engine_environment
-        from trtpack.targets import resolve_target
+def engine_provenance(build: BuildFolder) -> EngineProvenance | None:
+    """The provenance beside the build's engine (None when it has none)."""
+    from trtpack.engine.provenance import EngineProvenance, provenance_path
 
-        env = engine_environment(resolve_target(build.report.target))
-        if not env.ok:
+    prov_file = provenance_path(build.served_model)
+    return EngineProvenance.load(prov_file) if prov_file.is_file() else None
+
+
+def engine_target(build: BuildFolder) -> tuple[Target, HardwareCompatibility]:
+    """The target an engine build was for and its hardware compatibility: a family of the
+    table, or (``--target auto`` on a GPU outside the table, recorded as ``smXY``) one named
+    after the GPU that built it, from the engine's provenance."""
+    from trtpack.targets import local_gpu_target, resolve_target
+
+    prov = engine_provenance(build)
+    level = cast(HardwareCompatibility, prov.hardware_compatibility if prov else "none")
+    try:
+        return resolve_target(build.report.target), level
+    except UserInputError:
+        if prov is None:
+            raise
+        return local_gpu_target(prov.gpu_name, prov.cc), level
+
+
+def check_runtime(build: BuildFolder) -> None:
+    """``MissingEnvironmentError`` (exit 3) when the served model's runtime is not here:
+    for an engine, a GPU it runs on (its hardware compatibility counted) and TensorRT."""
+    if build.is_engine:
+        from trtpack.engine.provenance import runs_here
+        from trtpack.local_targets import engine_environment
+
+        target, level = engine_target(build)
+        env = engine_environment(target, level)
+        problems = list(env.problems)
+        prov = engine_provenance(build)
+        if prov is not None and env.gpu is not None and env.tensorrt_version is not None:
+            problems += runs_here(prov, env.gpu.name, env.gpu.compute_capability,
+                                  env.tensorrt_version)[1]
+        if problems:
             raise MissingEnvironmentError(
                 f"cannot bench the TensorRT engine of '{build.root}' here: "
-                + "; ".join(env.problems),
+                + "; ".join(dict.fromkeys(problems)),
                 hint="run trtpack bench on a GPU of the target's family with TensorRT (the "
                 "NGC container)")
     require_modules({"onnxruntime": "onnxruntime"}, purpose="trtpack bench",

@@ -143,8 +143,8 @@ def build(
     timing_cache: Annotated[Path | None, typer.Option(
         "--timing-cache", metavar="DIR",
         help="A TensorRT timing-cache folder to share (e.g. across a CI matrix): one file per "
-        "compute capability and TensorRT version, read and updated; sha256 before/after in "
-        "the report. Default: under --cache-dir.")] = None,
+        "GPU (model and compute capability) and TensorRT version, read and updated; sha256 "
+        "before/after in the report. Default: under --cache-dir.")] = None,
     calibration_method: Annotated[str | None, typer.Option(
         help="INT8 activation ranges: max, entropy or percentile (99.99th). Default: the "
         "recipe's (precision_options.int8.calibration_method).")] = None,

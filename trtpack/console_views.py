@@ -90,6 +90,7 @@ def print_inspection(result: Inspection) -> None:
                       f"{prov.precision}, {len(prov.profiles)} profile(s), {prov.built_at}")
             out.print(f"  plan sha256 {prov.plan_sha256[:16]}…, onnx sha256 "
                       f"{prov.onnx_sha256[:16]}…, options {prov.build_options}")
+            out.print(f"  Triton: {escape(prov.triton_serving().summary())}")
         if engine.io is not None:
             out.print(io_table(list(engine.io.inputs), list(engine.io.outputs)))
         mark = {True: "[green]yes[/]", False: "[red]no[/]", None: "[yellow]unknown[/]"}

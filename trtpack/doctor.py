@@ -8,12 +8,13 @@ from typing import Any
 def environment_report() -> dict[str, Any]:
     from trtpack.errors import MissingEnvironmentError, require_modules
     from trtpack.local_targets import local_target
-    from trtpack.machine import PACKAGES, TENSORRT_INSTALL, detect_gpu, required_modules
+    from trtpack.machine import PACKAGES, TENSORRT_INSTALL, cuda_visible_gpus, required_modules
 
     # TensorRT is installed as 'tensorrt' (NGC) or 'tensorrt-cu12/-cu13' (pip): any of them
     components = [{"name": p.name, "version": p.version(), "purpose": p.purpose}
                   for p in PACKAGES if p.shown]
-    gpu = detect_gpu()
+    seen = cuda_visible_gpus()
+    gpu = seen.first
     components.append({
         "name": "NVIDIA GPU",
         "version": f"{gpu.name} (sm {gpu.compute_capability[0]}.{gpu.compute_capability[1]})"
@@ -34,6 +35,8 @@ def environment_report() -> dict[str, Any]:
     except MissingEnvironmentError as e:
         summary.append(f"{e} — {e.hint} (nvidia-modelopt without its [onnx] extra, which "
                        "would replace onnxruntime)")
+    if seen.problem is not None:
+        summary.append(f"GPU: {seen.problem}")
     target = local_target()
     if target:
         summary.append(f"TensorRT engines: available for --target {target.name}")
@@ -42,4 +45,11 @@ def environment_report() -> dict[str, Any]:
                        "TensorRT); use --target cpu or --no-engine")
     if not found["tensorrt"]:
         summary.append(f"TensorRT: {TENSORRT_INSTALL}")
+    else:
+        from trtpack.engine.triton_release import VERSION_COMPATIBLE_BACKEND_CONFIG, triton_serving
+
+        summary.append(f"Triton: engines built here (TensorRT {found['tensorrt']}) are "
+                       f"{triton_serving(str(found['tensorrt']), False).summary()}; "
+                       f"version-compatible ones (engine.version_compatible) also need "
+                       f"{VERSION_COMPATIBLE_BACKEND_CONFIG}")
     return {"components": components, "summary": summary}

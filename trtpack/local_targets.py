@@ -17,13 +17,14 @@ from trtpack.machine import (
     TENSORRT_INSTALL,
     LocalGpu,
     TensorRTProbe,
+    VisibleGpus,
+    cuda_visible_gpus,
     detect_gpu,
     detect_gpus,
     module_installed,
     parse_version,
     probe_tensorrt,
     tensorrt_available,
-    visible_gpus,
 )
 from trtpack.targets import (
     CPU,
@@ -70,10 +71,12 @@ def engine_environment(
     if (why := portability_problem(target, hardware_compatibility)) is not None:
         problems.append(why)
     all_gpus = detect_gpus() if gpus is None else list(gpus)
-    visible = visible_gpus(all_gpus, os.environ.get("CUDA_VISIBLE_DEVICES")) if gpus is None \
-        else list(gpus)
-    gpu = visible[0] if visible else None
-    if gpu is None:
+    seen = cuda_visible_gpus(all_gpus) if gpus is None else VisibleGpus(tuple(gpus))
+    visible = list(seen.gpus)
+    gpu = seen.first
+    if seen.problem is not None:
+        problems.append(seen.problem)
+    elif gpu is None:
         if all_gpus:
             problems.append(f"no NVIDIA GPU is visible to CUDA (CUDA_VISIBLE_DEVICES="
                             f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
@@ -86,8 +89,9 @@ def engine_environment(
                       if gpu_mismatch(target, g.name, g.compute_capability,
                                       hardware_compatibility) is None), None)
         if other is not None:
-            notes.append(f"GPU {other.index} ({other.name}) matches: set "
-                         f"CUDA_VISIBLE_DEVICES={other.index}")
+            notes.append(f"GPU {other.index} ({other.name}) matches: set CUDA_VISIBLE_DEVICES="
+                         + (other.uuid if other.uuid else f"{other.index} CUDA_DEVICE_ORDER="
+                            "PCI_BUS_ID"))
     probe = tensorrt if tensorrt is not None else probe_tensorrt()
     if not probe.ok:
         problems.append(f"TensorRT is not usable: {probe.error}")

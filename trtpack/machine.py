@@ -217,23 +217,81 @@ def parse_cuda_driver_version(nvidia_smi_output: str) -> str | None:
     return match[1] if match else None
 
 
-def visible_gpus(gpus: Sequence[LocalGpu], cuda_visible_devices: str | None) -> list[LocalGpu]:
-    """The GPUs CUDA will use, in CUDA's order: ``CUDA_VISIBLE_DEVICES`` filters and orders
-    them (indices or UUIDs); unset means all of them."""
-    if cuda_visible_devices is None:
-        return list(gpus)
-    chosen: list[LocalGpu] = []
-    for item in (i.strip() for i in cuda_visible_devices.split(",")):
-        if not item:
+@dataclass(frozen=True)
+class VisibleGpus:
+    """The GPUs CUDA will use, in CUDA's order, or why that cannot be told from nvidia-smi."""
+
+    gpus: tuple[LocalGpu, ...]
+    problem: str | None = None
+
+    @property
+    def first(self) -> LocalGpu | None:
+        """The GPU a build uses (CUDA device 0), or None (none visible, or unknown which)."""
+        return self.gpus[0] if self.gpus and self.problem is None else None
+
+
+def parse_mig_devices(nvidia_smi_list: str) -> dict[str, int]:
+    """MIG device UUID -> index of its GPU, from ``nvidia-smi -L``: each ``GPU <i>: ...``
+    line is followed by that GPU's ``MIG <profile> Device <j>: (UUID: MIG-...)`` lines."""
+    devices: dict[str, int] = {}
+    parent: int | None = None
+    for line in nvidia_smi_list.splitlines():
+        gpu = re.match(r"\s*GPU (\d+):", line)
+        if gpu:
+            parent = int(gpu[1])
             continue
-        if item.isdigit():
-            match = next((g for g in gpus if g.index == int(item)), None)
-        else:
-            match = next((g for g in gpus if g.uuid and g.uuid.startswith(item)), None)
-        if match is None:
-            break  # CUDA stops at the first invalid entry
-        chosen.append(match)
-    return chosen
+        mig = re.match(r"\s*MIG .*\(UUID: (MIG-[^)\s]+)\)", line)
+        if mig and parent is not None:
+            devices[mig[1]] = parent
+    return devices
+
+
+def visible_gpus(gpus: Sequence[LocalGpu], cuda_visible_devices: str | None,
+                 cuda_device_order: str | None = None,
+                 mig_devices: dict[str, int] | None = None) -> VisibleGpus:
+    """The GPUs CUDA will use, in CUDA's order: ``CUDA_VISIBLE_DEVICES`` filters and orders
+    them (indices, ``GPU-`` UUIDs or their prefixes, ``MIG-`` device UUIDs, which select their
+    GPU's compute capability); unset means all of them. CUDA stops at the first entry that
+    names no device.
+
+    nvidia-smi numbers GPUs in PCI bus order; CUDA numbers them fastest first unless
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``. So on a machine whose GPUs differ, an index (or no
+    ``CUDA_VISIBLE_DEVICES`` at all) names a GPU nvidia-smi cannot tell: ``problem`` says so
+    instead of guessing (UUIDs are unambiguous).
+    """
+    mig_devices = mig_devices or {}
+    by_index = cuda_visible_devices is None
+    if cuda_visible_devices is None:
+        chosen = list(gpus)
+    else:
+        chosen = []
+        for item in (i.strip() for i in cuda_visible_devices.split(",")):
+            if item.isdigit():
+                by_index = True
+                match = next((g for g in gpus if g.index == int(item)), None)
+            elif item.startswith("MIG-GPU-"):  # R450/R460 form: MIG-GPU-<uuid>/<gi>/<ci>
+                parent = item[len("MIG-"):].split("/")[0]
+                match = next((g for g in gpus if g.uuid == parent), None)
+            elif item.startswith("MIG-"):
+                index = next((i for uuid, i in mig_devices.items() if uuid.startswith(item)),
+                             None) if len(item) > len("MIG-") else None
+                match = next((g for g in gpus if g.index == index), None)
+            else:
+                match = next((g for g in gpus if item and g.uuid and g.uuid.startswith(item)),
+                             None)
+            if match is None:
+                break
+            chosen.append(match)
+    kinds = sorted({f"{g.name} ({g.sm})" for g in gpus})
+    pci_order = (cuda_device_order or "").strip().upper() == "PCI_BUS_ID"
+    if by_index and not pci_order and len(kinds) > 1 and chosen:
+        return VisibleGpus(tuple(chosen), (
+            f"this machine has different GPUs ({', '.join(kinds)}) and CUDA numbers them "
+            "fastest first (CUDA_DEVICE_ORDER is not PCI_BUS_ID), so which one CUDA device "
+            f"{'0' if cuda_visible_devices is None else cuda_visible_devices} is cannot be "
+            "told: set CUDA_DEVICE_ORDER=PCI_BUS_ID (nvidia-smi's numbering) or name the GPU "
+            "by its UUID in CUDA_VISIBLE_DEVICES"))
+    return VisibleGpus(tuple(chosen))
 
 
 def _run(cmd: Sequence[str], timeout: float = 20) -> str | None:
@@ -283,10 +341,26 @@ def detect_gpus() -> list[LocalGpu]:
     return _gpus_from_nvml()
 
 
+def detect_mig_devices() -> dict[str, int]:
+    """MIG device UUID -> its GPU's index (``nvidia-smi -L``); empty without nvidia-smi."""
+    smi = shutil.which("nvidia-smi")
+    out = _run([smi, "-L"]) if smi is not None else None
+    return parse_mig_devices(out) if out else {}
+
+
+def cuda_visible_gpus(gpus: Sequence[LocalGpu] | None = None) -> VisibleGpus:
+    """This process's CUDA devices (``visible_gpus`` with this environment's
+    ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``) among ``gpus`` (default: detected)."""
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    mig = detect_mig_devices() if cvd is not None and "MIG-" in cvd else {}
+    return visible_gpus(detect_gpus() if gpus is None else gpus, cvd,
+                        os.environ.get("CUDA_DEVICE_ORDER"), mig)
+
+
 def detect_gpu() -> LocalGpu | None:
-    """The GPU a build uses: the first one visible to CUDA, or None."""
-    gpus = visible_gpus(detect_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES"))
-    return gpus[0] if gpus else None
+    """The GPU a build uses: CUDA device 0, or None (no GPU visible, or which one it is
+    cannot be told: ``cuda_visible_gpus().problem``)."""
+    return cuda_visible_gpus().first
 
 
 def cuda_driver_version() -> str | None:

@@ -103,14 +103,34 @@ def test_strongly_typed_flag_on_tensorrt_10_only() -> None:
     assert builder_settings(EngineSettings(), TRT11).to_dict()["strongly_typed"] is True
 
 
-def test_timing_cache_per_compute_capability_and_version(tmp_path: Path) -> None:
-    a = timing_cache_path(tmp_path, (8, 6), "10.13.0.35")
-    assert a == tmp_path / "tensorrt" / "timing-sm86-trt10.13.0.35.cache"
-    assert timing_cache_path(tmp_path, (8, 9), "10.13.0.35") != a
-    assert timing_cache_path(tmp_path, (8, 6), "11.4.1") != a
-    assert timing_cache_path(tmp_path, (8, 6), "10.13.0.35", "ampere+").name == \
-        "timing-sm86-trt10.13.0.35-ampereplus.cache"
-    assert "/" not in timing_cache_path(tmp_path, (8, 6), "10.13/evil").name
+def test_timing_cache_per_gpu_and_version(tmp_path: Path) -> None:
+    a = timing_cache_path(tmp_path, "NVIDIA A10G", (8, 6), "10.13.0.35")
+    assert a == tmp_path / "tensorrt" / "timing-NVIDIA_A10G-sm86-trt10.13.0.35.cache"
+    assert timing_cache_path(tmp_path, "NVIDIA A10G", (8, 9), "10.13.0.35") != a
+    assert timing_cache_path(tmp_path, "NVIDIA A10G", (8, 6), "11.4.1") != a
+    assert timing_cache_path(tmp_path, "NVIDIA A10G", (8, 6), "10.13.0.35", "ampere+").name == \
+        "timing-NVIDIA_A10G-sm86-trt10.13.0.35-ampereplus.cache"
+    assert "/" not in timing_cache_path(tmp_path, "a/b", (8, 6), "10.13/evil").name
+
+
+def test_gpus_sharing_a_compute_capability_get_their_own_timing_cache(tmp_path: Path) -> None:
+    """L4/L40S (8.9), A100 40/80 GB (8.0), H100/H200 (9.0): one compute capability, different
+    devices, whose timings TensorRT does not share; a CI matrix's shared folder keeps them
+    apart (they shared one file, named by compute capability)."""
+    from trtpack.targets import TARGETS
+
+    gpus = {t.gpu for t in TARGETS if t.gpu is not None}
+    same_cc = [(a, b) for a in gpus for b in gpus
+               if a.name < b.name and a.compute_capability == b.compute_capability]
+    assert {frozenset((a.name, b.name)) for a, b in same_cc} >= {
+        frozenset(("L4", "L40S")), frozenset(("A100-SXM4-40GB", "A100-SXM4-80GB")),
+        frozenset(("H100", "H200"))}
+    shared = tmp_path / "ci-timing"
+    for a, b in same_cc:
+        assert timing_cache_path(tmp_path, a.name, a.compute_capability, "10.13.3.9",
+                                 shared_dir=shared) != \
+            timing_cache_path(tmp_path, b.name, b.compute_capability, "10.13.3.9",
+                              shared_dir=shared)
 
 
 def test_trtexec_command_two_profiles_all_options(minilm_profiles: list) -> None:
@@ -187,10 +207,10 @@ def test_runner_and_loader_signatures_we_call() -> None:
 
 def test_shared_timing_cache_folder_keeps_one_file_per_gpu_and_version(tmp_path: Path) -> None:
     shared = tmp_path / "ci-timing"
-    a = timing_cache_path(tmp_path, (8, 6), "10.13.0.35", shared_dir=shared)
-    assert a == shared / "timing-sm86-trt10.13.0.35.cache"
-    assert timing_cache_path(tmp_path, (7, 5), "10.13.0.35", shared_dir=shared).parent == shared
-    assert timing_cache_path(tmp_path, (7, 5), "10.13.0.35", shared_dir=shared) != a
+    a = timing_cache_path(tmp_path, "NVIDIA A10G", (8, 6), "10.13.0.35", shared_dir=shared)
+    assert a == shared / "timing-NVIDIA_A10G-sm86-trt10.13.0.35.cache"
+    t4 = timing_cache_path(tmp_path, "Tesla T4", (7, 5), "10.13.0.35", shared_dir=shared)
+    assert t4.parent == shared and t4 != a
 
 
 def test_timing_cache_option_takes_a_folder(tmp_path: Path) -> None:

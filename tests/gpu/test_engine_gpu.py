@@ -116,7 +116,7 @@ def build(onnx: Path, out: Path, cache_dir: Path, local_gpu: LocalGpu,
           engine: EngineSettings | None = None) -> tuple[Path, tensorrt_api.BuildResult, Path]:
     settings = builder_settings(engine or EngineSettings(),
                                 parse_version(tensorrt_api.tensorrt_version()))
-    cache = timing_cache_path(cache_dir, local_gpu.compute_capability,
+    cache = timing_cache_path(cache_dir, local_gpu.name, local_gpu.compute_capability,
                               tensorrt_api.tensorrt_version())
     plan = out / "model.plan"
     result = tensorrt_api.build_engine(onnx, plan, tensorrt_profiles(tiny_profiles()), settings,

@@ -52,7 +52,9 @@ def test_parse_cuda_driver_version() -> None:
     ("7,0", []),  # CUDA stops at the first invalid entry
 ])
 def test_visible_gpus(env: str | None, expected: list[LocalGpu]) -> None:
-    assert machine.visible_gpus([A10G, T4], env) == expected
+    """With CUDA_DEVICE_ORDER=PCI_BUS_ID, CUDA's indices are nvidia-smi's."""
+    seen = machine.visible_gpus([A10G, T4], env, "PCI_BUS_ID")
+    assert list(seen.gpus) == expected and seen.problem is None
 
 
 @pytest.mark.parametrize(("text", "version"), [
@@ -83,7 +85,7 @@ def test_environment_points_at_a_matching_second_gpu() -> None:
     report = local_targets.engine_environment(resolve_target("g4dn"), gpus=[A10G, T4],
                                               tensorrt=TRT_OK, polygraphy=True)
     assert not report.ok
-    assert any("CUDA_VISIBLE_DEVICES=1" in n for n in report.notes)
+    assert any("CUDA_VISIBLE_DEVICES=GPU-bbbb-2222" in n for n in report.notes)
 
 
 def test_environment_old_tensorrt_is_refused() -> None:

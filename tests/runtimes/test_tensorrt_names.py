@@ -281,10 +281,11 @@ def _assert_options_reached_tensorrt(rec: object, settings: engine_plan.BuilderS
     got = [(a[0], list(a[1]), list(a[2]), list(a[3])) for a in set_shapes]
     assert got == expected * 2, where
     assert len(rec.calls("add_optimization_profile")) == 2 * len(profiles), where
-    # the first build starts from an empty timing cache, the second from the one it saved
-    assert [a[0] for a, _ in rec.calls("create_timing_cache")][:2] == \
-        [b"", b"stand-in timing cache"], where
-    assert [k for _, k in rec.calls("set_timing_cache")] == [{"ignore_mismatch": False}] * 2
+    # the first build starts from an empty timing cache (polygraphy's CreateConfig), the
+    # second sets the one the first saved on top (trtpack's ConfigWithTimingCache)
+    assert [a[0] for a, _ in rec.calls("create_timing_cache")][:3] == \
+        [b"", b"", b"stand-in timing cache"], where
+    assert [k for _, k in rec.calls("set_timing_cache")] == [{"ignore_mismatch": False}] * 3
 
 
 # ------------------------------------------------------------------ nothing on stdout
@@ -317,13 +318,63 @@ def test_building_the_loaders_and_the_engine_prints_nothing_to_stdout(
         polygraphy_logger.COLORED_MODULE_PRESENT = None  # its first use may print() a warning
         capfd.readouterr()
         with tensorrt_api_module.polygraphy_logging(log):
-            tensorrt_api_module.engine_loaders(onnx, profiles, settings, tmp_path / "t.cache")
+            tensorrt_api_module.engine_loaders(onnx, profiles, settings)
         tensorrt_api_module.build_engine(onnx, tmp_path / "model.plan", profiles, settings,
                                          tmp_path / "t.cache", log)
         tensorrt_api_module.load_engine(tmp_path / "model.plan", log)
         assert capfd.readouterr().out == "", settings
-    tensorrt_api_module.engine_loaders(onnx, profiles, settings, None)  # not routed
+    tensorrt_api_module.engine_loaders(onnx, profiles, settings)  # not routed
     assert "TF32 is disabled" in capfd.readouterr().out
+
+
+@pytest.mark.parametrize("accepted", [True, False])
+def test_a_timing_cache_tensorrt_refuses_is_reported_and_replaced(
+        accepted: bool, bindings: dict[str, tuple[Path, BindingsNames]], stand_in: None,
+        tmp_path: Path) -> None:
+    """``set_timing_cache`` returns False when TensorRT refuses a cache timed on another
+    device. polygraphy ignored that result and, on save, combined the refused file into the
+    new cache with ``ignore_mismatch=True``; trtpack reports it and writes only the build's
+    own cache. Over the names stand-in (newest supported version): ``set_timing_cache``
+    answers ``accepted``, and a serialized cache is the stand-in's bytes."""
+    label = f"{SUPPORTED_BINDINGS[-1][0]} {SUPPORTED_BINDINGS[-1][1]}"
+    wheel, names = bindings[label]
+    onnx = tmp_path / "model.onnx"
+    inputs = _tiny_onnx(onnx)
+    profiles = engine_plan.tensorrt_profiles(
+        parse_profiles(["1x8:4x32:8x128"], resolve_model("minilm").input_specs()),
+        [n for n, _ in inputs])
+    module = _install(wheel, names)
+    module.model(inputs, [("input_ids", True, "INT64", (-1, -1)),
+                          ("attention_mask", True, "INT64", (-1, -1)),
+                          ("out", False, "FLOAT", (-1, -1))])
+    rec = module.recorder
+    rec.returns["set_timing_cache"] = lambda cache, ignore_mismatch: \
+        accepted or "foreign" not in repr(cache)
+    rec.returns["create_timing_cache"] = lambda data: _TimingCache(bytes(data))
+    cache = tmp_path / "timing.cache"
+    cache.write_bytes(b"foreign device's timings")
+    settings = engine_plan.builder_settings(EngineSettings(), parse_version(names.version))
+    result = tensorrt_api_module.build_engine(onnx, tmp_path / "model.plan", profiles,
+                                              settings, cache, LOG)
+    assert result.timing_cache_rejected is not accepted
+    assert cache.read_bytes() == b"stand-in timing cache"  # never the refused bytes combined
+    assert not rec.calls("combine")
+    assert list(tmp_path.glob("*.partial")) == []
+    # the file was offered to TensorRT once, and replaced by an empty cache when refused
+    offered = [a[0] for a, _ in rec.calls("set_timing_cache")]
+    assert [repr(c) for c in offered] == ["<timing cache b''>",
+                                          "<timing cache b\"foreign device's timings\">"] + \
+        ([] if accepted else ["<timing cache b''>"])
+
+
+class _TimingCache:
+    """A stand-in ``ITimingCache`` that remembers the bytes it was made from."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __repr__(self) -> str:
+        return f"<timing cache {self.data!r}>"
 
 
 def test_fetching_skips_only_when_nothing_is_cached_and_pypi_is_unreachable(

@@ -125,22 +125,26 @@ def builder_settings(engine: EngineSettings, tensorrt_version: tuple[int, ...]) 
     )
 
 
-def timing_cache_path(cache_dir: Path, compute_capability: tuple[int, int],
+def timing_cache_path(cache_dir: Path, gpu_name: str, compute_capability: tuple[int, int],
                       tensorrt_version: str, hardware_compatibility: str = "none",
                       shared_dir: Path | None = None) -> Path:
-    """One timing cache per (GPU compute capability, TensorRT version), shared by builds:
-    under ``cache_dir/tensorrt/``, or in ``shared_dir`` (``--timing-cache DIR``: one folder
-    a CI matrix restores and saves, each GPU family reading and updating its own file).
+    """One timing cache per device (GPU model and compute capability) and TensorRT version,
+    shared by builds: under ``cache_dir/tensorrt/``, or in ``shared_dir`` (``--timing-cache
+    DIR``: one folder a CI matrix restores and saves, each GPU reading and updating its own
+    file).
 
-    Tactic timings are only valid for the GPU and TensorRT that measured them, and an
-    ``ampere+`` build times a different set of tactics, so it has its own file.
+    Tactic timings are only valid for the device and TensorRT that measured them: GPUs that
+    share a compute capability (L4 and L40S, A100 40 and 80 GB, H100 and H200) are different
+    devices, and TensorRT refuses a cache timed on another one, so the GPU's name is part of
+    the file name. An ``ampere+`` build times a different set of tactics: its own file.
     """
     version = re.sub(r"[^0-9A-Za-z.]+", "_", tensorrt_version)
+    device = re.sub(r"[^0-9A-Za-z.]+", "_", gpu_name).strip("_.") or "gpu"
     suffix = "" if hardware_compatibility == "none" else \
         "-" + HARDWARE_COMPATIBILITY_TRTEXEC[hardware_compatibility].replace("+", "plus")
     major, minor = compute_capability
     folder = shared_dir if shared_dir is not None else cache_dir / "tensorrt"
-    return folder / f"timing-sm{major}{minor}-trt{version}{suffix}.cache"
+    return folder / f"timing-{device}-sm{major}{minor}-trt{version}{suffix}.cache"
 
 
 def _shape_spec(shapes: Mapping[str, Shape]) -> str:

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from trtpack.machine import parse_version
+from trtpack.engine.triton_release import TritonServing, tensorrt_loads, triton_serving
 from trtpack.model_io import ModelIO, TensorIO
 from trtpack.onnx_files import data_path, sha256_file
 from trtpack.targets import AMPERE
@@ -61,6 +61,8 @@ class EngineProvenance:
     build_seconds: float | None = None
     timing_cache: dict[str, Any] = field(default_factory=dict)
     trtexec: str = ""
+    # which Triton serves it (triton_release.TritonServing.to_dict(), at build time)
+    triton: dict[str, Any] = field(default_factory=dict)
     schema: int = PROVENANCE_SCHEMA
     varies_between_builds: list[str] = field(default_factory=lambda: list(VARIES_BETWEEN_BUILDS))
 
@@ -71,6 +73,10 @@ class EngineProvenance:
     @property
     def version_compatible(self) -> bool:
         return bool(self.build_options.get("version_compatible", False))
+
+    def triton_serving(self) -> TritonServing:
+        """Which Triton serves this engine, from trtpack's current table."""
+        return triton_serving(self.tensorrt_version, self.version_compatible)
 
     @property
     def cc(self) -> tuple[int, int]:
@@ -115,11 +121,6 @@ def onnx_hashes(onnx: Path) -> tuple[str, str | None]:
     return sha256_file(onnx), sha256_file(data) if data.is_file() else None
 
 
-# Version-compatible engines run on newer runtimes of their major version, and across these
-# majors only (TensorRT 11 support matrix, "Engine Portability").
-VERSION_COMPATIBLE_ACROSS_MAJORS = {(8, 10), (10, 11)}
-
-
 def runs_here(prov: EngineProvenance, gpu_name: str | None,
               compute_capability: tuple[int, int] | None,
               tensorrt_version: str | None) -> tuple[bool, list[str]]:
@@ -142,15 +143,12 @@ def runs_here(prov: EngineProvenance, gpu_name: str | None,
         reasons.append(f"TensorRT is not installed here (the engine needs TensorRT "
                        f"{prov.tensorrt_version})")
     else:
-        local, built_v = parse_version(tensorrt_version), parse_version(prov.tensorrt_version)
-        if prov.version_compatible:
-            majors = (built_v[0], local[0])
-            if local < built_v or (majors[0] != majors[1]
-                                   and majors not in VERSION_COMPATIBLE_ACROSS_MAJORS):
-                reasons.append(f"the engine is version-compatible from TensorRT "
-                               f"{prov.tensorrt_version} on within its major version (and "
-                               f"10.x into 11.x); this machine has {tensorrt_version}")
-        elif local != built_v:
+        loads = tensorrt_loads(prov.tensorrt_version, tensorrt_version, prov.version_compatible)
+        if not loads and prov.version_compatible:
+            reasons.append(f"the engine is version-compatible from TensorRT "
+                           f"{prov.tensorrt_version} on within its major version (and "
+                           f"10.x into 11.x); this machine has {tensorrt_version}")
+        elif not loads:
             reasons.append(f"the engine was built with TensorRT {prov.tensorrt_version} and "
                            f"only runs with exactly that version; this machine has "
                            f"{tensorrt_version}")

@@ -1,7 +1,8 @@
 """The only module that touches TensorRT: build, deserialize, read I/O, run.
 
 Engines are built through polygraphy's TensorRT loaders (``NetworkFromOnnxPath``,
-``CreateConfig``, ``Profile``, ``EngineBytesFromNetwork``) and run with its ``TrtRunner``.
+``CreateConfig``, ``Profile``, ``EngineBytesFromNetwork``; the timing cache is trtpack's) and
+run with its ``TrtRunner``.
 TensorRT and polygraphy's TensorRT backend are imported inside the functions; the values
 passed to them come from ``trtpack.engine.builder`` (plain data, tested on CPU).
 Polygraphy's and TensorRT's log messages go to the given ``logging.Logger``, never stdout.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -141,11 +143,45 @@ class BuildResult:
     timing_cache_bytes_after: int
     timing_cache_sha256_before: str | None = None
     timing_cache_sha256_after: str | None = None
+    timing_cache_rejected: bool = False  # TensorRT refused the file (another device's)
 
 
-def engine_loaders(onnx: Path, profiles: Sequence[TrtProfile], settings: BuilderSettings,
-                   timing_cache: Path | None) -> tuple[Any, Any]:
-    """polygraphy's network loader and ``CreateConfig`` for one build (nothing runs yet).
+class ConfigWithTimingCache:
+    """polygraphy's ``CreateConfig`` (which sets an empty timing cache), then the timing cache
+    file set by trtpack, whose result is checked.
+
+    polygraphy's own ``load_timing_cache`` ignores what ``IBuilderConfig.set_timing_cache``
+    returns (False: TensorRT refused a cache timed on another device, and the build times
+    everything again without saying so), and its ``save_timing_cache`` combines the file into
+    the new cache with ``ignore_mismatch=True``, so one file ends up mixing devices. Here a
+    refused cache is reported (``accepted`` False) and replaced by the build's own."""
+
+    def __init__(self, create_config: Any, cache: bytes | None) -> None:
+        self.create_config = create_config
+        self.cache = cache
+        self.config: Any = None
+        self.accepted: bool | None = None  # None: no cache was offered
+
+    def __call__(self, builder: Any, network: Any) -> Any:
+        config = self.create_config(builder, network)
+        self.config = config
+        if self.cache:
+            loaded = config.create_timing_cache(self.cache)
+            self.accepted = bool(config.set_timing_cache(loaded, ignore_mismatch=False))
+            if not self.accepted:
+                config.set_timing_cache(config.create_timing_cache(b""), ignore_mismatch=False)
+        return config
+
+    def serialized(self) -> bytes:
+        """The timing cache after the build (the accepted file's entries and the new ones)."""
+        with self.config.get_timing_cache().serialize() as buffer:
+            return bytes(buffer)
+
+
+def engine_loaders(onnx: Path, profiles: Sequence[TrtProfile], settings: BuilderSettings
+                   ) -> tuple[Any, Any]:
+    """polygraphy's network loader and ``CreateConfig`` for one build (nothing runs yet; the
+    timing cache is ``ConfigWithTimingCache``'s).
 
     Call it inside ``polygraphy_logging``: ``CreateConfig`` logs when it is constructed
     ("TF32 is disabled ..." since trtpack passes ``tf32=False``), and polygraphy's logger
@@ -154,11 +190,8 @@ def engine_loaders(onnx: Path, profiles: Sequence[TrtProfile], settings: Builder
     import tensorrt as trt
     from polygraphy.backend.trt import CreateConfig, NetworkFromOnnxPath
 
-    load_cache = timing_cache is not None and timing_cache.is_file() and \
-        timing_cache.stat().st_size > 0
     config = CreateConfig(
         profiles=polygraphy_profiles(profiles),
-        load_timing_cache=str(timing_cache) if load_cache else None,
         **resolve_config_kwargs(trt, settings.config_kwargs()),
     )
     network = NetworkFromOnnxPath(str(onnx), **settings.network_kwargs())
@@ -169,27 +202,35 @@ def build_engine(onnx: Path, plan: Path, profiles: Sequence[TrtProfile],
                  settings: BuilderSettings, timing_cache: Path | None,
                  log: logging.Logger) -> BuildResult:
     """Build a strongly typed engine from ``onnx`` with one optimization profile per entry
-    of ``profiles`` and write it to ``plan``; load and update ``timing_cache``."""
+    of ``profiles`` and write it to ``plan``; start from ``timing_cache`` and write it back
+    with this build's timings (replacing it when TensorRT refused it)."""
     from polygraphy.backend.trt import EngineBytesFromNetwork
 
     before = timing_cache.stat().st_size if timing_cache and timing_cache.is_file() else 0
     sha_before = sha256_file(timing_cache) if before and timing_cache else None
-    if timing_cache is not None:
-        timing_cache.parent.mkdir(parents=True, exist_ok=True)
     log.info("building %s with %d profile(s), %s", onnx, len(profiles), settings.to_dict())
     started = time.perf_counter()
     with polygraphy_logging(log):
-        network, config = engine_loaders(onnx, profiles, settings, timing_cache)
-        serialized = EngineBytesFromNetwork(
-            network, config=config,
-            save_timing_cache=str(timing_cache) if timing_cache is not None else None,
-        )()
+        network, create_config = engine_loaders(onnx, profiles, settings)
+        config = ConfigWithTimingCache(create_config,
+                                       timing_cache.read_bytes() if before and timing_cache
+                                       else None)
+        serialized = EngineBytesFromNetwork(network, config=config)()
     seconds = time.perf_counter() - started
+    if config.accepted is False:
+        log.warning("TensorRT refused the timing cache %s (timed on another device or "
+                    "TensorRT); it is replaced by this build's", timing_cache)
     with open(plan, "wb") as f:
         f.write(serialized)
+    if timing_cache is not None:
+        timing_cache.parent.mkdir(parents=True, exist_ok=True)
+        partial = timing_cache.with_name(timing_cache.name + f".{os.getpid()}.partial")
+        partial.write_bytes(config.serialized())
+        partial.replace(timing_cache)  # whole or not at all, also for builds side by side
     after = timing_cache.stat().st_size if timing_cache and timing_cache.is_file() else 0
     sha_after = sha256_file(timing_cache) if after and timing_cache else None
-    return BuildResult(seconds, plan.stat().st_size, before, after, sha_before, sha_after)
+    return BuildResult(seconds, plan.stat().st_size, before, after, sha_before, sha_after,
+                       config.accepted is False)
 
 
 def load_engine(plan: Path, log: logging.Logger | None = None) -> trt.ICudaEngine:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from trtpack.engine.provenance import PLAN_FILENAME, EngineProvenance, provenance_path
+from trtpack.engine.triton_release import TritonServing
 from trtpack.errors import UserInputError
 from trtpack.onnx_files import link_or_copy
 from trtpack.recipe import TritonSettings
@@ -91,6 +92,13 @@ def copy_onnx(src: Path, version_dir: Path) -> None:
         version_dir.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(data, version_dir / location)
     link_or_copy(src, version_dir / ONNX_FILENAME)
+
+
+def engine_triton_serving(model_dir: Path) -> TritonServing | None:
+    """Which Triton serves the engine(s) of a model directory (``<name>/1/*.plan`` with their
+    provenance; the merged engines of one model share their TensorRT), or None (no engine)."""
+    found = sorted((model_dir / VERSION).glob("*.plan.json"))
+    return EngineProvenance.load(found[0]).triton_serving() if found else None
 
 
 def write_engine_model(repo: Path, name: str, plan: Path, profiles: Sequence[ShapeProfile],

@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trtpack.engine.triton_release import TritonServing
 from trtpack.errors import UserInputError
 from trtpack.serving.config import read_config
-from trtpack.serving.layout import REPOSITORY
+from trtpack.serving.layout import REPOSITORY, engine_triton_serving
 
 NOTE = "SAGEMAKER.md"
 DEFAULT_DEST = "sagemaker"
@@ -160,6 +161,47 @@ def _largest_python_tensor_bytes(repository: Path, configs: dict[str, Any]) -> i
     return largest
 
 
+def _shared_models(archives: tuple[SageMakerArchive, ...]) -> dict[str, list[str]]:
+    """Model folders packed in more than one archive -> those archives' names."""
+    where: dict[str, list[str]] = {}
+    for archive in archives:
+        for member in archive.members:
+            where.setdefault(member, []).append(archive.target_model)
+    return {m: names for m, names in where.items() if len(names) > 1}
+
+
+def _container(serving: TritonServing | None, shared: dict[str, list[str]], cache: bool,
+               python: bool) -> str:
+    """What the SageMaker Triton image and its flags must be for these archives."""
+    lines = []
+    if serving is not None:
+        lines.append(f"- TensorRT: the engine needs {serving.tensorrt_needed} (the builder's, "
+                     f"from `model.plan.json`), on a GPU of the build's family: the SageMaker "
+                     f"Triton image of the NGC release that ships it: "
+                     f"{serving.release_text()}.")
+    if serving is not None and serving.backend_config:
+        lines.append(f"- `{' '.join(serving.backend_config)}`: the engine is version-compatible; "
+                     "Triton's TensorRT backend refuses such engines without it.")
+    if shared:
+        model, names = next(iter(shared.items()))
+        lines.append(f"- `--model-namespacing=true`: SageMaker registers each archive as a "
+                     f"repository of its own, and `{model}` is in {' and '.join(names)} (as are "
+                     f"{len(shared) - 1} other model(s)); Triton refuses two models of one name "
+                     "across repositories unless namespacing is on (a Triton release with "
+                     "model namespacing, server PR #5540).")
+    if cache:
+        lines.append("- `--cache-config=local,size=268435456`: the configs enable the response "
+                     "cache, which needs a cache at server start.")
+    if python:
+        lines.append("- A python_backend that accepts `pb_utils.InferenceResponse(error=...)` "
+                     "with no output tensors: the tokenizer and post-processing models answer "
+                     "a bad request that way.")
+    if not lines:
+        return ""
+    return ("\n## Container\n\nThe flags go in `SAGEMAKER_TRITON_ADDITIONAL_ARGS` (above).\n\n"
+            + "\n".join(lines) + "\n")
+
+
 def _note(package: SageMakerPackage, configs: dict[str, Any]) -> str:
     rows = "\n".join(
         f"| `{a.target_model}` | `{a.entry}` | {', '.join(f'`{m}`' for m in a.members)} |"
@@ -167,6 +209,12 @@ def _note(package: SageMakerPackage, configs: dict[str, Any]) -> str:
     )
     python = [n for n, c in configs.items() if c.backend == "python"]
     cache = any(c.response_cache.enable for c in configs.values())
+    serving = next((s for s in (engine_triton_serving(package.repository / name)
+                                for name in configs) if s is not None), None)
+    shared = _shared_models(package.archives)
+    args = [*(["--model-namespacing=true"] if shared else []),
+            *(["--cache-config=local,size=268435456"] if cache else []),
+            *(serving.backend_config if serving else ())]
     shm = _largest_python_tensor_bytes(package.repository, configs)
     shm_default = max(16 * 2**20, 1 << (max(shm, 1) * 2 - 1).bit_length())
     env = [
@@ -177,8 +225,8 @@ def _note(package: SageMakerPackage, configs: dict[str, Any]) -> str:
         "(dynamic dims taken as 512) |" if python else "",
         "| `SAGEMAKER_TRITON_SHM_GROWTH_BYTE_SIZE` | `1048576` | growth step of that memory |"
         if python else "",
-        "| `SAGEMAKER_TRITON_ADDITIONAL_ARGS` | `--cache-config=local,size=268435456` | the "
-        "response cache the configs enable needs a cache at server start |" if cache else "",
+        f"| `SAGEMAKER_TRITON_ADDITIONAL_ARGS` | `{' '.join(args)}` | tritonserver flags: "
+        "see *Container* below |" if args else "",
         "| `SAGEMAKER_TRITON_MODEL_LOAD_GPU_LIMIT` | e.g. `0.8` | optional: refuse loads past "
         "that share of GPU memory so SageMaker unloads idle models |",
         "| `SAGEMAKER_TRITON_LOG_VERBOSE` | `false` | the container logs verbosely by default |",
@@ -209,6 +257,7 @@ def _note(package: SageMakerPackage, configs: dict[str, Any]) -> str:
         + "\n".join(e for e in env if e) + "\n"
         "\nFor a single-model endpoint instead (one archive as `model.tar.gz`), set "
         "`SAGEMAKER_TRITON_DEFAULT_MODEL_NAME` to the model to load (the ensemble for text).\n"
+        + _container(serving, shared, cache, bool(python))
         + deps
     )
 

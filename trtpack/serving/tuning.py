@@ -202,6 +202,11 @@ def _readme(repo: ModelRepository, mbs: int, rel: str) -> str:
             f"\nThe Python-backend models ({', '.join(python)}) need `numpy` in the "
             f"server's Python environment, which Triton images have; {tokenizers}.\n"
         )
+    from trtpack.serving.layout import engine_triton_serving
+
+    serving = engine_triton_serving(repo.by_role("model")[0].path)
+    flags = "".join(f" {f}" for f in serving.backend_config) if serving else ""
+    engine = f"\nThe engine is {serving.summary()}.\n" if serving else ""
     return (
         "# Serving and tuning\n\n"
         f"Model repository: `{rel}/` from this folder (max_batch_size {mbs}). Run the "
@@ -209,8 +214,9 @@ def _readme(repo: ModelRepository, mbs: int, rel: str) -> str:
         "| model | role | backend |\n| --- | --- | --- |\n"
         f"{rows}\n{deps}\n"
         "Serve it:\n\n"
-        f"    tritonserver --model-repository $PWD/{rel}"
-        " --cache-config local,size=268435456   # the cache only if response_cache is on\n\n"
+        f"    tritonserver --model-repository $PWD/{rel}{flags}"
+        " --cache-config local,size=268435456   # the cache only if response_cache is on\n"
+        f"{engine}\n"
         f"Measure it: `./{PERF_SCRIPT}` (perf_analyzer, one run per profile corner).\n"
         f"Sweep the serving options: `model-analyzer profile -f {MODEL_ANALYZER_CONFIG}`.\n"
     )

@@ -26,6 +26,7 @@ from trtpack.engine.provenance import (
     onnx_hashes,
     provenance_path,
 )
+from trtpack.engine.triton_release import triton_serving
 from trtpack.local_targets import check_engine_environment
 from trtpack.machine import cuda_driver_version, parse_version
 from trtpack.model_io import engine_model_io, model_io_from_onnx
@@ -46,7 +47,7 @@ class EngineMetrics(StageMetrics):
     profiles: int
     build_seconds: float
     plan_bytes: int
-    timing_cache: dict[str, Any]  # path, hit, shared, bytes and sha256 before/after
+    timing_cache: dict[str, Any]  # path, hit, shared, bytes and sha256 before/after, rejected
     trtexec: str  # the equivalent trtexec command
     cases: int
     failed: int  # verification rows that failed
@@ -91,8 +92,9 @@ def run(ctx: StageContext) -> StageOutcome:
     profiles = builder.tensorrt_profiles(o.profiles, [t.name for t in onnx_io.inputs])
     trt_version = tensorrt_api.tensorrt_version()
     settings = builder.builder_settings(o.recipe.engine, parse_version(trt_version))
-    cache = builder.timing_cache_path(o.cache_dir, env.gpu.compute_capability, trt_version,
-                                          settings.hardware_compatibility, o.timing_cache)
+    cache = builder.timing_cache_path(o.cache_dir, env.gpu.name, env.gpu.compute_capability,
+                                      trt_version, settings.hardware_compatibility,
+                                      o.timing_cache)
     plan = ctx.stage_dir / PLAN_FILENAME
     cache_hit = cache.is_file() and cache.stat().st_size > 0
     ctx.progress(f"building on {env.gpu.name} (sm {env.gpu.sm}) with TensorRT {trt_version}, "
@@ -125,7 +127,8 @@ def run(ctx: StageContext) -> StageOutcome:
               "bytes_before": built.timing_cache_bytes_before,
               "bytes_after": built.timing_cache_bytes_after,
               "sha256_before": built.timing_cache_sha256_before,
-              "sha256_after": built.timing_cache_sha256_after}
+              "sha256_after": built.timing_cache_sha256_after,
+              "rejected": built.timing_cache_rejected}
     provenance = EngineProvenance(
         trtpack_version=__version__, tensorrt_version=trt_version, gpu_name=env.gpu.name,
         compute_capability=env.gpu.sm, target=o.target.name, precision=o.precision,
@@ -136,6 +139,7 @@ def run(ctx: StageContext) -> StageOutcome:
         onnx_file=onnx.name, onnx_data_sha256=onnx_data_sha,
         built_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         build_seconds=round(built.seconds, 3), timing_cache=timing, trtexec=command,
+        triton=triton_serving(trt_version, settings.version_compatible).to_dict(),
     )
     prov_path = provenance_path(plan)
     provenance.save(prov_path)
@@ -151,6 +155,7 @@ def run(ctx: StageContext) -> StageOutcome:
             cases=len(cases), failed=failed),
         message=(f"{env.gpu.name} sm{env.gpu.sm}, TensorRT {trt_version}, "
                  f"{built.plan_bytes / 2**20:.1f} MB in {built.seconds:.1f} s, timing cache "
-                 f"{'hit' if cache_hit else 'miss'}; {len(rows) - failed}/{len(rows)} checks "
+                 f"{'refused' if built.timing_cache_rejected else 'hit' if cache_hit else 'miss'}; "
+                 f"{len(rows) - failed}/{len(rows)} checks "
                  "passed"),
     )

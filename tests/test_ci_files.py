@@ -1,0 +1,201 @@
+"""The command lines of the GPU path that never run here: ``Dockerfile.ngc``, the Makefile's
+instance-family targets and ``.github/workflows/*.yml``.
+
+Every ``python -c`` snippet in them is parsed with ``ast`` and each name it imports from
+trtpack is looked up in the real module (the NGC image once imported ``trtpack.gpu``, which
+no longer existed: every GPU job failed at "Build the NGC image"). Every ``trtpack ...``
+command is parsed by the real typer app (click's ``make_context``: unknown commands and
+options, missing arguments, bad choices fail) without running anything.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKERFILE = ROOT / "Dockerfile.ngc"
+WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+# what the shell variables of the workflow's steps hold in one matrix job
+# typer vendors its own click: its UsageError, the base of every parsing error
+UsageError: type[Exception] = next(c for c in typer.BadParameter.__mro__
+                                   if c.__name__ == "UsageError")
+WORKFLOW_VARIABLES = {"target": "g5", "NGC_TAG": "25.10-py3", "IMAGE": "trtpack-ngc:sha"}
+
+
+def join_continuations(text: str) -> str:
+    return re.sub(r"\\\n", " ", text)
+
+
+def python_snippets(text: str) -> list[str]:
+    """The code of every ``python -c "..."`` / ``python -c '...'`` in a shell text."""
+    snippets = []
+    for match in re.finditer(r"python3?\s+-c\s+", text):
+        rest = text[match.end():]
+        quote = rest[0] if rest and rest[0] in "\"'" else None
+        if quote is None:
+            continue
+        end = rest.index(quote, 1)
+        snippets.append(rest[1:end])
+    return snippets
+
+
+def trtpack_commands(text: str, variables: dict[str, str]) -> list[list[str]]:
+    """The arguments of every ``trtpack ...`` command in a shell text (one command a line,
+    continuations joined); a shell function's definition and ``trtpack "$@"`` are skipped."""
+    commands = []
+    text = join_continuations(text)
+    for code in python_snippets(text):  # words inside Python code are not commands
+        text = text.replace(code, "")
+    for line in text.splitlines():
+        for match in re.finditer(r"(?:^|[\s\"'/;&|(])trtpack\s+(?!\(\))", line):
+            rest = line[match.end():]
+            rest = re.split(r"\s*(?:&&|\|\||;|\||\))\s*", rest)[0]
+            for name, value in variables.items():
+                rest = rest.replace("${" + name + "}", value).replace("$" + name, value)
+            rest = re.sub(r"\$\{\{\s*matrix\.target\s*\}\}", variables.get("target", ""), rest)
+            words = shlex.split(rest)
+            if not words or words == ["$@"]:
+                continue
+            commands.append(words)
+    return commands
+
+
+def dockerfile_shell() -> str:
+    """The shell of the Dockerfile's ``RUN`` instructions, and its exec-form ``CMD``."""
+    text = join_continuations(DOCKERFILE.read_text(encoding="utf-8"))
+    lines = []
+    for line in text.splitlines():
+        instruction, _, rest = line.strip().partition(" ")
+        if instruction == "RUN":
+            lines.append(rest)
+        elif instruction == "CMD" and rest.lstrip().startswith("["):
+            lines.append(shlex.join(yaml.safe_load(rest)))
+    return "\n".join(lines)
+
+
+def workflow_runs() -> list[tuple[str, str]]:
+    runs = []
+    for path in WORKFLOWS:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        for job_name, job in data.get("jobs", {}).items():
+            for step in job.get("steps", []):
+                if "run" in step:
+                    runs.append((f"{path.name}:{job_name}:{step.get('name', '?')}", step["run"]))
+    return runs
+
+
+def makefile_gpu_commands() -> str:
+    """What ``make -n <family>`` would run for every GPU family target (nothing runs)."""
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("make is not installed")
+    from trtpack.targets import TARGETS
+
+    out = []
+    for target in (t.name for t in TARGETS if t.is_gpu):
+        done = subprocess.run([make, "-n", "-C", str(ROOT), target, "MODEL=minilm",
+                               "PROFILE=1x128:16x128:128x128"],
+                              capture_output=True, text=True, check=True)
+        out.append(done.stdout)
+    return "\n".join(out)
+
+
+def check_imports(code: str) -> list[str]:
+    """Names a snippet imports from trtpack that do not exist (module or attribute)."""
+    problems = []
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.ImportFrom) and node.module and \
+                node.module.split(".")[0] == "trtpack":
+            try:
+                module = importlib.import_module(node.module)
+            except ImportError as e:
+                problems.append(f"from {node.module} import ...: {e}")
+                continue
+            problems += [f"{node.module} has no '{a.name}'" for a in node.names
+                         if not hasattr(module, a.name)]
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "trtpack":
+                    try:
+                        importlib.import_module(alias.name)
+                    except ImportError as e:
+                        problems.append(f"import {alias.name}: {e}")
+    return problems
+
+
+def parse_trtpack(args: list[str]) -> None:
+    """Parse ``trtpack ARGS`` with the real CLI, down to the subcommand; runs nothing.
+    Raises typer's ``UsageError`` (unknown command/option, missing argument, bad value)."""
+    from trtpack.cli import app
+
+    command: Any = typer.main.get_command(app)
+    name, args, parent = "trtpack", list(args), None
+    while hasattr(command, "get_command"):  # a group
+        # the group's own options (--debug, --version) come before the subcommand
+        split = next((i for i, a in enumerate(args) if not a.startswith("-")), len(args))
+        ctx = command.make_context(name, args[:split], parent=parent, resilient_parsing=True)
+        if split == len(args):
+            return
+        sub = command.get_command(ctx, args[split])
+        if sub is None:
+            raise UsageError(f"no such command '{args[split]}'", ctx)
+        command, name, args, parent = sub, args[split], args[split + 1:], ctx
+    command.make_context(name, args, parent=parent, resilient_parsing=False)
+
+
+def all_sources() -> list[tuple[str, str, dict[str, str]]]:
+    sources: list[tuple[str, str, dict[str, str]]] = [("Dockerfile.ngc", dockerfile_shell(), {})]
+    sources += [(where, run, WORKFLOW_VARIABLES) for where, run in workflow_runs()]
+    sources.append(("Makefile (make -n <family>)", makefile_gpu_commands(), {}))
+    return sources
+
+
+def test_every_python_snippet_imports_names_that_exist() -> None:
+    snippets = [(where, code) for where, text, _ in all_sources()
+                for code in python_snippets(join_continuations(text))]
+    assert any("trtpack" in code for _, code in snippets)  # the reader finds the NGC check
+    problems = [f"{where}: {p}" for where, code in snippets for p in check_imports(code)]
+    assert not problems, "\n".join(problems)
+
+
+def test_every_trtpack_command_parses() -> None:
+    commands = [(where, args) for where, text, variables in all_sources()
+                for args in trtpack_commands(text, variables)]
+    found = {args[0] for _, args in commands}
+    # the reader finds the commands the files really run
+    assert {"doctor", "build", "inspect", "merge"} <= found, found
+    assert any(where.startswith("Makefile") and args[0] == "build" for where, args in commands)
+    problems = []
+    for where, args in commands:
+        try:
+            parse_trtpack(args)
+        except UsageError as e:
+            problems.append(f"{where}: trtpack {shlex.join(args)}: {e}")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_checks_catch_a_missing_name_and_an_unknown_option() -> None:
+    """Both checks can fail: the snippet the NGC image ran before the fix, and a misspelt
+    option, are reported."""
+    old = "from trtpack.gpu import MIN_TENSORRT, parse_version, tensorrt_version; v = 1"
+    assert check_imports(old) and "trtpack.gpu" in check_imports(old)[0]
+    assert check_imports("from trtpack.machine import MIN_TENSORRT, no_such_name") == \
+        ["trtpack.machine has no 'no_such_name'"]
+    with pytest.raises(UsageError, match="--precison"):
+        parse_trtpack(["build", "minilm", "--precison", "fp16"])
+    with pytest.raises(UsageError):
+        parse_trtpack(["no-such-command"])
+    parse_trtpack(["build", "minilm", "--precision", "fp16", "--target", "g5"])
+    text = 'docker run "$IMAGE" trtpack build m --target "$target"\n  trtpack "$@"\ntrtpack() {'
+    assert trtpack_commands(text, {"target": "g6"}) == [["build", "m", "--target", "g6"]]
