@@ -130,7 +130,7 @@ def test_usage_errors_are_one_line_naming_the_option() -> None:
         "error: Missing argument 'name'. (see: trtpack recipes show --help)"
 
 
-def _commands() -> list[list[str]]:
+def commands() -> list[list[str]]:
     from typer.main import get_command
 
     from trtpack.cli import app
@@ -164,7 +164,7 @@ def _options(words: list[str]) -> list[tuple[str, str]]:
     return named
 
 
-@pytest.mark.parametrize("words", _commands(), ids=lambda w: " ".join(w) or "trtpack")
+@pytest.mark.parametrize("words", commands(), ids=lambda w: " ".join(w) or "trtpack")
 def test_help_reads_in_80_columns(words: list[str]) -> None:
     result = trtpack(*words, "--help", env={"COLUMNS": "80"})
     assert result.returncode == 0, result.stderr
