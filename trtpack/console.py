@@ -26,15 +26,21 @@ ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def one_line(e: TrtpackError) -> str:
-    """The error as one line: a tool's message of many lines (torch.export's runs to 20)
-    gives its first; the stage's log holds them all."""
+    """The error as one line: trtpack's own messages of several lines (a recipe's invalid
+    fields) are joined; a failed stage's tool message (torch.export's runs to 20 lines)
+    gives its first line, and the stage's log holds them all."""
     text = e.message if isinstance(e, StageError) else str(e)
     lines = [line.strip() for line in ANSI_ESCAPE.sub("", text).splitlines() if line.strip()]
-    line = (lines[0] + " …") if len(lines) > 1 else (lines[0] if lines else type(e).__name__)
+    if not lines:
+        lines = [type(e).__name__]
     if isinstance(e, StageError):
         where = f" (log: {e.log_path})" if e.log_path else ""
-        return f"stage '{e.stage}' failed: {line}{where}"
-    return line
+        more = " …" if len(lines) > 1 else ""
+        return f"stage '{e.stage}' failed: {lines[0]}{more}{where}"
+    joined = lines[0]
+    for line in lines[1:]:
+        joined += (" " if joined.endswith(":") else "; ") + line
+    return joined
 
 
 def print_error(e: TrtpackError) -> None:
