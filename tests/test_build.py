@@ -17,6 +17,7 @@ import pytest
 from tests.conftest import run_cli
 from trtpack.model_io import model_io_from_onnx
 from trtpack.onnx_files import sha256_file
+from trtpack.recipe_files import RECIPES_DIR
 from trtpack.report import BuildReport
 from trtpack.samples import make_inputs
 from trtpack.serving.config import check_config, read_config
@@ -328,15 +329,59 @@ def test_error_in_the_export_process_keeps_its_exit_code_and_hint(tmp_path: Path
     """The export stage runs in a child process; a user error there is exit 3 with its
     hint here, the failed build's report names the stage, and the process is gone."""
     out = tmp_path / "out"
-    result = run_cli("build", "tiny-bert", "--target", "cpu", "--out", str(out),
-                     "--cache-dir", str(tmp_path / "cache"),
-                     env={"HF_HUB_OFFLINE": "1"})  # no --random-weights: weights needed
+    # a model factory whose package is not installed: found out when the export loads it
+    recipe = (RECIPES_DIR / "tiny-bert.yaml").read_text().replace(
+        "  random_weights: true", '  factory: "trtpack_absent_models:make"')
+    (tmp_path / "absent.yaml").write_text(recipe)
+    result = run_cli("build", str(tmp_path / "absent.yaml"), "--target", "cpu", "--out",
+                     str(out), "--cache-dir", str(tmp_path / "cache"))
     assert result.exit_code == 3, result.output
-    assert "cannot load weights of 'trtpack/tiny-bert'" in result.stderr
-    assert "add --random-weights" in result.stderr
+    assert "cannot import 'trtpack_absent_models'" in result.stderr
+    assert "hint: pip install the package that provides trtpack_absent_models" in result.stderr
     report = json.loads((tmp_path / "out.failed" / "report.json").read_text())
-    assert report["status"] == "failed" and "cannot load weights" in report["error"]
+    assert report["status"] == "failed" and "cannot import" in report["error"]
     assert not out.exists()
     import multiprocessing
 
     assert not multiprocessing.active_children()
+
+
+def test_perf_analyzer_script_names_the_final_repository_and_sends_the_verified_inputs(
+        tiny_build: Path, tmp_path: Path) -> None:
+    """Run OUT/tuning/perf_analyzer.sh with a perf_analyzer stand-in on PATH (no Triton
+    here) that records its arguments: every run sends a perf_inputs_*.json of the build."""
+    script = tiny_build / "tuning" / "perf_analyzer.sh"
+    text = script.read_text()
+    assert ".tmp" not in text and "../model_repository/" in text
+    assert "--input-data zero" not in text
+    fake = tmp_path / "bin" / "perf_analyzer"
+    fake.parent.mkdir()
+    log = tmp_path / "calls.txt"
+    fake.write_text(f'#!/usr/bin/env bash\necho "$*" >> {log}\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
+    subprocess.run(["bash", str(script)], env=env, check=True, timeout=30)
+    calls = log.read_text().splitlines()
+    assert len(calls) == 4  # two profiles, opt and max each
+    for call in calls:
+        data = Path(call.split("--input-data ")[1].split()[0])
+        assert data.parent == tiny_build / "tuning" and data.name.startswith("perf_inputs_p")
+        batch = int(call.split(" -b ")[1].split()[0])
+        entries = json.loads(data.read_text())["data"]
+        assert len(entries) >= batch  # a row of the verified corner per entry, -b of them sent
+        assert any(v for e in entries for v in e["input_ids"]["content"])  # not zeros
+
+
+def test_inspect_check_runs_a_cpu_build_s_onnx_model(tiny_build: Path, tmp_path: Path) -> None:
+    result = run_cli("inspect", str(tiny_build), "--check")
+    assert result.exit_code == 0, result.output
+    assert "no engine found" not in result.output
+    assert "runs on this machine (ONNX Runtime loads" in " ".join(result.stdout.split())
+    broken = tmp_path / "broken"
+    import shutil
+
+    shutil.copytree(tiny_build / "model_repository", broken / "model_repository")
+    (broken / "model_repository" / "tiny-bert" / "1" / "model.onnx").write_bytes(b"not onnx")
+    failed = run_cli("inspect", str(broken), "--check")
+    assert failed.exit_code == 3
+    assert "ONNX Runtime cannot load it" in failed.stderr

@@ -67,3 +67,27 @@ def test_onnx_matches_transformers_on_real_sentences(minilm_build: Path) -> None
         SENTENCES, normalize_embeddings=True)
     cosine = (pooled * reference).sum(1)
     assert cosine.min() > 0.99999, cosine
+
+
+def test_the_worst_sample_s_text_is_reported_and_printed(minilm_build: Path,
+                                                         cache_dir: Path) -> None:
+    """A text model's FP32 check names its worst sample's text (the verify stage decodes
+    it with the tokenizer the export saved), in report.json and on the terminal."""
+    import json
+
+    from trtpack.samples import SENTENCES as VERIFY_SENTENCES
+
+    rows = json.loads((minilm_build / "report.json").read_text())["verification"]
+    assert rows and all(r["worst_text"] for r in rows)
+    def letters(text: str) -> str:
+        return "".join(c for c in text.lower() if c.isalnum())
+
+    for r in rows:  # decoded from the verified token ids: the start of a sentence sent
+        shown = letters(r["worst_text"].rstrip("…"))
+        assert len(shown) > 10 and any(
+            (letters(s) * 4).startswith(shown) for s in VERIFY_SENTENCES), r
+    again = run_cli("build", "minilm", "--target", "cpu", "--precision", "fp32",
+                    "--profile", "1x8:4x32:8x128", "--out", str(minilm_build),
+                    "--cache-dir", str(cache_dir))
+    assert again.exit_code == 0, again.output
+    assert 'worst sample: "' in " ".join(again.stdout.split())

@@ -152,10 +152,15 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
     out = request.out or Path("build") / recipe.name
     if out.exists() and not out.is_dir():
         raise UserInputError(f"--out '{out}' exists and is not a directory")
+    random_weights = request.random_weights or recipe.source.random_weights
+    if not random_weights and recipe.source.hf_id:
+        from trtpack.models import require_hub_weights
+
+        require_hub_weights(recipe.source.hf_id)  # offline: exit 3 now, not after retries
     options = BuildOptions(
         recipe=recipe, profiles=tuple(profiles), precision=precision, target=target,
         out_dir=out, opset=request.opset or recipe.opset,
-        random_weights=request.random_weights, build_engine=request.build_engine,
+        random_weights=random_weights, build_engine=request.build_engine,
         calibration=request.calibration, fallback=fallback, serve=serve,
         fallback_cpu=fallback_cpu, cache_dir=request.cache_dir or default_cache_dir(),
         use_cache=request.use_cache, timing_cache=_timing_cache_dir(request.timing_cache),

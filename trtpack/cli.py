@@ -21,6 +21,8 @@ from trtpack.console import (
     print_build_summary,
     print_error,
     print_interrupted,
+    print_traceback,
+    print_usage_error,
     print_warning,
     recipes_table,
 )
@@ -33,9 +35,12 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
     add_completion=False,
-    rich_markup_mode="rich",
+    # plain click help: rich's option panels cut option names and values ('--calibration-met…')
+    # in 80 columns, and would read brackets in help text as markup
+    rich_markup_mode=None,
 )
-recipes_app = typer.Typer(help="List and show the built-in recipes.", no_args_is_help=True)
+recipes_app = typer.Typer(help="List and show the built-in recipes.", no_args_is_help=True,
+                          rich_markup_mode=None)
 app.add_typer(recipes_app, name="recipes")
 
 STATE: dict[str, bool] = {"debug": False}
@@ -55,8 +60,8 @@ def handle_errors(func: F) -> F:
                 print_accuracy_failure(e)
             else:
                 print_error(e)
-            if STATE["debug"]:
-                raise
+            if STATE["debug"]:  # the traceback is extra output, the exit code the same
+                print_traceback(e)
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
             print_interrupted()
@@ -154,14 +159,12 @@ def build(
 ) -> None:
     """Export, simplify, convert precision, build the engine, verify and package a model.
 
+    \b
     Examples:
-
       trtpack build minilm --target cpu
-
-      trtpack build bert-large --random-weights --profile 1x128:16x128:128x128 --target g5
-
-      trtpack build minilm --precision int8 --calibration sentences.txt --target cpu
-
+      trtpack build bert-large --random-weights --profile 1x128:16x128:128x128 \\
+        --target g5
+      trtpack build minilm --precision int8 --calibration lines.txt --target cpu
       trtpack build minilm --serve text --set triton.instance_count=2 --target cpu
     """
     from trtpack.api import BuildRequest
@@ -258,18 +261,21 @@ def inspect(
     path: Annotated[Path, typer.Argument(help="A model.plan, a Triton model repository (or one "
                                                "model of it), or a trtpack build folder.")],
     check: Annotated[bool, typer.Option(
-        "--check", help="Exit 3 unless every engine found can run on this machine.")] = False,
+        "--check", help="Exit 3 unless every engine found can run on this machine (ONNX "
+        "Runtime models: loaded here).")] = False,
 ) -> None:
     """Show an engine's provenance and I/O, and whether it can run on this machine."""
     from trtpack.console_views import print_inspection
     from trtpack.errors import MissingEnvironmentError
     from trtpack.inspection import inspect_path
 
-    result = inspect_path(path)
+    result = inspect_path(path, load_onnx=check)
     print_inspection(result)
     if check and result.runs_here is not True:
-        reasons = [r for e in result.all_engines() for r in e.reasons] or ["no engine found"]
-        raise MissingEnvironmentError("cannot run here: " + "; ".join(reasons))
+        reasons = [r for e in result.all_engines() for r in e.reasons] + \
+            [r for m in result.models if m.onnx for r in m.onnx.reasons]
+        raise MissingEnvironmentError("cannot run here: " + (
+            "; ".join(reasons) or "no engine or ONNX Runtime model found"))
 
 
 def _register_commands() -> None:
@@ -289,17 +295,31 @@ def main() -> None:
     import os
     import signal
 
+    from typer.exceptions import Abort, TyperException
+
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        app()
+        # not standalone: typer's usage errors come here to be one line like trtpack's own
+        code = app(prog_name="trtpack", standalone_mode=False)
+    except TyperException as e:  # a usage error (exit 2), or no arguments (the help)
+        ctx = getattr(e, "ctx", None)
+        if type(e).__name__ == "NoArgsIsHelpError":  # its message is the help
+            sys.stderr.write(e.format_message() + "\n")
+        else:
+            print_usage_error(e.format_message(), ctx.command_path if ctx else None)
+        code = e.exit_code
+    except Abort:
+        print_interrupted()
+        code = ExitCode.INTERRUPTED
     except SystemExit as e:
-        if e.code != ExitCode.INTERRUPTED:
-            raise
+        code = e.code
+    if code == ExitCode.INTERRUPTED:
         # cleaned up and said so: leave without the interpreter's shutdown, where about one
         # interrupted build in 20 ended by SIGINT (-2) instead of 130
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(ExitCode.INTERRUPTED)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

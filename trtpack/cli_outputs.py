@@ -73,10 +73,9 @@ def register(app: typer.Typer, handle_errors: Callable[[Any], Any]) -> None:
         """Measure a build: latency and throughput at every profile corner of the served model,
         the FP32 ONNX and PyTorch eager; with --served, throughput through Triton.
 
+        \b
         Examples:
-
           trtpack bench build/minilm
-
           trtpack bench build/minilm --served localhost:8000 --compare-batching
         """
         try:

@@ -4,6 +4,7 @@ the library reports through return values and callbacks, and never prints."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from trtpack.errors import AccuracyError, TrtpackError
+from trtpack.errors import AccuracyError, StageError, TrtpackError
 from trtpack.recipe import Recipe
 from trtpack.report import BuildReport, VerificationRow
 from trtpack.stages.base import ProgressEvent
@@ -21,15 +22,51 @@ out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
 
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def one_line(e: TrtpackError) -> str:
+    """The error as one line: trtpack's own messages of several lines (a recipe's invalid
+    fields) are joined; a failed stage's tool message (torch.export's runs to 20 lines)
+    gives its first line, and the stage's log holds them all."""
+    text = e.message if isinstance(e, StageError) else str(e)
+    lines = [line.strip() for line in ANSI_ESCAPE.sub("", text).splitlines() if line.strip()]
+    if not lines:
+        lines = [type(e).__name__]
+    if isinstance(e, StageError):
+        where = f" (log: {e.log_path})" if e.log_path else ""
+        more = " …" if len(lines) > 1 else ""
+        return f"stage '{e.stage}' failed: {lines[0]}{more}{where}"
+    joined = lines[0]
+    for line in lines[1:]:
+        joined += (" " if joined.endswith(":") else "; ") + line
+    return joined
+
+
 def print_error(e: TrtpackError) -> None:
     """The one error line (and its hint, and where the failed build's report is)."""
     # escape: messages quote paths, extras ('trtpack[modelopt]') and tensor shapes in brackets
-    err.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(one_line(e))}", soft_wrap=True)
     if e.hint:
         err.print(f"[dim]hint:[/] {escape(e.hint)}", soft_wrap=True)
     report = getattr(e, "report", None)  # set by the pipeline on a failed build
     if report is not None:
         err.print(f"[dim]report and logs:[/] {escape(str(report.out_dir))}", soft_wrap=True)
+
+
+def print_usage_error(message: str, command_path: str | None) -> None:
+    """A usage error (unknown option, missing argument, bad value) as the same one line."""
+    where = f" (see: {command_path} --help)" if command_path else ""
+    err.print(f"[bold red]error:[/] {escape(' '.join(message.split()))}{escape(where)}",
+              soft_wrap=True)
+
+
+def print_traceback(e: BaseException) -> None:
+    """``--debug``: the error's traceback, after its line."""
+    import traceback
+
+    err.print("".join(traceback.format_exception(e)).rstrip(), markup=False, highlight=False,
+              soft_wrap=True)
 
 
 def print_accuracy_failure(e: AccuracyError) -> None:
@@ -59,7 +96,7 @@ def verification_table(rows: Sequence[VerificationRow], only_failed: bool = Fals
         if only_failed and r.passed:
             continue
         value = "" if r.metric_value is None else f"{r.metric} {r.metric_value:.6f}"
-        result = "[green]pass[/]" if r.passed else f"[red]FAIL[/] {r.reason}"
+        result = "[green]pass[/]" if r.passed else f"[red]FAIL[/] {escape(r.reason or '')}"
         table.add_row(r.check, str(r.profile), r.corner, r.output, f"{r.max_abs_diff:.3g}",
                       f"{r.max_rel_diff:.3g}", value, result)
     return table
@@ -109,7 +146,7 @@ def summary_table(report: BuildReport) -> Table:
     for s in report.stages:
         status = f"[{colors[s.status]}]{s.status}[/]" + (" (cached)" if s.cached else "")
         peak = "" if s.peak_memory_mb is None else f"{s.peak_memory_mb:,.0f}"
-        table.add_row(s.name, status, f"{s.seconds:.1f}", peak, s.message)
+        table.add_row(s.name, status, f"{s.seconds:.1f}", peak, escape(s.message))
     return table
 
 
@@ -163,5 +200,5 @@ def recipes_table(recipes: Sequence[Recipe]) -> Table:
     for col in ("name", "task", "precision", "profiles", "description"):
         table.add_column(col)
     for r in recipes:
-        table.add_row(r.name, r.task, r.precision, " ".join(r.profiles), r.description)
+        table.add_row(r.name, r.task, r.precision, " ".join(r.profiles), escape(r.description))
     return table

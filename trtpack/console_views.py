@@ -30,7 +30,8 @@ def print_doctor(report: dict[str, Any]) -> None:
         table.add_column(col)
     for item in report["components"]:
         found = f"[green]{item['version']}[/]" if item["version"] else "[red]missing[/]"
-        table.add_row(item["name"], found, item["purpose"])
+        # escape: purposes name extras in brackets ('trtpack[tensorrt-cu12]'), not markup
+        table.add_row(escape(item["name"]), found, escape(item["purpose"]))
     out.print(table)
     for line in report["summary"]:
         out.print(f"• {line}", markup=False)
@@ -81,6 +82,10 @@ def print_inspection(result: Inspection) -> None:
                           + ("" if fam.present else "  [red]file missing[/]"))
         for problem in model.problems:
             out.print(f"  [red]config does not match the engine:[/] {problem}")
+        if model.onnx is not None:
+            loads = "[green]yes[/]" if model.onnx.runs_here else "[red]no[/]"
+            out.print(f"  runs on this machine (ONNX Runtime loads {escape(model.onnx.path)}): "
+                      f"{loads}" + "".join(f"\n    - {escape(r)}" for r in model.onnx.reasons))
     for engine in result.all_engines():
         prov = engine.provenance
         out.print(f"[bold]engine[/] {engine.path}")
@@ -127,13 +132,13 @@ def benchmark_table(rows: list[dict[str, Any]]) -> Table:
         corner = f"p{r['profile']} {r['corner']} {r['shapes'].split(',')[0].split('=', 1)[-1]}"
         shown, previous = ("" if corner == previous else corner), corner
         if r["status"] != "ok":
-            table.add_row(shown, r["engine"], "", "", "",
+            table.add_row(shown, escape(r["engine"]), "", "", "",
                           f"[yellow]{r['status']}[/]: {escape(r['reason'])}")
             continue
         speed = "" if r["speedup_vs_pytorch"] is None else f"{r['speedup_vs_pytorch']:.2f}x"
         if r["runtime"] == "served" and speed:
             speed = f"[bold]{speed}[/]"
-        table.add_row(shown, r["engine"], f"{r['p50_ms']:.2f}", f"{r['p99_ms']:.2f}",
+        table.add_row(shown, escape(r["engine"]), f"{r['p50_ms']:.2f}", f"{r['p99_ms']:.2f}",
                       f"{r['throughput']:,.1f}", speed)
     return table
 

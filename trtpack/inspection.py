@@ -63,11 +63,20 @@ class ModelInspection:
     engines: list[EngineInspection] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     gpu_families: list[GpuFamily] = field(default_factory=list)  # cc_model_filenames entries
+    onnx: OnnxCheck | None = None  # an ONNX Runtime model, when checked
+
+    @property
+    def checked(self) -> bool:
+        """Whether there is something to say about running it here: engines or an ONNX."""
+        return bool(self.engines) or self.onnx is not None
 
     @property
     def runs_here(self) -> bool | None:
         """With one engine per GPU family (``trtpack merge``) the model runs here when one of
-        them does; otherwise when every engine does (None: unknown or no engine)."""
+        them does; otherwise when every engine does (None: unknown or no engine). An ONNX
+        Runtime model runs here when ONNX Runtime loads it on this machine."""
+        if not self.engines and self.onnx is not None:
+            return self.onnx.runs_here
         values = [e.runs_here for e in self.engines]
         if self.gpu_families:
             if any(v is True for v in values):
@@ -76,6 +85,16 @@ class ModelInspection:
         if any(v is False for v in values):
             return False
         return None if not values or any(v is None for v in values) else True
+
+
+@dataclass(frozen=True)
+class OnnxCheck:
+    """An ONNX Runtime model of a repository (a ``--target cpu`` build's model): loaded here
+    in an ONNX Runtime session, as Triton's onnxruntime backend would load it."""
+
+    path: str
+    runs_here: bool
+    reasons: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -104,7 +123,7 @@ class Inspection:
         """True when every engine found can run here, False when one cannot, None if unknown
         (or when there is no engine)."""
         values = [e.runs_here for e in self.engines] + \
-            [m.runs_here for m in self.models if m.engines]
+            [m.runs_here for m in self.models if m.checked]
         if any(v is False for v in values):
             return False
         if not values or any(v is None for v in values):
@@ -152,7 +171,28 @@ def _dims(tensors: Any) -> list[dict[str, Any]]:
             for t in tensors]
 
 
-def inspect_model_dir(model_dir: Path, machine: MachineFacts) -> ModelInspection:
+def check_onnx_model(path: Path, gpu_instances: bool, machine: MachineFacts) -> OnnxCheck:
+    """Whether the ONNX Runtime model at ``path`` runs here: a session loads it (CPU), and
+    KIND_GPU instances need a GPU."""
+    if not path.is_file():
+        return OnnxCheck(str(path), False, (f"{path.name} is missing",))
+    if gpu_instances and machine.gpu_name is None:
+        return OnnxCheck(str(path), False,
+                         ("its instances are KIND_GPU and this machine has no NVIDIA GPU",))
+    try:
+        from trtpack.runtimes.onnxruntime import cpu_session
+
+        cpu_session(path, threads=1, few_runs=True)
+    except ImportError as e:
+        return OnnxCheck(str(path), False, (f"ONNX Runtime is not installed ({e})",))
+    except Exception as e:  # onnxruntime's own error kinds: the model does not load here
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return OnnxCheck(str(path), False, (f"ONNX Runtime cannot load it: {first}",))
+    return OnnxCheck(str(path), True)
+
+
+def inspect_model_dir(model_dir: Path, machine: MachineFacts,
+                      load_onnx: bool = False) -> ModelInspection:
     from tritonclient.grpc import model_config_pb2 as pb
 
     from trtpack.serving.config import check_config, read_config
@@ -180,6 +220,9 @@ def inspect_model_dir(model_dir: Path, machine: MachineFacts) -> ModelInspection
                     model.problems += [f"version {version.name}: {p}"
                                        for p in check_config(config, engine.io)]
     latest = versions[-1] if versions else model_dir / "1"
+    if load_onnx and (config.platform == "onnxruntime_onnx" or config.backend == "onnxruntime"):
+        model.onnx = check_onnx_model(latest / (config.default_model_filename or "model.onnx"),
+                                      "KIND_GPU" in kinds, machine)
     from trtpack.serving.engine_builds import served_compute_capability
 
     built_for = {e.path: "{}.{}".format(*served_compute_capability(e.provenance))
@@ -211,8 +254,10 @@ def _model_dirs(repo: Path) -> list[Path]:
     return sorted(p for p in repo.iterdir() if p.is_dir() and (p / "config.pbtxt").is_file())
 
 
-def inspect_path(path: Path, machine: MachineFacts | None = None) -> Inspection:
-    """Inspect an engine, a model repository (or one model of it) or a build folder."""
+def inspect_path(path: Path, machine: MachineFacts | None = None,
+                 load_onnx: bool = False) -> Inspection:
+    """Inspect an engine, a model repository (or one model of it) or a build folder;
+    ``load_onnx``: also load its ONNX Runtime models here (``inspect --check``)."""
     machine = machine or MachineFacts.detect()
     if not path.exists():
         raise UserInputError(f"'{path}' does not exist")
@@ -224,16 +269,18 @@ def inspect_path(path: Path, machine: MachineFacts | None = None) -> Inspection:
         return Inspection(str(path), "engine", machine, engines=[inspect_engine(plan, machine)])
     if (path / "config.pbtxt").is_file():
         return Inspection(str(path), "model_repository", machine,
-                          models=[inspect_model_dir(path, machine)])
+                          models=[inspect_model_dir(path, machine, load_onnx)])
     if _model_dirs(path):
         return Inspection(str(path), "model_repository", machine,
-                          models=[inspect_model_dir(d, machine) for d in _model_dirs(path)])
+                          models=[inspect_model_dir(d, machine, load_onnx)
+                                  for d in _model_dirs(path)])
     repo = path / "model_repository"
     engine_dir = path / "artifacts" / "engine"
     if repo.is_dir() or engine_dir.is_dir():
         result = Inspection(str(path), "build", machine)
         if repo.is_dir():
-            result.models = [inspect_model_dir(d, machine) for d in _model_dirs(repo)]
+            result.models = [inspect_model_dir(d, machine, load_onnx)
+                             for d in _model_dirs(repo)]
         if (engine_dir / "model.plan").is_file() and not any(
                 m.engines for m in result.models):
             result.engines = [inspect_engine(engine_dir / "model.plan", machine)]

@@ -29,6 +29,49 @@ TASK_CLASSES = {
 }
 
 
+OFFLINE_HINT = ("this machine may be offline: add --random-weights to build from the recipe's "
+                "architecture config")
+HUB_PROBE_SECONDS = 1.5
+"""How long the one probe of the hub waits before a build without the weights gives up."""
+HUB_ENDPOINT = "https://huggingface.co"  # huggingface_hub's default; $HF_ENDPOINT overrides
+
+
+def _flag_set(name: str) -> bool:
+    return os.environ.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE")
+
+
+def require_hub_weights(model_id: str) -> None:
+    """Fail at once (exit 3, the offline hint) when the weights of hub id ``model_id`` are
+    not in the local Hugging Face cache and the hub cannot be reached: one request to the
+    hub, waiting at most ``HUB_PROBE_SECONDS``, instead of the loader's ladder of retries.
+    ``HF_HUB_OFFLINE=1``: no request. A reachable hub lets the export download them."""
+    import urllib.error
+    import urllib.request
+
+    from trtpack.resolve import cached_snapshot
+
+    folder = cached_snapshot(model_id)
+    if folder is not None and (folder / "config.json").is_file():
+        return
+    where = "not in the local Hugging Face cache"
+    if _flag_set("HF_HUB_OFFLINE"):
+        raise MissingEnvironmentError(
+            f"cannot load weights of '{model_id}' ({where}, and HF_HUB_OFFLINE is set)",
+            hint=OFFLINE_HINT)
+    endpoint = (os.environ.get("HF_ENDPOINT") or HUB_ENDPOINT).rstrip("/")
+    request = urllib.request.Request(f"{endpoint}/api/models/{model_id}", method="HEAD")
+    try:
+        with urllib.request.urlopen(request, timeout=HUB_PROBE_SECONDS):
+            return
+    except urllib.error.HTTPError:
+        return  # the hub answered: the export's loader reports what it says
+    except (OSError, ValueError) as e:  # refused, unreachable, timed out, a bad endpoint
+        reason = getattr(e, "reason", e)
+        raise MissingEnvironmentError(
+            f"cannot load weights of '{model_id}' ({where}, and the hub at {endpoint} "
+            f"cannot be reached: {reason})", hint=OFFLINE_HINT) from None
+
+
 @dataclass
 class LoadedModel:
     module: Any  # torch.nn.Module in eval mode
@@ -149,6 +192,7 @@ def load_model(recipe: Recipe, *, random_weights: bool, seed: int = 0) -> Loaded
 
     torch.manual_seed(seed)
     source = recipe.source
+    random_weights = random_weights or source.random_weights  # a recipe without weights
     if source.factory:
         module = _call(source.factory, "model factory")
         if not isinstance(module, torch.nn.Module):
@@ -184,9 +228,7 @@ def load_model(recipe: Recipe, *, random_weights: bool, seed: int = 0) -> Loaded
         except OSError as e:
             raise MissingEnvironmentError(
                 f"cannot load weights of '{location}' ({str(e).splitlines()[0]})",
-                hint="this machine may be offline: add --random-weights to build from the "
-                "recipe's architecture config",
-            ) from None
+                hint=OFFLINE_HINT) from None
         config = module.config
         weights = "pretrained"
     if recipe.task == "text-generation" and hasattr(module.config, "use_cache"):

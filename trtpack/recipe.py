@@ -53,12 +53,16 @@ class Source(_Strict):
     onnx: str | None = Field(
         None, description="an ONNX file (its external data beside it): no export, the FP32 "
         "ONNX in ONNX Runtime is the reference")
+    random_weights: bool = Field(
+        False, description="no weights anywhere: always built from the recipe's config with "
+        "random weights (as --random-weights), offline")
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Source:
-        given = [k for k in ("hf_id", "package", "path", "factory", "onnx") if getattr(self, k)]
+        kinds = ("hf_id", "package", "path", "factory", "onnx", "random_weights")
+        given = [k for k in kinds if getattr(self, k)]
         if len(given) != 1:
-            raise ValueError("give exactly one of hf_id, package, path, factory, onnx")
+            raise ValueError(f"give exactly one of {', '.join(kinds)}")
         return self
 
 

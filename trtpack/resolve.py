@@ -48,7 +48,7 @@ def resolve_model(model: str, task: str | None = None) -> Recipe:
         folder = hub_cache_directory(model)
         return recipe_for_hf_dir(folder, task, name=hub_name(model)).with_origin(folder)
     if re.match(r"^[A-Za-z0-9][\w.-]*$", model):  # a bare hub id ("gpt2"), if cached
-        folder_or_none = _cached_snapshot(model)
+        folder_or_none = cached_snapshot(model)
         if folder_or_none is not None:
             from trtpack.hf_recipe import recipe_for_hf_dir
 
@@ -116,7 +116,8 @@ def hub_name(model_id: str) -> str:
     return safe_name(model_id.split("/")[-1])
 
 
-def _cached_snapshot(model_id: str) -> Path | None:
+def cached_snapshot(model_id: str) -> Path | None:
+    """The local Hugging Face cache's snapshot of ``model_id`` (None: not there)."""
     try:
         from huggingface_hub import snapshot_download
     except ImportError:

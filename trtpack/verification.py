@@ -77,6 +77,28 @@ def token_text(tokenizer: Any, ids_input: str, mask_input: str | None) -> Sample
     return describe
 
 
+def saved_tokenizer_text(folder: Path | None, recipe: Recipe) -> SampleText | None:
+    """A ``SampleText`` from the tokenizer the export saved in ``folder`` (None: the model
+    takes no token ids, or there is no tokenizer). ``tokenizer.json`` is read with
+    ``tokenizers`` alone (no transformers import in the verify process)."""
+    from trtpack.tokenizer_files import has_tokenizer
+
+    ids = next((i.name for i in recipe.inputs if i.kind == "token_ids"), None)
+    mask = next((i.name for i in recipe.inputs if i.kind == "attention_mask"), None)
+    if ids is None or folder is None or not has_tokenizer(folder):
+        return None
+    tokenizer: Any
+    if (folder / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    else:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    return token_text(tokenizer, ids, mask)
+
+
 def _gate(tol: Tolerance, metric: str, scores: SampleScores | None, max_abs: float,
           within_tolerance: bool) -> tuple[bool, str]:
     reasons = []

@@ -20,7 +20,7 @@ import json
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtpack.engine.provenance import EngineProvenance, provenance_path
 from trtpack.errors import UserInputError
@@ -66,6 +66,9 @@ from trtpack.serving.tokenizer_model import (
 from trtpack.shapes import ShapeProfile
 from trtpack.tokenizer_files import VOCABULARY_FILES, has_tokenizer
 
+if TYPE_CHECKING:
+    from trtpack.cases import Case
+
 
 def _same_io(a: ModelIO, b: ModelIO) -> bool:
     def sig(io: ModelIO) -> list[tuple[str, str, int]]:
@@ -95,6 +98,7 @@ def write_model_repository(
     name: str | None = None,
     tuning_dir: Path | None = None,
     repository_ref: str | None = None,
+    tuning_cases: Sequence[Case] = (),
 ) -> ModelRepository:
     """Write the Triton model repository for one built model into ``dest`` (new or empty).
 
@@ -108,7 +112,8 @@ def write_model_repository(
     ``recipe.triton``. ``tuning_dir`` (outside ``dest``) receives a perf_analyzer script, a
     Model Analyzer config and a README; they name the repository by ``repository_ref``
     (relative to ``tuning_dir``; default the relative path between the two folders now, so
-    pass e.g. ``"../model_repository"`` when both are written under temporary names).
+    pass e.g. ``"../model_repository"`` when both are written under temporary names);
+    ``tuning_cases``, the verified inputs, are written there for perf_analyzer to send.
     Which ``serve`` / ``fallback_cpu`` combinations a build may ask for is decided once, by
     ``api.resolve_options``; this checks only what the files themselves must provide.
     """
@@ -220,5 +225,5 @@ def write_model_repository(
         from trtpack.serving.tuning import write_tuning_files
 
         repo.tuning_files = write_tuning_files(tuning_dir, repo, profiles, settings,
-                                               repository_ref)
+                                               repository_ref, tuning_cases)
     return repo

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,19 +51,25 @@ def _shape_flags(profile: ShapeProfile, corner: str, batched: bool) -> tuple[int
 
 def perf_analyzer_commands(model: str, profiles: Sequence[ShapeProfile], max_batch_size: int,
                            *, integer_inputs: bool, url: str = "${TRITON_URL}",
-                           concurrency: str = "1:8:1") -> list[list[str]]:
-    """One perf_analyzer argv per profile and corner (opt, max)."""
+                           concurrency: str = "1:8:1",
+                           input_data: Mapping[tuple[int, str], str] | None = None
+                           ) -> list[list[str]]:
+    """One perf_analyzer argv per profile and corner (opt, max). ``input_data``: the
+    ``--input-data`` file of (profile index, corner), the inputs the build was verified on."""
     commands: list[list[str]] = []
     batched = max_batch_size > 0
     seen: set[str] = set()
-    for profile in profiles:
+    for index, profile in enumerate(profiles):
         for corner in ("opt", "max"):
             batch, shapes = _shape_flags(profile, corner, batched)
             batch = min(batch, max_batch_size) if batched else 1
             cmd = ["perf_analyzer", "-m", model, "-i", "grpc", "-u", url, "-b", str(batch)]
             for s in shapes:
                 cmd += ["--shape", s]
-            if integer_inputs:
+            verified = (input_data or {}).get((index, corner))
+            if verified is not None:
+                cmd += ["--input-data", verified]
+            elif integer_inputs:
                 # random integers would index past the vocabulary; zeros are valid token ids
                 cmd += ["--input-data", "zero"]
             cmd += ["--concurrency-range", concurrency, "--percentile", "95",
@@ -76,8 +82,9 @@ def perf_analyzer_commands(model: str, profiles: Sequence[ShapeProfile], max_bat
 
 
 def _quote(cmd: list[str]) -> str:
-    # keep ${TRITON_URL} expandable by the shell
-    return " ".join(a if a.startswith("${") else shlex.quote(a) for a in cmd)
+    # keep ${TRITON_URL} and "$HERE/..." expandable by the shell
+    return " ".join(a if a.startswith("${") else f'"{a}"' if a.startswith("$HERE/")
+                    else shlex.quote(a) for a in cmd)
 
 
 def model_analyzer_config(repo: ModelRepository, model: str, profiles: Sequence[ShapeProfile],
@@ -114,12 +121,14 @@ def model_analyzer_config(repo: ModelRepository, model: str, profiles: Sequence[
 
 
 def write_tuning_files(dest: Path, repo: ModelRepository, profiles: Sequence[ShapeProfile],
-                       settings: TritonSettings, repository_ref: str | None = None
-                       ) -> list[Path]:
+                       settings: TritonSettings, repository_ref: str | None = None,
+                       cases: Sequence[Case] = ()) -> list[Path]:
     """Write the perf_analyzer script, the Model Analyzer config and a README into ``dest``.
 
     ``repository_ref`` is how they name the repository, relative to ``dest`` (default: the
     path from ``dest`` to ``repo.root`` now; give the final one when both are renamed later).
+    ``cases``: the verified inputs, written as ``perf_inputs_p<profile>_<corner>.json`` and
+    fed to the perf_analyzer runs of those corners.
     """
     import yaml
 
@@ -131,11 +140,15 @@ def write_tuning_files(dest: Path, repo: ModelRepository, profiles: Sequence[Sha
     main_config = read_config(main.path / CONFIG_FILE)
     mbs = int(main_config.max_batch_size)
     integer_inputs = any(t.data_type in (8, 9) for t in main_config.input)  # INT32, INT64
+    written += write_perf_input_data(dest, cases, batched=mbs > 0)
+    input_data = {(c.profile, c.corner): f"$HERE/{perf_input_data_name(c.profile, c.corner)}"
+                  for c in cases}
     lines = [
         "#!/usr/bin/env bash",
-        f"# perf_analyzer runs for the Triton model repository {repo.root.name}/ written by",
-        "# trtpack: one run per shape profile at its opt and max shape. Start tritonserver on",
-        "# that repository first; TRITON_URL is its gRPC address.",
+        f"# perf_analyzer runs for the Triton model repository {rel}/ (from this folder)",
+        "# written by trtpack: one run per shape profile at its opt and max shape, sending",
+        "# the inputs the build was verified on where it has them (perf_inputs_*.json). Start",
+        "# tritonserver on that repository first; TRITON_URL is its gRPC address.",
         "set -euo pipefail",
         'TRITON_URL="${TRITON_URL:-localhost:8001}"',
         'HERE="$(cd "$(dirname "$0")" && pwd)"',
@@ -144,7 +157,8 @@ def write_tuning_files(dest: Path, repo: ModelRepository, profiles: Sequence[Sha
     tensor_models = [main, *repo.by_role("cpu_fallback")]
     for m in tensor_models:
         lines.append(f"# {m.name} ({m.backend})")
-        for cmd in perf_analyzer_commands(m.name, profiles, mbs, integer_inputs=integer_inputs):
+        for cmd in perf_analyzer_commands(m.name, profiles, mbs, integer_inputs=integer_inputs,
+                                          input_data=input_data):
             lines.append(_quote(cmd))
         lines.append("")
     ensembles = repo.by_role("ensemble")
@@ -160,8 +174,7 @@ def write_tuning_files(dest: Path, repo: ModelRepository, profiles: Sequence[Sha
                    "-b", str(batch), "--input-data", f"$HERE/{TEXT_INPUT_DATA}",
                    "--concurrency-range", "1:8:1", "--percentile", "95",
                    "--measurement-interval", "5000"]
-            lines.append(_quote(cmd).replace(f"'$HERE/{TEXT_INPUT_DATA}'",
-                                             f'"$HERE/{TEXT_INPUT_DATA}"'))
+            lines.append(_quote(cmd))
             lines.append("")
     script = dest / PERF_SCRIPT
     script.write_text("\n".join(lines), encoding="utf-8")

@@ -12,12 +12,14 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtpack.options import BuildOptions
-from trtpack.serving.config import CONFIG_FILE
 from trtpack.serving.layout import REPOSITORY
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
+
+if TYPE_CHECKING:
+    from trtpack.cases import Case
 
 TUNING = "tuning"
 
@@ -61,8 +63,8 @@ def run(ctx: StageContext) -> StageOutcome:
         model_config_json=ctx.artifacts.get("model_config"),
         tuning_dir=tmp_tuning,
         repository_ref=f"../{REPOSITORY}",  # tuning files name the final folder
+        tuning_cases=_verified_inputs(ctx),
     )
-    _write_perf_inputs(ctx, repo, tmp_tuning)
     os.replace(tmp, final)
     if tmp_tuning.exists():
         os.replace(tmp_tuning, tuning)
@@ -77,16 +79,10 @@ def run(ctx: StageContext) -> StageOutcome:
     )
 
 
-def _write_perf_inputs(ctx: StageContext, repo: Any, tuning: Path) -> None:
-    """perf_analyzer input data from the verified inputs (what ``trtpack bench --served``
-    sends), beside the tuning scripts."""
+def _verified_inputs(ctx: StageContext) -> list[Case]:
+    """The cases the build was verified on: perf_analyzer's input data, beside the tuning
+    scripts (what ``trtpack bench --served`` sends)."""
     from trtpack.cases import load_cases
-    from trtpack.serving.config import read_config
-    from trtpack.serving.tuning import write_perf_input_data
 
     reference = ctx.artifacts.get("reference")
-    if reference is None or not tuning.is_dir():
-        return
-    main = repo.by_role("model")[0]
-    batched = int(read_config(main.path / CONFIG_FILE).max_batch_size) > 0
-    repo.tuning_files.extend(write_perf_input_data(tuning, load_cases(reference), batched))
+    return [] if reference is None else load_cases(reference)

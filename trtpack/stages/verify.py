@@ -11,7 +11,7 @@ from typing import Any
 from trtpack.cases import load_cases, save_cases, with_outputs
 from trtpack.options import BuildOptions
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
-from trtpack.verification import compare_cases, run_onnxruntime
+from trtpack.verification import compare_cases, run_onnxruntime, saved_tokenizer_text
 
 
 @dataclass
@@ -35,8 +35,9 @@ def run(ctx: StageContext) -> StageOutcome:
     ctx.progress(f"ONNX Runtime on {len(cases)} cases (min/opt/max of every profile)")
     outputs = run_onnxruntime(ctx.artifact("onnx"), cases)
     onnx_in = ctx.options.recipe.source.onnx is not None
-    rows = compare_cases(CHECK_ONNX_IN if onnx_in else CHECK, ctx.options.recipe, "fp32",
-                         cases, outputs)
+    recipe = ctx.options.recipe
+    rows = compare_cases(CHECK_ONNX_IN if onnx_in else CHECK, recipe, "fp32", cases, outputs,
+                         saved_tokenizer_text(ctx.artifacts.get("tokenizer"), recipe))
     fp32_outputs = ctx.stage_dir / "fp32_outputs.npz"
     # ONNX in: later stages are compared with the user's ONNX itself
     save_cases(fp32_outputs, cases if onnx_in else with_outputs(cases, outputs))
