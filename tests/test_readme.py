@@ -71,6 +71,7 @@ OTHER_TOOLS_OPTIONS = {
     "--method": "benchmarks/int8_minilm.py",
     "--recipe": "benchmarks/int8_minilm.py",
     "--model-control-mode": "tritonserver",
+    "--backend-config": "tritonserver",
 }
 SYNOPSIS_MARKS = ("[", "|", "...", "…")
 OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
