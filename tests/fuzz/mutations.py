@@ -22,14 +22,20 @@ def fuzz_settings(examples: int) -> Callable[[Any], Any]:
     return settings(max_examples=examples, **FUZZ_SETTINGS)
 
 
+GENERATED: dict[str, int] = {}
+"""Inputs generated per parser in this session (tests/fuzz/conftest.py prints the total)."""
+
+
 class Counter:
     """How many inputs a suite's property saw (each suite asserts it ran >= 500)."""
 
-    def __init__(self) -> None:
+    def __init__(self, parser: str) -> None:
+        self.parser = parser
         self.count = 0
 
     def __call__(self) -> None:
         self.count += 1
+        GENERATED[self.parser] = self.count
 
 
 # Characters a typo, a paste or another tool's file could put in a text field.

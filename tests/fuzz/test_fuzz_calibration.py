@@ -60,11 +60,11 @@ def _check(path: Path, run: Any) -> None:
 
 
 def test_text_calibration_fuzzed() -> None:
-    seen = Counter()
+    seen = Counter("calibration text")
     tokenizer = _tokenizer()
     path = Path(tempfile.mkdtemp(prefix="trtpack-fuzz-cal-")) / "sentences.txt"
 
-    @fuzz_settings(MIN_EXAMPLES + 50)
+    @fuzz_settings(600)
     @given(content=calibration_text(), samples=st.sampled_from([1, 3, 128]))
     def check(content: bytes, samples: int) -> None:
         seen()
@@ -105,8 +105,11 @@ def npz_arrays(draw: st.DrawFn) -> dict[str, np.ndarray]:
         if op == "drop":
             arrays.pop(name, None)
         elif op == "dtype":
-            with np.errstate(invalid="ignore"):  # NaN made int by the mutation itself
-                arrays[name] = a.astype(draw(st.sampled_from(DTYPES)))
+            try:
+                with np.errstate(invalid="ignore"):  # NaN made int by the mutation itself
+                    arrays[name] = a.astype(draw(st.sampled_from(DTYPES)))
+            except (OverflowError, ValueError):  # numpy refuses that cast (text -> int8)
+                pass
         elif op == "rank":
             arrays[name] = a.reshape(-1) if draw(st.booleans()) else a[..., None]
         elif op == "rows":
@@ -136,10 +139,10 @@ def npz_file(draw: st.DrawFn) -> bytes:
 
 
 def test_npz_calibration_fuzzed() -> None:
-    seen = Counter()
+    seen = Counter("calibration npz")
     path = Path(tempfile.mkdtemp(prefix="trtpack-fuzz-npz-")) / "inputs.npz"
 
-    @fuzz_settings(MIN_EXAMPLES + 50)
+    @fuzz_settings(600)
     @given(content=npz_file(), samples=st.sampled_from([1, 4, 128]))
     def check(content: bytes, samples: int) -> None:
         seen()

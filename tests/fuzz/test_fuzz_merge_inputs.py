@@ -98,7 +98,7 @@ def test_merge_inputs_fuzzed(builds: tuple[Path, Path]) -> None:
              "config": folder / "model_repository" / NAME / "config.pbtxt"}
     originals = {k: p.read_bytes() for k, p in files.items()}
     check_compatible([good, read_engine_build(folder)])  # the unmodified pair merges
-    seen = Counter()
+    seen = Counter("merge inputs")
 
     @fuzz_settings(MIN_EXAMPLES + 100)
     @given(which=st.sampled_from(["provenance", "provenance", "provenance", "report",

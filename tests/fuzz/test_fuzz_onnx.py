@@ -123,7 +123,7 @@ def _edit_model(model: Any, data: st.DataObject) -> None:
 def test_onnx_files_fuzzed(real_models: dict[str, Path]) -> None:
     import onnx
 
-    seen = Counter()
+    seen = Counter("ONNX sniffing")
     work = Path(tempfile.mkdtemp(prefix="trtpack-fuzz-onnx-"))
     originals = {kind: (path.read_bytes(), (path.parent / "model.onnx.data").read_bytes()
                         if (path.parent / "model.onnx.data").is_file() else None)

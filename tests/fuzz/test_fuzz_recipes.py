@@ -65,9 +65,9 @@ def _wrong_numbers(text: str, data: st.DataObject) -> str:
 
 
 def test_profile_parser_fuzzed() -> None:
-    seen = Counter()
+    seen = Counter("--profile")
 
-    @fuzz_settings(2 * MIN_EXAMPLES)
+    @fuzz_settings(1200)
     @given(text=edited_text(valid_profile()), data=st.data(),
            mixed=st.booleans(), renumber=st.booleans())
     def check(text: str, data: st.DataObject, mixed: bool, renumber: bool) -> None:
@@ -119,7 +119,7 @@ def override(draw: st.DrawFn) -> str:
 
 
 def test_set_overrides_fuzzed() -> None:
-    seen = Counter()
+    seen = Counter("--set")
 
     @fuzz_settings(2 * MIN_EXAMPLES)
     @given(items=st.lists(override(), min_size=1, max_size=3))
@@ -161,11 +161,11 @@ def recipe_text(draw: st.DrawFn) -> bytes:
 
 
 def test_recipe_files_fuzzed() -> None:
-    seen = Counter()
+    seen = Counter("recipe YAML")
     folder = Path(tempfile.mkdtemp(prefix="trtpack-fuzz-recipe-"))
     path = folder / "user-recipe.yaml"
 
-    @fuzz_settings(MIN_EXAMPLES + 100)
+    @fuzz_settings(700)
     @given(content=recipe_text())
     def check(content: bytes) -> None:
         seen()
