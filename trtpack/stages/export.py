@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import io
-import logging
 import os
 import shutil
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,10 +25,12 @@ from trtpack.errors import UserInputError
 from trtpack.models import LoadedModel, load_model, source_directory
 from trtpack.onnx_export import (
     Decomposition,
+    exporter_failure,
     optimize_program,
     quick_torchlib_registry,
     save_program,
     skip_needless_decomposition,
+    torch_logs_to,
 )
 from trtpack.onnx_files import (
     DATA_SUFFIX,
@@ -192,17 +192,6 @@ class Exported:
     decomposition: str
 
 
-def exporter_failure(error: BaseException) -> str:
-    """One line for an exporter's exception: the summary line torch.onnx's own errors carry
-    (``<class 'ValueError'>: Cannot view ...``), else the first line of the message."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    summary = next((line for line in lines if line.startswith("<class '")), None)
-    if summary is not None:
-        kind, _, text = summary.partition(">: ")
-        return f"{kind.removeprefix('<class ').strip(chr(39))}: {text}"[:300]
-    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
-
-
 def export_onnx(wrapper: Any, options: BuildOptions, path: Path, log: Any) -> Exported:
     """Export with the recipe's exporter. When the dynamo exporter fails, retry with the
     TorchScript exporter (``dynamo=False``, as Hugging Face Optimum does); the verify stage
@@ -226,7 +215,7 @@ def export_onnx(wrapper: Any, options: BuildOptions, path: Path, log: Any) -> Ex
     captured = io.StringIO()
     exporter, fallback = recipe.exporter, ""
     with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured), \
-            warnings.catch_warnings(), _torch_logs_to(log):
+            warnings.catch_warnings(), torch_logs_to(log):
         warnings.simplefilter("ignore")
         decomposition = Decomposition(reason="legacy exporter")
         if exporter == "dynamo":
@@ -259,27 +248,6 @@ def export_onnx(wrapper: Any, options: BuildOptions, path: Path, log: Any) -> Ex
     return Exported(exporter=exporter, fallback=fallback,
                     external_data=data_path(path).is_file(),
                     decomposition=decomposition.summary())
-
-
-@contextlib.contextmanager
-def _torch_logs_to(log: logging.Logger) -> Iterator[None]:
-    """torch logs through ``logging`` (with handlers of its own on some loggers) to the
-    terminal; send all of it to the stage log instead while exporting."""
-    import torch  # noqa: F401  (its loggers exist once it is imported)
-
-    loggers = [logging.getLogger("torch")] + [
-        logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
-        if name.startswith("torch.")
-    ]
-    saved = [(lg, lg.handlers[:], lg.propagate) for lg in loggers]
-    for lg in loggers:
-        lg.handlers = list(log.handlers) if lg.name == "torch" else []
-        lg.propagate = lg.name != "torch"
-    try:
-        yield
-    finally:
-        for lg, handlers, propagate in saved:
-            lg.handlers, lg.propagate = handlers, propagate
 
 
 def _dynamic_shapes(options: BuildOptions) -> tuple[dict[int, Any], ...]:
