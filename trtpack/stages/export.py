@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from trtpack.cases import Case, save_cases
-from trtpack.errors import UserInputError
+from trtpack.errors import TrtpackError, UserInputError
 from trtpack.models import LoadedModel, load_model, source_directory
 from trtpack.onnx_export import (
     Decomposition,
@@ -229,6 +229,8 @@ def export_onnx(wrapper: Any, options: BuildOptions, path: Path, log: Any) -> Ex
                 assert program is not None  # the dynamo exporter returns its program
                 optimize_program(program.model)
                 save_program(program, scratch / path.name)
+            except (TrtpackError, MemoryError):
+                raise  # the user's to fix; and the TorchScript exporter needs more memory
             except Exception as e:  # any failure of the exporter: the other one may work
                 log.warning("the dynamo exporter failed; retrying with the TorchScript "
                             "exporter (dynamo=False)", exc_info=True)
