@@ -44,6 +44,7 @@ class BuildRequest:
     timing_cache: Path | None = None  # --timing-cache DIR: a timing-cache folder to share
     task: str | None = None  # --task: the head of a model directory, hub id or ONNX file
     calibration_method: str | None = None  # None: the recipe's int8.calibration_method
+    tokenizer: Path | None = None  # --tokenizer: a tokenizer folder (or one of its files)
 
 
 def resolve_target_for_build(name: str, build_engine: bool,
@@ -81,6 +82,8 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
     fallback = cast(Fallback, request.fallback)
     recipe: Recipe = apply_overrides(resolve_model(request.model, request.task),
                                      list(request.overrides))
+    if request.tokenizer is not None:
+        recipe = with_tokenizer(recipe, request.tokenizer)
     if request.portable is not None:
         if request.portable not in ("none", "ampere+", "same_compute_capability"):
             raise UserInputError(
@@ -196,6 +199,24 @@ def check_triton_profiles(profiles: Sequence[ShapeProfile], recipe: Recipe,
         warning = partly_served_lengths_warning(profiles, ids)
         return [warning] if warning else []
     return []
+
+
+def with_tokenizer(recipe: Recipe, path: Path) -> Recipe:
+    """``recipe`` with its tokenizer taken from ``path`` (``--tokenizer``): a folder holding a
+    saved tokenizer, or one of its files (``tokenizer.json``, ``vocab.txt`` ...)."""
+    from trtpack.recipe import Source
+    from trtpack.tokenizer_files import VOCABULARY_FILES, has_tokenizer
+
+    folder = path.expanduser()
+    if folder.is_file():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise UserInputError(f"--tokenizer '{path}' does not exist")
+    if not has_tokenizer(folder):
+        raise UserInputError(f"--tokenizer '{path}' holds no tokenizer (none of "
+                             f"{', '.join(VOCABULARY_FILES)})")
+    return recipe.model_copy(update={
+        "tokenizer": True, "tokenizer_source": Source(path=str(folder.resolve()))})
 
 
 def _timing_cache_dir(path: Path | None) -> Path | None:

@@ -153,6 +153,10 @@ def build(
     calibration_method: Annotated[str | None, typer.Option(
         help="INT8 activation ranges: max, entropy or percentile (99.99th). Default: the "
         "recipe's (precision_options.int8.calibration_method).")] = None,
+    tokenizer: Annotated[Path | None, typer.Option(
+        help="The tokenizer, when it is not beside the model (e.g. an ONNX file from "
+        "elsewhere): a folder with tokenizer.json or vocab.txt, or that file. Verification "
+        "then draws real token ids, and --serve text works.")] = None,
     bench: Annotated[bool, typer.Option(
         "--bench", help="After packaging, measure latency per profile corner against PyTorch "
         "(trtpack bench).")] = False,
@@ -176,7 +180,7 @@ def build(
         calibration=calibration, fallback=fallback, serve=serve, fallback_cpu=fallback_cpu,
         cache_dir=cache_dir, use_cache=not no_cache, portable=portable,
         overrides=overrides or [], timing_cache=timing_cache, task=task,
-        calibration_method=calibration_method,
+        calibration_method=calibration_method, tokenizer=tokenizer,
     )
     view = ProgressView(err, enabled=not as_json)
     try:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -259,3 +260,35 @@ def _contiguous_tensor(array: np.ndarray) -> Any:
     import onnx_ir as ir
 
     return ir.Tensor(np.ascontiguousarray(array))
+
+
+def exporter_failure(error: BaseException) -> str:
+    """One line for an exporter's exception: the summary line torch.onnx's own errors carry
+    (``<class 'ValueError'>: Cannot view ...``), else the first line of the message."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    summary = next((line for line in lines if line.startswith("<class '")), None)
+    if summary is not None:
+        kind, _, text = summary.partition(">: ")
+        return f"{kind.removeprefix('<class ').strip(chr(39))}: {text}"[:300]
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+@contextlib.contextmanager
+def torch_logs_to(log: logging.Logger) -> Iterator[None]:
+    """torch logs through ``logging`` (with handlers of its own on some loggers) to the
+    terminal; send all of it to the stage log instead while exporting."""
+    import torch  # noqa: F401  (its loggers exist once it is imported)
+
+    loggers = [logging.getLogger("torch")] + [
+        logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
+        if name.startswith("torch.")
+    ]
+    saved = [(lg, lg.handlers[:], lg.propagate) for lg in loggers]
+    for lg in loggers:
+        lg.handlers = list(log.handlers) if lg.name == "torch" else []
+        lg.propagate = lg.name != "torch"
+    try:
+        yield
+    finally:
+        for lg, handlers, propagate in saved:
+            lg.handlers, lg.propagate = handlers, propagate

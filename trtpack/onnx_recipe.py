@@ -40,6 +40,9 @@ def load_onnx_graph(path: Path) -> Any:
     except onnx.checker.ValidationError as e:
         first = (str(e).strip().splitlines() or ["invalid"])[0]
         raise UserInputError(f"'{path}' is not a valid ONNX model: {first}") from None
+    except UnicodeDecodeError:  # the checker's message quotes bytes that are not UTF-8
+        raise UserInputError(f"'{path}' is not a valid ONNX model (a name or field in it is "
+                             "not UTF-8 text: damaged?)") from None
     return model
 
 
@@ -65,11 +68,21 @@ def check_external_data(model: Any, path: Path) -> None:
                     f"'{path}' keeps its weights in external data '{location}', which is "
                     f"missing beside it (expected {data})")
             sizes[location] = data.stat().st_size
-        end = int(info.get("offset", 0) or 0) + int(info.get("length", 0) or 0)
+        end = external_offset(info, "offset", t.name, path) + \
+            external_offset(info, "length", t.name, path)
         if end > sizes[location]:
             raise UserInputError(
                 f"'{path}': external data '{location}' is {sizes[location]} bytes, but "
                 f"tensor '{t.name}' needs bytes up to {end} (truncated?)")
+
+
+def external_offset(info: dict[str, str], key: str, tensor: str, path: Path) -> int:
+    """The ``offset`` or ``length`` of an external-data entry (0 when absent), checked."""
+    text = info.get(key) or "0"
+    if not text.isascii() or not text.isdigit():
+        raise UserInputError(f"'{path}': tensor '{tensor}' has external data {key} "
+                             f"'{text[:40]}', not a byte count (damaged?)")
+    return int(text)
 
 
 def _dims(value: Any, unnamed: list[int]) -> list[str | int]:

@@ -36,6 +36,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise RecipeError(f"cannot read recipe {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise RecipeError(f"recipe {path} is not UTF-8 text (byte {e.start})") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:

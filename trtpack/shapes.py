@@ -96,16 +96,27 @@ class ShapeProfile:
         )
 
 
-_SHAPE_RE = re.compile(r"^\d+(x\d+)*$")
+_SHAPE_RE = re.compile(r"^[0-9]+(x[0-9]+)*$")
+MAX_DIM = 2**31 - 1  # TensorRT's dimensions are int32
+
+
+def _quoted(text: str, limit: int = 60) -> str:
+    """``text`` for an error message: quoted, long ones cut (a pasted file stays one line)."""
+    text = text if len(text) <= limit else text[:limit - 3] + "..."
+    return repr(text) if any(not c.isprintable() for c in text) else f"'{text}'"
 
 
 def _parse_shape(text: str, where: str) -> Shape:
     text = text.strip().lower()
     if not _SHAPE_RE.match(text):
         raise ProfileError(
-            f"{where}: '{text}' is not a shape; expected sizes joined by 'x', e.g. 16x128"
+            f"{where}: {_quoted(text)} is not a shape; expected sizes joined by 'x', e.g. 16x128"
         )
-    return tuple(int(d) for d in text.split("x"))
+    sizes = text.split("x")
+    too_big = next((d for d in sizes if len(d) > 10 or int(d) > MAX_DIM), None)
+    if too_big is not None:
+        raise ProfileError(f"{where}: size {_quoted(too_big, 20)} is larger than {MAX_DIM}")
+    return tuple(int(d) for d in sizes)
 
 
 def _parse_range(text: str, where: str) -> tuple[Shape, Shape, Shape]:
@@ -115,11 +126,11 @@ def _parse_range(text: str, where: str) -> tuple[Shape, Shape, Shape]:
         return shape, shape, shape
     if len(parts) != 3:
         raise ProfileError(
-            f"{where}: '{text}' must be MIN:OPT:MAX (e.g. 1x128:16x128:128x128) or one shape"
+            f"{where}: {_quoted(text)} must be MIN:OPT:MAX (e.g. 1x128:16x128:128x128) or one shape"
         )
     mn, opt, mx = (_parse_shape(p, where) for p in parts)
     if not len(mn) == len(opt) == len(mx):
-        raise ProfileError(f"{where}: min, opt and max in '{text}' have different ranks")
+        raise ProfileError(f"{where}: min, opt and max in {_quoted(text)} have different ranks")
     return mn, opt, mx
 
 
@@ -182,7 +193,7 @@ def parse_profile(text: str, inputs: Sequence[TensorSpec]) -> ShapeProfile:
       take their sizes from the axes of those that are.
     """
     text = text.strip()
-    where = f"profile '{text}'"
+    where = f"profile {_quoted(text)}"
     if not text:
         raise ProfileError("empty profile; expected e.g. 1x128:16x128:128x128")
     by_name = {s.name: s for s in inputs}
@@ -190,12 +201,12 @@ def parse_profile(text: str, inputs: Sequence[TensorSpec]) -> ShapeProfile:
     if "=" in text:
         for item in text.split(","):
             if "=" not in item:
-                raise ProfileError(f"{where}: '{item}' must be NAME=MIN:OPT:MAX")
+                raise ProfileError(f"{where}: {_quoted(item)} must be NAME=MIN:OPT:MAX")
             name, _, rng_text = item.partition("=")
             name = name.strip()
             if name not in by_name:
                 raise ProfileError(
-                    f"{where}: the model has no input '{name}'; its inputs are "
+                    f"{where}: the model has no input {_quoted(name)}; its inputs are "
                     + ", ".join(by_name)
                 )
             shapes[name] = _range_for_input(by_name[name], _parse_range(rng_text, where), where)

@@ -10,9 +10,10 @@ whether an engine can run on a given machine.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from trtpack.engine.triton_release import TritonServing, tensorrt_loads, triton_serving
 from trtpack.model_io import ModelIO, TensorIO
@@ -81,16 +82,25 @@ class EngineProvenance:
     @property
     def cc(self) -> tuple[int, int]:
         major, _, minor = self.compute_capability.partition(".")
+        if not (major.isascii() and major.isdigit() and (minor == "" or (
+                minor.isascii() and minor.isdigit()))):
+            raise ValueError(f"compute_capability '{self.compute_capability[:20]}' is not "
+                             "MAJOR.MINOR")
         return int(major), int(minor or 0)
 
     def model_io(self) -> ModelIO:
         """The engine's I/O as recorded at build time."""
 
-        def tensor(d: dict[str, Any]) -> TensorIO:
+        def tensor(d: Any, where: str) -> TensorIO:
+            if not isinstance(d, dict) or not isinstance(d.get("name"), str) \
+                    or not isinstance(d.get("dtype"), str) \
+                    or not isinstance(d.get("shape"), list) \
+                    or not all(type(n) is int for n in d["shape"]):
+                raise ValueError(f"{where} is not {{name, dtype, shape: [int, ...], batch}}")
             return TensorIO(d["name"], d["dtype"], tuple(d["shape"]), bool(d.get("batch")))
 
-        return ModelIO(tuple(tensor(t) for t in self.inputs),
-                       tuple(tensor(t) for t in self.outputs))
+        return ModelIO(tuple(tensor(t, f"inputs[{i}]") for i, t in enumerate(self.inputs)),
+                       tuple(tensor(t, f"outputs[{i}]") for i, t in enumerate(self.outputs)))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -99,13 +109,45 @@ class EngineProvenance:
         path.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> EngineProvenance:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+    def from_dict(cls, data: Any) -> EngineProvenance:
+        """The provenance in ``data`` (a parsed JSON object); a ``ValueError`` naming the
+        field when one is missing or of the wrong JSON type (unknown fields are ignored)."""
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+        hints = get_type_hints(cls)
+        values = {}
+        for f in fields(cls):
+            if f.name not in data:
+                if f.default is MISSING and f.default_factory is MISSING:
+                    raise ValueError(f"field '{f.name}' is missing")
+                continue
+            if not json_type_matches(data[f.name], hints[f.name]):
+                raise ValueError(f"field '{f.name}' is {type(data[f.name]).__name__}, "
+                                 f"expected {hints[f.name]}")
+            values[f.name] = data[f.name]
+        return cls(**values)
 
     @classmethod
     def load(cls, path: Path) -> EngineProvenance:
         return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+def json_type_matches(value: Any, hint: Any) -> bool:
+    """Whether a parsed JSON value fits a field's type hint at the top level (``str``,
+    ``int``, ``float``, ``list[...]``, ``dict[...]``, ``Any``, ``X | None``)."""
+    if hint is Any:
+        return True
+    origin = get_origin(hint)
+    if origin in (Union, UnionType):
+        return any(json_type_matches(value, h) for h in get_args(hint))
+    kind = origin or hint
+    if kind is type(None):
+        return value is None
+    if kind is float:
+        return type(value) in (int, float)
+    if kind is int:
+        return type(value) is int
+    return isinstance(value, kind)
 
 
 def io_records(io: ModelIO) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -115,15 +115,35 @@ def read_text_samples(path: Path) -> list[str]:
     return samples
 
 
+def read_npz_arrays(path: Path) -> dict[str, np.ndarray]:
+    """Every array of a .npz (a zip of .npy files), or a ``UserInputError`` naming the file:
+    not a zip, a damaged one (bad CRC, truncated), members encrypted or compressed with a
+    method numpy's files never use, or an array that does not parse."""
+    import zipfile
+    import zlib
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for info in archive.infolist():
+                if info.flag_bits & 0x1 or info.compress_type not in (zipfile.ZIP_STORED,
+                                                                       zipfile.ZIP_DEFLATED):
+                    raise UserInputError(
+                        f"calibration file {path} is not a readable .npz: member "
+                        f"'{info.filename}' is encrypted or compressed with another method "
+                        "than numpy writes")
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise UserInputError(f"calibration file {path} is not a readable .npz: {first}"
+                             ) from None
+
+
 def read_npz_samples(path: Path, recipe: Recipe) -> tuple[dict[str, np.ndarray], list[str]]:
     """One array per model input with samples along axis 0, validated against the recipe."""
     _check_file(path)
     warnings: list[str] = []
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
-    except (OSError, ValueError, EOFError) as e:
-        raise UserInputError(f"calibration file {path} is not a readable .npz: {e}") from None
+    arrays = read_npz_arrays(path)
     specs = recipe.input_specs()
     missing = [s.name for s in specs if s.name not in arrays]
     if missing:

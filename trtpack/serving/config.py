@@ -219,6 +219,9 @@ def read_config(path: Path) -> Any:
         return text_format.Parse(path.read_text(encoding="utf-8"), pb.ModelConfig())
     except text_format.ParseError as e:
         raise UserInputError(f"{path} is not a valid Triton config: {e}") from None
+    except UnicodeDecodeError as e:
+        raise UserInputError(f"{path} is not a valid Triton config: not UTF-8 text (byte "
+                             f"{e.start})") from None
 
 
 def check_config(config: Any, io: ModelIO) -> list[str]:

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import io
-import logging
 import os
 import shutil
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,14 +21,16 @@ from typing import Any
 import numpy as np
 
 from trtpack.cases import Case, save_cases
-from trtpack.errors import UserInputError
+from trtpack.errors import TrtpackError, UserInputError
 from trtpack.models import LoadedModel, load_model, source_directory
 from trtpack.onnx_export import (
     Decomposition,
+    exporter_failure,
     optimize_program,
     quick_torchlib_registry,
     save_program,
     skip_needless_decomposition,
+    torch_logs_to,
 )
 from trtpack.onnx_files import (
     DATA_SUFFIX,
@@ -56,7 +56,8 @@ class ExportMetrics(StageMetrics):
     weights: str  # "pretrained" or "random"
     nodes: int
     opset: int | None
-    exporter: str
+    exporter: str  # the exporter that wrote the model: "dynamo" or "legacy" (TorchScript)
+    exporter_fallback: str  # why the TorchScript exporter wrote it instead ("" when it did not)
     external_data: bool  # weights in model.onnx.data
     decomposition: str  # whether the exporter's decomposition re-trace ran, and why
     cases: int  # reference cases (profile corners)
@@ -138,13 +139,30 @@ def build_cases(options: BuildOptions, loaded: LoadedModel) -> list[Case]:
     return cases
 
 
+def shapes_text(inputs: dict[str, np.ndarray]) -> str:
+    """``input_ids=1x16, attention_mask=1x16``: the shapes of one case's inputs."""
+    return ", ".join(f"{n}={'x'.join(str(d) for d in a.shape)}" for n, a in inputs.items())
+
+
 def run_torch(wrapper: Any, recipe: Recipe, cases: list[Case]) -> None:
+    """The PyTorch outputs of every case. A forward that fails is the model's own failure at
+    the profile's shapes: a ``UserInputError`` naming the corner and the shapes."""
     import torch
 
     names = [i.name for i in recipe.inputs]
     with torch.inference_mode():
         for case in cases:
-            outs = wrapper(*[torch.from_numpy(case.inputs[n]) for n in names])
+            try:
+                outs = wrapper(*[torch.from_numpy(case.inputs[n]) for n in names])
+            except UserInputError:
+                raise
+            except Exception as e:  # the user's model, whatever it raises, at these shapes
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                raise UserInputError(
+                    f"the model's own PyTorch forward fails at profile {case.profile} "
+                    f"{case.corner} ({shapes_text(case.inputs)}): {type(e).__name__}: "
+                    f"{first}", hint="choose a --profile the model accepts (e.g. sequence "
+                    "lengths up to its max_position_embeddings)") from None
             case.outputs = {o.name: t.detach().float().numpy()
                             for o, t in zip(recipe.outputs, outs, strict=True)}
 
@@ -164,7 +182,20 @@ def _example_inputs(options: BuildOptions) -> dict[str, np.ndarray]:
     return make_inputs(options.recipe.input_specs(), shapes, vocab_size=vocab, seed=1234)
 
 
-def export_onnx(wrapper: Any, options: BuildOptions, path: Path, log: Any) -> dict[str, Any]:
+@dataclass
+class Exported:
+    """What ``export_onnx`` did: which exporter wrote the model, and why."""
+
+    exporter: str  # "dynamo" or "legacy" (TorchScript)
+    fallback: str  # why the dynamo exporter's model was not used ("" when it was)
+    external_data: bool
+    decomposition: str
+
+
+def export_onnx(wrapper: Any, options: BuildOptions, path: Path, log: Any) -> Exported:
+    """Export with the recipe's exporter. When the dynamo exporter fails, retry with the
+    TorchScript exporter (``dynamo=False``, as Hugging Face Optimum does); the verify stage
+    checks either model against PyTorch at every profile corner."""
     import torch
 
     recipe = options.recipe
@@ -182,20 +213,33 @@ def export_onnx(wrapper: Any, options: BuildOptions, path: Path, log: Any) -> di
     scratch = path.parent / "export-tmp"
     scratch.mkdir()
     captured = io.StringIO()
+    exporter, fallback = recipe.exporter, ""
     with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured), \
-            warnings.catch_warnings(), _torch_logs_to(log):
+            warnings.catch_warnings(), torch_logs_to(log):
         warnings.simplefilter("ignore")
         decomposition = Decomposition(reason="legacy exporter")
-        if recipe.exporter == "dynamo":
-            with skip_needless_decomposition() as decomposition, quick_torchlib_registry():
-                program = torch.onnx.export(
-                    wrapper, args, input_names=input_names, output_names=output_names,
-                    opset_version=options.opset, dynamo=True, optimize=False,
-                    dynamic_shapes=(_dynamic_shapes(options),))  # forward(*args)
-            assert program is not None  # the dynamo exporter returns its program
-            optimize_program(program.model)
-            save_program(program, scratch / path.name)
-        else:
+        if exporter == "dynamo":
+            try:
+                with skip_needless_decomposition() as decomposition, \
+                        quick_torchlib_registry():
+                    program = torch.onnx.export(
+                        wrapper, args, input_names=input_names, output_names=output_names,
+                        opset_version=options.opset, dynamo=True, optimize=False,
+                        dynamic_shapes=(_dynamic_shapes(options),))  # forward(*args)
+                assert program is not None  # the dynamo exporter returns its program
+                optimize_program(program.model)
+                save_program(program, scratch / path.name)
+            except (TrtpackError, MemoryError):
+                raise  # the user's to fix; and the TorchScript exporter needs more memory
+            except Exception as e:  # any failure of the exporter: the other one may work
+                log.warning("the dynamo exporter failed; retrying with the TorchScript "
+                            "exporter (dynamo=False)", exc_info=True)
+                fallback = f"the dynamo exporter failed ({exporter_failure(e)})"
+                exporter = "legacy"
+                decomposition = Decomposition(reason="legacy exporter (fallback)")
+                shutil.rmtree(scratch)
+                scratch.mkdir()
+        if exporter == "legacy":
             torch.onnx.export(wrapper, args, str(scratch / path.name), input_names=input_names,
                               output_names=output_names, dynamic_axes=dynamic_axes,
                               opset_version=options.opset, dynamo=False)
@@ -203,29 +247,9 @@ def export_onnx(wrapper: Any, options: BuildOptions, path: Path, log: Any) -> di
     place_onnx(scratch / path.name, path)
     shutil.rmtree(scratch)
     log.info("decomposition re-trace %s", decomposition.summary())
-    return {"external_data": data_path(path).is_file(),
-            "decomposition": decomposition.summary()}
-
-
-@contextlib.contextmanager
-def _torch_logs_to(log: logging.Logger) -> Iterator[None]:
-    """torch logs through ``logging`` (with handlers of its own on some loggers) to the
-    terminal; send all of it to the stage log instead while exporting."""
-    import torch  # noqa: F401  (its loggers exist once it is imported)
-
-    loggers = [logging.getLogger("torch")] + [
-        logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
-        if name.startswith("torch.")
-    ]
-    saved = [(lg, lg.handlers[:], lg.propagate) for lg in loggers]
-    for lg in loggers:
-        lg.handlers = list(log.handlers) if lg.name == "torch" else []
-        lg.propagate = lg.name != "torch"
-    try:
-        yield
-    finally:
-        for lg, handlers, propagate in saved:
-            lg.handlers, lg.propagate = handlers, propagate
+    return Exported(exporter=exporter, fallback=fallback,
+                    external_data=data_path(path).is_file(),
+                    decomposition=decomposition.summary())
 
 
 def _dynamic_shapes(options: BuildOptions) -> tuple[dict[int, Any], ...]:
@@ -273,6 +297,9 @@ def run(ctx: StageContext) -> StageOutcome:
     exported = export_onnx(wrapper, options, onnx_path, ctx.log)
     summary = graph_summary(onnx_path)
     warnings_out: list[str] = []
+    if exported.fallback:
+        warnings_out.append(f"{exported.fallback}; exported with the TorchScript exporter "
+                            "(dynamo=False) instead, verified against PyTorch the same way")
     if summary["opset"] != options.opset:
         warnings_out.append(f"exporter wrote opset {summary['opset']}, asked for {options.opset}")
     artifacts = {"onnx": onnx_path, "reference": reference}
@@ -289,11 +316,12 @@ def run(ctx: StageContext) -> StageOutcome:
         artifacts=artifacts,
         metrics=ExportMetrics(
             parameters=params, weights=loaded.weights, nodes=summary["nodes"],
-            opset=summary["opset"], exporter=recipe.exporter,
-            external_data=exported["external_data"],
-            decomposition=exported["decomposition"], cases=len(cases),
+            opset=summary["opset"], exporter=exported.exporter,
+            exporter_fallback=exported.fallback, external_data=exported.external_data,
+            decomposition=exported.decomposition, cases=len(cases),
             op_types=summary["op_types"]),
         warnings=warnings_out,
-        message=f"{summary['nodes']} nodes, opset {summary['opset']}, "
+        message=f"{summary['nodes']} nodes, opset {summary['opset']}, {exported.exporter} "
+                f"exporter{' (fallback)' if exported.fallback else ''}, "
                 f"{params / 1e6:.1f}M parameters ({loaded.weights} weights)",
     )

@@ -40,6 +40,15 @@ def source_path(options: BuildOptions) -> Path:
     return Path(options.recipe.source.onnx).expanduser()
 
 
+def tokenizer_folder(options: BuildOptions) -> Path:
+    """Where the ONNX's tokenizer is: the recipe's ``tokenizer_source`` (``--tokenizer``),
+    else beside the ONNX."""
+    source = options.recipe.tokenizer_source
+    if source is not None and source.path:
+        return Path(source.path).expanduser()
+    return source_path(options).parent
+
+
 def _file_state(path: Path) -> list[Any]:
     return [path.name, path.stat().st_size, int(path.stat().st_mtime)] if path.is_file() else []
 
@@ -54,6 +63,7 @@ def fingerprint(options: BuildOptions) -> dict[str, Any]:
         "inputs": [i.model_dump() for i in r.inputs],
         "outputs": [o.model_dump() for o in r.outputs],
         "tokenizer": r.tokenizer, "vocab_size": r.vocab_size,
+        "tokenizer_files": [_file_state(p) for p in tokenizer_files(tokenizer_folder(options))],
         "profiles": [p.to_dict() for p in options.profiles], "seed": options.seed,
     }
 
@@ -125,21 +135,48 @@ def _copy_range(path: Path, start: int, length: int | None, out: Any,
     return copied
 
 
+# Ops between an int8 (or any) weight initializer and the float table a Gather reads:
+# weight-only quantization writes Cast/Mul or DequantizeLinear in front of the embedding.
+TABLE_PASSTHROUGH = ("Cast", "Identity", "Mul", "DequantizeLinear")
+
+
 def vocab_from_graph(path: Path, token_input: str) -> int | None:
-    """The rows of the embedding table the token ids index (a Gather on an initializer,
-    maybe after a Cast), or None."""
+    """The rows of the embedding table the token ids index, or None: a Gather of the ids
+    (maybe after a Cast) on an initializer, or on one dequantized on the way (Cast/Mul,
+    DequantizeLinear of an int8 table, as weight-only and dynamic quantizers write)."""
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
     sizes = {t.name: list(t.dims) for t in model.graph.initializer}
+    producers = {out: node for node in model.graph.node for out in node.output}
     names = {token_input}
     for node in model.graph.node:
         if node.op_type in ("Cast", "Identity") and node.input and node.input[0] in names:
             names.update(node.output)
     for node in model.graph.node:
-        if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] in names \
-                and node.input[0] in sizes and sizes[node.input[0]]:
-            return int(sizes[node.input[0]][0])
+        if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] in names:
+            rows = table_rows(node.input[0], sizes, producers)
+            if rows is not None:
+                return rows
+    return None
+
+
+def table_rows(name: str, sizes: dict[str, list[int]], producers: dict[str, Any],
+               depth: int = 4) -> int | None:
+    """The first dimension of the 2-D table ``name`` is, followed back through
+    ``TABLE_PASSTHROUGH`` ops to an initializer (a scale of shape [rows, 1] or [1] is not the
+    table: only a 2-D initializer with more than one column counts)."""
+    dims = sizes.get(name)
+    if dims is not None:
+        return int(dims[0]) if len(dims) == 2 and dims[0] > 1 and dims[1] > 1 else None
+    node = producers.get(name)
+    if node is None or depth == 0 or node.op_type not in TABLE_PASSTHROUGH:
+        return None
+    operands = node.input[:1] if node.op_type == "DequantizeLinear" else node.input
+    for operand in operands:
+        rows = table_rows(operand, sizes, producers, depth - 1)
+        if rows is not None:
+            return rows
     return None
 
 
@@ -147,7 +184,7 @@ def _tokenizer(folder: Path, stage_dir: Path) -> tuple[Any, Path | None]:
     files = tokenizer_files(folder)
     if not has_tokenizer(folder):
         raise UserInputError(f"recipe says tokenizer: true but there are no tokenizer files "
-                             f"beside the ONNX in {folder}")
+                             f"in {folder} (give one with --tokenizer PATH)")
     target = stage_dir / "tokenizer"
     target.mkdir()
     for f in files:
@@ -177,7 +214,7 @@ def run(ctx: StageContext) -> StageOutcome:
     artifacts: dict[str, Path] = {"onnx": onnx_path}
     tokenizer = None
     if recipe.tokenizer:
-        tokenizer, tok_dir = _tokenizer(src.parent, ctx.stage_dir)
+        tokenizer, tok_dir = _tokenizer(tokenizer_folder(options), ctx.stage_dir)
         if tok_dir is not None:
             artifacts["tokenizer"] = tok_dir
     if (src.parent / "config.json").is_file():
