@@ -46,6 +46,24 @@ MAX_INT8_ROUNDS = 5
 # ONNX Runtime runs the search spends at most (each a few seconds on MiniLM).
 MAX_SEARCH_EVALUATIONS = 60
 
+# The sensitivity of each group is measured on the first decision samples (check failures,
+# short prefixes, the search split, then calibration batches) up to this many: ranking
+# needs the short inputs, not every long calibration batch (on the default text, all 184
+# decision samples made the sensitivity pass take 3 times longer).
+SENSITIVITY_SAMPLES = 64
+
+
+def first_samples(cases: Sequence[Case], samples: int) -> list[Case]:
+    """The first ``cases`` holding ``samples`` rows (the last one may pass it)."""
+    taken: list[Case] = []
+    rows = 0
+    for case in cases:
+        if rows >= samples:
+            break
+        taken.append(case)
+        rows += len(next(iter(case.inputs.values())))
+    return taken
+
 
 def int8_fallback(conv: Int8Conversion, first: Attempt, user_excluded: list[str],
                   op_types: list[str], consultations: int = 0,
@@ -76,7 +94,8 @@ def int8_fallback(conv: Int8Conversion, first: Attempt, user_excluded: list[str]
     opt_cases = [c for c in conv.cases if c.corner == "opt"] or conv.cases[:1]
     judged_corners = [c for c in conv.cases if c.corner != "max"] or conv.cases
     decision = [*check_failed, *conv.decision_cases()]
-    quick = Evaluator(conv.recipe, "int8", decision or opt_cases, workers=workers)
+    quick = Evaluator(conv.recipe, "int8", first_samples(decision, SENSITIVITY_SAMPLES)
+                      or opt_cases, workers=workers)
     conv.ctx.progress(f"fallback: measuring the sensitivity of {len(groups)} node groups "
                       f"({len(candidates)} quantized nodes)")
     ranked = measure_sensitivity(toggled, groups, quick, conv.ctx.progress)

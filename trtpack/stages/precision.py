@@ -20,6 +20,7 @@ from trtpack.precision.fallback import (
     MAX_SEARCH_EVALUATIONS,
     SEARCH_MARGIN,
     SEARCH_PER_NODE,
+    SENSITIVITY_SAMPLES,
 )
 from trtpack.precision.fp16 import FP16_FIRST_NODES, MAX_FP16_ROUNDS, Fp16Conversion
 from trtpack.precision.int8 import Int8Conversion
@@ -40,7 +41,7 @@ def fingerprint(options: BuildOptions) -> dict[str, Any]:
         "algorithm": ALGORITHM_VERSION,
         "search": [SEARCH_MARGIN, SEARCH_PER_NODE, MAX_INT8_ROUNDS, MAX_FP16_ROUNDS,
                    FP16_FIRST_NODES, MAX_SEARCH_EVALUATIONS, FALLBACK_QUANTIZE_OP_TYPES,
-                   GREEDY_FAILURES],
+                   GREEDY_FAILURES, SENSITIVITY_SAMPLES],
         "precision": options.precision,
         "precision_options": r.precision_options.model_dump(),
         "verify": r.verify.model_dump(),
