@@ -262,7 +262,7 @@ def test_entropy_calibration_that_modelopt_cannot_histogram_falls_back_to_max(
         shutil.copy(str(tiny["onnx"]) + ".data", str(source) + ".data")
     feeds = _short_sample_feeds(8)
     save_feeds(tmp_path / "calibration.npz", [feeds])
-    real = modelopt_worker._quantize_int8
+    real = modelopt_worker.quantize_int8
     methods: list[str] = []
 
     def quantize(quantize_fn: Any, spec: Any, src: Path, out: Path, method: str) -> None:
@@ -272,7 +272,7 @@ def test_entropy_calibration_that_modelopt_cannot_histogram_falls_back_to_max(
                              "bins.")
         real(quantize_fn, spec, src, out, method)
 
-    monkeypatch.setattr(modelopt_worker, "_quantize_int8", quantize)
+    monkeypatch.setattr(modelopt_worker, "quantize_int8", quantize)
     job = ModelOptJob("int8", str(source), str(tmp_path / "out.onnx"),
                       str(tmp_path / "result.json"), int8=Int8Job(
                           str(tmp_path / "calibration.npz"), calibration_method="entropy",
@@ -282,3 +282,14 @@ def test_entropy_calibration_that_modelopt_cannot_histogram_falls_back_to_max(
     result = modelopt_worker.run_int8(job, work)
     assert methods == ["entropy", "max"] and result["calibration_method"] == "max"
     assert (tmp_path / "out.onnx").is_file()
+
+
+def test_sensitivity_takes_the_first_decision_samples_up_to_its_count() -> None:
+    from trtpack.cases import Case
+    from trtpack.precision.fallback import first_samples
+
+    cases = [Case(-1, f"c{i}", {"input_ids": np.zeros((rows, 4), np.int64)}, {})
+             for i, rows in enumerate((1, 4, 4, 8, 8))]
+    assert [c.corner for c in first_samples(cases, 5)] == ["c0", "c1"]
+    assert [c.corner for c in first_samples(cases, 6)] == ["c0", "c1", "c2"]
+    assert first_samples(cases, 100) == cases

@@ -103,7 +103,7 @@ def run_int8(job: ModelOptJob, work: Path) -> dict[str, Any]:
     tmp_out = work / "quantized.onnx"
     method = spec.calibration_method
     try:
-        _quantize_int8(quantize, spec, source, tmp_out, method)
+        quantize_int8(quantize, spec, source, tmp_out, method)
     except ValueError as e:
         # ONNX Runtime's entropy collector (which ModelOpt calls) cannot histogram an
         # activation whose range is (nearly) a single value: "Too many bins for data range"
@@ -112,7 +112,7 @@ def run_int8(job: ModelOptJob, work: Path) -> dict[str, Any]:
         method = "max"
         for leftover in work.glob("quantized*"):
             leftover.unlink()
-        _quantize_int8(quantize, spec, source, tmp_out, method)
+        quantize_int8(quantize, spec, source, tmp_out, method)
     if not tmp_out.is_file():
         raise RuntimeError("ModelOpt quantize finished without writing a model")
     model = onnx.load(str(tmp_out), load_external_data=True)
@@ -128,7 +128,8 @@ def run_int8(job: ModelOptJob, work: Path) -> dict[str, Any]:
             "calibration_method": method}
 
 
-def _quantize_int8(quantize: Any, spec: Any, source: Path, tmp_out: Path, method: str) -> None:
+def quantize_int8(quantize: Any, spec: Any, source: Path, tmp_out: Path, method: str) -> None:
+    """One ModelOpt INT8 quantize call of ``spec`` with calibration ``method``."""
     quantize(
         onnx_path=str(source),
         quantize_mode="int8",
