@@ -126,8 +126,8 @@ def test_npz_calibration_is_validated(tmp_path: Path) -> None:
     arrays, warnings = read_npz_samples(path, recipe)
     assert arrays["attention_mask"].dtype == np.int64 and any("extra" in w for w in warnings)
     cal = load_calibration(recipe, profiles, path, tokenizer=None, max_samples=100, seed=1)
-    assert cal.source == "npz" and cal.samples == 12 and cal.holdout_samples == 4
-    assert cal.search_samples == 4
+    assert cal.source == "npz" and cal.samples == 8 and cal.holdout_samples == 4
+    assert cal.search_samples == 4 and cal.check_samples == 4
     assert all(f["input_ids"].shape == (2, 16) for f in cal.feeds)  # opt batch 2
 
     bad_cases = {

@@ -96,9 +96,9 @@ def test_three_splits_are_stratified_fixed_and_disjoint() -> None:
     first = split_three(lengths, 128, seed=0)
     assert first == split_three(lengths, 128, seed=0)
     assert first != split_three(lengths, 128, seed=1)
-    rows = [*first.calibration, *first.search, *first.holdout]
+    rows = [*first.calibration, *first.search, *first.check, *first.holdout]
     assert sorted(rows) == list(range(len(lengths)))
-    for split in (first.calibration, first.search, first.holdout):
+    for split in (first.calibration, first.search, first.check, first.holdout):
         assert {stratum(lengths[i]) for i in split} == set(STRATA)
 
 
@@ -106,9 +106,14 @@ def test_calibration_input_is_checked_before_any_stage(tmp_path: Path) -> None:
     recipe = resolve_model("tiny-bert")
     profiles = parse_profiles(TINY_PROFILES, recipe.input_specs())
     too_long = tmp_path / "long.txt"
-    too_long.write_text(("word " * 80 + "\n") * 3)
-    with pytest.raises(UserInputError, match="longer than the largest profile"):
+    too_long.write_text(("word " * 200 + "\n") * 3)
+    # tiny-bert has no tokenizer: any text file is refused up front
+    with pytest.raises(UserInputError, match="no tokenizer"):
         check_calibration_input(too_long, recipe, profiles)
+    minilm = resolve_model("minilm")
+    with pytest.raises(UserInputError, match="longer than the largest profile"):
+        check_calibration_input(too_long, minilm,
+                                parse_profiles(["1x8:4x32:8x128"], minilm.input_specs()))
     names = [s.name for s in recipe.input_specs()]
     ids = np.ones((4, 8), dtype=np.int64)
     cases = {

@@ -260,7 +260,8 @@ def test_int8_fallback_off_reports_the_failed_gate(tiny: dict[str, Path], tmp_pa
     outcome, _, _ = run_stage(options, tiny, tmp_path / "precision")
     failed = [r for r in outcome.verification if not r.passed]
     assert failed and all("cosine" in r.reason for r in failed)
-    assert outcome.metrics["fallback"] == {"mode": "off", "rounds": 0}
+    assert outcome.metrics["fallback"] == {"mode": "off", "rounds": 0,
+                                          "check_consultations": 0}
     assert "recipe_overlay" not in outcome.artifacts
     assert outcome.metrics["conversions"] == 1
 

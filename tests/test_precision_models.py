@@ -72,8 +72,8 @@ def test_minilm_int8_holds_per_sentence_on_text_it_never_saw(
     assert m["calibration"]["source"] == "text"
     # three splits, short inputs in each (the file mixes short and long sentences)
     assert all(m["calibration"]["strata"][s]["short"] > 0
-               for s in ("calibration", "search", "holdout"))
-    assert set(m["splits"]) == {"calibration", "search", "holdout"}
+               for s in ("calibration", "search", "check", "holdout"))
+    assert set(m["splits"]) == {"calibration", "search", "check", "holdout"}
     assert m["splits"]["holdout"]["passed"] and m["splits"]["holdout"]["worst"] >= 0.99
     assert not any("SYNTHETIC" in w for w in report.warnings)
     # every gate is per sample: worst and mean, the worst sample's text

@@ -45,6 +45,7 @@ class BuildRequest:
     task: str | None = None  # --task: the head of a model directory, hub id or ONNX file
     calibration_method: str | None = None  # None: the recipe's int8.calibration_method
     tokenizer: Path | None = None  # --tokenizer: a tokenizer folder (or one of its files)
+    min_int8_share: float = 0.5  # --min-int8-share
 
 
 def resolve_target_for_build(name: str, build_engine: bool,
@@ -119,6 +120,8 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
                 f"{', '.join(CALIBRATION_METHODS)}")
         if precision != "int8":
             raise UserInputError("--calibration-method is only used with --precision int8")
+    if not 0.0 <= request.min_int8_share <= 1.0:
+        raise UserInputError(f"--min-int8-share {request.min_int8_share} is outside 0..1")
     if precision == "int8":
         from trtpack.precision.calibration import check_calibration_input
 
@@ -168,6 +171,7 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
         fallback_cpu=fallback_cpu, cache_dir=request.cache_dir or default_cache_dir(),
         use_cache=request.use_cache, timing_cache=_timing_cache_dir(request.timing_cache),
         calibration_method=request.calibration_method,
+        min_int8_share=request.min_int8_share,
     )
     return options, warnings
 

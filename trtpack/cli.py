@@ -157,6 +157,9 @@ def build(
         help="The tokenizer, when it is not beside the model (e.g. an ONNX file from "
         "elsewhere): a folder with tokenizer.json or vocab.txt, or that file. Verification "
         "then draws real token ids, and --serve text works.")] = None,
+    min_int8_share: Annotated[float, typer.Option(
+        help="INT8: ship only when at least this share of MatMul/Gemm nodes stays INT8 "
+        "after the accuracy search (else exit 1 naming the best share that passed).")] = 0.5,
     bench: Annotated[bool, typer.Option(
         "--bench", help="After packaging, measure latency per profile corner against PyTorch "
         "(trtpack bench).")] = False,
@@ -181,6 +184,7 @@ def build(
         cache_dir=cache_dir, use_cache=not no_cache, portable=portable,
         overrides=overrides or [], timing_cache=timing_cache, task=task,
         calibration_method=calibration_method, tokenizer=tokenizer,
+        min_int8_share=min_int8_share,
     )
     view = ProgressView(err, enabled=not as_json)
     try:

@@ -42,6 +42,7 @@ class BuildOptions:
     seed: int = 0
     timing_cache: Path | None = None  # --timing-cache DIR: a TensorRT timing-cache folder to share
     calibration_method: str | None = None  # None: the recipe's int8.calibration_method
+    min_int8_share: float = 0.5  # INT8 ships only when this share of MatMul/Gemm stays INT8
 
     @property
     def name(self) -> str:

@@ -130,8 +130,11 @@ class Int8Settings(_Strict):
     exclude_nodes: list[str] = Field(default_factory=list,
                                      description="node names kept unquantized")
     exclude_op_types: list[str] = Field(default_factory=list)
-    quantize_op_types: list[str] = Field(default_factory=list,
-                                         description="empty: ModelOpt's default")
+    quantize_op_types: list[str] = Field(
+        default_factory=list,
+        description="op types to quantize; empty: MatMul, Gemm and Conv (trtpack's default, "
+        "with or without --fallback; ModelOpt's own default also quantizes Add inputs, "
+        "which costs transformers the most accuracy: list op types to get other placements)")
     smoothquant: float | None = Field(None, gt=0, lt=1, description=(
         "SmoothQuant alpha: smooth the activations of constant-weight MatMuls before "
         "quantizing (null: off)"))

@@ -146,7 +146,15 @@ class Conversion:
                                  f"({label}) failed: {last}")
             self.conversion_seconds += seconds
             self.conversions += 1
-            self.ctx.log.info("ModelOpt %s result: %s", label, json.dumps(worker.result()))
+            result = worker.result()
+            self.ctx.log.info("ModelOpt %s result: %s", label, json.dumps(result))
+            asked = job.int8.calibration_method if job.int8 is not None else None
+            if asked is not None and result.get("calibration_method", asked) != asked:
+                self.warnings.append(
+                    f"ModelOpt's {asked} calibration failed on this "
+                    "model and data (an activation with a near-constant range: \"Too many "
+                    f"bins for data range\"); {label} used {result['calibration_method']} "
+                    "calibration instead")
             return output
         finally:
             worker.close()

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from trtpack.cases import Case
+from trtpack.errors import AccuracyError
 from trtpack.precision.calibration import (
     CalibrationData,
     calibration_path,
@@ -45,7 +46,9 @@ class Int8Conversion(Conversion):
         super().__init__(ctx, work, source, worker)
         self.settings = self.recipe.precision_options.int8
         self.calibration: CalibrationData | None = None
-        self.holdout: list[Case] = []
+        self.holdout: list[Case] = []  # the certifying part: judged once, by no decision
+        self.check_cases: list[Case] = []  # consulted by the search after each round
+        self.prefixes: list[Case] = []  # short prefixes of calibration lines (decisions)
         self.search: list[Case] = []
         self.calibration_cases: list[Case] = []
         self.texts: dict[int, list[str]] = {}  # id(case inputs) -> the text of each row
@@ -59,7 +62,8 @@ class Int8Conversion(Conversion):
     def load_calibration(self) -> None:
         path = calibration_path(self.options)
         self.ctx.progress("loading calibration data")
-        text = path is not None and path.suffix.lower() != ".npz"
+        # no file: a model with a tokenizer calibrates on the shipped default text
+        text = path is None or path.suffix.lower() != ".npz"
         cal = load_calibration(self.recipe, self.options.profiles, path,
                                tokenizer=self.tokenizer() if text else None,
                                max_samples=self.settings.max_calibration_samples,
@@ -74,17 +78,36 @@ class Int8Conversion(Conversion):
 
         cal = self.calibration
         assert cal is not None
-        feeds = [*cal.holdout, *cal.search, *cal.feeds]
+        parts = (("heldout", cal.holdout), ("check", cal.check), ("search", cal.search),
+                 ("prefix", cal.prefixes), ("calibration", cal.feeds))
+        feeds = [f for _, part in parts for f in part]
         refs = run_model(self.source, feeds) if feeds else []
-        texts = [*cal.holdout_texts, *cal.search_texts]
+        texts = [*cal.holdout_texts, *cal.check_texts, *cal.search_texts, *cal.prefix_texts]
         for feed, rows in zip(feeds, texts, strict=False):
             self.texts[id(feed)] = rows
-        h, k = len(cal.holdout), len(cal.holdout) + len(cal.search)
-        together = list(zip(feeds, refs, strict=True))
-        self.holdout = [Case(-1, f"heldout{i}", f, o) for i, (f, o) in enumerate(together[:h])]
-        self.search = [Case(-1, f"search{i}", f, o) for i, (f, o) in enumerate(together[h:k])]
-        self.calibration_cases = [Case(-1, f"calibration{i}", f, o)
-                                  for i, (f, o) in enumerate(together[k:])]
+        together = iter(zip(feeds, refs, strict=True))
+        cases = {name: [Case(-1, f"{name}{i}", f, o)
+                        for i, (f, o) in zip(range(len(part)), together, strict=False)]
+                 for name, part in parts}
+        self.holdout, self.check_cases, self.search = (
+            cases["heldout"], cases["check"], cases["search"])
+        self.prefixes, self.calibration_cases = cases["prefix"], cases["calibration"]
+
+    def decision_cases(self) -> list[Case]:
+        """What the search decides on: every sample that is neither check nor held-out
+        (short prefixes first: most candidates that fail, fail there)."""
+        return [*self.prefixes, *self.search, *self.calibration_cases]
+
+    def check_failures(self, attempt: Attempt) -> list[Case]:
+        """The check split's cases that ``attempt`` fails (one consultation of the check
+        split; the held-out split is never consulted here)."""
+        from trtpack.precision.search import score_outputs
+        from trtpack.runtimes.onnxruntime import run_session
+
+        assert attempt.session is not None
+        outputs = run_session(attempt.session, [c.inputs for c in self.check_cases], self.workers)
+        return [c for c, out in zip(self.check_cases, outputs, strict=True)
+                if not score_outputs(self.recipe, "int8", [c], [out]).passed]
 
     def while_quantizing(self) -> None:
         """What needs no quantized model, done while ModelOpt works: the splits' FP32
@@ -200,18 +223,21 @@ class Int8Conversion(Conversion):
         user_excluded = self.resolve(s.exclude_nodes, "exclude_nodes")
         self.load_calibration()
         smoothed = self.smooth() if s.smoothquant is not None else None
-        # With the fallback on, the first model already quantizes only the op types the
-        # search works on (ModelOpt's default placement also quantizes Add inputs, which
-        # MiniLM never survives): one ModelOpt run instead of two.
+        # An empty quantize_op_types means MatMul/Gemm/Conv, with or without the fallback
+        # (ModelOpt's own default placement also quantizes Add inputs, which MiniLM never
+        # survives); the first model already quantizes only the op types the search works on.
         auto = self.options.fallback == "auto"
-        op_types = list(s.quantize_op_types) or (list(FALLBACK_QUANTIZE_OP_TYPES) if auto
-                                                 else [])
+        op_types = list(s.quantize_op_types) or list(FALLBACK_QUANTIZE_OP_TYPES)
         first = self.convert("quantize", op_types, user_excluded,
                              "fp32" if auto else s.high_precision, self.while_quantizing)
         final = first
         search = FallbackSummary(self.options.fallback, 0)
-        if not first.passed and auto:
-            final, search = int8_fallback(self, first, user_excluded, op_types)
+        check_failed = self.check_failures(first) if auto and first.passed and self.check_cases \
+            else []
+        search.check_consultations = int(auto and first.passed and bool(self.check_cases))
+        if auto and (not first.passed or check_failed):
+            final, search = int8_fallback(self, first, user_excluded, op_types,
+                                          search.check_consultations, check_failed)
         elif auto and s.high_precision != "fp32":
             final = self.convert("final", op_types, user_excluded, s.high_precision)
         added = [n for n in final.excluded if n not in user_excluded]
@@ -225,11 +251,20 @@ class Int8Conversion(Conversion):
             overlay = self.write_overlay(
                 section, f"{len(added)} nodes kept in {s.high_precision} after a measured "
                 "per-node-group search so that the INT8 model passes its gate")
-        heldout_rows, calibration_rows = self.split_rows(
+        heldout_rows, calibration_rows, check_rows = self.split_rows(
             final.session, ("int8-heldout", self.holdout),
-            ("int8-calibration", self.calibration_cases))
+            ("int8-calibration", self.calibration_cases), ("int8-check", self.check_cases))
         final.session = first.session = None  # closes them
         stats = self.stats(final.path)
+        share = stats["matmul_gemm_share"]
+        if auto and final.passed and stats["matmul_gemm_nodes"] \
+                and share < self.options.min_int8_share:
+            raise AccuracyError(
+                f"int8: the best configuration that passed keeps only {share:.0%} of "
+                f"MatMul/Gemm nodes INT8 ({stats['matmul_gemm_low_precision']}/"
+                f"{stats['matmul_gemm_nodes']}), under --min-int8-share "
+                f"{self.options.min_int8_share:.0%}: not shipping INT8 (use --precision fp16, "
+                "more or better calibration text, or a lower --min-int8-share)")
         if stats["compute_nodes"] and stats["low_precision_nodes"] == 0:
             self.warnings.append("no MatMul/Gemm/Conv node is quantized: this INT8 model "
                                  f"computes in {s.high_precision}")
@@ -244,14 +279,18 @@ class Int8Conversion(Conversion):
                 source=cal.source, path=str(cal.path) if cal.path else None,
                 samples=cal.samples, batches=len(cal.feeds), search_samples=cal.search_samples,
                 holdout_samples=cal.holdout_samples, strata=cal.strata, method=self.method,
-                smoothquant=smoothed),
+                smoothquant=smoothed, check_samples=cal.check_samples,
+                prefix_samples=sum(len(t) for t in cal.prefix_texts)),
             splits={"calibration": SplitSummary.of(calibration_rows),
+                    "check": SplitSummary.of(check_rows),
                     "search": SplitSummary.of(final.split_rows), "holdout": held},
             quantize_op_types=op_types or "modelopt default",
             high_precision=s.high_precision, kept_layers=[self.display(n) for n in added])
+        text = {"default text": "trtpack's default text", "synthetic": "SYNTHETIC inputs"}.get(
+            cal.source, str(cal.path.name) if cal.path else cal.source)
         message = (f"int8: {stats['matmul_gemm_low_precision']}/{stats['matmul_gemm_nodes']} "
                    f"MatMul/Gemm quantized ({stats['matmul_gemm_share']:.0%}, {self.method} "
-                   f"calibration), worst sample {format_metric(final.worst)}")
+                   f"calibration on {text}), worst sample {format_metric(final.worst)}")
         if held:
             message += (f", held-out worst {format_metric(held.worst)} "
                         f"(mean {format_metric(held.mean)})")
@@ -259,6 +298,8 @@ class Int8Conversion(Conversion):
                 message += f" on \"{held.worst_text}\""
         if final is not first:
             message += f" (fallback; was {format_metric(first.worst)})"
+        if search.check_consultations:
+            message += f"; check split consulted {search.check_consultations}x"
         if added:
             shown = ", ".join(self.display(n) for n in added[:6])
             more = f" and {len(added) - 6} more" if len(added) > 6 else ""

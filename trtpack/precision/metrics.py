@@ -59,6 +59,8 @@ class CalibrationSummary:
     strata: dict[str, dict[str, int]]
     method: str
     smoothquant: dict[str, Any] | None  # {"alpha", "activations"} when smoothed
+    check_samples: int = 0
+    prefix_samples: int = 0  # short prefixes of calibration lines the search decided on
 
 
 @dataclass
@@ -79,6 +81,7 @@ class SearchRound:
     quantized_groups: int
     excluded_nodes: int
     summary: AttemptSummary
+    check_passed: bool | None = None  # the check split, consulted (None: not consulted)
 
     def as_dict(self) -> dict[str, Any]:
         found = {k: v for k, v in asdict(self).items() if k != "summary"}
@@ -96,11 +99,17 @@ class FallbackSummary:
     node_groups: int | None = None
     sensitivity: list[SensitivityRow] = field(default_factory=list)
     history: list[SearchRound] = field(default_factory=list)
+    # times the check split was consulted (the held-out split never is: it certifies)
+    check_consultations: int = 0
+    decision_samples: int = 0  # samples the search decided on (calibration, search, prefixes)
 
     def as_dict(self) -> dict[str, Any]:
         if self.evaluations is None:
-            return {"mode": self.mode, "rounds": self.rounds}
+            return {"mode": self.mode, "rounds": self.rounds,
+                    "check_consultations": self.check_consultations}
         return {"mode": self.mode, "rounds": self.rounds, "evaluations": self.evaluations,
+                "check_consultations": self.check_consultations,
+                "decision_samples": self.decision_samples,
                 "seconds": self.seconds, "node_groups": self.node_groups,
                 "sensitivity": [asdict(r) for r in self.sensitivity],
                 "history": [r.as_dict() for r in self.history]}

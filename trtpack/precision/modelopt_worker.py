@@ -101,22 +101,18 @@ def run_int8(job: ModelOptJob, work: Path) -> dict[str, Any]:
     assert spec is not None
     source, prepared = prepare_int8_input(Path(job.input))
     tmp_out = work / "quantized.onnx"
-    quantize(
-        onnx_path=str(source),
-        quantize_mode="int8",
-        calibration_data_reader=_calibration_reader(spec.calibration),
-        calibration_method=spec.calibration_method,
-        calibration_eps=["cpu"],
-        op_types_to_quantize=list(spec.op_types_to_quantize) or None,
-        op_types_to_exclude=list(spec.op_types_to_exclude) or None,
-        nodes_to_exclude=exact(spec.nodes_to_exclude) or None,
-        high_precision_dtype=spec.high_precision,
-        # weights outside the protobuf in every copy ModelOpt saves (the same model; its
-        # intermediate copies are written and read faster, without protobuf serialization)
-        use_external_data_format=True,
-        output_path=str(tmp_out),
-        log_level="INFO",
-    )
+    method = spec.calibration_method
+    try:
+        quantize_int8(quantize, spec, source, tmp_out, method)
+    except ValueError as e:
+        # ONNX Runtime's entropy collector (which ModelOpt calls) cannot histogram an
+        # activation whose range is (nearly) a single value: "Too many bins for data range"
+        if method != "entropy" or "Too many bins" not in str(e):
+            raise
+        method = "max"
+        for leftover in work.glob("quantized*"):
+            leftover.unlink()
+        quantize_int8(quantize, spec, source, tmp_out, method)
     if not tmp_out.is_file():
         raise RuntimeError("ModelOpt quantize finished without writing a model")
     model = onnx.load(str(tmp_out), load_external_data=True)
@@ -128,7 +124,28 @@ def run_int8(job: ModelOptJob, work: Path) -> dict[str, Any]:
     save_model(model, Path(job.output))
     if source != Path(job.input):
         source.unlink(missing_ok=True)
-    return {"dedicated_qdq_rewired": rewired, "prepared": prepared}
+    return {"dedicated_qdq_rewired": rewired, "prepared": prepared,
+            "calibration_method": method}
+
+
+def quantize_int8(quantize: Any, spec: Any, source: Path, tmp_out: Path, method: str) -> None:
+    """One ModelOpt INT8 quantize call of ``spec`` with calibration ``method``."""
+    quantize(
+        onnx_path=str(source),
+        quantize_mode="int8",
+        calibration_data_reader=_calibration_reader(spec.calibration),
+        calibration_method=method,
+        calibration_eps=["cpu"],
+        op_types_to_quantize=list(spec.op_types_to_quantize) or None,
+        op_types_to_exclude=list(spec.op_types_to_exclude) or None,
+        nodes_to_exclude=exact(spec.nodes_to_exclude) or None,
+        high_precision_dtype=spec.high_precision,
+        # weights outside the protobuf in every copy ModelOpt saves (the same model; its
+        # intermediate copies are written and read faster, without protobuf serialization)
+        use_external_data_format=True,
+        output_path=str(tmp_out),
+        log_level="INFO",
+    )
 
 
 def run_fp16(job: ModelOptJob, work: Path) -> dict[str, Any]:

@@ -1,15 +1,17 @@
-"""Calibration / search / held-out splits of calibration samples, stratified by length.
+"""Calibration / search / check / held-out splits of calibration samples, stratified by length.
 
-*calibration* sets the quantization ranges, *search* is what the fallback search judges its
-candidates on (with a margin), *held-out* is judged once, at the end, and gates the build:
-neither the ranges nor the search have seen it. Short, medium and long inputs are each
-spread over every split; a file without short inputs gets a warning.
+*calibration* sets the quantization ranges; the fallback search decides on *calibration* and
+*search* together (with short prefixes of their lines added); *check* is consulted after
+each search round and, when it fails, the search goes on more conservatively; *held-out*
+(the certifying part) is judged once, at the end, gates the build and is the figure
+reported as held-out: no decision used it. Short, medium and long inputs are each spread
+over every split; a file without short inputs gets a warning.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +19,8 @@ import numpy as np
 MAX_HOLDOUT = 48
 
 MAX_SEARCH = 24
+
+MAX_CHECK = 32
 
 MIN_SAMPLES_FOR_HOLDOUT = 10
 
@@ -41,15 +45,16 @@ class Splits:
     calibration: list[int]
     search: list[int]
     holdout: list[int]
+    check: list[int] = field(default_factory=list)
 
 
 def split_three(lengths: Sequence[int], max_samples: int, seed: int) -> Splits:
-    """Calibration / search / held-out rows, stratified by length: within each stratum
-    (short / medium / long, see ``stratum``), after a shuffle with ``seed``, the rows go
-    held-out, search, calibration, calibration, calibration in turn, so every stratum with
-    at least three samples is in every split. The search and held-out splits are capped
-    (``MAX_SEARCH``, ``MAX_HOLDOUT``); under ``MIN_SAMPLES_FOR_HOLDOUT`` samples everything
-    calibrates."""
+    """Calibration / search / held-out / check rows, stratified by length: within each
+    stratum (short / medium / long, see ``stratum``), after a shuffle with ``seed``, the rows
+    go held-out, check, search, calibration, calibration in turn, so every stratum with at
+    least four samples is in every split. The search, check and held-out splits are capped
+    (``MAX_SEARCH``, ``MAX_CHECK``, ``MAX_HOLDOUT``); under ``MIN_SAMPLES_FOR_HOLDOUT``
+    samples everything calibrates."""
     n = len(lengths)
     if n < MIN_SAMPLES_FOR_HOLDOUT:
         return Splits(list(range(n))[:max_samples], [], [])
@@ -57,7 +62,8 @@ def split_three(lengths: Sequence[int], max_samples: int, seed: int) -> Splits:
     calibration: list[int] = []
     search: list[int] = []
     holdout: list[int] = []
-    cycle = (holdout, search, calibration, calibration, calibration)
+    check: list[int] = []
+    cycle = (holdout, check, search, calibration, calibration)
     for name in STRATA:
         rows = [i for i, t in enumerate(lengths) if stratum(t) == name]
         for k, i in enumerate(rng.permutation(rows).tolist() if rows else []):
@@ -65,11 +71,12 @@ def split_three(lengths: Sequence[int], max_samples: int, seed: int) -> Splits:
     # caps: overflow of the held-out and search splits goes to calibration
     holdout_keep = _spread(holdout, MAX_HOLDOUT)
     search_keep = _spread(search, MAX_SEARCH)
-    calibration += [i for i in holdout + search if i not in holdout_keep
-                    and i not in search_keep]
+    check_keep = _spread(check, MAX_CHECK)
+    kept = {*holdout_keep, *search_keep, *check_keep}
+    calibration += [i for i in holdout + search + check if i not in kept]
     return Splits(sorted(calibration)[:max_samples] if len(calibration) <= max_samples
                   else sorted(rng.permutation(calibration)[:max_samples].tolist()),
-                  sorted(search_keep), sorted(holdout_keep))
+                  sorted(search_keep), sorted(holdout_keep), sorted(check_keep))
 
 
 def _spread(rows: list[int], cap: int) -> list[int]:
@@ -83,7 +90,7 @@ def _spread(rows: list[int], cap: int) -> list[int]:
 def strata_counts(lengths: Sequence[int], splits: Splits) -> dict[str, dict[str, int]]:
     found: dict[str, dict[str, int]] = {}
     for split, rows in (("calibration", splits.calibration), ("search", splits.search),
-                        ("holdout", splits.holdout)):
+                        ("check", splits.check), ("holdout", splits.holdout)):
         found[split] = {name: sum(stratum(lengths[i]) == name for i in rows)
                         for name in STRATA}
     return found

@@ -12,7 +12,7 @@ from typing import Any
 
 from trtpack.errors import UserInputError
 from trtpack.options import BuildOptions
-from trtpack.precision.calibration import calibration_path, file_sha256
+from trtpack.precision.calibration import DEFAULT_TEXT, calibration_path, file_sha256
 from trtpack.precision.fallback import (
     FALLBACK_QUANTIZE_OP_TYPES,
     GREEDY_FAILURES,
@@ -20,6 +20,7 @@ from trtpack.precision.fallback import (
     MAX_SEARCH_EVALUATIONS,
     SEARCH_MARGIN,
     SEARCH_PER_NODE,
+    SENSITIVITY_SAMPLES,
 )
 from trtpack.precision.fp16 import FP16_FIRST_NODES, MAX_FP16_ROUNDS, Fp16Conversion
 from trtpack.precision.int8 import Int8Conversion
@@ -28,7 +29,7 @@ from trtpack.precision.source import prepare_source
 from trtpack.stages.base import StageContext, StageOutcome
 
 # Bump when the conversion or the search changes what this stage produces (cache key).
-ALGORITHM_VERSION = 3
+ALGORITHM_VERSION = 4
 
 
 def fingerprint(options: BuildOptions) -> dict[str, Any]:
@@ -40,13 +41,16 @@ def fingerprint(options: BuildOptions) -> dict[str, Any]:
         "algorithm": ALGORITHM_VERSION,
         "search": [SEARCH_MARGIN, SEARCH_PER_NODE, MAX_INT8_ROUNDS, MAX_FP16_ROUNDS,
                    FP16_FIRST_NODES, MAX_SEARCH_EVALUATIONS, FALLBACK_QUANTIZE_OP_TYPES,
-                   GREEDY_FAILURES],
+                   GREEDY_FAILURES, SENSITIVITY_SAMPLES],
         "precision": options.precision,
         "precision_options": r.precision_options.model_dump(),
         "verify": r.verify.model_dump(),
         "outputs": [o.model_dump() for o in r.outputs],
         "calibration_sha256": file_sha256(path) if path is not None else None,
+        "default_text_sha256": file_sha256(DEFAULT_TEXT)
+        if options.precision == "int8" and path is None else None,
         "calibration_method": options.calibration_method,
+        "min_int8_share": options.min_int8_share,
         "fallback": options.fallback,
         "seed": options.seed,
         "profiles": [p.to_dict() for p in options.profiles],

@@ -1,0 +1,60 @@
+"""The benchmark's unseen text sets (benchmarks/unseen/): disjoint from each other and from
+every calibration text the benchmark builds with, never read by a build option, and
+unchanged since their sha256 was published in benchmarks/README.md."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+import trtpack
+
+REPO = Path(__file__).resolve().parents[1]
+UNSEEN = REPO / "benchmarks" / "unseen"
+PACKAGE = Path(trtpack.__file__).resolve().parent
+
+
+def _lines(path: Path) -> set[str]:
+    return {s.strip() for s in path.read_text(encoding="utf-8").splitlines() if s.strip()}
+
+
+def _unseen_files() -> list[Path]:
+    files = sorted(UNSEEN.glob("*.txt"))
+    assert len(files) >= 3
+    return files
+
+
+def test_unseen_sets_match_their_published_sha256() -> None:
+    readme = (REPO / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    for path in _unseen_files():
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        row = re.search(rf"`unseen/{re.escape(path.name)}`.*`([0-9a-f]{{64}})`", readme)
+        assert row is not None, f"{path.name} is not listed in benchmarks/README.md"
+        assert row.group(1) == digest, f"{path.name} changed after it was published"
+
+
+def test_unseen_sets_are_disjoint_and_hold_short_lines() -> None:
+    sets = [_lines(p) for p in _unseen_files()]
+    for i, a in enumerate(sets):
+        assert len(a) >= 30
+        assert any(len(s.split()) <= 2 for s in a)
+        for b in sets[i + 1:]:
+            assert not a & b
+
+
+def test_no_calibration_text_holds_an_unseen_line() -> None:
+    unseen = set().union(*(_lines(p) for p in _unseen_files()))
+    calibration = [*sorted((REPO / "benchmarks" / "calibration").glob("*.txt")),
+                   *sorted(PACKAGE.rglob("*.txt"))]
+    assert calibration
+    for path in calibration:
+        assert not unseen & _lines(path), path
+
+
+def test_the_package_never_names_the_unseen_folder() -> None:
+    """No build option can read the sets: no module or package file of trtpack names them."""
+    for path in PACKAGE.rglob("*"):
+        if path.is_file() and path.suffix in (".py", ".yaml", ".txt", ".json"):
+            text = path.read_text(encoding="utf-8", errors="replace")
+            assert "benchmarks/unseen" not in text and "unseen/" not in text, path
