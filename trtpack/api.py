@@ -14,7 +14,7 @@ from trtpack.options import BuildOptions, Fallback, Serve, default_cache_dir
 from trtpack.pipeline.runner import build as run_pipeline
 from trtpack.recipe import PRECISIONS, Recipe
 from trtpack.recipe_files import apply_overrides
-from trtpack.report import REPORT, BuildReport
+from trtpack.report import BuildReport
 from trtpack.resolve import resolve_model
 from trtpack.shapes import parse_profiles
 from trtpack.stages.base import ProgressCallback
@@ -44,6 +44,7 @@ class BuildRequest:
     timing_cache: Path | None = None  # --timing-cache DIR: a timing-cache folder to share
     task: str | None = None  # --task: the head of a model directory, hub id or ONNX file
     calibration_method: str | None = None  # None: the recipe's int8.calibration_method
+    force: bool = False  # --force: build beside files in --out that trtpack did not write
 
 
 def resolve_target_for_build(name: str, build_engine: bool,
@@ -157,7 +158,7 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
         calibration=request.calibration, fallback=fallback, serve=serve,
         fallback_cpu=fallback_cpu, cache_dir=request.cache_dir or default_cache_dir(),
         use_cache=request.use_cache, timing_cache=_timing_cache_dir(request.timing_cache),
-        calibration_method=request.calibration_method,
+        calibration_method=request.calibration_method, force=request.force,
     )
     return options, warnings
 
@@ -201,8 +202,5 @@ def build(request: BuildRequest, progress: ProgressCallback | None = None,
     for w in warnings:
         if on_warning is not None:
             on_warning(w)
-    report = run_pipeline(options, progress)
-    if warnings:
-        report.warnings[:0] = warnings
-        report.save(options.out_dir / REPORT)
+    report = run_pipeline(options, progress, warnings)
     return BuildResult(report, options.out_dir)

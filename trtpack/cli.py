@@ -148,6 +148,9 @@ def build(
     calibration_method: Annotated[str | None, typer.Option(
         help="INT8 activation ranges: max, entropy or percentile (99.99th). Default: the "
         "recipe's (precision_options.int8.calibration_method).")] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Build into an --out that holds files trtpack did not write: they are "
+        "kept (never deleted), the build's files are written beside them.")] = False,
     bench: Annotated[bool, typer.Option(
         "--bench", help="After packaging, measure latency per profile corner against PyTorch "
         "(trtpack bench).")] = False,
@@ -173,7 +176,7 @@ def build(
         calibration=calibration, fallback=fallback, serve=serve, fallback_cpu=fallback_cpu,
         cache_dir=cache_dir, use_cache=not no_cache, portable=portable,
         overrides=overrides or [], timing_cache=timing_cache, task=task,
-        calibration_method=calibration_method,
+        calibration_method=calibration_method, force=force,
     )
     view = ProgressView(err, enabled=not as_json)
     try:

@@ -71,6 +71,16 @@ class StageError(TrtpackError):
         return f"stage '{self.stage}' failed: {self.message}{where}"
 
 
+class StageKilledError(Exception):
+    """A stage's process ended by a signal (``signal_number``) before sending its outcome;
+    the pipeline says why in words (``pipeline.faults.killed_message``)."""
+
+    def __init__(self, stage: str, signal_number: int) -> None:
+        super().__init__(f"the {stage} process was killed by signal {signal_number}")
+        self.stage = stage
+        self.signal_number = signal_number
+
+
 class AccuracyError(TrtpackError):
     """A verification gate that did not pass (exit 1); ``rows`` carry the numbers."""
 

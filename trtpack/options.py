@@ -42,6 +42,7 @@ class BuildOptions:
     seed: int = 0
     timing_cache: Path | None = None  # --timing-cache DIR: a TensorRT timing-cache folder to share
     calibration_method: str | None = None  # None: the recipe's int8.calibration_method
+    force: bool = False  # --force: build into an --out that holds files trtpack did not write
 
     @property
     def name(self) -> str:

@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from trtpack.errors import StageError, TrtpackError
+from trtpack.errors import StageError, StageKilledError, TrtpackError
 from trtpack.options import BuildOptions
 from trtpack.pipeline.stage import Stage
 from trtpack.processes import die_with_parent, kill_group
@@ -81,6 +81,8 @@ class StageProcess:
                     kind, payload = self._messages.recv()
                 except EOFError:
                     code = self.process.wait()
+                    if code < 0:  # a signal: the OOM killer, a CI timeout, a user's kill -9
+                        raise StageKilledError(name, -code) from None
                     raise RuntimeError(f"the {name} process ended without a result (exit "
                                        f"code {code})") from None
                 if kind == "progress":  # the stage process logged it already
@@ -88,6 +90,9 @@ class StageProcess:
                 elif kind == "outcome":
                     self._finish()
                     return payload  # type: ignore[no-any-return]
+                elif kind == "no_space":
+                    number, strerror, filename = payload
+                    raise OSError(number, strerror, filename)
                 elif kind == "user_error":
                     message, exit_code, hint = payload
                     raise ChildStageError(message, exit_code, hint)
@@ -111,6 +116,12 @@ class StageProcess:
         self._messages.close()
 
 
+def _no_space(e: BaseException) -> OSError | None:
+    from trtpack.pipeline.faults import no_space_cause
+
+    return no_space_cause(e)
+
+
 def _run_job(module_name: str, job: tuple[Any, ...], messages: Connection) -> None:
     name, options, stage_dir, build_dir, artifacts, log_path = job
     logger, handler = stage_logger(f"trtpack.stage.{name}.process", log_path)
@@ -127,7 +138,11 @@ def _run_job(module_name: str, job: tuple[Any, ...], messages: Connection) -> No
         messages.send(("user_error", (message, e.exit_code, e.hint)))
     except BaseException as e:
         logger.error("".join(traceback.format_exc()))
-        messages.send(("error", f"{type(e).__name__}: {e}"))
+        full = _no_space(e)
+        if full is not None:  # the build says it in words (pipeline.faults)
+            messages.send(("no_space", (full.errno, full.strerror, full.filename)))
+        else:
+            messages.send(("error", f"{type(e).__name__}: {e}"))
     finally:
         handler.close()
 

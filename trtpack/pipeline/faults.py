@@ -1,0 +1,128 @@
+"""What the machine did to a build, as one sentence: a full disk (ENOSPC, EDQUOT) names the
+path, the free space and what the build needs; a stage process killed by SIGKILL says whether
+the kernel's out-of-memory killer did it (the cgroup's ``memory.events`` counts its kills),
+else the signal with the peak memory against what was available."""
+
+from __future__ import annotations
+
+import errno
+import re
+import shutil
+from pathlib import Path
+
+from trtpack.onnx_files import model_bytes
+from trtpack.options import BuildOptions
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+# how many copies of the weights a build writes: export, simplify, precision or engine
+WEIGHT_COPIES = 3
+_ERRNO_TEXT = re.compile(r"\[Errno (\d+)\]")
+
+
+def no_space_cause(exc: BaseException) -> OSError | None:
+    """The ENOSPC/EDQUOT ``OSError`` behind ``exc`` (its cause/context chain), or a stand-in
+    when only the message carries it (an exporter that re-raised it as text)."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in NO_SPACE:
+            return e
+        e = e.__cause__ or e.__context__
+    for m in _ERRNO_TEXT.finditer(str(exc)):
+        if int(m.group(1)) in NO_SPACE:
+            return OSError(int(m.group(1)), "No space left on device"
+                           if int(m.group(1)) == errno.ENOSPC else "Disk quota exceeded")
+    return None
+
+
+def weight_bytes(options: BuildOptions, work: Path) -> int | None:
+    """The model's weights in bytes, from what is known: the exported or imported ONNX, the
+    user's ONNX, or the weight files of a local model directory."""
+    for stage in ("export", "import"):
+        onnx = work / "artifacts" / stage / "model.onnx"
+        if (work / "logs" / f"{stage}.log").is_file() and onnx.is_file() and \
+                (work / "artifacts" / stage / "reference.npz").is_file():  # the stage finished
+            return model_bytes(onnx)
+    source = options.recipe.source
+    if source.onnx and Path(source.onnx).is_file():
+        return model_bytes(Path(source.onnx))
+    if source.path and Path(source.path).is_dir():
+        files = [p for p in Path(source.path).iterdir()
+                 if p.suffix in (".safetensors", ".bin", ".pt")]
+        if files:
+            return sum(p.stat().st_size for p in files)
+    return None
+
+
+def mb(n: float) -> str:
+    return f"{n / 2**20:,.0f} MB" if n >= 2**20 else f"{n / 2**10:,.0f} KB"
+
+
+def disk_full_message(cause: OSError, where: Path, free_at: Path, weights: int | None,
+                      written: int) -> str:
+    """``where`` is the file or folder being written; ``free_at`` a path on its filesystem."""
+    free = shutil.disk_usage(free_at).free
+    what = "no space left on device" if cause.errno == errno.ENOSPC else "disk quota exceeded"
+    if weights is not None:
+        need = (f"the build needs about {mb(WEIGHT_COPIES * weights)} "
+                f"({WEIGHT_COPIES} x the model's {mb(weights)} of weights)")
+    else:
+        need = f"the build needs more than the {mb(written)} it wrote before the disk filled"
+    return f"{what} writing {where}: {mb(free)} free, {need}"
+
+
+def _cgroup_dir() -> Path | None:
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith("0::"):
+            return Path("/sys/fs/cgroup") / line[3:].lstrip("/")
+    return None
+
+
+def oom_kills(cgroup: Path | None = None) -> int | None:
+    """The cgroup's count of out-of-memory kills (``memory.events``' ``oom_kill``)."""
+    folder = cgroup or _cgroup_dir()
+    if folder is None:
+        return None
+    try:
+        text = (folder / "memory.events").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            return int(value)
+    return None
+
+
+def available_bytes(cgroup: Path | None = None) -> int:
+    """Memory this build may use: the cgroup's ``memory.max``, or the machine's."""
+    import psutil
+
+    total = int(psutil.virtual_memory().total)
+    folder = cgroup or _cgroup_dir()
+    if folder is not None:
+        try:
+            limit = (folder / "memory.max").read_text().strip()
+        except OSError:
+            limit = "max"
+        if limit.isdigit():
+            return min(total, int(limit))
+    return total
+
+
+def killed_message(stage: str, signal_number: int, oom_before: int | None,
+                   oom_after: int | None, peak_mb: float | None,
+                   cgroup: Path | None = None) -> str:
+    """Why a stage's process ended by a signal, saying only what is known."""
+    if oom_before is not None and oom_after is not None and oom_after > oom_before:
+        return (f"the {stage} process was killed by the kernel's out-of-memory killer "
+                f"(peak {(peak_mb or 0) / 1024:.1f} GB of "
+                f"{available_bytes(cgroup) / 2**30:.1f} GB available)")
+    peak = f"peak {peak_mb / 1024:.1f} GB" if peak_mb is not None else "peak unknown"
+    return (f"the {stage} process was killed by signal {signal_number} ({peak} of "
+            f"{available_bytes(cgroup) / 2**30:.1f} GB available)")
