@@ -276,9 +276,10 @@ def inspect(
 
 
 def _register_commands() -> None:
-    from trtpack.cli_outputs import register
+    from trtpack import cli_cache, cli_outputs
 
-    register(app, handle_errors)
+    cli_outputs.register(app, handle_errors)
+    cli_cache.register(app, handle_errors)
 
 
 _register_commands()

@@ -32,8 +32,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("api", ("trtpack.api", "trtpack.doctor", "trtpack.inspection", "trtpack.bench",
              "trtpack.bench_runners", "trtpack.bench_timing", "trtpack.bench_served",
              "trtpack.build_folder")),
-    ("cli", ("trtpack.cli", "trtpack.cli_outputs", "trtpack.console", "trtpack.console_views",
-             "trtpack.testing")),
+    ("cli", ("trtpack.cli", "trtpack.cli_outputs", "trtpack.cli_cache", "trtpack.console",
+             "trtpack.console_views", "trtpack.testing")),
 )
 
 
