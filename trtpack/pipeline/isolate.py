@@ -74,17 +74,16 @@ class StageProcess:
         the traceback in the stage log."""
         name = self.stage.name
         try:
-            self._jobs.send((name, ctx.options, ctx.stage_dir, ctx.build_dir, ctx.artifacts,
-                             log_path))
+            try:
+                self._jobs.send((name, ctx.options, ctx.stage_dir, ctx.build_dir,
+                                 ctx.artifacts, log_path))
+            except (BrokenPipeError, ConnectionResetError):
+                self._ended(name)  # it died while warming up
             while True:
                 try:
                     kind, payload = self._messages.recv()
                 except EOFError:
-                    code = self.process.wait()
-                    if code < 0:  # a signal: the OOM killer, a CI timeout, a user's kill -9
-                        raise StageKilledError(name, -code) from None
-                    raise RuntimeError(f"the {name} process ended without a result (exit "
-                                       f"code {code})") from None
+                    self._ended(name)
                 if kind == "progress":  # the stage process logged it already
                     ctx.on_progress(ProgressEvent(name, "update", payload))
                 elif kind == "outcome":
@@ -100,6 +99,14 @@ class StageProcess:
                     raise RuntimeError(payload)
         finally:
             self.stop()
+
+    def _ended(self, name: str) -> None:
+        """The process is gone without a result: why, as an exception."""
+        code = self.process.wait()
+        if code < 0:  # a signal: the OOM killer, a CI timeout, a user's kill -9
+            raise StageKilledError(name, -code) from None
+        raise RuntimeError(f"the {name} process ended without a result (exit code {code})"
+                           ) from None
 
     def _finish(self) -> None:
         """The outcome is in hand: the process exits by itself; wait a little for it."""
