@@ -5,35 +5,18 @@ else the signal with the peak memory against what was available."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
-import re
+import os
 import shutil
 from pathlib import Path
 
+from trtpack.errors import TrtpackError
 from trtpack.onnx_files import model_bytes
 from trtpack.options import BuildOptions
 
-NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 # how many copies of the weights a build writes: export, simplify, precision or engine
 WEIGHT_COPIES = 3
-_ERRNO_TEXT = re.compile(r"\[Errno (\d+)\]")
-
-
-def no_space_cause(exc: BaseException) -> OSError | None:
-    """The ENOSPC/EDQUOT ``OSError`` behind ``exc`` (its cause/context chain), or a stand-in
-    when only the message carries it (an exporter that re-raised it as text)."""
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in NO_SPACE:
-            return e
-        e = e.__cause__ or e.__context__
-    for m in _ERRNO_TEXT.finditer(str(exc)):
-        if int(m.group(1)) in NO_SPACE:
-            return OSError(int(m.group(1)), "No space left on device"
-                           if int(m.group(1)) == errno.ENOSPC else "Disk quota exceeded")
-    return None
 
 
 def weight_bytes(options: BuildOptions, work: Path) -> int | None:
@@ -47,12 +30,27 @@ def weight_bytes(options: BuildOptions, work: Path) -> int | None:
     source = options.recipe.source
     if source.onnx and Path(source.onnx).is_file():
         return model_bytes(Path(source.onnx))
-    if source.path and Path(source.path).is_dir():
-        files = [p for p in Path(source.path).iterdir()
-                 if p.suffix in (".safetensors", ".bin", ".pt")]
-        if files:
-            return sum(p.stat().st_size for p in files)
-    return None
+    if options.random_weights:
+        from trtpack.models import random_weight_bytes
+
+        try:
+            return random_weight_bytes(options.recipe)
+        except (TrtpackError, ImportError, ValueError, TypeError, OSError):  # an estimate only
+            return None
+    folders = [Path(source.path)] if source.path else []
+    if source.package:
+        from trtpack.models import source_directory
+
+        with contextlib.suppress(TrtpackError, ImportError, OSError):
+            folders += [p for p in [source_directory(source)] if p is not None]
+    if source.hf_id:  # the local Hugging Face cache's snapshots of it
+        hub = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub"
+        folders += list((hub / f"models--{source.hf_id.replace('/', '--')}").glob(
+            "snapshots/*"))
+    sizes = [sum(p.stat().st_size for p in folder.iterdir()
+                 if p.suffix in (".safetensors", ".bin", ".pt"))
+             for folder in folders if folder.is_dir()]
+    return max(sizes) if sizes and max(sizes) > 0 else None
 
 
 def mb(n: float) -> str:

@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from trtpack.errors import StageError, StageKilledError, TrtpackError
+from trtpack.errors import StageError, StageKilledError, TrtpackError, no_space_cause
 from trtpack.options import BuildOptions
 from trtpack.pipeline.stage import Stage
 from trtpack.processes import die_with_parent, kill_group
@@ -123,12 +123,6 @@ class StageProcess:
         self._messages.close()
 
 
-def _no_space(e: BaseException) -> OSError | None:
-    from trtpack.pipeline.faults import no_space_cause
-
-    return no_space_cause(e)
-
-
 def _run_job(module_name: str, job: tuple[Any, ...], messages: Connection) -> None:
     name, options, stage_dir, build_dir, artifacts, log_path = job
     logger, handler = stage_logger(f"trtpack.stage.{name}.process", log_path)
@@ -145,7 +139,7 @@ def _run_job(module_name: str, job: tuple[Any, ...], messages: Connection) -> No
         messages.send(("user_error", (message, e.exit_code, e.hint)))
     except BaseException as e:
         logger.error("".join(traceback.format_exc()))
-        full = _no_space(e)
+        full = no_space_cause(e)
         if full is not None:  # the build says it in words (pipeline.faults)
             messages.send(("no_space", (full.errno, full.strerror, full.filename)))
         else:

@@ -26,6 +26,7 @@ from trtpack.errors import (
     StageKilledError,
     TrtpackError,
     UserInputError,
+    no_space_cause,
 )
 from trtpack.options import BuildOptions
 from trtpack.out_files import (
@@ -40,7 +41,6 @@ from trtpack.pipeline.cache import StageCache, relative_artifacts, stage_key, to
 from trtpack.pipeline.faults import (
     disk_full_message,
     killed_message,
-    no_space_cause,
     oom_kills,
     weight_bytes,
 )
@@ -140,9 +140,17 @@ class Pipeline:
             report.error = str(e)
             report.total_seconds = time.perf_counter() - started
             report.out_dir = str(failed_dir)
-            report.save(work / REPORT)
-            write_report_page(work, report)
-            write_manifest(work, files_under(work))
+            try:
+                report.save(work / REPORT)
+                write_report_page(work, report)
+                write_manifest(work, files_under(work))
+            except OSError as saving:  # the disk is full even for the report: nothing stays
+                if no_space_cause(saving) is None:
+                    raise
+                shutil.rmtree(work, ignore_errors=True)
+                if isinstance(e, StageError):
+                    e.log_path = None
+                raise
             if manifest_files(failed_dir) is not None:  # an earlier failure of ours
                 shutil.rmtree(failed_dir, ignore_errors=True)
             work.rename(failed_dir)
@@ -163,15 +171,20 @@ class Pipeline:
     def _disk_full(self, cause: OSError, work: Path, out: Path) -> StageError:
         """The sentence for a full disk; the partial artifacts are removed (the failed
         folder keeps the report and the logs)."""
+        self._stop_processes()
         weights = weight_bytes(self.options, work)
-        written = sum(f.stat().st_size for f in (work / "artifacts").rglob("*")
-                      if f.is_file()) if (work / "artifacts").is_dir() else 0
-        shutil.rmtree(work / "artifacts", ignore_errors=True)
-        where: Path = Path(cause.filename) if cause.filename else work / "artifacts" / (
-            self.current_stage or "")
-        if where.is_relative_to(work):
-            where = out / where.relative_to(work)
-        free_at = where.parent if where.parent.exists() else out.parent
+        written = sum(f.stat().st_size for f in work.rglob("*") if f.is_file())
+        for entry in work.iterdir():  # all but the logs: the report is written next
+            if entry.name != "logs":
+                if entry.is_dir():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink()
+        where: Path = Path(cause.filename) if cause.filename else work
+        if where.is_relative_to(work):  # the build's temporary folder: name OUT
+            where = out
+        free_at = where if where.is_dir() else where.parent if where.parent.is_dir() \
+            else out.parent
         message = disk_full_message(cause, where, free_at, weights, written)
         return StageError(self.current_stage or "write", message,
                           log_path=work / "logs" / f"{self.current_stage}.log"
