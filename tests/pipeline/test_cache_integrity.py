@@ -104,3 +104,49 @@ def test_cache_verify_discards_damaged_entries_and_info_prune_report(
     assert bad.exit_code == 2 and "--older-than" in bad.stderr
     assert run_cli("cache", "prune", "--cache-dir", str(cache)).exit_code == 0
     assert StageCache(cache).entries() == []
+
+
+def test_a_reuse_hashes_only_files_written_since_their_last_check(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unit test of the check's timing (bert-large's 2.7 GB of reused weights are not hashed
+    again on every rebuild): a file whose inode, size and mtime are those of its last check,
+    older than it, is not hashed again; a write moves the mtime and it is; a damage that hid
+    its mtime is still found by ``trtpack cache verify``, which hashes everything."""
+    from trtpack.pipeline import cache as stage_cache
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "model.onnx.data").write_bytes(os.urandom(1 << 20))
+    old = time.time() - 60
+    os.utime(src / "model.onnx.data", (old, old))  # written a minute ago
+    cache = StageCache(tmp_path / "cache")
+    cache.store("export", "k", src, {"artifacts": {}})
+    hashed: list[str] = []
+    real_hash = stage_cache.content_hash
+    monkeypatch.setattr(stage_cache, "content_hash",
+                        lambda path: hashed.append(path.name) or real_hash(path))
+
+    assert cache.load("export", "k", tmp_path / "b1").meta is not None
+    assert hashed == ["model.onnx.data"]  # the first reuse hashes
+    hashed.clear()
+    assert cache.load("export", "k", tmp_path / "b2").meta is not None
+    assert hashed == []  # unwritten since: vouched for by its stat
+
+    stored = tmp_path / "cache" / "stages" / "export" / "k" / "files" / "model.onnx.data"
+    with open(stored, "r+b") as f:  # an in-place write: the mtime moves
+        f.seek(4096)
+        f.write(b"\0" * 4096)
+    loaded = cache.load("export", "k", tmp_path / "b3")
+    assert loaded.meta is None and "content changed" in (loaded.discarded or "")
+    assert hashed == ["model.onnx.data"]
+
+    # a damage that restored the mtime passes a reuse, never `cache verify`
+    cache.store("export", "k2", src, {"artifacts": {}})
+    cache.load("export", "k2", tmp_path / "c1")
+    cache.load("export", "k2", tmp_path / "c2")
+    stored = tmp_path / "cache" / "stages" / "export" / "k2" / "files" / "model.onnx.data"
+    st = stored.stat()
+    with open(stored, "r+b") as f:
+        f.write(b"\xff" * 16)
+    os.utime(stored, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert [p.split(": ")[1] for p in cache.verify()] == ["model.onnx.data's content changed"]

@@ -7,8 +7,9 @@ taken for a result; a hit hard-links it back (gigabytes of weights cost nothing 
 Why hard links, not copies: a bert-large rebuild would copy 3-4 GB (seconds, and the disk
 twice over); reflinks exist only on btrfs/XFS. The price is that a file under OUT and its
 cache entry are one file, so damage to one is damage to the other: entries are read-only,
-and every reuse checks the size and BLAKE3 of each file it links (recorded when stored); a
-damaged entry is discarded and its stage runs again. Stages that load weights with onnx copy
+and every reuse checks each file it links against the size and BLAKE3 recorded when it was
+stored (a file unwritten since its last check, by its inode, size and mtime, is not hashed
+again: ``Checked``); a damaged entry is discarded and its stage runs again. Stages that load weights with onnx copy
 them first (onnx refuses external data with several links)."""
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from trtpack.onnx_files import link_tree
 from trtpack.out_files import pid_is_live_build
 
 META = "trtpack-stage.json"
+CHECKED = "checked.json"  # when the entry's files were last hashed (``Checked``)
 
 
 def source_digest() -> str:
@@ -77,9 +80,12 @@ def file_hashes(root: Path) -> dict[str, list[Any]]:
             for f in sorted(root.rglob("*")) if f.is_file()}
 
 
-def damage(root: Path, recorded: dict[str, list[Any]], *, contents: bool = True) -> str | None:
+def damage(root: Path, recorded: dict[str, list[Any]], *, contents: bool = True,
+           unchanged: Callable[[str, os.stat_result], bool] = lambda rel, st: False
+           ) -> str | None:
     """What differs between the files under ``root`` and ``recorded`` (the set of files and
-    their sizes first, then their contents), or None when they match."""
+    their sizes first, then their contents, except those ``unchanged`` vouches for), or None
+    when they match."""
     present = {str(f.relative_to(root)): f for f in root.rglob("*") if f.is_file()}
     missing = sorted(set(recorded) - set(present))
     if missing:
@@ -92,9 +98,46 @@ def damage(root: Path, recorded: dict[str, list[Any]], *, contents: bool = True)
             return f"{rel} has {present[rel].stat().st_size} bytes, not {size} (truncated?)"
     if contents:
         for rel, (_, digest) in recorded.items():
-            if content_hash(present[rel]) != digest:
+            if not unchanged(rel, present[rel].stat()) and content_hash(present[rel]) != digest:
                 return f"{rel}'s content changed"
     return None
+
+
+def stat_key(st: os.stat_result) -> list[int]:
+    return [st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+class Checked:
+    """When an entry's files were last hashed and found intact, with their inode, size and
+    mtime then (``CHECKED`` in the entry). A file whose stat is the same, and whose mtime is
+    older than that check by more than ``RACY_NS`` (a write in the same instant could keep
+    it), is the same file, unwritten since: its hash is not computed again (git's index does
+    the same). Any write through the file system moves its mtime; a copy gets a new inode."""
+
+    RACY_NS = 2_000_000_000
+
+    def __init__(self, entry: Path) -> None:
+        self.path = entry / CHECKED
+        try:
+            data = json.loads(self.path.read_text())
+            self.at = int(data["at"])
+            self.files: dict[str, list[int]] = dict(data["files"])
+        except (OSError, ValueError, KeyError, TypeError):
+            self.at, self.files = 0, {}
+
+    def vouches(self, rel: str, st: os.stat_result) -> bool:
+        return self.files.get(rel) == stat_key(st) and st.st_mtime_ns < self.at - self.RACY_NS
+
+    def record(self, root: Path, files: Iterable[str]) -> None:
+        """All ``files`` under ``root`` were just found intact."""
+        data = {"at": time.time_ns(), "files": {rel: stat_key((root / rel).stat())
+                                                for rel in files}}
+        if data["files"] == self.files and self.at > 0:
+            return
+        tmp = self.path.with_name(f"{CHECKED}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        with contextlib.suppress(OSError):  # a read-only cache: checked again next time
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, self.path)
 
 
 @dataclass
@@ -148,7 +191,10 @@ class StageCache:
             problem = damage(entry / "files", recorded, contents=False)
             if problem is None:
                 link_tree(entry / "files", dst)
-                problem = damage(dst, recorded)
+                checked = Checked(entry)
+                problem = damage(dst, recorded, unchanged=checked.vouches)
+                if problem is None:
+                    checked.record(dst, recorded)
         except FileNotFoundError as e:
             if not entry.exists():  # discarded or pruned meanwhile: a miss
                 return Loaded(None)
