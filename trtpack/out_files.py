@@ -34,6 +34,28 @@ def manifest_files(out: Path) -> list[str] | None:
     return [f for f in files if _inside(f)]
 
 
+# what builds made before the manifest existed wrote (``package`` wrote sagemaker/)
+_LEGACY = ("artifacts", "logs", "model_repository", "tuning", "sagemaker", "report.json",
+           "report.html", "recipe.yaml")
+
+
+def build_files(out: Path) -> list[str] | None:
+    """trtpack's files in ``out``: its manifest's, or for a build made before manifests
+    existed (its report.json says trtpack wrote it), the files under the names such builds
+    wrote. None when ``out`` is not a trtpack build."""
+    listed = manifest_files(out)
+    if listed is not None:
+        return listed
+    try:
+        report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+        legacy = "trtpack" in report["versions"] and isinstance(report["stages"], list)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not legacy:
+        return None
+    return [f for f in files_under(out) if f.split("/", 1)[0] in _LEGACY]
+
+
 def _inside(rel: str) -> bool:
     p = Path(rel)
     return not p.is_absolute() and ".." not in p.parts and rel not in ("", ".")

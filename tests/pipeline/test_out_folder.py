@@ -121,3 +121,21 @@ def test_an_onnx_from_a_build_folder_builds(tmp_path: Path, cache_dir: Path) -> 
     report = json.loads((tmp_path / "second" / "report.json").read_text())
     assert report["status"] == "ok"
     assert all(r["passed"] for r in report["verification"])
+
+
+def test_a_build_made_before_manifests_is_rebuilt_keeping_the_users_files(
+        tmp_path: Path, cache_dir: Path) -> None:
+    """A build folder from a trtpack without manifests: its report.json says trtpack wrote
+    it, so the files under the names such builds wrote are trtpack's; the rest stay."""
+    out = tmp_path / "out"
+    (out / "artifacts" / "export").mkdir(parents=True)
+    (out / "artifacts" / "export" / "model.onnx").write_bytes(b"an old export")
+    (out / "report.json").write_text(json.dumps({"versions": {"trtpack": "0.1.0"},
+                                                 "stages": [], "status": "ok"}))
+    (out / "keep.txt").write_text("mine")
+    result = build(out, cache_dir)
+    assert result.exit_code == 0, result.output
+    assert "replaced the earlier build" in result.stderr
+    assert (out / "keep.txt").read_text() == "mine"
+    assert (out / "artifacts" / "export" / "model.onnx").read_bytes() != b"an old export"
+    assert json.loads((out / "report.json").read_text())["status"] == "ok"

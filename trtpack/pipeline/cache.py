@@ -9,8 +9,8 @@ twice over); reflinks exist only on btrfs/XFS. The price is that a file under OU
 cache entry are one file, so damage to one is damage to the other: entries are read-only,
 and every reuse checks each file it links against the size and BLAKE3 recorded when it was
 stored (a file unwritten since its last check, by its inode, size and mtime, is not hashed
-again: ``Checked``); a damaged entry is discarded and its stage runs again. Stages that load weights with onnx copy
-them first (onnx refuses external data with several links)."""
+again: ``Checked``); a damaged entry is discarded and its stage runs again. Stages that
+load weights with onnx copy them first (onnx refuses external data with several links)."""
 
 from __future__ import annotations
 

@@ -31,8 +31,8 @@ from trtpack.errors import (
 from trtpack.options import BuildOptions
 from trtpack.out_files import (
     MANIFEST,
+    build_files,
     files_under,
-    manifest_files,
     out_lock,
     stale_siblings,
     write_manifest,
@@ -94,7 +94,7 @@ class Pipeline:
         with out_lock(out, self._notice):
             for stale in stale_siblings(out):  # what killed builds of this OUT left
                 shutil.rmtree(stale, ignore_errors=True)
-            if out.is_dir() and manifest_files(out) is None and any(out.iterdir()) \
+            if out.is_dir() and build_files(out) is None and any(out.iterdir()) \
                     and not o.force:
                 raise UserInputError(
                     f"--out '{out}' is a folder with files trtpack did not write (not a trtpack "
@@ -106,7 +106,7 @@ class Pipeline:
         o = self.options
         work = out.with_name(f".{out.name}.partial-{os.getpid()}")
         failed_dir = out.with_name(out.name + ".failed")
-        if failed_dir.exists() and manifest_files(failed_dir) is None:
+        if failed_dir.exists() and build_files(failed_dir) is None:
             failed_dir = out.with_name(f"{out.name}.failed-{os.getpid()}")  # not ours: kept
         report = BuildReport(
             model=o.name, precision=o.precision, target=o.target.name,
@@ -151,7 +151,7 @@ class Pipeline:
                 if isinstance(e, StageError):
                     e.log_path = None
                 raise
-            if manifest_files(failed_dir) is not None:  # an earlier failure of ours
+            if build_files(failed_dir) is not None:  # an earlier failure of ours
                 shutil.rmtree(failed_dir, ignore_errors=True)
             work.rename(failed_dir)
             e.report = report
@@ -164,7 +164,7 @@ class Pipeline:
         if replaced:
             self._notice(replaced)
         failed_dir = out.with_name(out.name + ".failed")
-        if manifest_files(failed_dir) is not None:  # only a folder trtpack made
+        if build_files(failed_dir) is not None:  # only a folder trtpack made
             shutil.rmtree(failed_dir, ignore_errors=True)
         return report
 
@@ -199,7 +199,7 @@ class Pipeline:
         if not out.exists():
             work.rename(out)
             return None
-        earlier = manifest_files(out) or []
+        earlier = build_files(out) or []
         theirs = [f for f in files_under(out) if f not in set(earlier)]
         old = out.with_name(f".{out.name}.old-{os.getpid()}")
         shutil.rmtree(old, ignore_errors=True)
