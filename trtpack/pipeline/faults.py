@@ -11,7 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
-from trtpack.errors import TrtpackError
+from trtpack.errors import StageError, TrtpackError
 from trtpack.onnx_files import model_bytes
 from trtpack.options import BuildOptions
 
@@ -124,3 +124,26 @@ def killed_message(stage: str, signal_number: int, oom_before: int | None,
     peak = f"peak {peak_mb / 1024:.1f} GB" if peak_mb is not None else "peak unknown"
     return (f"the {stage} process was killed by signal {signal_number} ({peak} of "
             f"{available_bytes(cgroup) / 2**30:.1f} GB available)")
+
+
+def disk_full_error(cause: OSError, options: BuildOptions, work: Path, out: Path,
+                    stage: str | None) -> StageError:
+    """The sentence for a full disk; the partial artifacts are removed (the failed
+    folder keeps the report and the logs)."""
+    weights = weight_bytes(options, work)
+    written = sum(f.stat().st_size for f in work.rglob("*") if f.is_file())
+    for entry in work.iterdir():  # all but the logs: the report is written next
+        if entry.name != "logs":
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink()
+    where: Path = Path(cause.filename) if cause.filename else work
+    if where.is_relative_to(work):  # the build's temporary folder: name OUT
+        where = out
+    free_at = where if where.is_dir() else where.parent if where.parent.is_dir() \
+        else out.parent
+    message = disk_full_message(cause, where, free_at, weights, written)
+    return StageError(stage or "write", message,
+                      log_path=work / "logs" / f"{stage}.log"
+                      if stage else None)

@@ -7,6 +7,8 @@ precision ONNX -> engine -> Triton model repository. Each stage runs in its own 
 ``StageResult`` in the report. The build is written to a temporary folder beside OUT and
 renamed into place at the end: an error keeps it as ``OUT.failed`` (with its report), an
 interruption (Ctrl-C, SIGTERM) removes it, and an earlier OUT stays intact until the rename.
+One build writes an OUT at a time (``out_files.out_lock``), and only trtpack's files of an
+earlier build there are replaced (``out_folder.replace_out``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ from trtpack.errors import (
 )
 from trtpack.options import BuildOptions
 from trtpack.out_files import (
-    MANIFEST,
     build_files,
     files_under,
     out_lock,
@@ -38,13 +39,9 @@ from trtpack.out_files import (
     write_manifest,
 )
 from trtpack.pipeline.cache import StageCache, relative_artifacts, stage_key, tool_versions
-from trtpack.pipeline.faults import (
-    disk_full_message,
-    killed_message,
-    oom_kills,
-    weight_bytes,
-)
+from trtpack.pipeline.faults import disk_full_error, killed_message, oom_kills
 from trtpack.pipeline.isolate import StageProcess
+from trtpack.pipeline.out_folder import replace_out
 from trtpack.pipeline.outputs import (
     RECIPE_FILE,
     artifact_records,
@@ -130,7 +127,9 @@ class Pipeline:
                 full = no_space_cause(e)
                 if full is None:
                     raise
-                raise self._disk_full(full, work, out) from e
+                self._stop_processes()
+                raise disk_full_error(full, self.options, work, out,
+                                      self.current_stage) from e
         except TrtpackError as e:
             self._stop_processes()
             if isinstance(e, StageError) and e.log_path is not None \
@@ -160,79 +159,13 @@ class Pipeline:
             self._stop_processes()
             shutil.rmtree(work, ignore_errors=True)
             raise
-        replaced = self._replace(work, out)
+        replaced = replace_out(work, out)
         if replaced:
             self._notice(replaced)
         failed_dir = out.with_name(out.name + ".failed")
         if build_files(failed_dir) is not None:  # only a folder trtpack made
             shutil.rmtree(failed_dir, ignore_errors=True)
         return report
-
-    def _disk_full(self, cause: OSError, work: Path, out: Path) -> StageError:
-        """The sentence for a full disk; the partial artifacts are removed (the failed
-        folder keeps the report and the logs)."""
-        self._stop_processes()
-        weights = weight_bytes(self.options, work)
-        written = sum(f.stat().st_size for f in work.rglob("*") if f.is_file())
-        for entry in work.iterdir():  # all but the logs: the report is written next
-            if entry.name != "logs":
-                if entry.is_dir():
-                    shutil.rmtree(entry, ignore_errors=True)
-                else:
-                    entry.unlink()
-        where: Path = Path(cause.filename) if cause.filename else work
-        if where.is_relative_to(work):  # the build's temporary folder: name OUT
-            where = out
-        free_at = where if where.is_dir() else where.parent if where.parent.is_dir() \
-            else out.parent
-        message = disk_full_message(cause, where, free_at, weights, written)
-        return StageError(self.current_stage or "write", message,
-                          log_path=work / "logs" / f"{self.current_stage}.log"
-                          if self.current_stage else None)
-
-    def _replace(self, work: Path, out: Path) -> str | None:
-        """Put the finished build at ``out``: trtpack's files of an earlier build there are
-        replaced, nobody else's are touched. One rename when ``out`` holds only trtpack's
-        files (or nothing); else file by file. What was replaced, as one line (or None)."""
-        new_files = files_under(work)
-        write_manifest(work, new_files)
-        if not out.exists():
-            work.rename(out)
-            return None
-        earlier = build_files(out) or []
-        theirs = [f for f in files_under(out) if f not in set(earlier)]
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        shutil.rmtree(old, ignore_errors=True)
-        overwritten = sorted(set(theirs) & set(new_files))
-        if not theirs:
-            out.rename(old)
-            work.rename(out)
-        else:
-            for rel in [*earlier, *overwritten, MANIFEST]:
-                src = out / rel
-                if src.is_file() or src.is_symlink():
-                    (old / rel).parent.mkdir(parents=True, exist_ok=True)
-                    src.rename(old / rel)
-            for rel in [*new_files, MANIFEST]:
-                (out / rel).parent.mkdir(parents=True, exist_ok=True)
-                (work / rel).rename(out / rel)
-            for rel in earlier:  # folders the earlier build made and nothing holds now
-                folder = (out / rel).parent
-                while folder != out and folder.is_dir() and not any(folder.iterdir()):
-                    folder.rmdir()
-                    folder = folder.parent
-            shutil.rmtree(work, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
-        if not earlier and not overwritten:
-            return None
-        line = (f"replaced the earlier build in {out}: {len(earlier)} files "
-                f"({', '.join(top_level(earlier))})")
-        if overwritten:
-            line += f"; overwrote {len(overwritten)} of yours ({', '.join(overwritten[:3])})"
-        kept = len(theirs) - len(overwritten)
-        if kept:
-            line += f"; kept {kept} file{'s' * (kept != 1)} trtpack did not write"
-        return line
 
     def _plan(self, versions: dict[str, str | None]) -> list[PlannedStage]:
         """The stages that will run, each with its key and whether the cache has it."""
@@ -395,12 +328,6 @@ class Pipeline:
             }
             self.cache.store(stage.name, plan.key, stage_dir, meta)
         return result, outcome.verification
-
-
-def top_level(files: Sequence[str]) -> list[str]:
-    """``artifacts/export/model.onnx``, ``report.json`` -> ``artifacts/``, ``report.json``."""
-    names = {f.split("/", 1)[0] + ("/" if "/" in f else "") for f in files}
-    return sorted(names)
 
 
 def build(options: BuildOptions, progress: ProgressCallback | None = None,
