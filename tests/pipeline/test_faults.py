@@ -103,12 +103,12 @@ def test_an_oom_kill_counted_by_the_cgroup_is_named(tmp_path: Path) -> None:
     """The cgroup's memory.events, written by the test (a real OOM kill cannot be provoked
     safely here): the message names the OOM killer only when its count went up."""
     (tmp_path / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
-    (tmp_path / "memory.max").write_text(str(8 * 2**30) + "\n")
-    said = killed_message("precision", 9, 0, 1, 7.6 * 1024, tmp_path)
+    (tmp_path / "memory.max").write_text(str(2**30) + "\n")  # 1 GB: below any machine's
+    said = killed_message("precision", 9, 0, 1, 0.9 * 1024, tmp_path)
     assert said == ("the precision process was killed by the kernel's out-of-memory killer "
-                    "(peak 7.6 GB of 8.0 GB available)")
-    not_oom = killed_message("precision", 9, 1, 1, 2.0 * 1024, tmp_path)
-    assert not_oom == ("the precision process was killed by signal 9 (peak 2.0 GB of 8.0 GB "
+                    "(peak 0.9 GB of 1.0 GB available)")
+    not_oom = killed_message("precision", 9, 1, 1, 0.2 * 1024, tmp_path)
+    assert not_oom == ("the precision process was killed by signal 9 (peak 0.2 GB of 1.0 GB "
                        "available)")
 
 
