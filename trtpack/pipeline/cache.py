@@ -114,7 +114,7 @@ class Checked:
     it), is the same file, unwritten since: its hash is not computed again (git's index does
     the same). Any write through the file system moves its mtime; a copy gets a new inode."""
 
-    RACY_NS = 2_000_000_000
+    RACY_NS = 100_000_000  # file timestamps tick every few ms (the kernel's coarse clock)
 
     def __init__(self, entry: Path) -> None:
         self.path = entry / CHECKED
@@ -128,10 +128,11 @@ class Checked:
     def vouches(self, rel: str, st: os.stat_result) -> bool:
         return self.files.get(rel) == stat_key(st) and st.st_mtime_ns < self.at - self.RACY_NS
 
-    def record(self, root: Path, files: Iterable[str]) -> None:
-        """All ``files`` under ``root`` were just found intact."""
-        data = {"at": time.time_ns(), "files": {rel: stat_key((root / rel).stat())
-                                                for rel in files}}
+    def record(self, root: Path, files: Iterable[str], started_ns: int) -> None:
+        """All ``files`` under ``root`` were found intact by hashing that began at
+        ``started_ns`` (``time.time_ns()``)."""
+        data = {"at": started_ns, "files": {rel: stat_key((root / rel).stat())
+                                            for rel in files}}
         if data["files"] == self.files and self.at > 0:
             return
         tmp = self.path.with_name(f"{CHECKED}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
@@ -192,9 +193,10 @@ class StageCache:
             if problem is None:
                 link_tree(entry / "files", dst)
                 checked = Checked(entry)
+                started = time.time_ns()
                 problem = damage(dst, recorded, unchanged=checked.vouches)
                 if problem is None:
-                    checked.record(dst, recorded)
+                    checked.record(dst, recorded, started)
         except FileNotFoundError as e:
             if not entry.exists():  # discarded or pruned meanwhile: a miss
                 return Loaded(None)
@@ -231,8 +233,10 @@ class StageCache:
             for f in (tmp / "files").rglob("*"):
                 if f.is_file():  # shared by hard links with build folders: never edit in place
                     f.chmod(0o444)
+            started = time.time_ns()
             meta = {**meta, "files": file_hashes(tmp / "files")}
             (tmp / META).write_text(json.dumps(meta, default=str))
+            Checked(tmp).record(tmp / "files", meta["files"], started)
             tmp.rename(entry)  # another build stored the same key first: it stays
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)
