@@ -55,14 +55,14 @@ def test_half_written_cache_entries_are_never_hits(tmp_path: Path) -> None:
     stale = tmp_path / "stages" / "export" / "k1.tmp-4242" / "files"
     stale.mkdir(parents=True)
     (stale / "model.onnx").write_bytes(b"half")
-    assert cache.load("export", "k1", tmp_path / "dst1") is None
+    assert cache.load("export", "k1", tmp_path / "dst1").meta is None
     # an entry folder without its metadata (written last) is not a hit either
     (tmp_path / "stages" / "export" / "k2" / "files").mkdir(parents=True)
-    assert cache.load("export", "k2", tmp_path / "dst2") is None
+    assert cache.load("export", "k2", tmp_path / "dst2").meta is None
     cache.store("export", "k3", src, {"artifacts": {"onnx": "model.onnx"}})
     dst = tmp_path / "dst3"
-    meta = cache.load("export", "k3", dst)
-    assert meta == {"artifacts": {"onnx": "model.onnx"}}
+    meta = cache.load("export", "k3", dst).meta
+    assert meta is not None and meta["artifacts"] == {"onnx": "model.onnx"}
     assert (dst / "model.onnx").read_bytes() == b"onnx bytes"
     assert not list((tmp_path / "stages" / "export").glob("k3.tmp-*"))
 

@@ -14,7 +14,7 @@ from trtpack.options import BuildOptions, Fallback, Serve, default_cache_dir
 from trtpack.pipeline.runner import build as run_pipeline
 from trtpack.recipe import PRECISIONS, Recipe
 from trtpack.recipe_files import apply_overrides
-from trtpack.report import REPORT, BuildReport
+from trtpack.report import BuildReport
 from trtpack.resolve import resolve_model
 from trtpack.shapes import ShapeProfile, parse_profiles
 from trtpack.stages.base import ProgressCallback
@@ -46,6 +46,7 @@ class BuildRequest:
     calibration_method: str | None = None  # None: the recipe's int8.calibration_method
     tokenizer: Path | None = None  # --tokenizer: a tokenizer folder (or one of its files)
     min_int8_share: float = 0.5  # --min-int8-share
+    force: bool = False  # --force: build beside files in --out that trtpack did not write
 
 
 def resolve_target_for_build(name: str, build_engine: bool,
@@ -172,6 +173,7 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
         use_cache=request.use_cache, timing_cache=_timing_cache_dir(request.timing_cache),
         calibration_method=request.calibration_method,
         min_int8_share=request.min_int8_share,
+        force=request.force,
     )
     return options, warnings
 
@@ -263,8 +265,5 @@ def build(request: BuildRequest, progress: ProgressCallback | None = None,
     for w in warnings:
         if on_warning is not None:
             on_warning(w)
-    report = run_pipeline(options, progress)
-    if warnings:
-        report.warnings[:0] = warnings
-        report.save(options.out_dir / REPORT)
+    report = run_pipeline(options, progress, warnings)
     return BuildResult(report, options.out_dir)

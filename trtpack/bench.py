@@ -37,6 +37,7 @@ from trtpack.bench_timing import ProgressFn, Runner, Timing, machine_info, measu
 from trtpack.build_folder import open_build
 from trtpack.cases import Case, load_cases
 from trtpack.errors import UserInputError
+from trtpack.out_files import record_files
 from trtpack.report import REPORT, BuildReport
 
 SERVED, ONNX_FP32, PYTORCH = "served", "onnx-fp32", "pytorch"
@@ -218,5 +219,6 @@ def benchmark_build(out: Path, *, seconds: float = DEFAULT_SECONDS, threads: int
         result = run_benchmark(out, seconds=seconds, threads=threads, pytorch=pytorch,
                                progress=progress)
     report = save_benchmark(out, result, served)
-    write_report_html(out, report)
+    page = write_report_html(out, report)
+    record_files(out, [out / REPORT, page])  # a rebuild replaces them with the build's files
     return BenchOutcome(result, served, report)

@@ -160,6 +160,9 @@ def build(
     min_int8_share: Annotated[float, typer.Option(
         help="INT8: ship only when at least this share of MatMul/Gemm nodes stays INT8 "
         "after the accuracy search (else exit 1 naming the best share that passed).")] = 0.5,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Build into an --out that holds files trtpack did not write: they are "
+        "kept (never deleted), the build's files are written beside them.")] = False,
     bench: Annotated[bool, typer.Option(
         "--bench", help="After packaging, measure latency per profile corner against PyTorch "
         "(trtpack bench).")] = False,
@@ -185,6 +188,7 @@ def build(
         overrides=overrides or [], timing_cache=timing_cache, task=task,
         calibration_method=calibration_method, tokenizer=tokenizer,
         min_int8_share=min_int8_share,
+        force=force,
     )
     view = ProgressView(err, enabled=not as_json)
     try:
@@ -287,9 +291,10 @@ def inspect(
 
 
 def _register_commands() -> None:
-    from trtpack.cli_outputs import register
+    from trtpack import cli_cache, cli_outputs
 
-    register(app, handle_errors)
+    cli_outputs.register(app, handle_errors)
+    cli_cache.register(app, handle_errors)
 
 
 _register_commands()

@@ -111,6 +111,9 @@ class ProgressView:
         self.status: Any = None
 
     def __call__(self, event: ProgressEvent) -> None:
+        if event.kind == "notice":  # one line, also with --json (on stderr)
+            self.console.print(escape(event.message), soft_wrap=True, highlight=False)
+            return
         if not self.enabled:
             return
         if event.kind == "start":

@@ -6,6 +6,8 @@ line and exits with its code. Any other exception is a bug and keeps its traceba
 
 from __future__ import annotations
 
+import errno
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -71,6 +73,16 @@ class StageError(TrtpackError):
         return f"stage '{self.stage}' failed: {self.message}{where}"
 
 
+class StageKilledError(Exception):
+    """A stage's process ended by a signal (``signal_number``) before sending its outcome;
+    the pipeline says why in words (``pipeline.faults.killed_message``)."""
+
+    def __init__(self, stage: str, signal_number: int) -> None:
+        super().__init__(f"the {stage} process was killed by signal {signal_number}")
+        self.stage = stage
+        self.signal_number = signal_number
+
+
 class AccuracyError(TrtpackError):
     """A verification gate that did not pass (exit 1); ``rows`` carry the numbers."""
 
@@ -98,3 +110,24 @@ def require_modules(modules: dict[str, str], *, purpose: str, install: str) -> N
         raise MissingEnvironmentError(
             f"{purpose} needs {', '.join(missing)}, not installed here",
             hint=f"pip install {install}")
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+_ERRNO_TEXT = re.compile(r"\[Errno (\d+)\]")
+
+
+def no_space_cause(exc: BaseException) -> OSError | None:
+    """The ENOSPC/EDQUOT ``OSError`` behind ``exc`` (its cause/context chain), or a stand-in
+    when only the message carries it (an exporter that re-raised it as text)."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in NO_SPACE:
+            return e
+        e = e.__cause__ or e.__context__
+    for m in _ERRNO_TEXT.finditer(str(exc)):
+        if int(m.group(1)) in NO_SPACE:
+            return OSError(int(m.group(1)), "No space left on device"
+                           if int(m.group(1)) == errno.ENOSPC else "Disk quota exceeded")
+    return None

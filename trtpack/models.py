@@ -237,3 +237,19 @@ def load_model(recipe: Recipe, *, random_weights: bool, seed: int = 0) -> Loaded
         module = _sentence_pooler(module, recipe.pooling.mode, recipe.pooling.normalize)
     module.eval()
     return LoadedModel(module, load_tokenizer(recipe, model_dir), config, weights)
+
+
+def random_weight_bytes(recipe: Recipe) -> int | None:
+    """Bytes of the parameters a ``--random-weights`` build of ``recipe`` makes, counted on
+    PyTorch's meta device (nothing allocated); None when the recipe has no ``config``."""
+    if not recipe.config or "model_type" not in recipe.config:
+        return None
+    import torch
+    from transformers import AutoConfig
+
+    cfg = dict(recipe.config)
+    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    cls = _model_class(recipe)
+    with torch.device("meta"):
+        module = cls.from_config(config) if hasattr(cls, "from_config") else cls(config)
+    return sum(p.numel() * p.element_size() for p in module.parameters())

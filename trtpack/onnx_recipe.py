@@ -36,7 +36,7 @@ def load_onnx_graph(path: Path) -> Any:
                              "opset: damaged or truncated?)")
     check_external_data(model, path)
     try:
-        onnx.checker.check_model(str(path))  # external data resolved beside the file
+        check_graph(model, path)
     except onnx.checker.ValidationError as e:
         first = (str(e).strip().splitlines() or ["invalid"])[0]
         raise UserInputError(f"'{path}' is not a valid ONNX model: {first}") from None
@@ -44,6 +44,31 @@ def load_onnx_graph(path: Path) -> Any:
         raise UserInputError(f"'{path}' is not a valid ONNX model (a name or field in it is "
                              "not UTF-8 text: damaged?)") from None
     return model
+
+
+def check_graph(model: Any, path: Path) -> None:
+    """``onnx.checker`` on the model file, its external data resolved beside it. onnx refuses
+    external data files with several hard links (trtpack's own artifacts are hard links into
+    its stage cache): those are checked against sparse stand-ins of the same sizes in a
+    temporary folder (``check_external_data`` has checked the real files' sizes)."""
+    import tempfile
+
+    import onnx
+
+    locations = {e.value for t in external_tensors(model) for e in t.external_data
+                 if e.key == "location"}
+    if not any((path.parent / loc).stat().st_nlink > 1 for loc in locations):
+        onnx.checker.check_model(str(path))
+        return
+    with tempfile.TemporaryDirectory(prefix="trtpack-check-") as tmp:
+        model_copy = Path(tmp) / path.name
+        model_copy.write_bytes(path.read_bytes())
+        for loc in locations:
+            stand_in = Path(tmp) / loc
+            stand_in.parent.mkdir(parents=True, exist_ok=True)
+            with open(stand_in, "wb") as f:
+                f.truncate((path.parent / loc).stat().st_size)
+        onnx.checker.check_model(str(model_copy))
 
 
 def external_tensors(model: Any) -> list[Any]:

@@ -43,6 +43,7 @@ class BuildOptions:
     timing_cache: Path | None = None  # --timing-cache DIR: a TensorRT timing-cache folder to share
     calibration_method: str | None = None  # None: the recipe's int8.calibration_method
     min_int8_share: float = 0.5  # INT8 ships only when this share of MatMul/Gemm stays INT8
+    force: bool = False  # --force: build into an --out that holds files trtpack did not write
 
     @property
     def name(self) -> str:

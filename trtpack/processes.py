@@ -14,7 +14,11 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from trtpack.errors import no_space_cause
+
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# run_forked's exit code when the target failed on a full disk (ENOSPC, EDQUOT)
+NO_SPACE_EXIT = 28
 
 
 def die_with_parent() -> None:
@@ -49,7 +53,7 @@ def run_forked(target: Callable[..., int], args: tuple[object, ...], timeout: fl
     """``target(*args)`` in a forked copy of this process (what it imported stays imported,
     so nothing is loaded twice), its stdout and stderr written to ``output``. Returns its
     exit code, or None when it ran past ``timeout`` seconds and was killed. Linux and macOS
-    (``os.fork``)."""
+    (``os.fork``). A target that fails on a full disk exits with ``NO_SPACE_EXIT``."""
     pid = os.fork()
     if pid == 0:  # the copy: never returns
         code = 1
@@ -58,7 +62,8 @@ def run_forked(target: Callable[..., int], args: tuple[object, ...], timeout: fl
             os.dup2(fd, 1)
             os.dup2(fd, 2)
             code = target(*args)
-        except BaseException:
+        except BaseException as e:
+            code = NO_SPACE_EXIT if no_space_cause(e) is not None else 1
             traceback.print_exc()
         finally:
             sys.stdout.flush()

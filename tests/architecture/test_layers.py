@@ -19,7 +19,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
               "trtpack.onnx_recipe", "trtpack.shapes", "trtpack.targets", "trtpack.options",
               "trtpack.onnx_files", "trtpack.processes", "trtpack.resources", "trtpack.cases",
               "trtpack.samples", "trtpack.tokenizer_files",
-              "trtpack.model_io", "trtpack.machine", "trtpack.local_targets")),
+              "trtpack.model_io", "trtpack.machine", "trtpack.local_targets",
+              "trtpack.out_files")),
     ("runtimes", ("trtpack.runtimes",)),
     ("engine", ("trtpack.engine",)),  # builder settings, provenance: never serving
     ("libraries", ("trtpack.precision", "trtpack.serving", "trtpack.verification",
@@ -31,8 +32,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("api", ("trtpack.api", "trtpack.doctor", "trtpack.inspection", "trtpack.bench",
              "trtpack.bench_runners", "trtpack.bench_timing", "trtpack.bench_served",
              "trtpack.build_folder")),
-    ("cli", ("trtpack.cli", "trtpack.cli_outputs", "trtpack.console", "trtpack.console_views",
-             "trtpack.testing")),
+    ("cli", ("trtpack.cli", "trtpack.cli_outputs", "trtpack.cli_cache", "trtpack.console",
+             "trtpack.console_views", "trtpack.testing")),
 )
 
 

@@ -2,22 +2,37 @@
 on), the key of the stage before it, the tool versions and a digest of trtpack's own code.
 A finished stage folder is hard-linked into ``CACHE/stages/<stage>/<key>/`` through a
 temporary name and a rename, so an interrupted build never leaves anything that could be
-taken for a result; a hit hard-links it back (gigabytes of weights cost nothing to reuse)."""
+taken for a result; a hit hard-links it back (gigabytes of weights cost nothing to reuse).
+
+Why hard links, not copies: a bert-large rebuild would copy 3-4 GB (seconds, and the disk
+twice over); reflinks exist only on btrfs/XFS. The price is that a file under OUT and its
+cache entry are one file, so damage to one is damage to the other: entries are read-only,
+and every reuse checks each file it links against the size and BLAKE3 recorded when it was
+stored (a file unwritten since its last check, by its inode, size and mtime, is not hashed
+again: ``Checked``); a damaged entry is discarded and its stage runs again. Stages that
+load weights with onnx copy them first (onnx refuses external data with several links)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import trtpack
 from trtpack import __version__
 from trtpack.onnx_files import link_tree
+from trtpack.out_files import pid_is_live_build
 
 META = "trtpack-stage.json"
+CHECKED = "checked.json"  # when the entry's files were last hashed (``Checked``)
 
 
 def source_digest() -> str:
@@ -48,10 +63,111 @@ def stage_key(stage: str, fingerprint: dict[str, Any], upstream: str,
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 
+def content_hash(path: Path) -> str:
+    """BLAKE3 of a file, read through mmap on all cores (a few GB/s: bert-large's weights
+    in well under a second when they are in the page cache)."""
+    import blake3
+
+    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    if path.stat().st_size:
+        hasher.update_mmap(str(path))
+    return hasher.hexdigest()
+
+
+def file_hashes(root: Path) -> dict[str, list[Any]]:
+    """``{relative path: [size, blake3]}`` of every file under ``root``."""
+    return {str(f.relative_to(root)): [f.stat().st_size, content_hash(f)]
+            for f in sorted(root.rglob("*")) if f.is_file()}
+
+
+def damage(root: Path, recorded: dict[str, list[Any]], *, contents: bool = True,
+           unchanged: Callable[[str, os.stat_result], bool] = lambda rel, st: False
+           ) -> str | None:
+    """What differs between the files under ``root`` and ``recorded`` (the set of files and
+    their sizes first, then their contents, except those ``unchanged`` vouches for), or None
+    when they match."""
+    present = {str(f.relative_to(root)): f for f in root.rglob("*") if f.is_file()}
+    missing = sorted(set(recorded) - set(present))
+    if missing:
+        return f"{missing[0]} is missing"
+    extra = sorted(set(present) - set(recorded))
+    if extra:
+        return f"{extra[0]} was not in it when stored"
+    for rel, (size, _) in recorded.items():
+        if present[rel].stat().st_size != size:
+            return f"{rel} has {present[rel].stat().st_size} bytes, not {size} (truncated?)"
+    if contents:
+        for rel, (_, digest) in recorded.items():
+            if not unchanged(rel, present[rel].stat()) and content_hash(present[rel]) != digest:
+                return f"{rel}'s content changed"
+    return None
+
+
+def stat_key(st: os.stat_result) -> list[int]:
+    return [st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+class Checked:
+    """When an entry's files were last hashed and found intact, with their inode, size and
+    mtime then (``CHECKED`` in the entry). A file whose stat is the same, and whose mtime is
+    older than that check by more than ``RACY_NS`` (a write in the same instant could keep
+    it), is the same file, unwritten since: its hash is not computed again (git's index does
+    the same). Any write through the file system moves its mtime; a copy gets a new inode."""
+
+    RACY_NS = 100_000_000  # file timestamps tick every few ms (the kernel's coarse clock)
+
+    def __init__(self, entry: Path) -> None:
+        self.path = entry / CHECKED
+        try:
+            data = json.loads(self.path.read_text())
+            self.at = int(data["at"])
+            self.files: dict[str, list[int]] = dict(data["files"])
+        except (OSError, ValueError, KeyError, TypeError):
+            self.at, self.files = 0, {}
+
+    def vouches(self, rel: str, st: os.stat_result) -> bool:
+        return self.files.get(rel) == stat_key(st) and st.st_mtime_ns < self.at - self.RACY_NS
+
+    def record(self, root: Path, files: Iterable[str], started_ns: int) -> None:
+        """All ``files`` under ``root`` were found intact by hashing that began at
+        ``started_ns`` (``time.time_ns()``)."""
+        data = {"at": started_ns, "files": {rel: stat_key((root / rel).stat())
+                                            for rel in files}}
+        if data["files"] == self.files and self.at > 0:
+            return
+        tmp = self.path.with_name(f"{CHECKED}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        with contextlib.suppress(OSError):  # a read-only cache: checked again next time
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, self.path)
+
+
+@dataclass
+class Loaded:
+    """A cache lookup: the entry's metadata (a hit), or why the entry was discarded."""
+
+    meta: dict[str, Any] | None
+    discarded: str | None = None  # "CACHE/stages/export/KEY: model.onnx.data's content changed"
+
+
+@dataclass
+class EntryInfo:
+    """One cache entry, as ``trtpack cache info`` lists it."""
+
+    stage: str
+    key: str
+    path: Path
+    bytes: int
+    modified: float
+
+
 class StageCache:
-    """Finished stage folders by key; writes go through a temporary name and a rename."""
+    """Finished stage folders by key, each with the size and BLAKE3 of every file. Writes go
+    through a temporary name and a rename, so a half-written entry is never seen; a reuse
+    checks every file before it is used, and a damaged entry is discarded (renamed away, then
+    removed: a build reading it at that moment keeps its links)."""
 
     def __init__(self, root: Path) -> None:
+        self.base = root
         self.root = root / "stages"
 
     def _entry(self, stage: str, key: str) -> Path:
@@ -60,34 +176,121 @@ class StageCache:
     def has(self, stage: str, key: str) -> bool:
         return (self._entry(stage, key) / META).is_file()
 
-    def load(self, stage: str, key: str, dst: Path) -> dict[str, Any] | None:
+    def load(self, stage: str, key: str, dst: Path) -> Loaded:
+        """Link the entry's files into ``dst`` and check them (sizes, then BLAKE3 of the
+        linked files themselves, so what is checked is what the build uses)."""
         entry = self._entry(stage, key)
-        meta_path = entry / META
-        if not meta_path.is_file():
-            return None
+        if not entry.exists():
+            return Loaded(None)
+        problem: str | None
+        meta: dict[str, Any] | None = None
         try:
-            meta: dict[str, Any] = json.loads(meta_path.read_text())
-        except (OSError, json.JSONDecodeError):
-            return None
-        link_tree(entry / "files", dst)
-        return meta
+            meta = json.loads((entry / META).read_text())
+            recorded = meta["files"] if isinstance(meta, dict) else None
+            if not isinstance(recorded, dict):
+                raise ValueError("no file hashes")
+            problem = damage(entry / "files", recorded, contents=False)
+            if problem is None:
+                link_tree(entry / "files", dst)
+                checked = Checked(entry)
+                started = time.time_ns()
+                problem = damage(dst, recorded, unchanged=checked.vouches)
+                if problem is None:
+                    checked.record(dst, recorded, started)
+        except FileNotFoundError as e:
+            if not entry.exists():  # discarded or pruned meanwhile: a miss
+                return Loaded(None)
+            problem = f"{Path(e.filename or META).name} is missing"
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            problem = f"{META} unreadable ({type(e).__name__})"
+        if problem is None:
+            return Loaded(meta)
+        for f in list(dst.iterdir()) if dst.is_dir() else []:
+            if f.is_dir():
+                shutil.rmtree(f)
+            else:
+                f.unlink()
+        self.discard(entry)
+        return Loaded(None, f"{entry}: {problem}")
+
+    def discard(self, entry: Path) -> None:
+        """Rename ``entry`` away, then remove it."""
+        trash = entry.with_name(f"{entry.name}.discarded-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        try:
+            entry.rename(trash)
+        except OSError:
+            return  # already gone
+        shutil.rmtree(trash, ignore_errors=True)
 
     def store(self, stage: str, key: str, src: Path, meta: dict[str, Any]) -> None:
         entry = self._entry(stage, key)
         if entry.exists():
             return
-        tmp = entry.with_name(f"{key}.tmp-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
+        tmp = entry.with_name(f"{key}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         try:
             tmp.mkdir(parents=True)
             link_tree(src, tmp / "files")
             for f in (tmp / "files").rglob("*"):
                 if f.is_file():  # shared by hard links with build folders: never edit in place
                     f.chmod(0o444)
+            started = time.time_ns()
+            meta = {**meta, "files": file_hashes(tmp / "files")}
             (tmp / META).write_text(json.dumps(meta, default=str))
-            tmp.rename(entry)
+            Checked(tmp).record(tmp / "files", meta["files"], started)
+            tmp.rename(entry)  # another build stored the same key first: it stays
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)
+
+    def entries(self) -> list[EntryInfo]:
+        """Every finished entry (temporary and discarded folders left out)."""
+        found: list[EntryInfo] = []
+        if not self.root.is_dir():
+            return found
+        for stage_dir in sorted(p for p in self.root.iterdir() if p.is_dir()):
+            for entry in sorted(stage_dir.iterdir()):
+                if "." in entry.name or not entry.is_dir():
+                    continue
+                size = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
+                meta = entry / META
+                modified = (meta if meta.is_file() else entry).stat().st_mtime
+                found.append(EntryInfo(stage_dir.name, entry.name, entry, size, modified))
+        return found
+
+    def verify(self) -> list[str]:
+        """Check every entry's files; discard the damaged ones. What was discarded, and why."""
+        problems = []
+        for info in self.entries():
+            try:
+                meta = json.loads((info.path / META).read_text())
+                problem = damage(info.path / "files", meta["files"])
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                problem = f"{META} unreadable ({type(e).__name__})"
+            if problem is not None:
+                self.discard(info.path)
+                problems.append(f"{info.path}: {problem}")
+        return problems
+
+    def prune(self, older_than_seconds: float | None) -> list[EntryInfo]:
+        """Remove the entries last used more than ``older_than_seconds`` ago (all of them
+        with None), and what interrupted builds left; the removed entries."""
+        now = time.time()
+        removed = []
+        for info in self.entries():
+            if older_than_seconds is None or now - info.modified > older_than_seconds:
+                self.discard(info.path)
+                removed.append(info)
+        if self.root.is_dir():
+            for stage_dir in self.root.iterdir():
+                for leftover in stage_dir.glob("*.tmp-*"):
+                    pid = leftover.name.split(".tmp-")[1].split("-")[0]
+                    if pid.isdigit() and not pid_is_live_build(int(pid)):
+                        shutil.rmtree(leftover, ignore_errors=True)
+        return removed
+
+    def touch(self, stage: str, key: str) -> None:
+        """Mark an entry as used now (``prune --older-than`` keeps what builds still use)."""
+        with contextlib.suppress(OSError):
+            os.utime(self._entry(stage, key) / META)
 
 
 def relative_artifacts(artifacts: dict[str, Path], stage_dir: Path) -> dict[str, str]:

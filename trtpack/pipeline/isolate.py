@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from trtpack.errors import StageError, TrtpackError
+from trtpack.errors import StageError, StageKilledError, TrtpackError, no_space_cause
 from trtpack.options import BuildOptions
 from trtpack.pipeline.stage import Stage
 from trtpack.processes import die_with_parent, kill_group
@@ -74,20 +74,24 @@ class StageProcess:
         the traceback in the stage log."""
         name = self.stage.name
         try:
-            self._jobs.send((name, ctx.options, ctx.stage_dir, ctx.build_dir, ctx.artifacts,
-                             log_path))
+            try:
+                self._jobs.send((name, ctx.options, ctx.stage_dir, ctx.build_dir,
+                                 ctx.artifacts, log_path))
+            except (BrokenPipeError, ConnectionResetError):
+                self._ended(name)  # it died while warming up
             while True:
                 try:
                     kind, payload = self._messages.recv()
                 except EOFError:
-                    code = self.process.wait()
-                    raise RuntimeError(f"the {name} process ended without a result (exit "
-                                       f"code {code})") from None
+                    self._ended(name)
                 if kind == "progress":  # the stage process logged it already
                     ctx.on_progress(ProgressEvent(name, "update", payload))
                 elif kind == "outcome":
                     self._finish()
                     return payload  # type: ignore[no-any-return]
+                elif kind == "no_space":
+                    number, strerror, filename = payload
+                    raise OSError(number, strerror, filename)
                 elif kind == "user_error":
                     message, exit_code, hint = payload
                     raise ChildStageError(message, exit_code, hint)
@@ -95,6 +99,14 @@ class StageProcess:
                     raise RuntimeError(payload)
         finally:
             self.stop()
+
+    def _ended(self, name: str) -> None:
+        """The process is gone without a result: why, as an exception."""
+        code = self.process.wait()
+        if code < 0:  # a signal: the OOM killer, a CI timeout, a user's kill -9
+            raise StageKilledError(name, -code) from None
+        raise RuntimeError(f"the {name} process ended without a result (exit code {code})"
+                           ) from None
 
     def _finish(self) -> None:
         """The outcome is in hand: the process exits by itself; wait a little for it."""
@@ -127,7 +139,11 @@ def _run_job(module_name: str, job: tuple[Any, ...], messages: Connection) -> No
         messages.send(("user_error", (message, e.exit_code, e.hint)))
     except BaseException as e:
         logger.error("".join(traceback.format_exc()))
-        messages.send(("error", f"{type(e).__name__}: {e}"))
+        full = no_space_cause(e)
+        if full is not None:  # the build says it in words (pipeline.faults)
+            messages.send(("no_space", (full.errno, full.strerror, full.filename)))
+        else:
+            messages.send(("error", f"{type(e).__name__}: {e}"))
     finally:
         handler.close()
 

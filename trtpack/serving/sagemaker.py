@@ -25,6 +25,7 @@ from typing import Any
 
 from trtpack.engine.triton_release import TritonServing
 from trtpack.errors import UserInputError
+from trtpack.out_files import record_files
 from trtpack.serving.config import read_config
 from trtpack.serving.layout import REPOSITORY, engine_triton_serving
 
@@ -281,4 +282,6 @@ def package_sagemaker(path: Path, dest: Path | None = None, *,
     note = dest / NOTE
     package = SageMakerPackage(dest, repository, tuple(archives), note)
     note.write_text(_note(package, configs), encoding="utf-8")
+    # in a build folder: a rebuild replaces these with the rest of trtpack's files
+    record_files(path, [a.path for a in archives] + [note])
     return package

@@ -38,7 +38,7 @@ class StageOutcome:
 @dataclass(frozen=True)
 class ProgressEvent:
     stage: str
-    kind: Literal["start", "update", "end"]
+    kind: Literal["start", "update", "end", "notice"]  # notice: about the build, not a stage
     message: str = ""
     result: StageResult | None = None
 

@@ -8,6 +8,7 @@ unsimplified model and the report says why: this stage never fails the build."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import Any
 
 from trtpack.onnx_files import graph_summary
 from trtpack.options import BuildOptions
-from trtpack.processes import run_forked
+from trtpack.processes import NO_SPACE_EXIT, run_forked
 from trtpack.simplify_graph import import_onnxsim, simplify_file
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 
@@ -72,6 +73,8 @@ def run(ctx: StageContext) -> StageOutcome:
     ctx.progress(f"onnxsim on {before} nodes")
     limit = timeout_seconds()
     code = run_forked(simplify_file, (str(src), str(dst), str(result_path)), limit, output)
+    if code == NO_SPACE_EXIT:  # not onnxsim's failure: the build's (said in words)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(ctx.stage_dir))
     text = output.read_text(errors="replace") if output.is_file() else ""
     output.unlink(missing_ok=True)
     ctx.log.info("onnxsim output:\n%s", text)
