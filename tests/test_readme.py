@@ -51,6 +51,9 @@ RUN = [
     "trtpack inspect DIR",
     "trtpack report OUT",
     "trtpack build model.onnx",
+    "trtpack build OUT/artifacts/export/model.onnx",
+    "trtpack cache info",
+    "trtpack cache verify",
 ]
 # Run too, but slowly (a timed benchmark of every profile corner): marked slow.
 RUN_SLOW = [
@@ -235,7 +238,12 @@ def _command_paths() -> list[list[str]]:
 
 
 def substitute(command: str) -> list[str]:
-    return [PLACEHOLDERS.get(word, word) for word in shlex.split(command)[1:]]
+    def substituted(word: str) -> str:
+        head, sep, rest = word.partition("/")
+        return PLACEHOLDERS.get(word) or (PLACEHOLDERS[head] + sep + rest
+                                          if sep and head in PLACEHOLDERS else word)
+
+    return [substituted(word) for word in shlex.split(command)[1:]]
 
 
 @pytest.fixture(scope="module")
