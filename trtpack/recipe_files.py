@@ -47,7 +47,21 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise RecipeError(f"recipe {path}{where} is not valid YAML: {problem}") from None
     if not isinstance(data, dict):
         raise RecipeError(f"recipe {path} must be a YAML mapping, got {type(data).__name__}")
+    if refers_to_itself(data):
+        raise RecipeError(f"recipe {path} has a YAML alias inside its own anchor (a value "
+                          "that contains itself)")
     return data
+
+
+def refers_to_itself(value: Any, inside: tuple[int, ...] = ()) -> bool:
+    """Whether a loaded YAML value contains itself (``&a [*a]``): YAML allows it, a recipe
+    cannot be one."""
+    if not isinstance(value, dict | list):
+        return False
+    if id(value) in inside:
+        return True
+    children = value.values() if isinstance(value, dict) else value
+    return any(refers_to_itself(child, (*inside, id(value))) for child in children)
 
 
 def _deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
@@ -115,6 +129,9 @@ def apply_overrides(recipe: Recipe, overrides: list[str]) -> Recipe:
             value = yaml.safe_load(text) if text.strip() else ""
         except yaml.YAMLError:
             value = text
+        if refers_to_itself(value):
+            raise UserInputError(f"--set '{item}': the value contains itself (a YAML alias "
+                                 "inside its own anchor)")
         node = changes
         for part in path[:-1]:
             node = node.setdefault(part, {})
