@@ -1,0 +1,181 @@
+"""The CPU model (``trtpack.stages.cpu_model``): a fused FP32 graph for ``--target cpu`` and
+``--fallback-cpu``, INT8 on ONNX Runtime's integer kernels; the GPU path keeps the plain
+(TensorRT-shaped) graph."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import run_cli
+
+FUSED = {"Attention", "SkipLayerNormalization"}
+
+
+def _op_types(path: Path) -> set[str]:
+    import onnx
+
+    return {n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node}
+
+
+def _padded_feeds(batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(5, 1000, (batch, seq)).astype(np.int64)
+    mask = np.ones((batch, seq), np.int64)
+    for row in range(batch):  # real padding: rows of different lengths
+        mask[row, rng.integers(1, seq + 1):] = 0
+    mask[0] = 1
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+
+
+def _run(path: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    from trtpack.runtimes.onnxruntime import cpu_session
+
+    return np.asarray(cpu_session(path).run(None, feeds)[0])
+
+
+def test_cpu_target_serves_the_fused_graph_and_reports_the_fusions(tiny_build: Path) -> None:
+    report = json.loads((tiny_build / "report.json").read_text())
+    stage = next(s for s in report["stages"] if s["name"] == "cpu_model")
+    assert stage["status"] == "ok"
+    fused = stage["metrics"]["fused_operators"]
+    # tiny-bert: 2 layers -> 2 Attention, 4 SkipLayerNormalization, 2 Gelu (its random
+    # biases are zeros, which the simplifier removes: Gelu, not BiasGelu)
+    assert (fused["Attention"], fused["SkipLayerNormalization"]) == (2, 4)
+    assert fused["Gelu"] + fused["BiasGelu"] == 2
+    served = tiny_build / "model_repository" / "tiny-bert" / "1" / "model.onnx"
+    assert _op_types(served) >= FUSED
+    assert "Softmax" not in _op_types(served)  # the attention is one operator now
+    rows = [r for r in report["verification"] if r["check"] == "cpu-fp32-vs-fp32"]
+    assert rows and all(r["passed"] for r in rows)
+
+
+def test_fused_attention_matches_the_plain_graph_on_padded_batches(
+        tiny_build: Path, tmp_path: Path) -> None:
+    """The Attention fusion takes the 0/1 attention mask instead of the exporter's additive
+    mask: padded rows must give the plain graph's outputs on the real tokens."""
+    plain = tiny_build / "artifacts" / "simplify" / "model.onnx"
+    fused = tiny_build / "artifacts" / "cpu_model" / "fp32" / "model.onnx"
+    for batch, seq, seed in ((1, 4, 0), (3, 16, 1), (8, 64, 2)):
+        feeds = _padded_feeds(batch, seq, seed)
+        want, got = _run(plain, feeds), _run(fused, feeds)
+        valid = feeds["attention_mask"][..., None].astype(bool)
+        assert np.abs(np.where(valid, got - want, 0)).max() < 1e-4
+
+
+def test_a_graph_without_the_patterns_is_left_as_it_is(tmp_path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from trtpack.precision.cpu_fusion import cpu_graph
+
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.normal(size=(8, 8)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+         helper.make_node("Relu", ["m"], ["y"], name="relu")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 8])], [weight])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+    result = cpu_graph(path, config_model_type="bert", num_heads=2, hidden_size=8,
+                       mask_input=None)
+    assert not any(result.fused.values())  # every count present, all zero: a visible non-match
+    assert "Attention" in result.fused
+    assert [n.op_type for n in result.model.graph.node] == ["MatMul", "Relu"]
+    unknown = cpu_graph(path, config_model_type="resnet", num_heads=None, hidden_size=None,
+                        mask_input=None)
+    assert unknown.model_type is None and unknown.fused == {}
+
+
+def test_gpu_path_keeps_the_plain_graph_and_only_the_cpu_model_is_fused(
+        tmp_path: Path, cache_dir: Path) -> None:
+    """The two forms differ only for CPU: a GPU target's model (what TensorRT builds) is the
+    plain graph; its --fallback-cpu model is the fused one; without --fallback-cpu there is no
+    CPU model stage at all."""
+    common = ["tiny-bert", "--random-weights", "--target", "g5", "--no-engine",
+              "--profile", "1x4:2x8:4x16", "--cache-dir", str(cache_dir), "--json"]
+    with_cpu = tmp_path / "with-cpu"
+    result = run_cli("build", *common, "--fallback-cpu", "--out", str(with_cpu))
+    assert result.exit_code == 0, result.output
+    repo = with_cpu / "model_repository"
+    gpu_ops = _op_types(repo / "tiny-bert" / "1" / "model.onnx")
+    assert not gpu_ops & FUSED and "Softmax" in gpu_ops
+    assert _op_types(repo / "tiny-bert_cpu" / "1" / "model.onnx") >= FUSED
+    without = tmp_path / "without"
+    result = run_cli("build", *common, "--no-fallback-cpu", "--out", str(without))
+    assert result.exit_code == 0, result.output
+    stages = [s["name"] for s in json.loads(result.stdout)["stages"]]
+    assert "cpu_model" not in stages
+    assert not _op_types(without / "model_repository" / "tiny-bert" / "1" / "model.onnx") \
+        & FUSED
+
+
+def _qdq_graph(tmp_path: Path) -> Path:
+    """Two MatMuls, one with a DequantizeLinear weight (INT8), one with a plain constant
+    weight (kept in FP32 by the search)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.integers(-9, 9, (4, 4)).astype(np.int8), "wq"),
+             numpy_helper.from_array(np.array(0.1, np.float32), "scale"),
+             numpy_helper.from_array(rng.normal(size=(4, 4)).astype(np.float32), "w2")]
+    nodes = [helper.make_node("DequantizeLinear", ["wq", "scale"], ["w1"], name="dq"),
+             helper.make_node("MatMul", ["x", "w1"], ["h"], name="quantized_mm"),
+             helper.make_node("MatMul", ["h", "w2"], ["y"], name="kept_mm")]
+    graph = helper.make_graph(nodes, "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+                              inits)
+    path = tmp_path / "qdq.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)]), str(path))
+    return path
+
+
+def test_the_kept_fp32_layers_are_read_off_the_searched_qdq_model(tmp_path: Path) -> None:
+    import onnx
+
+    from trtpack.precision.cpu_int8 import excluded_in_cpu_graph, fp32_weight_matmuls
+
+    kept = fp32_weight_matmuls(_qdq_graph(tmp_path))
+    assert kept == ["kept_mm"]
+    cpu = onnx.load(str(_qdq_graph(tmp_path)))
+    cpu.graph.node.append(onnx.helper.make_node("Attention", ["x"], ["a"], name="att0"))
+    cpu.graph.node.append(onnx.helper.make_node("Attention", ["x"], ["b"], name="att1"))
+    sources = {"att0": ["q0", "kept_mm", "v0"], "att1": ["q1", "k1", "v1"]}
+    assert excluded_in_cpu_graph(kept, cpu, sources) == ["kept_mm", "att0"]
+
+
+@pytest.mark.slow
+def test_int8_cpu_build_runs_on_integer_kernels_and_keeps_its_gates(
+        tmp_path: Path, cache_dir: Path) -> None:
+    """tiny-bert INT8 for the CPU (ModelOpt, then ONNX Runtime's dynamic quantization of the
+    fused graph): the served model is the integer-kernel form, gated like the Q/DQ model."""
+    import onnx
+
+    out = tmp_path / "out"
+    result = run_cli("build", "tiny-bert", "--random-weights", "--target", "cpu",
+                     "--precision", "int8", "--profile", "1x4:2x8:4x16", "--out", str(out),
+                     "--cache-dir", str(cache_dir), "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    stage = next(s for s in report["stages"] if s["name"] == "cpu_model")
+    metrics = stage["metrics"]
+    rows = [r for r in report["verification"] if r["check"].startswith("cpu-int8")]
+    assert rows and {r["check"] for r in rows} >= {"cpu-int8-vs-fp32"}
+    served = out / "model_repository" / "tiny-bert" / "1" / "model.onnx"
+    ops = {n.op_type for n in onnx.load(str(served), load_external_data=False).graph.node}
+    if metrics["int8_passed"]:
+        assert metrics["form"].startswith("int8, onnxruntime dynamic int8")
+        assert ops & {"MatMulInteger", "QAttention", "DynamicQuantizeLinear"}
+        assert sum(metrics["integer_kernels"].values()) > 0
+        assert all(r["passed"] for r in rows)
+    else:  # the Q/DQ model is served, and a warning says why
+        assert "DequantizeLinear" in ops
+        assert any("CPU INT8 form" in w for w in stage["warnings"])
+    quantized, total = (int(x) for x in metrics["int8_weight_matmuls"].split("/"))
+    assert 0 < quantized <= total and metrics["int8_share"] == round(quantized / total, 4)
