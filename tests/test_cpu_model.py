@@ -179,3 +179,102 @@ def test_int8_cpu_build_runs_on_integer_kernels_and_keeps_its_gates(
         assert any("CPU INT8 form" in w for w in stage["warnings"])
     quantized, total = (int(x) for x in metrics["int8_weight_matmuls"].split("/"))
     assert 0 < quantized <= total and metrics["int8_share"] == round(quantized / total, 4)
+
+
+def _stub_measure(latencies_ms: dict[str, list[float]]):  # type: ignore[no-untyped-def]
+    """A STUBBED timer (labelled: real timings on a shared machine would make the test's
+    outcome depend on the load): each call returns the next round's latency per candidate,
+    without running anything."""
+    from trtpack.timing import Timing
+
+    rounds = {name: iter(values) for name, values in latencies_ms.items()}
+
+    def measure(calls, seconds):  # type: ignore[no-untyped-def]
+        return {name: Timing([next(rounds[name]) / 1000] * 3, seconds) for name in calls}
+
+    return measure
+
+
+class _Session:
+    def get_inputs(self) -> list[object]:
+        return []
+
+    def run(self, names: object, feed: object) -> None:
+        raise AssertionError("the stubbed timer never runs a model")
+
+
+def _candidates(tiny_build: Path, int8_passed: bool = True) -> list:  # type: ignore[type-arg]
+    from trtpack.precision.auto_choice import Candidate
+
+    path = tiny_build / "artifacts" / "cpu_model" / "fp32" / "model.onnx"
+    return [Candidate("fp32", path, True, 1.0), Candidate("int8", path, int8_passed, 0.995)]
+
+
+def _timed(tiny_build: Path, fp32_ms: list[float], int8_ms: list[float],
+           int8_passed: bool = True) -> object:
+    from trtpack.cases import load_cases
+    from trtpack.precision.auto_choice import choose, time_candidates
+
+    cases = load_cases(tiny_build / "artifacts" / "verify" / "fp32_outputs.npz")[:1]
+    candidates = _candidates(tiny_build, int8_passed)
+    time_candidates(candidates, cases, {"fp32": _Session(), "int8": _Session()},
+                    rounds=len(fp32_ms), measure=_stub_measure({"fp32": fp32_ms,
+                                                                "int8": int8_ms}))
+    return choose(candidates)
+
+
+def test_auto_keeps_int8_when_it_is_faster_beyond_the_noise(tiny_build: Path) -> None:
+    choice = _timed(tiny_build, [10.0, 10.2, 9.9, 10.1, 10.0], [6.0, 6.1, 5.9, 6.0, 6.2])
+    assert choice.winner == "int8"  # type: ignore[attr-defined]
+    assert "int8 is 1.67x as fast as fp32" in choice.reason  # type: ignore[attr-defined]
+    fp32 = choice.candidates[0]  # type: ignore[attr-defined]
+    assert list(fp32.p50_ms.values()) == [10.0]
+    assert list(fp32.spread.values()) == [pytest.approx(0.03)]
+
+
+def test_auto_keeps_the_more_accurate_fp32_within_the_noise(tiny_build: Path) -> None:
+    # int8 4% faster by median, but the rounds spread by 20%: not a measured difference
+    choice = _timed(tiny_build, [10.0, 12.0, 10.0, 9.0, 11.0], [9.6, 9.6, 11.5, 9.0, 9.7])
+    assert choice.winner == "fp32"  # type: ignore[attr-defined]
+    assert "within the noise" in choice.reason  # type: ignore[attr-defined]
+
+
+def test_auto_never_keeps_a_candidate_that_failed_its_gates(tiny_build: Path) -> None:
+    choice = _timed(tiny_build, [10.0] * 5, [2.0] * 5, int8_passed=False)
+    assert choice.winner == "fp32"  # type: ignore[attr-defined]
+    assert "int8 failed its per-sample gates" in choice.reason  # type: ignore[attr-defined]
+
+
+def test_auto_on_a_gpu_target_needs_tensorrt_and_says_why(tmp_path: Path) -> None:
+    from trtpack.machine import tensorrt_available
+
+    if tensorrt_available():
+        pytest.skip("TensorRT is installed here")
+    result = run_cli("build", "tiny-bert", "--random-weights", "--target", "g5", "--no-engine",
+                     "--precision", "auto", "--out", str(tmp_path / "out"))
+    assert result.exit_code == 3, result.output
+    assert "--precision auto for --target g5 builds fp16 and int8 TensorRT engines" \
+        in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_auto_on_cpu_builds_both_times_both_and_serves_the_winner(
+        tmp_path: Path, cache_dir: Path) -> None:
+    """Real timings (whichever wins on this machine): the report holds both candidates'
+    p50 at every corner, the reason, and the served model is the winner's form."""
+    out = tmp_path / "out"
+    result = run_cli("build", "tiny-bert", "--random-weights", "--target", "cpu",
+                     "--precision", "auto", "--profile", "1x4:2x8:4x16", "--out", str(out),
+                     "--cache-dir", str(cache_dir), "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    stage = next(s for s in report["stages"] if s["name"] == "cpu_model")
+    auto = stage["metrics"]["auto"]
+    assert [c["name"] for c in auto["candidates"]] == ["fp32", "int8"]
+    for c in auto["candidates"]:
+        assert len(c["p50_ms"]) == 3 and all(v > 0 for v in c["p50_ms"].values())
+    assert auto["reason"] and f"auto: {auto['winner']}" in stage["message"]
+    served = out / "model_repository" / "tiny-bert" / "1" / "model.onnx"
+    integer = bool(_op_types(served) & {"MatMulInteger", "DynamicQuantizeLinear"})
+    assert integer == (auto["winner"] == "int8")

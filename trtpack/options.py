@@ -42,6 +42,9 @@ class BuildOptions:
     seed: int = 0
     timing_cache: Path | None = None  # --timing-cache DIR: a TensorRT timing-cache folder to share
     calibration_method: str | None = None  # None: the recipe's int8.calibration_method
+    # --precision auto (CPU): built as int8, then the CPU model stage times the FP32 and INT8
+    # forms and serves the fastest that passes (trtpack.precision.auto_choice)
+    auto_precision: bool = False
 
     @property
     def name(self) -> str:

@@ -45,6 +45,7 @@ class CpuModelMetrics(StageMetrics):
     kept_fp32_nodes: list[str] = field(default_factory=list)
     kept_fp32_layers: list[str] = field(default_factory=list)  # module paths of those
     int8_passed: bool | None = None
+    auto: dict[str, Any] | None = None  # --precision auto: candidates, timings, why
 
 
 def fingerprint(options: BuildOptions) -> dict[str, Any]:
@@ -64,6 +65,7 @@ def fingerprint(options: BuildOptions) -> dict[str, Any]:
         else None,
         "max_calibration_samples": r.precision_options.int8.max_calibration_samples,
         "seed": options.seed,
+        "auto_precision": options.auto_precision,
     }
 
 
@@ -116,7 +118,13 @@ def run(ctx: StageContext) -> StageOutcome:
                 and all(r.passed for r in rows):
             int8_path, int8_rows = _int8_form(ctx, work, fp32_path, graph, cases, metrics)
             rows += int8_rows
-            if metrics.int8_passed:
+            if ctx.options.auto_precision:
+                chosen = _choose_precision(ctx, fp32_path, int8_path, cases, rows, int8_rows,
+                                           metrics)
+                artifacts["cpu_onnx"] = chosen
+                if chosen == fp32_path:
+                    metrics.form = "fp32, fused for ONNX Runtime (--precision auto)"
+            elif metrics.int8_passed:
                 artifacts["cpu_onnx"] = int8_path
             else:
                 # the Q/DQ model passed its own gates: serve it (slow on CPU, but accurate)
@@ -136,8 +144,35 @@ def run(ctx: StageContext) -> StageOutcome:
         kernels = ", ".join(f"{n} {op}" for op, n in metrics.integer_kernels.items())
         message += (f"; int8 {metrics.int8_weight_matmuls} weight MatMuls on integer kernels "
                     f"({kernels or 'none'})")
+    if metrics.auto is not None:
+        message += f"; auto: {metrics.auto['winner']} ({metrics.auto['reason']})"
     return StageOutcome(artifacts=artifacts, metrics=metrics, verification=rows,
                         warnings=warnings, message=message)
+
+
+def _choose_precision(ctx: StageContext, fp32_path: Path, int8_path: Path, cases: list[Case],
+                      rows: list[VerificationRow], int8_rows: list[VerificationRow],
+                      metrics: CpuModelMetrics) -> Path:
+    """--precision auto: both forms timed at the profile corners, in rotation; the choice
+    (``trtpack.precision.auto_choice``) in the metrics and the message."""
+    from trtpack.precision.auto_choice import Candidate, choose, time_candidates
+    from trtpack.runtimes.onnxruntime import cpu_session
+
+    def worst(found: list[VerificationRow]) -> float | None:
+        values = [r.metric_value for r in found if r.metric_value is not None]
+        return min(values) if values else None
+
+    fp32_rows = [r for r in rows if r.check == CHECK_FP32]
+    held = [r for r in int8_rows if r.check == CHECK_INT8_HELDOUT] or int8_rows
+    candidates = [Candidate("fp32", fp32_path, all(r.passed for r in fp32_rows),
+                            worst(fp32_rows)),
+                  Candidate("int8", int8_path, bool(metrics.int8_passed), worst(held))]
+    ctx.progress("--precision auto: timing fp32 and int8 at every profile corner")
+    sessions = {c.name: cpu_session(c.path, spinning=False) for c in candidates}
+    time_candidates(candidates, cases, sessions)
+    choice = choose(candidates)
+    metrics.auto = choice.to_dict()
+    return next(c.path for c in candidates if c.name == choice.winner)
 
 
 def _verify(ctx: StageContext, path: Path, cases: list[Case], check: str, precision: str
