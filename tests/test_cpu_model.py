@@ -278,3 +278,7 @@ def test_auto_on_cpu_builds_both_times_both_and_serves_the_winner(
     served = out / "model_repository" / "tiny-bert" / "1" / "model.onnx"
     integer = bool(_op_types(served) & {"MatMulInteger", "DynamicQuantizeLinear"})
     assert integer == (auto["winner"] == "int8")
+    import html
+
+    page = (out / "report.html").read_text()
+    assert 'id="auto-precision"' in page and html.escape(auto["reason"]) in page
