@@ -25,7 +25,7 @@ from trtpack.report import VerificationRow
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 
 # Bump when the fusion or the quantization changes what this stage writes (cache key).
-CPU_FORM_VERSION = 1
+CPU_FORM_VERSION = 2
 CHECK_FP32 = "cpu-fp32-vs-fp32"
 CHECK_INT8 = "cpu-int8-vs-fp32"
 CHECK_INT8_HELDOUT = "cpu-int8-heldout"
@@ -45,6 +45,8 @@ class CpuModelMetrics(StageMetrics):
     kept_fp32_nodes: list[str] = field(default_factory=list)
     kept_fp32_layers: list[str] = field(default_factory=list)  # module paths of those
     int8_passed: bool | None = None
+    int8_failures: list[str] = field(default_factory=list)  # why the INT8 form failed
+    smoothquant: float | None = None  # alpha applied before the dynamic quantization
     auto: dict[str, Any] | None = None  # --precision auto: candidates, timings, why
 
 
@@ -63,7 +65,7 @@ def fingerprint(options: BuildOptions) -> dict[str, Any]:
         "verify": r.verify.model_dump(), "outputs": [o.model_dump() for o in r.outputs],
         "calibration_sha256": file_sha256(path) if path is not None and path.is_file()
         else None,
-        "max_calibration_samples": r.precision_options.int8.max_calibration_samples,
+        "int8": r.precision_options.int8.model_dump(),
         "seed": options.seed,
         "auto_precision": options.auto_precision,
     }
@@ -116,8 +118,10 @@ def run(ctx: StageContext) -> StageOutcome:
         artifacts = {"cpu_fp32_onnx": fp32_path, "cpu_onnx": fp32_path}
         if ctx.options.precision == "int8" and "precision_onnx" in ctx.artifacts \
                 and all(r.passed for r in rows):
-            int8_path, int8_rows = _int8_form(ctx, work, fp32_path, graph, cases, metrics)
-            rows += int8_rows
+            int8_path, int8_rows = _int8_form(ctx, work, source, (model_type, heads, hidden,
+                                                                  mask), cases, metrics)
+            if metrics.int8_passed:
+                rows += int8_rows  # a failed CPU INT8 form is not served: not a gate
             if ctx.options.auto_precision:
                 chosen = _choose_precision(ctx, fp32_path, int8_path, cases, rows, int8_rows,
                                            metrics)
@@ -131,8 +135,9 @@ def run(ctx: StageContext) -> StageOutcome:
                 artifacts["cpu_onnx"] = ctx.artifact("precision_onnx")
                 metrics.form = "int8 Q/DQ (the CPU INT8 form failed its gates)"
                 warnings.append("the CPU INT8 form (ONNX Runtime dynamic quantization) failed "
-                                "its per-sample gates; the CPU model is the Q/DQ graph, "
-                                "which ONNX Runtime runs mostly in FP32")
+                                "its per-sample gates (" + "; ".join(metrics.int8_failures[:2])
+                                + "); the CPU model is the Q/DQ graph, which ONNX Runtime "
+                                "runs mostly in FP32")
         elif ctx.options.precision == "fp16":
             # ONNX Runtime's CPU kernels are FP32: the CPU model of an FP16 build is FP32
             warnings.append("fp16 build: the CPU model is the fused FP32 graph")
@@ -183,10 +188,15 @@ def _verify(ctx: StageContext, path: Path, cases: list[Case], check: str, precis
                          run_onnxruntime(path, cases))
 
 
-def _int8_form(ctx: StageContext, work: Path, fp32_path: Path, graph: Any, cases: list[Case],
-               metrics: CpuModelMetrics) -> tuple[Path, list[VerificationRow]]:
+def _int8_form(ctx: StageContext, work: Path, source: Path, shape: tuple[Any, ...],
+               cases: list[Case], metrics: CpuModelMetrics
+               ) -> tuple[Path, list[VerificationRow]]:
+    """The FP32 source (SmoothQuant-smoothed first when the recipe asks for it, with the
+    INT8 build's calibration feeds), fused, then dynamically quantized with the search's
+    FP32 layers kept; judged at the corners and on the held-out split."""
     import onnx
 
+    from trtpack.precision.cpu_fusion import cpu_graph
     from trtpack.precision.cpu_int8 import (
         CPU_INT8_FORM,
         INTEGER_KERNELS,
@@ -197,15 +207,35 @@ def _int8_form(ctx: StageContext, work: Path, fp32_path: Path, graph: Any, cases
         weight_matmul_share,
     )
 
+    model_type, heads, hidden, mask = shape
+    settings = ctx.options.recipe.precision_options.int8
+    cal, tokenizer = _calibration(ctx)
+    int8_source = source
+    if settings.smoothquant is not None and cal.feeds:
+        from trtpack.precision.smoothquant import smooth_model
+
+        ctx.progress(f"SmoothQuant (alpha {settings.smoothquant}) for the CPU INT8 form")
+        model = onnx.load(str(source))
+        smooth_model(model, cal.feeds, settings.smoothquant,
+                     settings.smoothquant_producers or None)
+        (work / "smoothed").mkdir()
+        int8_source = work / "smoothed" / "model.onnx"
+        save_model(model, int8_source)
+        metrics.smoothquant = settings.smoothquant
+    graph = cpu_graph(int8_source, config_model_type=model_type, num_heads=heads,
+                      hidden_size=hidden, mask_input=mask)
+    fused_path = work / "int8_fp32" / "model.onnx"
+    fused_path.parent.mkdir()
+    save_model(graph.model, fused_path)
     kept = fp32_weight_matmuls(ctx.artifact("precision_onnx"))
     excluded = excluded_in_cpu_graph(kept, graph.model, graph.attention_sources)
     ctx.progress(f"INT8 for ONNX Runtime's integer kernels ({len(excluded)} nodes kept FP32)")
     int8_dir = ctx.stage_dir / "int8"
     int8_dir.mkdir()
     int8_path = int8_dir / "model.onnx"
-    quantize_cpu_graph(fp32_path, int8_path, excluded)
+    quantize_cpu_graph(fused_path, int8_path, excluded)
     rows = _verify(ctx, int8_path, cases, CHECK_INT8, "int8")
-    rows += _heldout_rows(ctx, int8_path)
+    rows += _heldout_rows(ctx, int8_path, cal, tokenizer)
     served = onnx.load(str(int8_path), load_external_data=False)
     quantized, total = weight_matmul_share(served)
     counts = runtime_op_counts(int8_path, work)
@@ -217,9 +247,29 @@ def _int8_form(ctx: StageContext, work: Path, fp32_path: Path, graph: Any, cases
     metrics.kept_fp32_layers = _layer_names(ctx.artifact("onnx"), kept, graph.attention_sources,
                                             excluded)
     metrics.int8_passed = all(r.passed for r in rows)
+    metrics.int8_failures = [f"{r.check} {r.corner}: {r.reason}" for r in rows
+                             if not r.passed][:5]
     if metrics.int8_passed:
         metrics.form = "int8, " + CPU_INT8_FORM
     return int8_path, rows
+
+
+def _calibration(ctx: StageContext) -> tuple[Any, Any]:
+    """The INT8 build's calibration data (the same file, seed and splits as the precision
+    stage's) and the tokenizer it was read with."""
+    from trtpack.precision.calibration import calibration_path, load_calibration
+
+    options, recipe = ctx.options, ctx.options.recipe
+    path = calibration_path(options)
+    tokenizer = None
+    if path is not None and path.suffix.lower() != ".npz" and "tokenizer" in ctx.artifacts:
+        from trtpack.models import load_tokenizer
+
+        tokenizer = load_tokenizer(recipe, ctx.artifacts["tokenizer"])
+    cal = load_calibration(recipe, options.profiles, path, tokenizer=tokenizer,
+                           max_samples=recipe.precision_options.int8.max_calibration_samples,
+                           seed=options.seed)
+    return cal, tokenizer
 
 
 def _layer_names(source: Path, kept: list[str], attention_sources: dict[str, list[str]],
@@ -241,24 +291,14 @@ def _layer_names(source: Path, kept: list[str], attention_sources: dict[str, lis
     return names
 
 
-def _heldout_rows(ctx: StageContext, path: Path) -> list[VerificationRow]:
-    """The INT8 form judged on the INT8 build's held-out split (the same split: same file,
-    same seed), the FP32 model's outputs as reference."""
-    from trtpack.precision.calibration import calibration_path, load_calibration
+def _heldout_rows(ctx: StageContext, path: Path, cal: Any, tokenizer: Any
+                  ) -> list[VerificationRow]:
+    """The INT8 form judged on the INT8 build's held-out split, the FP32 model's outputs as
+    reference."""
     from trtpack.runtimes.onnxruntime import cpu_session, run_session
     from trtpack.verification import compare_cases, token_text
 
-    options, recipe = ctx.options, ctx.options.recipe
-    cal_path = calibration_path(options)
-    text = cal_path is not None and cal_path.suffix.lower() != ".npz"
-    tokenizer = None
-    if text and "tokenizer" in ctx.artifacts:
-        from trtpack.models import load_tokenizer
-
-        tokenizer = load_tokenizer(recipe, ctx.artifacts["tokenizer"])
-    cal = load_calibration(recipe, options.profiles, cal_path, tokenizer=tokenizer,
-                           max_samples=recipe.precision_options.int8.max_calibration_samples,
-                           seed=options.seed)
+    recipe = ctx.options.recipe
     if not cal.holdout:
         return []
     reference = run_session(cpu_session(ctx.artifact("onnx"), few_runs=True), cal.holdout)
