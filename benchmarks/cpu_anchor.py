@@ -10,7 +10,9 @@ data/calibration/everyday-50.txt]`` output folders; their served model.onnx is t
 What "Optimum" is here: optimum-onnx 0.1.0 pins transformers<4.58 and cannot share
 trtpack's environment, so this script calls what Optimum calls, with Optimum's settings:
   * export: ``torch.onnx.export`` with the TorchScript exporter (``dynamo=False``, opset 14,
-    dynamic batch/sequence axes), as ``optimum-cli export onnx`` does;
+    dynamic batch/sequence axes), as ``optimum-cli export onnx`` does, of the model with
+    eager attention (so that ORT fuses its Attention, as Optimum's O2 does on the
+    transformers it supports);
   * O2 / O3: ``onnxruntime.transformers.optimizer.optimize_model(model_type="bert",
     num_heads, hidden_size, opt_level=2, optimization_options=FusionOptions)`` with
     Optimum's O2 fusions, and O3 = O2 + GELU approximation (FastGelu);
@@ -56,7 +58,9 @@ def optimum_export(folder: str, path: Path) -> None:
     import torch
     from transformers import AutoModel
 
-    model = AutoModel.from_pretrained(folder).eval()
+    # eager attention: the MatMul/Softmax pattern ORT's Attention fusion matches (the
+    # TorchScript export of transformers 5's SDPA path is not fused: O2 would lose Attention)
+    model = AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
     names = ("input_ids", "attention_mask", "token_type_ids")
     sample = tuple(torch.ones(2, 8, dtype=torch.long) for _ in names)
     axes = {n: {0: "batch_size", 1: "sequence_length"} for n in names}

@@ -1,7 +1,12 @@
 """``--precision auto``: the candidates timed at the profile corners (``trtpack.timing``, the
 way ``trtpack bench`` times), and the choice: the fastest candidate whose gates passed,
 unless it is within the measured noise of a more accurate one (then the more accurate one,
-so that the choice does not flip from run to run)."""
+so that the choice does not flip from run to run).
+
+The candidates take turns within each round, so load from elsewhere falls on both alike;
+the comparison is paired by round: a less accurate candidate wins only if it was faster in
+every round (the geometric mean over the corners of the p50 ratios), i.e. beyond the
+round-to-round noise of the ratio."""
 
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ class Candidate:
     worst: float | None  # worst per-sample metric on held-out data (or the corners)
     p50_ms: dict[str, float] = field(default_factory=dict)  # corner label -> median
     spread: dict[str, float] = field(default_factory=dict)  # (max-min)/median over rounds
+    rounds_ms: dict[str, list[float]] = field(default_factory=dict)  # each round's median
 
     def to_dict(self) -> dict[str, Any]:
         found = asdict(self)
@@ -70,6 +76,7 @@ def time_candidates(candidates: Sequence[Candidate], cases: Sequence[Case],
             values = per_round[c.name]
             middle = statistics.median(values)
             c.p50_ms[case.label] = round(middle, 4)
+            c.rounds_ms[case.label] = [round(v, 4) for v in values]
             c.spread[case.label] = round((max(values) - min(values)) / middle, 4) \
                 if middle > 0 else 0.0
 
@@ -79,9 +86,9 @@ def _call(session: Any, feed: Mapping[str, Any]) -> RunOnce:
 
 
 def choose(candidates: Sequence[Candidate]) -> AutoChoice:
-    """``candidates`` most accurate first. Each passing candidate that is faster than the
-    current choice by more than the noise (geometric mean over the corners of the p50
-    ratios, against the mean over corners of the larger spread of the two) takes its place."""
+    """``candidates`` most accurate first. A passing candidate replaces the current choice
+    when it was faster in every round (per round: the geometric mean over the corners of
+    the current choice's p50 over its p50); the noise is the spread of those ratios."""
     passing = [c for c in candidates if c.passed]
     if not passing:
         raise ValueError("no candidate passed its gates")
@@ -89,22 +96,30 @@ def choose(candidates: Sequence[Candidate]) -> AutoChoice:
     noise = 0.0
     reasons: list[str] = []
     for other in passing[1:]:
-        corners = [k for k in chosen.p50_ms if k in other.p50_ms]
-        ratio = math.exp(statistics.fmean(
-            math.log(chosen.p50_ms[k] / other.p50_ms[k]) for k in corners))
-        pair_noise = statistics.fmean(max(chosen.spread[k], other.spread[k]) for k in corners)
-        if ratio > 1 + pair_noise:
-            reasons.append(f"{other.name} is {ratio:.2f}x as fast as {chosen.name} (geometric "
-                           f"mean over {len(corners)} corners; noise {pair_noise:.1%})")
-            chosen, noise = other, pair_noise
+        ratios = _round_ratios(chosen, other)
+        ratio = statistics.median(ratios)
+        pair_noise = (max(ratios) - min(ratios)) / ratio
+        noise = max(noise, pair_noise)
+        faster = f"{other.name} is {ratio:.2f}x as fast as {chosen.name} (median over " \
+                 f"{len(ratios)} rounds of the geometric mean over the corners; " \
+                 f"round-to-round spread {pair_noise:.1%})"
+        if min(ratios) > 1:
+            reasons.append(f"{faster}, faster in every round")
+            chosen = other
         else:
-            reasons.append(f"{other.name} is {ratio:.2f}x as fast as {chosen.name}, within "
-                           f"the noise ({pair_noise:.1%}): the more accurate {chosen.name} "
-                           "stays")
-            noise = max(noise, pair_noise)
+            reasons.append(f"{faster}, not faster in every round: within the noise, the more "
+                           f"accurate {chosen.name} stays")
     failed = [c.name for c in candidates if not c.passed]
     if failed:
         reasons.append(f"{', '.join(failed)} failed {'its' if len(failed) == 1 else 'their'} "
                        "per-sample gates")
     return AutoChoice(chosen.name, "; ".join(reasons) or f"{chosen.name} is the only "
                       "candidate", noise, list(candidates))
+
+
+def _round_ratios(slow: Candidate, fast: Candidate) -> list[float]:
+    corners = [k for k in slow.rounds_ms if k in fast.rounds_ms]
+    rounds = min(len(slow.rounds_ms[k]) for k in corners)
+    return [math.exp(statistics.fmean(
+        math.log(slow.rounds_ms[k][r] / fast.rounds_ms[k][r]) for k in corners))
+        for r in range(rounds)]
