@@ -181,6 +181,9 @@ def main() -> int:
         optimum_dynamic_int8(work / "export.onnx", work / "int8.onnx")
         paths = {"optimum export fp32": work / "export.onnx", "optimum O2": work / "o2.onnx",
                  "optimum O3": work / "o3.onnx", "optimum dynamic int8": work / "int8.onnx"}
+        # before this issue: the TensorRT-shaped FP32 graph that --target cpu served
+        paths["trtpack fp32 before (plain graph)"] = (args.fp32_build / "artifacts" /
+                                                      "simplify" / "model.onnx")
         paths.update({name: out / "model_repository" / "minilm" / "1" / "model.onnx"
                       for name, out in served.items()})
         sessions = {name: session(path, args.threads) for name, path in paths.items()}
