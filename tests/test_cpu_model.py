@@ -292,3 +292,38 @@ def test_auto_on_cpu_builds_both_times_both_and_serves_the_winner(
 
     page = (out / "report.html").read_text()
     assert 'id="auto-precision"' in page and html.escape(auto["reason"]) in page
+
+
+def test_smoothing_is_undone_where_every_reader_stays_fp32(tmp_path: Path) -> None:
+    """SmoothQuant's Mul before a MatMul kept in FP32 is pure cost: removed, the weight
+    restored, the function unchanged; the Mul before a quantized MatMul stays."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from trtpack.precision.cpu_int8 import unsmooth_kept
+    from trtpack.precision.smoothquant import SMOOTH_PREFIX, smooth_model
+    from trtpack.runtimes.onnxruntime import cpu_session
+
+    rng = np.random.default_rng(0)
+    w1, w2 = (rng.normal(size=(8, 8)).astype(np.float32) for _ in range(2))
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"], name="quantized"),
+         helper.make_node("MatMul", ["h", "w2"], ["y"], name="kept")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 8])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    x = (rng.normal(size=(4, 8)) * np.array([1, 1, 30, 1, 1, 1, 1, 5])).astype(np.float32)
+    want = cpu_session(model).run(None, {"x": x})[0]
+    smooth_model(model, [{"x": x}], 0.5)
+    assert sum(n.op_type == "Mul" for n in model.graph.node) == 2
+    assert unsmooth_kept(model, ["kept"]) == 1
+    muls = [n for n in model.graph.node if n.op_type == "Mul"]
+    assert len(muls) == 1 and muls[0].name == f"{SMOOTH_PREFIX}/x"
+    kept = next(n for n in model.graph.node if n.name == "kept")
+    assert kept.input[0] == "h"
+    weights = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    np.testing.assert_allclose(weights["w2"], w2, rtol=1e-5)
+    onnx.checker.check_model(model)
+    np.testing.assert_allclose(cpu_session(model).run(None, {"x": x})[0], want, rtol=1e-4,
+                               atol=1e-4)

@@ -106,3 +106,36 @@ def runtime_op_counts(path: Path, work: Path) -> dict[str, int]:
     for extra in work.glob("runtime_graph.onnx*"):
         extra.unlink()
     return counts
+
+
+def unsmooth_kept(model: Any, kept: Sequence[str]) -> int:
+    """Undo SmoothQuant (``trtpack.precision.smoothquant``) where every MatMul reading a
+    smoothed activation stays FP32: its ``Mul(x, 1/s)`` is pure cost there. Weight rows are
+    divided by ``s`` again and the MatMuls read ``x``; returns how many Muls were removed."""
+    from onnx import numpy_helper
+
+    from trtpack.precision.smoothquant import SMOOTH_PREFIX
+
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    readers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    removed = []
+    for mul in [n for n in graph.node if n.op_type == "Mul" and n.name.startswith(SMOOTH_PREFIX)]:
+        consumers = readers.get(mul.output[0], [])
+        if not consumers or any(c.op_type != "MatMul" or c.name not in kept for c in consumers):
+            continue
+        inverse = numpy_helper.to_array(inits[mul.input[1]])
+        for c in consumers:
+            weight = inits[c.input[1]]
+            array = numpy_helper.to_array(weight)
+            weight.CopyFrom(numpy_helper.from_array(
+                (array * inverse[:, None]).astype(array.dtype), weight.name))
+            c.input[0] = mul.input[0]
+        removed.append(mul)
+        graph.initializer.remove(inits[mul.input[1]])
+    for mul in removed:
+        graph.node.remove(mul)
+    return len(removed)

@@ -25,7 +25,7 @@ from trtpack.report import VerificationRow
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 
 # Bump when the fusion or the quantization changes what this stage writes (cache key).
-CPU_FORM_VERSION = 3
+CPU_FORM_VERSION = 4
 CHECK_FP32 = "cpu-fp32-vs-fp32"
 CHECK_INT8 = "cpu-int8-vs-fp32"
 CHECK_INT8_HELDOUT = "cpu-int8-heldout"
@@ -204,6 +204,7 @@ def _int8_form(ctx: StageContext, work: Path, source: Path, shape: tuple[Any, ..
         fp32_weight_matmuls,
         quantize_cpu_graph,
         runtime_op_counts,
+        unsmooth_kept,
         weight_matmul_share,
     )
 
@@ -218,6 +219,7 @@ def _int8_form(ctx: StageContext, work: Path, source: Path, shape: tuple[Any, ..
         model = onnx.load(str(source))
         smooth_model(model, cal.feeds, settings.smoothquant,
                      settings.smoothquant_producers or None)
+        unsmooth_kept(model, fp32_weight_matmuls(ctx.artifact("precision_onnx")))
         (work / "smoothed").mkdir()
         int8_source = work / "smoothed" / "model.onnx"
         save_model(model, int8_source)
