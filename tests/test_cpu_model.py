@@ -327,3 +327,33 @@ def test_smoothing_is_undone_where_every_reader_stays_fp32(tmp_path: Path) -> No
     onnx.checker.check_model(model)
     np.testing.assert_allclose(cpu_session(model).run(None, {"x": x})[0], want, rtol=1e-4,
                                atol=1e-4)
+
+
+def test_an_optimizer_crash_serves_the_plain_graph_with_a_warning(
+        tiny_build: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stage run in this process (not the build's stage process) with ONNX Runtime's
+    optimizer replaced by one that raises (a STUB standing for a crash on an unusual graph)."""
+    import logging
+
+    from trtpack.api import BuildRequest, resolve_options
+    from trtpack.precision import cpu_fusion
+    from trtpack.stages import cpu_model
+    from trtpack.stages.base import StageContext
+
+    def crash(*args: object, **kwargs: object) -> object:
+        raise RuntimeError("no pattern for this graph")
+
+    monkeypatch.setattr(cpu_fusion, "cpu_graph", crash)
+    options, _ = resolve_options(BuildRequest(
+        model="tiny-bert", profiles=["1x4:2x8:4x16"], precision="fp32", target="cpu",
+        random_weights=True, out=tmp_path / "out", cache_dir=tmp_path / "cache"))
+    stage_dir = tmp_path / "stage"
+    stage_dir.mkdir()
+    artifacts = {"onnx": tiny_build / "artifacts" / "simplify" / "model.onnx",
+                 "fp32_outputs": tiny_build / "artifacts" / "verify" / "fp32_outputs.npz"}
+    ctx = StageContext(options, "cpu_model", stage_dir, tmp_path, artifacts,
+                       logging.getLogger("test"), lambda event: None)
+    outcome = cpu_model.run(ctx)
+    assert any("optimizer failed (RuntimeError: no pattern" in w for w in outcome.warnings)
+    assert not _op_types(outcome.artifacts["cpu_onnx"]) & FUSED
+    assert outcome.verification and all(r.passed for r in outcome.verification)

@@ -85,7 +85,7 @@ def model_shape(ctx: StageContext) -> tuple[str | None, int | None, int | None]:
 
 def run(ctx: StageContext) -> StageOutcome:
     from trtpack.onnx_files import graph_summary
-    from trtpack.precision.cpu_fusion import cpu_graph
+    from trtpack.precision.cpu_fusion import CpuGraph, cpu_graph
 
     recipe = ctx.options.recipe
     mask = next((i.name for i in recipe.inputs if i.kind == "attention_mask"), None)
@@ -99,8 +99,17 @@ def run(ctx: StageContext) -> StageOutcome:
         if data.is_file():
             shutil.copy2(data, work / data.name)
         ctx.progress("fusing the transformer graph for ONNX Runtime on the CPU")
-        graph = cpu_graph(source, config_model_type=model_type, num_heads=heads,
-                          hidden_size=hidden, mask_input=mask)
+        warnings: list[str] = []
+        try:
+            graph = cpu_graph(source, config_model_type=model_type, num_heads=heads,
+                              hidden_size=hidden, mask_input=mask)
+        except Exception as e:  # an optimizer crash on an unusual graph: serve the plain one
+            import onnx
+
+            ctx.log.exception("ONNX Runtime's transformer optimizer failed")
+            warnings.append(f"ONNX Runtime's transformer optimizer failed ({type(e).__name__}: "
+                            f"{str(e)[:200]}); the CPU model is the plain FP32 graph")
+            graph = CpuGraph(onnx.load(str(source)), None, {})
         fp32_dir = ctx.stage_dir / "fp32"
         fp32_dir.mkdir()
         fp32_path = fp32_dir / "model.onnx"
@@ -111,7 +120,6 @@ def run(ctx: StageContext) -> StageOutcome:
             form="fp32, fused for ONNX Runtime" if graph.fused else "fp32 (no fusion matched)",
             optimizer_model_type=graph.model_type, fused_operators=graph.fused,
             nodes_before=graph_summary(source)["nodes"], nodes_after=len(graph.model.graph.node))
-        warnings: list[str] = []
         if graph.model_type is not None and not any(graph.fused.values()):
             warnings.append(f"ONNX Runtime's {graph.model_type} optimizer fused nothing: the "
                             "CPU model is the plain FP32 graph")
