@@ -195,16 +195,16 @@ def check_triton_profiles(profiles: Sequence[ShapeProfile], recipe: Recipe,
     if problem is not None:
         raise UserInputError(problem)
     ids = next((i.name for i in recipe.inputs if i.kind == "token_ids"), None)
-    if serve == "text" and ids is not None and all(
-            ids in p.shapes and len(p.shapes[ids].min) >= 2 for p in profiles):
+    if ids is None or not all(ids in p.shapes and len(p.shapes[ids].min) >= 2
+                              for p in profiles):
+        return []  # no [batch, sequence] token input: nothing more to check
+    if serve == "text":
         problem = no_served_length_problem(profiles, ids)
         if problem is not None:
             raise UserInputError(problem)
-    if serve != "text" and ids is not None and all(
-            ids in p.shapes and len(p.shapes[ids].min) >= 2 for p in profiles):
-        warning = partly_served_lengths_warning(profiles, ids)
-        return [warning] if warning else []
-    return []
+        return []
+    warning = partly_served_lengths_warning(profiles, ids)
+    return [warning] if warning else []
 
 
 def with_tokenizer(recipe: Recipe, path: Path) -> Recipe:

@@ -183,10 +183,9 @@ def sequence_range(fields: Mapping[str, TokenField], profiles: Sequence[ShapePro
             raise UserInputError(
                 f"--serve text: the profiles give no [batch, sequence] shape for '{ids_input}'"
             )
-    problem = no_served_length_problem(profiles, ids_input)
-    if problem is not None:
-        raise UserInputError(problem)
     lengths = served_lengths(profiles, ids_input, engine_max_batch_size(profiles))
+    if not lengths:
+        raise UserInputError(str(no_served_length_problem(profiles, ids_input)))
     if model_max_length is not None and model_max_length > 0:
         capped = [n for n in lengths if n <= model_max_length]
         if not capped:
