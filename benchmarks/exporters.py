@@ -24,9 +24,9 @@ import json, sys, time
 from pathlib import Path
 import numpy as np
 from trtpack.api import BuildRequest, resolve_options
-from trtpack.models import load_model
+from trtpack.pytorch.models import load_model
 from trtpack.stages import export as ex
-from trtpack.onnx_files import graph_summary
+from trtpack.onnx_tools.files import graph_summary
 import logging
 options, _ = resolve_options(BuildRequest(model=sys.argv[1], target="cpu", random_weights=True))
 options = type(options)(**{**options.__dict__, "recipe": options.recipe.model_copy(

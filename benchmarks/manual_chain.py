@@ -482,8 +482,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-trtpack", action="store_true")
     args = parser.parse_args(argv)
 
-    from trtpack.resolve import resolve_model
     from trtpack.shapes import parse_profile
+    from trtpack.sources.resolve import resolve_model
 
     recipe = resolve_model(args.model)
     if not recipe.config:

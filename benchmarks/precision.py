@@ -105,8 +105,8 @@ def text_feed(tokenizer: Any, batch: int, seq: int) -> dict[str, np.ndarray]:
 def measure_model(model: str, work: Path, threads: int) -> dict[str, Any]:
     import onnxruntime as ort
 
-    from trtpack.resolve import resolve_model
     from trtpack.shapes import parse_profiles
+    from trtpack.sources.resolve import resolve_model
 
     cache = work / f"cache-{model}"
     builds: dict[str, dict[str, Any]] = {}

@@ -28,7 +28,7 @@ class CliResult:
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> CliResult:
     """Run ``trtpack ARGS`` in-process (typer's runner), as a user would call it."""
-    from trtpack.cli import app
+    from trtpack.cli.app import app
 
     result = CliRunner().invoke(app, list(args), env=env, catch_exceptions=False)
     return CliResult(result.exit_code, result.stdout, result.stderr)

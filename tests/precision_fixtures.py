@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from trtpack.options import BuildOptions
-from trtpack.recipe import Recipe
+from trtpack.sources.recipe import Recipe
 from trtpack.stages.base import StageContext, StageOutcome
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,8 +85,8 @@ def run_stage(options: BuildOptions, artifacts: dict[str, Path], stage_dir: Path
 
 def tiny_npz(path: Path, samples: int = 48, seq: int = 16, seed: int = 3) -> Path:
     """Realistic tiny-bert calibration arrays: in-vocabulary ids, padded masks."""
-    from trtpack.resolve import resolve_model
-    from trtpack.samples import make_inputs
+    from trtpack.sources.resolve import resolve_model
+    from trtpack.verify.samples import make_inputs
 
     recipe = resolve_model("tiny-bert")
     shapes = {s.name: (samples, seq) for s in recipe.input_specs()}

@@ -16,12 +16,12 @@ import pytest
 
 from tests.conftest import run_cli
 from trtpack.model_io import model_io_from_onnx
-from trtpack.onnx_files import sha256_file
-from trtpack.recipe_files import RECIPES_DIR
+from trtpack.onnx_tools.files import sha256_file
 from trtpack.report import BuildReport
-from trtpack.samples import make_inputs
 from trtpack.serving.config import check_config, read_config
 from trtpack.shapes import TensorSpec
+from trtpack.sources.recipe_files import RECIPES_DIR
+from trtpack.verify.samples import make_inputs
 
 
 def test_repository_config_parses_and_matches_the_onnx(tiny_build: Path) -> None:

@@ -9,7 +9,6 @@ import pytest
 
 from tests.precision_fixtures import CALIBRATION_TEXT, HELDOUT_TEXT
 from trtpack.errors import UserInputError
-from trtpack.models import load_tokenizer
 from trtpack.precision.calibration import (
     SYNTHETIC_WARNING,
     load_calibration,
@@ -19,8 +18,9 @@ from trtpack.precision.calibration import (
     save_feeds,
 )
 from trtpack.precision.text_batches import sequence_buckets, text_feeds
-from trtpack.resolve import resolve_model
+from trtpack.pytorch.models import load_tokenizer
 from trtpack.shapes import parse_profiles
+from trtpack.sources.resolve import resolve_model
 
 
 @pytest.fixture(scope="module")

@@ -100,7 +100,7 @@ def makefile_gpu_commands() -> str:
     make = shutil.which("make")
     if make is None:
         pytest.skip("make is not installed")
-    from trtpack.targets import TARGETS
+    from trtpack.machine.targets import TARGETS
 
     out = []
     for target in (t.name for t in TARGETS if t.is_gpu):
@@ -137,7 +137,7 @@ def check_imports(code: str) -> list[str]:
 def parse_trtpack(args: list[str]) -> None:
     """Parse ``trtpack ARGS`` with the real CLI, down to the subcommand; runs nothing.
     Raises typer's ``UsageError`` (unknown command/option, missing argument, bad value)."""
-    from trtpack.cli import app
+    from trtpack.cli.app import app
 
     command: Any = typer.main.get_command(app)
     name, args, parent = "trtpack", list(args), None
@@ -190,7 +190,7 @@ def test_the_checks_catch_a_missing_name_and_an_unknown_option() -> None:
     option, are reported."""
     old = "from trtpack.gpu import MIN_TENSORRT, parse_version, tensorrt_version; v = 1"
     assert check_imports(old) and "trtpack.gpu" in check_imports(old)[0]
-    assert check_imports("from trtpack.machine import MIN_TENSORRT, no_such_name") == \
+    assert check_imports("from trtpack.machine.packages import MIN_TENSORRT, no_such_name") == \
         ["trtpack.machine has no 'no_such_name'"]
     with pytest.raises(UsageError, match="--precison"):
         parse_trtpack(["build", "minilm", "--precison", "fp16"])

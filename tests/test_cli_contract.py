@@ -73,7 +73,8 @@ def branchy(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _no_local_engine() -> bool:
-    from trtpack.machine import detect_gpu, tensorrt_available
+    from trtpack.machine.gpus import detect_gpu
+    from trtpack.machine.packages import tensorrt_available
 
     return detect_gpu() is None or not tensorrt_available()
 
@@ -132,7 +133,7 @@ def test_usage_errors_are_one_line_naming_the_option() -> None:
 def commands() -> list[list[str]]:
     from typer.main import get_command
 
-    from trtpack.cli import app
+    from trtpack.cli.app import app
 
     found: list[list[str]] = [[]]
     group = get_command(app)
@@ -149,7 +150,7 @@ def _options(words: list[str]) -> list[tuple[str, str]]:
     """(every option name, the first words of its help) of ``trtpack WORDS``."""
     from typer.main import get_command
 
-    from trtpack.cli import app
+    from trtpack.cli.app import app
 
     command = get_command(app)
     for word in words:
@@ -180,7 +181,7 @@ def test_help_reads_in_80_columns(words: list[str]) -> None:
 
 
 def test_doctor_prints_text_in_brackets_as_it_is() -> None:
-    from trtpack.doctor import environment_report
+    from trtpack.diagnostics.doctor import environment_report
 
     result = trtpack("doctor", env={"COLUMNS": "200"})
     assert result.returncode == 0, result.stderr

@@ -256,7 +256,7 @@ def test_auto_never_keeps_a_candidate_that_failed_its_gates(tiny_build: Path) ->
 
 
 def test_auto_on_a_gpu_target_needs_tensorrt_and_says_why(tmp_path: Path) -> None:
-    from trtpack.machine import tensorrt_available
+    from trtpack.machine.packages import tensorrt_available
 
     if tensorrt_available():
         pytest.skip("TensorRT is installed here")

@@ -192,7 +192,7 @@ def test_decoder_without_token_types_gets_no_token_type_ids(tmp_path: Path) -> N
     takes input_ids and attention_mask only; BERT (type_vocab_size 2) keeps token types."""
     from transformers import BertConfig, LlamaConfig
 
-    from trtpack.resolve import resolve_model
+    from trtpack.sources.resolve import resolve_model
 
     llama = tmp_path / "tiny-llama"
     LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -243,7 +243,7 @@ def test_text_serving_postprocess_follows_the_head(kind: str, output: str, names
 def test_class_name_suffixes_agree_with_transformers_tables() -> None:
     """Every transformers class whose suffix names a head (heads.SUFFIX_HEADS) is in that
     head's table: the suffix shortcut (no torch import) never disagrees with transformers."""
-    from trtpack.heads import (
+    from trtpack.sources.heads import (
         HEADS,
         SUFFIX_HEADS,
         class_names,
@@ -274,7 +274,7 @@ def test_a_head_named_by_its_suffix_resolves_without_torch_or_transformers(
     (tmp_path / "config.json").write_text(json.dumps(
         {"model_type": "bert", "architectures": ["BertForTokenClassification"],
          "type_vocab_size": 2, "id2label": {"0": "O", "1": "PER"}}))
-    code = (f"from trtpack.resolve import resolve_model\n"
+    code = (f"from trtpack.sources.resolve import resolve_model\n"
             f"print(resolve_model({str(tmp_path)!r}).task)\n")
     proc = subprocess.run([sys.executable, "-c", BLOCKER + code], capture_output=True,
                           text=True, timeout=120, check=False)

@@ -18,16 +18,16 @@ from tests.conftest import run_cli
 from tests.precision_fixtures import build_options, fp32_artifacts, run_stage, tiny_npz
 from tests.test_precision import TINY_PROFILES, _strict
 from trtpack.errors import AccuracyError
-from trtpack.models import load_tokenizer
 from trtpack.precision.calibration import (
     DEFAULT_TEXT,
     load_calibration,
     read_text_samples,
     short_prefixes,
 )
-from trtpack.resolve import resolve_model
-from trtpack.samples import make_inputs
+from trtpack.pytorch.models import load_tokenizer
 from trtpack.shapes import parse_profiles
+from trtpack.sources.resolve import resolve_model
+from trtpack.verify.samples import make_inputs
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -126,7 +126,7 @@ def test_check_failure_continues_conservatively_and_heldout_is_never_decided_on(
     from trtpack.precision.calibration import npz_lengths
     from trtpack.precision.int8 import Int8Conversion
     from trtpack.precision.splits import split_three
-    from trtpack.sample_metrics import pooled_cosine_per_sample
+    from trtpack.verify.sample_metrics import pooled_cosine_per_sample
 
     n = 40
     feeds = _short_sample_feeds(n)

@@ -75,7 +75,7 @@ def test_the_worst_sample_s_text_is_reported_and_printed(minilm_build: Path,
     it with the tokenizer the export saved), in report.json and on the terminal."""
     import json
 
-    from trtpack.samples import SENTENCES as VERIFY_SENTENCES
+    from trtpack.verify.samples import SENTENCES as VERIFY_SENTENCES
 
     rows = json.loads((minilm_build / "report.json").read_text())["verification"]
     assert rows and all(r["worst_text"] for r in rows)

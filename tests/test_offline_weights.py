@@ -58,9 +58,9 @@ def silent_hub() -> Iterator[str]:
 def test_a_hub_that_never_answers_is_given_up_within_two_seconds(silent_hub: str,
                                                                  tmp_path: Path) -> None:
     from trtpack.errors import MissingEnvironmentError
-    from trtpack.models import HUB_PROBE_SECONDS
+    from trtpack.pytorch.models import HUB_PROBE_SECONDS
 
-    code = ("import time; from trtpack.models import require_hub_weights\n"
+    code = ("import time; from trtpack.pytorch.models import require_hub_weights\n"
             "t = time.perf_counter()\n"
             "try:\n    require_hub_weights('google-bert/bert-base-uncased')\n"
             "except Exception as e:\n    print(type(e).__name__, time.perf_counter() - t)\n")

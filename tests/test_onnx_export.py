@@ -1,4 +1,4 @@
-"""The exporter without needless work (trtpack.onnx_export): the decomposition re-trace is
+"""The exporter without needless work (trtpack.pytorch.onnx_export): the decomposition re-trace is
 skipped only when every captured op has an ONNX translation, and the ONNX model computes what
 PyTorch does either way (real torch.onnx exports, checked with ONNX Runtime)."""
 
@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
 
-from trtpack.onnx_export import (  # noqa: E402
+from trtpack.pytorch.onnx_export import (  # noqa: E402
     optimize_program,
     quick_torchlib_registry,
     save_program,

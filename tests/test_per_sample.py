@@ -13,10 +13,10 @@ from trtpack.cases import Case
 from trtpack.errors import UserInputError
 from trtpack.precision.calibration import check_calibration_input
 from trtpack.precision.splits import STRATA, split_three, stratum
-from trtpack.resolve import resolve_model
-from trtpack.sample_metrics import pooled_cosine_per_sample, sample_scores, top1_per_sample
 from trtpack.shapes import parse_profiles
-from trtpack.verification import compare_cases
+from trtpack.sources.resolve import resolve_model
+from trtpack.verify.compare import compare_cases
+from trtpack.verify.sample_metrics import pooled_cosine_per_sample, sample_scores, top1_per_sample
 
 TINY_PROFILES = ["1x4:2x8:4x16", "2x16:4x32:8x64"]
 
@@ -181,7 +181,7 @@ def test_module_paths_come_from_the_exporters_name_scopes() -> None:
 def test_simplify_carries_node_metadata_over() -> None:
     from onnx import helper
 
-    from trtpack.simplify_graph import node_metadata_by_output, reattach_node_metadata
+    from trtpack.onnx_tools.simplify_graph import node_metadata_by_output, reattach_node_metadata
 
     before = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="m")],
                                "g", [], [])

@@ -39,10 +39,10 @@ from trtpack.precision.modelopt_jobs import ModelOptJob
 from trtpack.precision.search import run_model
 from trtpack.precision.source import prepare_source, resolve_node_patterns
 from trtpack.precision.surrogates import SurrogateBuilder, node_groups
-from trtpack.recipe_files import load_recipe_file
 from trtpack.report import BuildReport
-from trtpack.samples import make_inputs
+from trtpack.sources.recipe_files import load_recipe_file
 from trtpack.stages import precision
+from trtpack.verify.samples import make_inputs
 
 TINY_PROFILES = ["1x4:2x8:4x16", "2x16:4x32:8x64"]  # those of conftest's tiny_build
 MODELOPT_LEFTOVERS = ("sym_shape_infer_temp.onnx", "augmented_model.onnx")
@@ -61,7 +61,7 @@ def _strict(options, precision_name: str, **tolerance):  # type: ignore[no-untyp
 
 def _fresh_inputs(shape: tuple[int, int], seed: int = 11) -> dict[str, np.ndarray]:
     """Inputs at a shape between the profile corners, unlike any verification case."""
-    from trtpack.resolve import resolve_model
+    from trtpack.sources.resolve import resolve_model
 
     specs = resolve_model("tiny-bert").input_specs()
     return make_inputs(specs, {s.name: shape for s in specs}, vocab_size=1000, seed=seed)
@@ -162,7 +162,7 @@ def test_models_with_external_data_convert_and_save_their_data_beside(
         tiny: dict[str, Path], tmp_path: Path) -> None:
     """Models keep their weight matrices in model.onnx.data: the stage reads such a model,
     and the worker writes one the same way."""
-    from trtpack.onnx_files import model_bytes, move_model, save_model
+    from trtpack.onnx_tools.files import model_bytes, move_model, save_model
 
     folder = tmp_path / "simplify"
     folder.mkdir()
@@ -421,8 +421,8 @@ def test_cli_int8_held_out_failure_after_the_search_exits_1(tiny: dict[str, Path
     so the build keeps the model and the held-out gate fails it: exit 1, the sample named."""
     from trtpack.precision.calibration import npz_lengths
     from trtpack.precision.splits import split_three
-    from trtpack.resolve import resolve_model
-    from trtpack.sample_metrics import pooled_cosine_per_sample
+    from trtpack.sources.resolve import resolve_model
+    from trtpack.verify.sample_metrics import pooled_cosine_per_sample
 
     recipe = resolve_model("tiny-bert")
     n = 40

@@ -124,8 +124,8 @@ def test_minilm_fp16(tmp_path: Path, cache_dir: Path) -> None:
 
 
 def test_bert_base_fp16_random_weights(tmp_path: Path, cache_dir: Path) -> None:
-    from trtpack.resolve import resolve_model
-    from trtpack.samples import make_inputs
+    from trtpack.sources.resolve import resolve_model
+    from trtpack.verify.samples import make_inputs
 
     out, report, _ = _build(tmp_path, cache_dir, "bert-base", "--random-weights",
                             "--precision", "fp16")

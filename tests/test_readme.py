@@ -125,7 +125,7 @@ def app_command(words: list[str]) -> tuple[list[str], Any, list[str]]:
     global options (--debug) are checked on the way."""
     from typer.main import get_command
 
-    from trtpack.cli import app
+    from trtpack.cli.app import app
 
     command: Any = get_command(app)
     path: list[str] = []

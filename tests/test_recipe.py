@@ -7,9 +7,9 @@ import pytest
 import yaml
 
 from trtpack.errors import RecipeError, UserInputError
-from trtpack.recipe_files import builtin_recipe_names, load_recipe_file, overlay_document
-from trtpack.resolve import resolve_model
 from trtpack.shapes import parse_profiles
+from trtpack.sources.recipe_files import builtin_recipe_names, load_recipe_file, overlay_document
+from trtpack.sources.resolve import resolve_model
 
 
 def test_builtin_recipes_validate_and_their_profiles_parse() -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import run_cli
 from trtpack.report import BuildReport, StageResult
-from trtpack.report_html import render_report_html
+from trtpack.report_page.html import render_report_html
 
 SERVED_COLOR = (0x2A, 0x9D, 0x8F)  # report_html.COLORS["served"], the served model's bars
 

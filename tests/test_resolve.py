@@ -20,8 +20,8 @@ from tests.hf_models import copy_tokenizer, make_model_dir
 from trtpack.cases import load_cases
 from trtpack.errors import UserInputError
 from trtpack.model_io import model_io_from_onnx
-from trtpack.resolve import resolve_model
 from trtpack.serving.config import check_config, read_config
+from trtpack.sources.resolve import resolve_model
 
 
 def export_outside(folder: Path, external: bool) -> Path:
@@ -287,7 +287,7 @@ def test_hub_id_is_found_in_the_local_cache_offline_and_a_missing_one_is_exit_2(
     ("_x", "x"), ("bert (copy)", "bert--copy-"), ("--", "model"), (".hidden", "hidden"),
     ("résumé", "r-sum-"), ("ok_1.2-b", "ok_1.2-b")])
 def test_safe_name_is_a_valid_recipe_name(text: str, name: str) -> None:
-    from trtpack.recipe import RECIPE_NAME, safe_name
+    from trtpack.sources.recipe import RECIPE_NAME, safe_name
 
     assert safe_name(text) == name
     assert re.match(RECIPE_NAME, safe_name(text))
@@ -360,7 +360,7 @@ def test_gpt2_style_tokenizer_without_tokenizer_json_is_found_and_loaded(tmp_pat
                                                                         ) -> None:
     """vocab.json + merges.txt (a byte-level BPE saved the GPT-2 way, no tokenizer.json):
     the resolver, the model loader and the served vocabulary all read it."""
-    from trtpack.models import load_tokenizer
+    from trtpack.pytorch.models import load_tokenizer
     from trtpack.serving.postprocess import vocabulary
 
     folder = tmp_path / "gpt2-bpe"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from trtpack.svg_bars import Bar, Panel, hbar_chart
+from trtpack.report_page.svg_bars import Bar, Panel, hbar_chart
 
 NS = "{http://www.w3.org/2000/svg}"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trtpack.errors import UserInputError
-from trtpack.targets import (
+from trtpack.machine.targets import (
     TARGETS,
     architecture_for,
     gpu_mismatch,

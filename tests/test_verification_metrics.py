@@ -7,8 +7,8 @@ from typing import get_args
 
 import numpy as np
 
-from trtpack.recipe import Metric
-from trtpack.sample_metrics import TOP1_METRICS, task_metric
+from trtpack.sources.recipe import Metric
+from trtpack.verify.sample_metrics import TOP1_METRICS, task_metric
 
 
 def test_top1_metrics_and_cosine_metrics_cover_every_metric() -> None:

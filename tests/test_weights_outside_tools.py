@@ -18,7 +18,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from trtpack.simplify_graph import unfoldable_large_initializers
+from trtpack.onnx_tools.simplify_graph import unfoldable_large_initializers
 
 HIDDEN, INNER = 128, 256
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,7 +99,7 @@ def test_simplify_worker_matches_the_model_and_keeps_weights_outside(external: b
     else:
         onnx.save_model(_model(), str(src))
     dst = dst_dir / "model.onnx"
-    proc = subprocess.run([sys.executable, "-m", "trtpack.simplify_graph", str(src),
+    proc = subprocess.run([sys.executable, "-m", "trtpack.onnx_tools.simplify_graph", str(src),
                            str(dst), str(tmp_path / "result.json")],
                           capture_output=True, text=True, check=False, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr

@@ -9,16 +9,16 @@ from pathlib import Path
 from typing import cast, get_args
 
 from trtpack.errors import MissingEnvironmentError, UserInputError, require_modules
-from trtpack.machine import required_modules
+from trtpack.machine.packages import required_modules
+from trtpack.machine.targets import AUTO, CPU, Target, engine_support_problem, resolve_target
 from trtpack.options import BuildOptions, Fallback, Serve, default_cache_dir
 from trtpack.pipeline.runner import build as run_pipeline
-from trtpack.recipe import AUTO_PRECISION, PRECISIONS, Recipe
-from trtpack.recipe_files import apply_overrides
 from trtpack.report import BuildReport
-from trtpack.resolve import resolve_model
 from trtpack.shapes import ShapeProfile, parse_profiles
+from trtpack.sources.recipe import AUTO_PRECISION, PRECISIONS, Recipe
+from trtpack.sources.recipe_files import apply_overrides
+from trtpack.sources.resolve import resolve_model
 from trtpack.stages.base import ProgressCallback
-from trtpack.targets import AUTO, CPU, Target, engine_support_problem, resolve_target
 
 
 @dataclass
@@ -55,7 +55,7 @@ def resolve_target_for_build(name: str, build_engine: bool,
     GPU and TensorRT are present, else ``cpu`` (with a warning). An explicit GPU target
     never falls back: a missing GPU or TensorRT is an error (exit 3) raised before any work,
     unless ``--no-engine`` was given."""
-    from trtpack import local_targets
+    from trtpack.machine import local_targets
 
     if name.strip().lower() == AUTO:
         local = local_targets.local_target()
@@ -166,7 +166,7 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
         raise UserInputError(f"--out '{out}' exists and is not a directory")
     random_weights = request.random_weights or recipe.source.random_weights
     if not random_weights and recipe.source.hf_id:
-        from trtpack.models import require_hub_weights
+        from trtpack.pytorch.models import require_hub_weights
 
         require_hub_weights(recipe.source.hf_id)  # offline: exit 3 now, not after retries
     options = BuildOptions(
@@ -187,7 +187,7 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
 def _check_auto_precision_target(target_name: str) -> None:
     """``--precision auto`` times the candidates it built: on a GPU target those are fp16
     and int8 TensorRT engines."""
-    from trtpack.machine import tensorrt_available
+    from trtpack.machine.packages import tensorrt_available
 
     if target_name == AUTO:
         return  # resolved later: cpu where there is no GPU with TensorRT
@@ -236,8 +236,8 @@ def check_triton_profiles(profiles: Sequence[ShapeProfile], recipe: Recipe,
 def with_tokenizer(recipe: Recipe, path: Path) -> Recipe:
     """``recipe`` with its tokenizer taken from ``path`` (``--tokenizer``): a folder holding a
     saved tokenizer, or one of its files (``tokenizer.json``, ``vocab.txt`` ...)."""
-    from trtpack.recipe import Source
-    from trtpack.tokenizer_files import VOCABULARY_FILES, has_tokenizer
+    from trtpack.sources.recipe import Source
+    from trtpack.sources.tokenizer_files import VOCABULARY_FILES, has_tokenizer
 
     folder = path.expanduser()
     if folder.is_file():

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from trtpack.recipe import Recipe
+from trtpack.machine.targets import Target
 from trtpack.shapes import ShapeProfile
-from trtpack.targets import Target
+from trtpack.sources.recipe import Recipe
 
 Serve = Literal["tensor", "text"]
 Fallback = Literal["auto", "off"]

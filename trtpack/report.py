@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from trtpack.onnx_files import sha256_file
+from trtpack.onnx_tools.files import sha256_file
 
 REPORT = "report.json"  # every build folder's report, beside model_repository/
 

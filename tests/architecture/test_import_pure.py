@@ -46,7 +46,7 @@ def test_every_module_imports_without_heavy_packages() -> None:
     assert "trtpack.pipeline" in modules and "trtpack.stages.export" in modules
     proc = run_blocked(
         f"import importlib\nfor m in {modules!r}:\n    importlib.import_module(m)\n"
-        "from trtpack.resolve import resolve_model\n"
+        "from trtpack.sources.resolve import resolve_model\n"
         "r = resolve_model('minilm')\n"
         "from trtpack.shapes import parse_profile\n"
         "print(parse_profile('1x8:4x32:8x128', r.input_specs()))\n"
@@ -68,7 +68,7 @@ def test_block_really_blocks() -> None:
 def test_cli_help_and_light_commands_without_heavy_packages() -> None:
     for argv in (["--help"], ["build", "--help"], ["recipes", "list"], ["targets"]):
         proc = run_blocked(f"import sys; sys.argv = ['trtpack', *{argv!r}]\n"
-                    "from trtpack.cli import main\n"
+                    "from trtpack.cli.app import main\n"
                     "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n")
         assert proc.returncode == 0, (argv, proc.stderr)
         assert proc.stdout.strip(), argv

@@ -14,26 +14,26 @@ PACKAGE = Path(trtpack.__file__).parent
 
 # lowest first; a module belongs to the layer of its longest matching prefix
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("core", ("trtpack", "trtpack.errors", "trtpack.report", "trtpack.recipe",
-              "trtpack.recipe_files", "trtpack.resolve", "trtpack.heads", "trtpack.hf_recipe",
-              "trtpack.onnx_recipe", "trtpack.shapes", "trtpack.targets", "trtpack.options",
-              "trtpack.onnx_files", "trtpack.processes", "trtpack.resources", "trtpack.cases",
-              "trtpack.samples", "trtpack.tokenizer_files", "trtpack.timing",
-              "trtpack.model_io", "trtpack.machine", "trtpack.local_targets",
+    ("core", ("trtpack", "trtpack.errors", "trtpack.report", "trtpack.sources.recipe",
+              "trtpack.sources.recipe_files", "trtpack.sources.resolve", "trtpack.sources.heads", "trtpack.sources.hf_recipe",
+              "trtpack.sources.onnx_recipe", "trtpack.shapes", "trtpack.machine.targets", "trtpack.options",
+              "trtpack.onnx_tools.files", "trtpack.processes", "trtpack.resources", "trtpack.cases",
+              "trtpack.verify.samples", "trtpack.sources.tokenizer_files", "trtpack.timing",
+              "trtpack.model_io", "trtpack.machine", "trtpack.machine.local_targets",
               "trtpack.out_files")),
     ("runtimes", ("trtpack.runtimes",)),
     ("engine", ("trtpack.engine",)),  # builder settings, provenance: never serving
-    ("libraries", ("trtpack.precision", "trtpack.serving", "trtpack.verification",
-                   "trtpack.sample_metrics", "trtpack.simplify_graph", "trtpack.models",
-                   "trtpack.onnx_export",
-                   "trtpack.report_html", "trtpack.report_charts", "trtpack.svg_bars")),
+    ("libraries", ("trtpack.precision", "trtpack.serving", "trtpack.verify.compare",
+                   "trtpack.verify.sample_metrics", "trtpack.onnx_tools.simplify_graph", "trtpack.pytorch.models",
+                   "trtpack.pytorch.onnx_export",
+                   "trtpack.report_page.html", "trtpack.report_page.charts", "trtpack.report_page.svg_bars")),
     ("stages", ("trtpack.stages",)),
     ("pipeline", ("trtpack.pipeline",)),
-    ("api", ("trtpack.api", "trtpack.doctor", "trtpack.inspection", "trtpack.bench",
-             "trtpack.bench_runners", "trtpack.bench_timing", "trtpack.bench_served",
-             "trtpack.build_folder")),
-    ("cli", ("trtpack.cli", "trtpack.cli_outputs", "trtpack.cli_cache", "trtpack.console",
-             "trtpack.console_views", "trtpack.testing")),
+    ("api", ("trtpack.api", "trtpack.diagnostics.doctor", "trtpack.diagnostics.inspection", "trtpack.bench",
+             "trtpack.bench.runners", "trtpack.bench.timing", "trtpack.bench.served",
+             "trtpack.pipeline.build_folder")),
+    ("cli", ("trtpack.cli", "trtpack.cli.outputs", "trtpack.cli.cache", "trtpack.cli.console",
+             "trtpack.cli.views", "trtpack.testing")),
 )
 
 

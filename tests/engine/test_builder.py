@@ -19,9 +19,9 @@ from trtpack.engine.builder import (
     trtexec_command,
 )
 from trtpack.errors import UserInputError
-from trtpack.recipe import EngineSettings
-from trtpack.resolve import resolve_model
 from trtpack.shapes import parse_profiles
+from trtpack.sources.recipe import EngineSettings
+from trtpack.sources.resolve import resolve_model
 
 TRT10 = (10, 13, 0, 35)
 TRT11 = (11, 4, 1)
@@ -117,7 +117,7 @@ def test_gpus_sharing_a_compute_capability_get_their_own_timing_cache(tmp_path: 
     """L4/L40S (8.9), A100 40/80 GB (8.0), H100/H200 (9.0): one compute capability, different
     devices, whose timings TensorRT does not share; a CI matrix's shared folder keeps them
     apart (they shared one file, named by compute capability)."""
-    from trtpack.targets import TARGETS
+    from trtpack.machine.targets import TARGETS
 
     gpus = {t.gpu for t in TARGETS if t.gpu is not None}
     same_cc = [(a, b) for a in gpus for b in gpus

@@ -11,13 +11,13 @@ import pytest
 
 from trtpack import machine
 from trtpack.errors import MissingEnvironmentError
+from trtpack.machine.targets import resolve_target
 from trtpack.options import BuildOptions
 from trtpack.pipeline.stage import STAGES
-from trtpack.resolve import resolve_model
 from trtpack.shapes import parse_profiles
+from trtpack.sources.resolve import resolve_model
 from trtpack.stages import engine as engine_stage
 from trtpack.stages.base import StageContext
-from trtpack.targets import resolve_target
 
 needs_no_gpu = pytest.mark.skipif(
     machine.detect_gpu() is not None and machine.tensorrt_available(),

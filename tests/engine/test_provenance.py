@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from trtpack.diagnostics.inspection import MachineFacts, inspect_path
 from trtpack.engine.provenance import (
     EngineProvenance,
     io_records,
@@ -18,13 +19,12 @@ from trtpack.engine.provenance import (
     runs_here,
 )
 from trtpack.errors import UserInputError
-from trtpack.inspection import MachineFacts, inspect_path
 from trtpack.model_io import EngineTensor, engine_model_io
-from trtpack.onnx_files import sha256_file
-from trtpack.recipe import TritonSettings
-from trtpack.resolve import resolve_model
+from trtpack.onnx_tools.files import sha256_file
 from trtpack.serving.layout import write_engine_model
 from trtpack.shapes import parse_profiles
+from trtpack.sources.recipe import TritonSettings
+from trtpack.sources.resolve import resolve_model
 
 TENSORS = [
     EngineTensor("input_ids", "input", "INT64", (-1, -1)),
@@ -205,6 +205,7 @@ def test_cli_inspect_shows_provenance_and_io_and_check_exits_3(tmp_path: Path) -
 
 
 def gpu_and_tensorrt_here() -> bool:
-    from trtpack.machine import detect_gpu, tensorrt_available
+    from trtpack.machine.gpus import detect_gpu
+    from trtpack.machine.packages import tensorrt_available
 
     return detect_gpu() is not None and tensorrt_available()

@@ -24,9 +24,9 @@ from trtpack.engine.triton_release import (
     triton_serving,
 )
 from trtpack.model_io import EngineTensor, engine_model_io
-from trtpack.recipe import TritonSettings
-from trtpack.resolve import resolve_model
 from trtpack.shapes import parse_profiles
+from trtpack.sources.recipe import TritonSettings
+from trtpack.sources.resolve import resolve_model
 
 FLAG = "--backend-config=tensorrt,version-compatible=true"
 # MADE-UP rows for the lookup logic (not real releases; the real table is TRITON_RELEASES)
@@ -180,7 +180,8 @@ def test_sagemaker_note_without_shared_models_or_engine_flags(tmp_path: Path) ->
 def test_doctor_says_which_triton_serves_engines_built_here(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """With TensorRT present (stubbed: this machine has none, so its version is given)."""
-    from trtpack import doctor, machine
+    from trtpack import machine
+    from trtpack.diagnostics import doctor
 
     monkeypatch.setattr(machine, "tensorrt_version", lambda: "10.13.3.9")
     summary = doctor.environment_report()["summary"]

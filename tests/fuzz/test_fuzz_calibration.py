@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from tests.fuzz.mutations import Counter, damaged_bytes, edited_text, fuzz_settings
 from trtpack.errors import UserInputError
 from trtpack.precision.calibration import check_calibration_input, load_calibration
-from trtpack.resolve import resolve_model
 from trtpack.shapes import parse_profiles
+from trtpack.sources.resolve import resolve_model
 
 MIN_EXAMPLES = 500
 RECIPE = resolve_model("tiny-bert")  # input_ids, attention_mask, token_type_ids

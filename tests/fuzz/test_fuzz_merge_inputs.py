@@ -32,10 +32,10 @@ from trtpack.engine.builder import builder_settings
 from trtpack.engine.provenance import EngineProvenance, io_records, provenance_path
 from trtpack.errors import UserInputError
 from trtpack.model_io import model_io_from_onnx
-from trtpack.recipe import EngineSettings, TritonSettings
 from trtpack.serving.engine_builds import check_compatible, read_engine_build
 from trtpack.serving.layout import write_engine_model
 from trtpack.shapes import TensorSpec, parse_profiles
+from trtpack.sources.recipe import EngineSettings, TritonSettings
 
 MIN_EXAMPLES = 500
 NAME = "embedder"

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from tests.fuzz.mutations import Counter, damaged_bytes, fuzz_settings
 from trtpack.errors import UserInputError
-from trtpack.recipe import Recipe
-from trtpack.resolve import resolve_model
+from trtpack.sources.recipe import Recipe
+from trtpack.sources.resolve import resolve_model
 
 MIN_EXAMPLES = 500
 

@@ -21,10 +21,10 @@ from tests.fuzz.mutations import (
     mutated_document,
 )
 from trtpack.errors import ProfileError, RecipeError, UserInputError
-from trtpack.recipe import Recipe
-from trtpack.recipe_files import RECIPES_DIR, apply_overrides, load_recipe_file
-from trtpack.resolve import resolve_model
 from trtpack.shapes import TensorSpec, parse_profile
+from trtpack.sources.recipe import Recipe
+from trtpack.sources.recipe_files import RECIPES_DIR, apply_overrides, load_recipe_file
+from trtpack.sources.resolve import resolve_model
 
 MIN_EXAMPLES = 500  # the floor per parser and run
 TEXT_SPECS = resolve_model("tiny-bert").input_specs()  # input_ids, attention_mask, types

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from trtpack import machine
-from trtpack.targets import Target, local_gpu_target
+from trtpack.machine.targets import Target, local_gpu_target
 
 
 @functools.cache

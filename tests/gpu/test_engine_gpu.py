@@ -23,20 +23,21 @@ import pytest
 
 from tests.conftest import run_cli
 from trtpack.cases import Case
+from trtpack.diagnostics.inspection import inspect_path
 from trtpack.engine.builder import builder_settings, tensorrt_profiles, timing_cache_path
 from trtpack.engine.provenance import EngineProvenance, provenance_path
 from trtpack.errors import MissingEnvironmentError
-from trtpack.inspection import inspect_path
-from trtpack.local_targets import check_engine_environment
-from trtpack.machine import LocalGpu, parse_version
+from trtpack.machine.gpus import LocalGpu
+from trtpack.machine.local_targets import check_engine_environment
+from trtpack.machine.packages import parse_version
+from trtpack.machine.targets import TARGETS, Target
 from trtpack.model_io import engine_model_io
-from trtpack.onnx_files import sha256_file
-from trtpack.recipe import EngineSettings, TritonSettings
+from trtpack.onnx_tools.files import sha256_file
 from trtpack.report import BuildReport
 from trtpack.runtimes import tensorrt as tensorrt_api
 from trtpack.serving.config import check_config, engine_model_config, read_config
 from trtpack.shapes import CORNERS, ShapeProfile, ShapeRange
-from trtpack.targets import TARGETS, Target
+from trtpack.sources.recipe import EngineSettings, TritonSettings
 
 LOG = logging.getLogger("trtpack.test.gpu")
 HIDDEN, OUT = 16, 8

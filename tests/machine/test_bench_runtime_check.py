@@ -1,7 +1,7 @@
 """``trtpack bench``'s up-front check of an engine build: the GPU it runs on and TensorRT.
 
 No GPU or TensorRT here: GPU detection and the TensorRT probe are stubbed (``detect_gpus`` and
-``probe_tensorrt`` in ``trtpack.local_targets`` return the values below); the engine is a few
+``probe_tensorrt`` in ``trtpack.machine.local_targets`` return the values below); the engine is a few
 bytes with a provenance file, as a finished build leaves it.
 """
 
@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from trtpack import local_targets
-from trtpack.bench_runners import check_runtime
-from trtpack.build_folder import BuildFolder
+from trtpack.bench.runners import check_runtime
 from trtpack.engine.provenance import EngineProvenance, provenance_path
 from trtpack.errors import ExitCode, MissingEnvironmentError
-from trtpack.machine import LocalGpu, TensorRTProbe
+from trtpack.machine import local_targets
+from trtpack.machine.gpus import LocalGpu
+from trtpack.machine.packages import TensorRTProbe
+from trtpack.pipeline.build_folder import BuildFolder
 from trtpack.report import BuildReport
 
 # stand-ins for detection (no GPU here); B200 (10.0) has no family in trtpack's table

@@ -15,9 +15,10 @@ from collections.abc import Sequence
 
 import pytest
 
-from trtpack import local_targets, machine
-from trtpack.machine import TensorRTProbe
-from trtpack.targets import resolve_target
+from trtpack import machine
+from trtpack.machine import local_targets
+from trtpack.machine.packages import TensorRTProbe
+from trtpack.machine.targets import resolve_target
 
 TRT_OK = TensorRTProbe(True, "10.13.3.9")  # stand-in probe result: no TensorRT here
 
@@ -140,7 +141,7 @@ def test_identical_gpus_need_no_order(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_doctor_says_why_no_gpu_is_chosen_on_a_mixed_host(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from trtpack import doctor
+    from trtpack.diagnostics import doctor
 
     stub_nvidia_smi(monkeypatch, MIXED_QUERY, MIXED_LIST)
     report = doctor.environment_report()

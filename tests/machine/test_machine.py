@@ -11,10 +11,12 @@ import sys
 
 import pytest
 
-from trtpack import local_targets, machine
+from trtpack import machine
 from trtpack.errors import ExitCode, MissingEnvironmentError
-from trtpack.machine import LocalGpu, TensorRTProbe
-from trtpack.targets import resolve_target
+from trtpack.machine import local_targets
+from trtpack.machine.gpus import LocalGpu
+from trtpack.machine.packages import TensorRTProbe
+from trtpack.machine.targets import resolve_target
 
 SMI_CSV = """\
 0, NVIDIA A10G, 8.6, 550.54.15, 23028, GPU-aaaa-1111
@@ -149,8 +151,8 @@ def test_the_package_table_is_what_a_build_checks_and_records() -> None:
 
 
 def test_importing_gpu_module_does_not_import_heavy_packages() -> None:
-    code = ("import sys, trtpack.machine, trtpack.local_targets, trtpack.engine, "
-            "trtpack.inspection, trtpack.stages.engine; "
+    code = ("import sys, trtpack.machine, trtpack.machine.local_targets, trtpack.engine, "
+            "trtpack.diagnostics.inspection, trtpack.stages.engine; "
             "heavy = [m for m in ('tensorrt', 'torch', 'onnxruntime', 'polygraphy') "
             "if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from trtpack import local_targets, machine
+from trtpack import machine
 from trtpack.errors import MissingEnvironmentError
-from trtpack.targets import resolve_target
+from trtpack.machine import local_targets
+from trtpack.machine.targets import resolve_target
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,7 +29,7 @@ def test_exit_3_hint_and_doctor_give_the_same_install_routes(
     assert info.value.hint is not None and machine.TENSORRT_INSTALL in info.value.hint
     assert "tensorrt-cu12" in machine.TENSORRT_INSTALL and "NGC" in machine.TENSORRT_INSTALL
 
-    from trtpack import doctor
+    from trtpack.diagnostics import doctor
 
     monkeypatch.setattr(machine, "tensorrt_version", lambda: None)
     report = doctor.environment_report()

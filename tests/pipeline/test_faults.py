@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from tests.conftest import run_cli
-from trtpack.onnx_files import sha256_file
+from trtpack.onnx_tools.files import sha256_file
 from trtpack.out_files import files_under, manifest_files
 from trtpack.pipeline.cache import StageCache
 from trtpack.pipeline.faults import killed_message

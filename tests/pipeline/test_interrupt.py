@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from trtpack.onnx_files import sha256_file
+from trtpack.onnx_tools.files import sha256_file
 
 MARK = "TRTPACK_TEST_BUILD_MARK"
 BUILD = ["build", "tiny-bert", "--random-weights", "--target", "cpu", "--precision", "fp16",

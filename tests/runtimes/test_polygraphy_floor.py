@@ -31,7 +31,7 @@ from packaging.version import Version
 
 import trtpack
 from trtpack.engine import builder as engine_plan
-from trtpack.recipe import EngineSettings
+from trtpack.sources.recipe import EngineSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = Path(trtpack.__file__).parent

@@ -37,10 +37,10 @@ from tests.runtimes.tensorrt_names import (
     used_tensorrt_names,
 )
 from trtpack.engine import builder as engine_plan
-from trtpack.machine import MIN_TENSORRT, parse_version
-from trtpack.recipe import EngineSettings
-from trtpack.resolve import resolve_model
+from trtpack.machine.packages import MIN_TENSORRT, parse_version
 from trtpack.shapes import parse_profiles
+from trtpack.sources.recipe import EngineSettings
+from trtpack.sources.resolve import resolve_model
 
 TENSORRT_API = Path(tensorrt_api_module.__file__)
 LOG = logging.getLogger("trtpack.test.tensorrt-names")

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from tests.serving.tritonserver import TritonServer, missing_reason, start_tritonserver
-from trtpack.hf_recipe import recipe_for_hf_dir
-from trtpack.recipe import Recipe
-from trtpack.recipe_files import RECIPES_DIR, load_recipe_file
 from trtpack.serving.layout import ModelRepository
 from trtpack.serving.repository import write_model_repository
 from trtpack.shapes import ShapeProfile, parse_profiles
-from trtpack.tokenizer_files import TOKENIZER_FILES
+from trtpack.sources.hf_recipe import recipe_for_hf_dir
+from trtpack.sources.recipe import Recipe
+from trtpack.sources.recipe_files import RECIPES_DIR, load_recipe_file
+from trtpack.sources.tokenizer_files import TOKENIZER_FILES
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -15,11 +15,11 @@ import pytest
 from trtpack.engine.provenance import EngineProvenance, io_records, provenance_path
 from trtpack.errors import UserInputError
 from trtpack.model_io import EngineTensor, engine_model_io
-from trtpack.recipe import TritonSettings
-from trtpack.resolve import resolve_model
 from trtpack.serving.config import check_config, config_text, engine_model_config, read_config
 from trtpack.serving.layout import write_engine_model
 from trtpack.shapes import parse_profiles
+from trtpack.sources.recipe import TritonSettings
+from trtpack.sources.resolve import resolve_model
 
 pb = pytest.importorskip("tritonclient.grpc.model_config_pb2")
 

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 
 from trtpack.api import check_triton_profiles
-from trtpack.resolve import resolve_model
 from trtpack.serving.engine_builds import (
     one_engine_per_compute_capability,
     target_compute_capability,
 )
 from trtpack.serving.triton_rules import engine_max_batch_size, served_lengths
 from trtpack.shapes import parse_profiles
+from trtpack.sources.resolve import resolve_model
 
 WORKFLOW = Path(__file__).resolve().parents[2] / ".github" / "workflows" / "gpu.yml"
 MERGE_UPLOAD = "The minilm fp16 build folder for the merge"

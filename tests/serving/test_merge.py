@@ -16,17 +16,17 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
+from trtpack.diagnostics.inspection import MachineFacts, inspect_path
 from trtpack.engine.builder import builder_settings
 from trtpack.engine.provenance import EngineProvenance, io_records, onnx_hashes, provenance_path
-from trtpack.inspection import MachineFacts, inspect_path
+from trtpack.machine.targets import resolve_target
 from trtpack.model_io import model_io_from_onnx
-from trtpack.onnx_files import sha256_file
-from trtpack.recipe import EngineSettings
-from trtpack.resolve import resolve_model
+from trtpack.onnx_tools.files import sha256_file
 from trtpack.serving.config import check_config, read_config
 from trtpack.serving.layout import write_engine_model
 from trtpack.shapes import parse_profiles
-from trtpack.targets import resolve_target
+from trtpack.sources.recipe import EngineSettings
+from trtpack.sources.resolve import resolve_model
 
 TENSORRT = "10.13.0.35"
 

@@ -16,11 +16,11 @@ import pytest
 from tests.hf_models import TINY_TEXT, copy_tokenizer
 from tests.serving.python_models import run_python_model
 from trtpack.model_io import ModelIO, TensorIO
-from trtpack.recipe import TritonSettings
 from trtpack.serving.config import write_config
 from trtpack.serving.postprocess import LABELS_FILE, postprocess_config, postprocessing
 from trtpack.serving.tokenizer_model import TEMPLATES_DIR
 from trtpack.shapes import TensorSpec, parse_profile
+from trtpack.sources.recipe import TritonSettings
 
 TEXTS = ["Thank you very much!", "The shipment arrived two days late and the box was crushed.",
          "Yes."]
@@ -42,7 +42,7 @@ def _classifier(folder: Path, num_labels: int, problem_type: str | None) -> obje
 
 
 def _postprocess_model(folder: Path, dest: Path, num_labels: int) -> str:
-    from trtpack.resolve import resolve_model
+    from trtpack.sources.resolve import resolve_model
 
     recipe = resolve_model(str(folder))
     io = ModelIO((TensorIO("input_ids", "int64", (-1, -1), True),),

@@ -6,7 +6,6 @@ import pytest
 
 from trtpack.errors import UserInputError
 from trtpack.model_io import ModelIO, TensorIO
-from trtpack.recipe import TritonSettings
 from trtpack.serving.config import (
     check_config,
     max_batch_size,
@@ -15,6 +14,7 @@ from trtpack.serving.config import (
     write_config,
 )
 from trtpack.shapes import TensorSpec, parse_profile
+from trtpack.sources.recipe import TritonSettings
 
 SPECS = [TensorSpec("input_ids", "int64", ("batch", "sequence"))]
 IO = ModelIO(

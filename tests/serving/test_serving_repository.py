@@ -240,7 +240,7 @@ def test_onnx_on_gpu_without_engine(minilm: BuiltModel, tmp_path: Path) -> None:
 def test_recipe_can_ask_for_text_serving_and_cpu_fallback(minilm: BuiltModel) -> None:
     from pydantic import ValidationError
 
-    from trtpack.recipe import TritonSettings
+    from trtpack.sources.recipe import TritonSettings
 
     settings = TritonSettings.model_validate({"serve": "text", "fallback_cpu": True})
     assert (settings.serve, settings.fallback_cpu) == ("text", True)

@@ -61,9 +61,9 @@ def test_model_analyzer_config(minilm_text_repo: ModelRepository) -> None:
 
 def test_repository_ref_names_the_final_repository(minilm_text_repo: ModelRepository,
                                                    tmp_path: Path) -> None:
-    from trtpack.recipe_files import RECIPES_DIR, load_recipe_file
     from trtpack.serving.tuning import write_tuning_files
     from trtpack.shapes import parse_profiles
+    from trtpack.sources.recipe_files import RECIPES_DIR, load_recipe_file
 
     recipe = load_recipe_file(RECIPES_DIR / "minilm.yaml")
     profiles = parse_profiles(recipe.profiles, recipe.input_specs())

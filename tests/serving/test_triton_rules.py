@@ -13,7 +13,6 @@ from tests.hf_models import minilm_dir
 from tests.serving.python_models import python_model
 from trtpack.errors import UserInputError
 from trtpack.model_io import ModelIO, TensorIO
-from trtpack.recipe import TritonSettings
 from trtpack.serving.config import engine_model_config, write_config
 from trtpack.serving.tokenizer_model import (
     TEMPLATES_DIR,
@@ -24,6 +23,7 @@ from trtpack.serving.tokenizer_model import (
 )
 from trtpack.serving.triton_rules import batch_coverage_problem, triton_view
 from trtpack.shapes import ShapeProfile, TensorSpec, parse_profile
+from trtpack.sources.recipe import TritonSettings
 
 NAMES = ("input_ids", "attention_mask")
 SPECS = [TensorSpec(n, "int64", ("batch", "sequence"), kind)

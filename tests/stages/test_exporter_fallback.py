@@ -87,6 +87,6 @@ def test_forward_failing_at_the_profile_shape_is_the_users_error(tmp_path: Path)
     ("", "RuntimeError: "),
 ])
 def test_exporter_failure_is_one_line(message: str, expected: str) -> None:
-    from trtpack.onnx_export import exporter_failure
+    from trtpack.pytorch.onnx_export import exporter_failure
 
     assert exporter_failure(RuntimeError(message)) == expected

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from trtpack.errors import UserInputError
-from trtpack.recipe import EngineSettings
 from trtpack.shapes import ShapeProfile
+from trtpack.sources.recipe import EngineSettings
 
 Shape = tuple[int, ...]
 TrtProfile = dict[str, tuple[Shape, Shape, Shape]]

@@ -16,9 +16,9 @@ from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from trtpack.engine.triton_release import TritonServing, tensorrt_loads, triton_serving
+from trtpack.machine.targets import AMPERE
 from trtpack.model_io import ModelIO, TensorIO
-from trtpack.onnx_files import data_path, sha256_file
-from trtpack.targets import AMPERE
+from trtpack.onnx_tools.files import data_path, sha256_file
 
 PLAN_FILENAME = "model.plan"
 """A TensorRT engine's file name, in a build's engine stage and in the model repository."""

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trtpack.machine import parse_version
+from trtpack.machine.packages import parse_version
 
 VERSION_COMPATIBLE_BACKEND_CONFIG = "--backend-config=tensorrt,version-compatible=true"
 """The tritonserver flag without which Triton refuses a version-compatible engine."""

@@ -28,7 +28,7 @@ from typing import Any
 
 import trtpack
 from trtpack import __version__
-from trtpack.onnx_files import link_tree
+from trtpack.onnx_tools.files import link_tree
 from trtpack.out_files import pid_is_live_build
 
 META = "trtpack-stage.json"
@@ -48,7 +48,7 @@ def source_digest() -> str:
 
 def tool_versions() -> dict[str, str | None]:
     """trtpack's version and code digest, and every package a build report records."""
-    from trtpack.machine import recorded_versions
+    from trtpack.machine.packages import recorded_versions
 
     return {"trtpack": __version__, "trtpack_source": source_digest(), **recorded_versions()}
 

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 from trtpack.errors import StageError, TrtpackError
-from trtpack.onnx_files import model_bytes
+from trtpack.onnx_tools.files import model_bytes
 from trtpack.options import BuildOptions
 
 # how many copies of the weights a build writes: export, simplify, precision or engine
@@ -31,7 +31,7 @@ def weight_bytes(options: BuildOptions, work: Path) -> int | None:
     if source.onnx and Path(source.onnx).is_file():
         return model_bytes(Path(source.onnx))
     if options.random_weights:
-        from trtpack.models import random_weight_bytes
+        from trtpack.pytorch.models import random_weight_bytes
 
         try:
             return random_weight_bytes(options.recipe)
@@ -39,7 +39,7 @@ def weight_bytes(options: BuildOptions, work: Path) -> int | None:
             return None
     folders = [Path(source.path)] if source.path else []
     if source.package:
-        from trtpack.models import source_directory
+        from trtpack.pytorch.models import source_directory
 
         with contextlib.suppress(TrtpackError, ImportError, OSError):
             folders += [p for p in [source_directory(source)] if p is not None]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trtpack.onnx_files import data_path
-from trtpack.recipe import Recipe
+from trtpack.onnx_tools.files import data_path
 from trtpack.report import REPORT, Artifact, BuildReport
+from trtpack.sources.recipe import Recipe
 
 RECIPE_FILE = "recipe.yaml"
 
@@ -43,7 +43,7 @@ def write_recipe(path: Path, recipe: Recipe) -> None:
 def write_report_page(out: Path, report: BuildReport) -> None:
     """``OUT/report.html``; a page that cannot be drawn never fails the build (the reason
     goes into the report's warnings)."""
-    from trtpack.report_html import write_report_html
+    from trtpack.report_page.html import write_report_html
 
     try:
         write_report_html(out, report)

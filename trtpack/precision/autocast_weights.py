@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trtpack.onnx_files import LARGE_INITIALIZER_BYTES, data_path, tensor_bytes
+from trtpack.onnx_tools.files import LARGE_INITIALIZER_BYTES, data_path, tensor_bytes
 
 
 def out_of_range_nodes(source: Path, feed: dict[str, Any], data_max: float) -> list[str]:

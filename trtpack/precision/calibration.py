@@ -17,7 +17,7 @@ from typing import Any, Literal
 import numpy as np
 
 from trtpack.errors import UserInputError
-from trtpack.onnx_files import sha256_file
+from trtpack.onnx_tools.files import sha256_file
 from trtpack.precision.splits import (
     MEDIUM_TOKENS,
     SHORT_TOKENS,
@@ -36,8 +36,8 @@ from trtpack.precision.text_batches import (
     token_counts,
     token_ids_spec,
 )
-from trtpack.recipe import Recipe
 from trtpack.shapes import ShapeProfile
+from trtpack.sources.recipe import Recipe
 
 CalibrationSource = Literal["text", "default text", "npz", "synthetic"]
 
@@ -252,7 +252,7 @@ def npz_lengths(arrays: Mapping[str, np.ndarray], recipe: Recipe) -> list[int]:
 def synthetic_feeds(recipe: Recipe, profiles: Sequence[ShapeProfile], samples: int,
                     seed: int, vocab_size: int | None = None) -> list[Feed]:
     """Random in-vocabulary inputs at every profile corner, cycled until ``samples`` rows."""
-    from trtpack.samples import make_inputs
+    from trtpack.verify.samples import make_inputs
 
     vocab = vocab_size or int(recipe.config.get("vocab_size", 30522))
     specs = recipe.input_specs()

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from trtpack.cases import load_cases
 from trtpack.errors import StageError
-from trtpack.onnx_files import move_model
+from trtpack.onnx_tools.files import move_model
 from trtpack.options import BuildOptions
 from trtpack.precision.metrics import AttemptSummary, Fp16Metrics, Int8Metrics
 from trtpack.precision.modelopt_jobs import ModelOptJob, ModelOptWorker
@@ -164,7 +164,7 @@ class Conversion:
         """Rows of the profile corners (``session``: one already open on ``path``, run
         from ``workers`` threads; None: one made for these few runs)."""
         from trtpack.runtimes.onnxruntime import cpu_session, run_session
-        from trtpack.verification import compare_cases
+        from trtpack.verify.compare import compare_cases
 
         outputs = run_session(session or cpu_session(path, few_runs=True),
                               [c.inputs for c in self.cases], workers)
@@ -177,7 +177,7 @@ class Conversion:
         if folder is None:
             return None
         if self._tokenizer is None:
-            from trtpack.models import load_tokenizer
+            from trtpack.pytorch.models import load_tokenizer
 
             self._tokenizer = load_tokenizer(self.recipe, folder)
         return self._tokenizer
@@ -185,7 +185,7 @@ class Conversion:
     def sample_text(self) -> Any:
         """A ``SampleText`` decoding token ids with the model's tokenizer (None: no text)."""
         if self._sample_text is None:
-            from trtpack.verification import token_text
+            from trtpack.verify.compare import token_text
 
             ids = next((i.name for i in self.recipe.inputs if i.kind == "token_ids"), None)
             mask = next((i.name for i in self.recipe.inputs if i.kind == "attention_mask"),
@@ -235,7 +235,7 @@ class Conversion:
         op type beside them as a comment."""
         import yaml
 
-        from trtpack.recipe_files import overlay_document
+        from trtpack.sources.recipe_files import overlay_document
 
         path = self.ctx.stage_dir / f"{self.recipe.name}-{self.precision}.yaml"
         body = yaml.safe_dump(

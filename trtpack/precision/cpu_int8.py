@@ -60,7 +60,7 @@ def quantize_cpu_graph(fp32_model: Path, out: Path, excluded: Sequence[str]) -> 
     sidecar)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from trtpack.onnx_files import PROTOBUF_LIMIT, model_bytes
+    from trtpack.onnx_tools.files import PROTOBUF_LIMIT, model_bytes
 
     quantize_dynamic(
         str(fp32_model), str(out), op_types_to_quantize=list(DYNAMIC_OP_TYPES),

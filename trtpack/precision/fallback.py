@@ -76,7 +76,7 @@ def int8_fallback(conv: Int8Conversion, first: Attempt, user_excluded: list[str]
     ``consultations`` / ``check_failed``: the check split already consulted on ``first``."""
     import onnx
 
-    from trtpack.onnx_files import save_model
+    from trtpack.onnx_tools.files import save_model
     from trtpack.precision.graph import int8_quantized_nodes
     from trtpack.precision.search import Evaluator, measure_sensitivity, select_groups
     from trtpack.precision.surrogates import SurrogateBuilder, ToggledSurrogates, node_groups

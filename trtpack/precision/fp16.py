@@ -166,7 +166,7 @@ def all_tensors(path: Path, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndar
     from polygraphy import constants
     from polygraphy.backend.onnx import ModifyOutputs
 
-    from trtpack.verification import quiet_polygraphy
+    from trtpack.verify.compare import quiet_polygraphy
 
     model = onnx.load(str(path), load_external_data=True)
     for vi in list(model.graph.value_info):

@@ -152,7 +152,7 @@ class Int8Conversion(Conversion):
         copy of the FP32 model; the references stay the original's."""
         import onnx
 
-        from trtpack.onnx_files import save_model
+        from trtpack.onnx_tools.files import save_model
         from trtpack.precision.smoothquant import smooth_model
 
         assert self.calibration is not None and self.settings.smoothquant is not None
@@ -174,7 +174,7 @@ class Int8Conversion(Conversion):
         (``trtpack.precision.activation_ranges``)."""
         import onnx
 
-        from trtpack.onnx_files import save_model
+        from trtpack.onnx_tools.files import save_model
         from trtpack.precision.activation_ranges import DEFAULT_PERCENTILE, apply_percentile_ranges
 
         assert self.calibration is not None
@@ -189,7 +189,7 @@ class Int8Conversion(Conversion):
                    ) -> list[list[VerificationRow]]:
         """The rows of each split's cases, run in ``session``."""
         from trtpack.runtimes.onnxruntime import run_session
-        from trtpack.verification import compare_cases
+        from trtpack.verify.compare import compare_cases
 
         every = [c for _, cases in splits for c in cases]
         outputs = run_session(session, [c.inputs for c in every], self.workers)

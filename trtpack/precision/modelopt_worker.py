@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trtpack.onnx_files import save_model
+from trtpack.onnx_tools.files import save_model
 from trtpack.precision.autocast_weights import (
     out_of_range_nodes,
     restore_weights,

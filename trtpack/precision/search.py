@@ -29,9 +29,9 @@ from trtpack.precision.surrogates import (
     ToggledCandidate,
     ToggledSurrogates,
 )
-from trtpack.recipe import Recipe, Tolerance, VerifySettings
 from trtpack.runtimes.onnxruntime import cpu_session, run_session
-from trtpack.sample_metrics import TOP1_METRICS, task_metric
+from trtpack.sources.recipe import Recipe, Tolerance, VerifySettings
+from trtpack.verify.sample_metrics import TOP1_METRICS, task_metric
 
 if TYPE_CHECKING:
     import onnx

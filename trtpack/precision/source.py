@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trtpack.onnx_files import link_or_copy
+from trtpack.onnx_tools.files import link_or_copy
 
 
 def external_locations(model: Any) -> set[str]:

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from trtpack.errors import UserInputError
-from trtpack.recipe import Recipe
 from trtpack.shapes import BATCH_AXIS, ShapeProfile, TensorSpec
+from trtpack.sources.recipe import Recipe
 
 Feed = dict[str, np.ndarray]
 

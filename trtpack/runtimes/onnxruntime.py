@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from trtpack.onnx_files import fits_in_protobuf
+from trtpack.onnx_tools.files import fits_in_protobuf
 
 
 def cpu_session(model: Any, threads: int | None = None, inter_op_threads: int | None = None,

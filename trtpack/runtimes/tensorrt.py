@@ -24,7 +24,7 @@ import numpy as np
 
 from trtpack.cases import Case
 from trtpack.model_io import EngineTensor, numpy_dtype
-from trtpack.onnx_files import sha256_file
+from trtpack.onnx_tools.files import sha256_file
 
 if TYPE_CHECKING:  # for annotations only (tests read them: TensorRT names this module uses)
     import tensorrt as trt

@@ -18,9 +18,9 @@ from typing import Any, Literal
 from trtpack.engine.provenance import PLAN_FILENAME
 from trtpack.errors import UserInputError
 from trtpack.model_io import NUMPY_TO_TRITON, ModelIO, TensorIO
-from trtpack.recipe import TritonSettings
 from trtpack.serving.triton_rules import engine_max_batch_size, preferred_batch_sizes
 from trtpack.shapes import ShapeProfile
+from trtpack.sources.recipe import TritonSettings
 
 InstanceKind = Literal["KIND_CPU", "KIND_GPU", "KIND_MODEL"]
 

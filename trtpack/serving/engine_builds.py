@@ -12,11 +12,11 @@ from typing import Any
 
 from trtpack.engine.provenance import PLAN_FILENAME, EngineProvenance, provenance_path
 from trtpack.errors import UserInputError
-from trtpack.onnx_files import sha256_file
+from trtpack.machine.targets import resolve_target
+from trtpack.onnx_tools.files import sha256_file
 from trtpack.report import REPORT
 from trtpack.serving.config import CONFIG_FILE, ENGINE_PLATFORM, config_text, read_config
 from trtpack.serving.layout import REPOSITORY, VERSION
-from trtpack.targets import resolve_target
 
 SAME_FIELDS = ("onnx_sha256", "onnx_data_sha256", "precision", "profiles", "inputs", "outputs",
                "tensorrt_version")

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from trtpack.model_io import TRITON_TO_NUMPY, ModelIO
-from trtpack.recipe import TritonSettings
 from trtpack.serving.config import CONFIG_FILE, model_config, read_config
 from trtpack.serving.postprocess import Postprocessing
 from trtpack.serving.tokenizer_model import TEXT_INPUT, TokenField
 from trtpack.shapes import ShapeProfile
+from trtpack.sources.recipe import TritonSettings
 
 
 @dataclass

@@ -21,8 +21,7 @@ from typing import Literal
 from trtpack.engine.provenance import PLAN_FILENAME, EngineProvenance, provenance_path
 from trtpack.engine.triton_release import TritonServing
 from trtpack.errors import UserInputError
-from trtpack.onnx_files import link_or_copy
-from trtpack.recipe import TritonSettings
+from trtpack.onnx_tools.files import link_or_copy
 from trtpack.serving.config import (
     CONFIG_FILE,
     ONNX_FILENAME,
@@ -31,6 +30,7 @@ from trtpack.serving.config import (
     write_config,
 )
 from trtpack.shapes import ShapeProfile
+from trtpack.sources.recipe import TritonSettings
 
 REPOSITORY = "model_repository"
 """The Triton model repository's folder in a build's output."""

@@ -32,7 +32,7 @@ from typing import Any
 
 from trtpack.engine.provenance import provenance_path
 from trtpack.errors import UserInputError
-from trtpack.onnx_files import link_or_copy
+from trtpack.onnx_tools.files import link_or_copy
 from trtpack.serving.config import CONFIG_FILE, check_config, read_config, write_config
 from trtpack.serving.engine_builds import (
     EngineBuild,
@@ -154,10 +154,10 @@ def _write_cpu_model(repo: Path, name: str, onnx: Path, build: EngineBuild) -> s
     """``<name>_cpu``: the FP32 ONNX on ONNX Runtime with CPU instances, its config from the
     ONNX's real I/O and the engine config's batching and instance settings."""
     from trtpack.model_io import model_io_from_onnx
-    from trtpack.recipe import TritonSettings
     from trtpack.serving.config import onnx_model_config
     from trtpack.serving.layout import copy_onnx
     from trtpack.shapes import ShapeProfile
+    from trtpack.sources.recipe import TritonSettings
 
     cpu_name = f"{name}{CPU_SUFFIX}"
     io = model_io_from_onnx(onnx)

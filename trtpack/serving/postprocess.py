@@ -15,10 +15,10 @@ from typing import Any, Literal
 
 from trtpack.errors import UserInputError
 from trtpack.model_io import ModelIO, TensorIO
-from trtpack.recipe import Recipe, TritonSettings
 from trtpack.serving.config import python_model_config
 from trtpack.serving.tokenizer_model import TokenField
 from trtpack.shapes import ShapeProfile
+from trtpack.sources.recipe import Recipe, TritonSettings
 
 EMBEDDING_OUTPUT = "embedding"
 PROBABILITIES_OUTPUT = "probabilities"

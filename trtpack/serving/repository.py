@@ -26,7 +26,6 @@ from trtpack.engine.provenance import EngineProvenance, provenance_path
 from trtpack.errors import UserInputError
 from trtpack.model_io import ModelIO, model_io_from_onnx
 from trtpack.options import Serve
-from trtpack.recipe import Recipe, TritonSettings
 from trtpack.serving.config import (
     CONFIG_FILE,
     ENGINE_PLATFORM,
@@ -64,7 +63,8 @@ from trtpack.serving.tokenizer_model import (
     vendor_tokenizers,
 )
 from trtpack.shapes import ShapeProfile
-from trtpack.tokenizer_files import VOCABULARY_FILES, has_tokenizer
+from trtpack.sources.recipe import Recipe, TritonSettings
+from trtpack.sources.tokenizer_files import VOCABULARY_FILES, has_tokenizer
 
 if TYPE_CHECKING:
     from trtpack.cases import Case

@@ -17,8 +17,7 @@ from typing import Any, Literal
 
 from trtpack.errors import UserInputError
 from trtpack.model_io import ModelIO, TensorIO
-from trtpack.onnx_files import link_or_copy
-from trtpack.recipe import Recipe, TritonSettings
+from trtpack.onnx_tools.files import link_or_copy
 from trtpack.serving.config import python_model_config
 from trtpack.serving.triton_rules import (
     engine_max_batch_size,
@@ -27,7 +26,8 @@ from trtpack.serving.triton_rules import (
     served_lengths,
 )
 from trtpack.shapes import ShapeProfile
-from trtpack.tokenizer_files import tokenizer_files
+from trtpack.sources.recipe import Recipe, TritonSettings
+from trtpack.sources.tokenizer_files import tokenizer_files
 
 TEXT_INPUT = "TEXT"
 TOKENIZER_FOLDER = "tokenizer"

@@ -16,9 +16,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from trtpack.recipe import TritonSettings
 from trtpack.serving.config import CONFIG_FILE, read_config
 from trtpack.shapes import ShapeProfile
+from trtpack.sources.recipe import TritonSettings
 
 if TYPE_CHECKING:
     from trtpack.cases import Case

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trtpack.cases import Case, load_cases
-from trtpack.onnx_files import save_model
+from trtpack.onnx_tools.files import save_model
 from trtpack.options import BuildOptions
 from trtpack.report import VerificationRow
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
@@ -84,7 +84,7 @@ def model_shape(ctx: StageContext) -> tuple[str | None, int | None, int | None]:
 
 
 def run(ctx: StageContext) -> StageOutcome:
-    from trtpack.onnx_files import graph_summary
+    from trtpack.onnx_tools.files import graph_summary
     from trtpack.precision.cpu_fusion import CpuGraph, cpu_graph
 
     recipe = ctx.options.recipe
@@ -190,7 +190,7 @@ def _choose_precision(ctx: StageContext, fp32_path: Path, int8_path: Path, cases
 
 def _verify(ctx: StageContext, path: Path, cases: list[Case], check: str, precision: str
             ) -> list[VerificationRow]:
-    from trtpack.verification import compare_cases, run_onnxruntime
+    from trtpack.verify.compare import compare_cases, run_onnxruntime
 
     return compare_cases(check, ctx.options.recipe, precision, cases,
                          run_onnxruntime(path, cases))
@@ -273,7 +273,7 @@ def _calibration(ctx: StageContext) -> tuple[Any, Any]:
     path = calibration_path(options)
     tokenizer = None
     if path is not None and path.suffix.lower() != ".npz" and "tokenizer" in ctx.artifacts:
-        from trtpack.models import load_tokenizer
+        from trtpack.pytorch.models import load_tokenizer
 
         tokenizer = load_tokenizer(recipe, ctx.artifacts["tokenizer"])
     cal = load_calibration(recipe, options.profiles, path, tokenizer=tokenizer,
@@ -306,7 +306,7 @@ def _heldout_rows(ctx: StageContext, path: Path, cal: Any, tokenizer: Any
     """The INT8 form judged on the INT8 build's held-out split, the FP32 model's outputs as
     reference."""
     from trtpack.runtimes.onnxruntime import cpu_session, run_session
-    from trtpack.verification import compare_cases, token_text
+    from trtpack.verify.compare import compare_cases, token_text
 
     recipe = ctx.options.recipe
     if not cal.holdout:

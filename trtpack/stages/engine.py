@@ -27,13 +27,14 @@ from trtpack.engine.provenance import (
     provenance_path,
 )
 from trtpack.engine.triton_release import triton_serving
-from trtpack.local_targets import check_engine_environment
-from trtpack.machine import cuda_driver_version, parse_version
+from trtpack.machine.gpus import cuda_driver_version
+from trtpack.machine.local_targets import check_engine_environment
+from trtpack.machine.packages import parse_version
 from trtpack.model_io import engine_model_io, model_io_from_onnx
-from trtpack.onnx_files import sha256_file
+from trtpack.onnx_tools.files import sha256_file
 from trtpack.options import BuildOptions
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
-from trtpack.verification import compare_cases
+from trtpack.verify.compare import compare_cases
 
 CHECK = "engine-vs-onnx"
 
@@ -53,7 +54,7 @@ class EngineMetrics(StageMetrics):
     failed: int  # verification rows that failed
 
 def fingerprint(options: BuildOptions) -> dict[str, Any]:
-    from trtpack.machine import tensorrt_version
+    from trtpack.machine.packages import tensorrt_version
 
     gpu = options.target.gpu
     return {

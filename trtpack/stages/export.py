@@ -22,8 +22,16 @@ import numpy as np
 
 from trtpack.cases import Case, save_cases
 from trtpack.errors import TrtpackError, UserInputError
-from trtpack.models import LoadedModel, load_model, source_directory
-from trtpack.onnx_export import (
+from trtpack.onnx_tools.files import (
+    DATA_SUFFIX,
+    data_path,
+    graph_summary,
+    move_model,
+    resave_with_sidecar,
+)
+from trtpack.options import BuildOptions
+from trtpack.pytorch.models import LoadedModel, load_model, source_directory
+from trtpack.pytorch.onnx_export import (
     Decomposition,
     exporter_failure,
     optimize_program,
@@ -32,17 +40,9 @@ from trtpack.onnx_export import (
     skip_needless_decomposition,
     torch_logs_to,
 )
-from trtpack.onnx_files import (
-    DATA_SUFFIX,
-    data_path,
-    graph_summary,
-    move_model,
-    resave_with_sidecar,
-)
-from trtpack.options import BuildOptions
-from trtpack.recipe import Recipe
-from trtpack.samples import make_inputs
+from trtpack.sources.recipe import Recipe
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
+from trtpack.verify.samples import make_inputs
 
 # Young objects collected 140x less often than Python's default (700, 10, 10) in the
 # export's process (trtpack.pipeline.isolate): about 1 s of minilm's export. Only here, where it

@@ -17,11 +17,11 @@ from typing import Any
 
 from trtpack.cases import Case, save_cases, with_outputs
 from trtpack.errors import UserInputError
-from trtpack.onnx_files import LARGE_INITIALIZER_BYTES, data_path, graph_summary
+from trtpack.onnx_tools.files import LARGE_INITIALIZER_BYTES, data_path, graph_summary
 from trtpack.options import BuildOptions
-from trtpack.samples import make_inputs
+from trtpack.sources.tokenizer_files import has_tokenizer, tokenizer_files
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
-from trtpack.tokenizer_files import has_tokenizer, tokenizer_files
+from trtpack.verify.samples import make_inputs
 
 
 @dataclass
@@ -201,7 +201,7 @@ def run(ctx: StageContext) -> StageOutcome:
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from trtpack.verification import run_onnxruntime
+    from trtpack.verify.compare import run_onnxruntime
 
     options = ctx.options
     recipe = options.recipe

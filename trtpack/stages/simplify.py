@@ -1,5 +1,5 @@
 """Simplify with onnxsim, keeping the dynamic axes. onnxsim sees the graph without its large
-weights (see ``trtpack.simplify_graph``), so models over 2 GB are simplified too and the
+weights (see ``trtpack.onnx_tools.simplify_graph``), so models over 2 GB are simplified too and the
 weights are never copied through protobuf. This stage runs in a process of its own that
 imported onnx and onnxsim while the export ran; onnxsim runs in a fork of it, so a crash in
 its C++ code or a hang (``TRTPACK_ONNXSIM_TIMEOUT`` seconds, default 1800) keeps the
@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtpack.onnx_files import graph_summary
+from trtpack.onnx_tools.files import graph_summary
+from trtpack.onnx_tools.simplify_graph import import_onnxsim, simplify_file
 from trtpack.options import BuildOptions
 from trtpack.processes import NO_SPACE_EXIT, run_forked
-from trtpack.simplify_graph import import_onnxsim, simplify_file
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 
 TIMEOUT_ENV = "TRTPACK_ONNXSIM_TIMEOUT"

@@ -11,7 +11,7 @@ from typing import Any
 from trtpack.cases import load_cases, save_cases, with_outputs
 from trtpack.options import BuildOptions
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
-from trtpack.verification import compare_cases, run_onnxruntime, saved_tokenizer_text
+from trtpack.verify.compare import compare_cases, run_onnxruntime, saved_tokenizer_text
 
 
 @dataclass

@@ -1,0 +1,173 @@
+"""What the commands other than ``build`` show: doctor, targets, inspect, package, merge,
+bench. Each view takes what the library returned and prints it on ``trtpack.cli.console``'s
+consoles."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from trtpack.cli.console import out
+
+if TYPE_CHECKING:
+    from trtpack.bench.benchmark import BenchOutcome
+    from trtpack.diagnostics.inspection import Inspection
+
+
+def print_json(data: Any) -> None:
+    """Plain JSON on stdout, never wrapped to the terminal's width."""
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+def print_doctor(report: dict[str, Any]) -> None:
+    table = Table(title="trtpack doctor")
+    for col in ("component", "found", "needed for"):
+        table.add_column(col)
+    for item in report["components"]:
+        found = f"[green]{item['version']}[/]" if item["version"] else "[red]missing[/]"
+        # escape: purposes name extras in brackets ('trtpack[tensorrt-cu12]'), not markup
+        table.add_row(escape(item["name"]), found, escape(item["purpose"]))
+    out.print(table)
+    for line in report["summary"]:
+        out.print(f"• {line}", markup=False)
+
+
+def print_targets(rows: list[Any]) -> None:
+    table = Table(title="targets (--target)")
+    for col in ("target", "GPU", "sm", "architecture", "also", "here", "engines"):
+        table.add_column(col)
+    problems = []
+    for r in rows:
+        gpu = r.gpu if r.name == "cpu" else f"{r.gpu} {r.memory_gb} GB"
+        engines = "—" if r.name == "cpu" else "yes" if r.engine_problem is None else "no *"
+        if r.engine_problem is not None:
+            problems.append(r.engine_problem)
+        table.add_row(r.name, gpu, r.compute_capability, r.architecture, ", ".join(r.aliases),
+                      "[green]✓[/]" if r.local else "", engines)
+    out.print(table)
+    out.print("--target also takes an instance type (g5.xlarge), or 'auto' (this machine's "
+              "GPU when it has TensorRT, else cpu). 'here': engines this machine can build.",
+              markup=False)
+    for problem in problems:
+        out.print(f"* {problem}", markup=False)
+
+
+def io_table(inputs: list[Any], outputs: list[Any]) -> Table:
+    table = Table(show_header=True, box=None, pad_edge=False)
+    for col in ("", "tensor", "dtype", "shape"):
+        table.add_column(col)
+    for kind, tensors in (("input", inputs), ("output", outputs)):
+        for t in tensors:
+            table.add_row(kind, t.name, t.dtype, "x".join(str(d) for d in t.shape))
+    return table
+
+
+def print_inspection(result: Inspection) -> None:
+    """What ``trtpack.diagnostics.inspection.inspect_path`` found."""
+    for model in result.models:
+        out.print(f"[bold]{model.name}[/] ({model.platform}, max_batch_size "
+                  f"{model.max_batch_size}, {model.instance_kind}, profiles "
+                  f"{','.join(model.profiles) or '-'})  {model.path}")
+        if model.gpu_families:
+            out.print("  serves GPU families (cc_model_filenames):")
+            for fam in model.gpu_families:
+                where = ", ".join(fam.targets) + (f" ({', '.join(fam.gpus)})" if fam.gpus else "")
+                out.print(f"    compute capability {fam.compute_capability}: {fam.filename}"
+                          f"  {escape(where) or 'no listed instance family'}"
+                          + ("" if fam.present else "  [red]file missing[/]"))
+        for problem in model.problems:
+            out.print(f"  [red]config does not match the engine:[/] {problem}")
+        if model.onnx is not None:
+            loads = "[green]yes[/]" if model.onnx.runs_here else "[red]no[/]"
+            out.print(f"  runs on this machine (ONNX Runtime loads {escape(model.onnx.path)}): "
+                      f"{loads}" + "".join(f"\n    - {escape(r)}" for r in model.onnx.reasons))
+    for engine in result.all_engines():
+        prov = engine.provenance
+        out.print(f"[bold]engine[/] {engine.path}")
+        if prov is not None:
+            out.print(f"  built for {prov.target}: {prov.gpu_name} (sm {prov.compute_capability})"
+                      f", TensorRT {prov.tensorrt_version}, CUDA {prov.cuda_runtime_version}, "
+                      f"{prov.precision}, {len(prov.profiles)} profile(s), {prov.built_at}")
+            out.print(f"  plan sha256 {prov.plan_sha256[:16]}…, onnx sha256 "
+                      f"{prov.onnx_sha256[:16]}…, options {prov.build_options}")
+            out.print(f"  Triton: {escape(prov.triton_serving().summary())}")
+        if engine.io is not None:
+            out.print(io_table(list(engine.io.inputs), list(engine.io.outputs)))
+        mark = {True: "[green]yes[/]", False: "[red]no[/]", None: "[yellow]unknown[/]"}
+        out.print(f"  runs on this machine: {mark[engine.runs_here]}"
+                  + "".join(f"\n    - {r}" for r in engine.reasons))
+
+
+def print_sagemaker_package(result: Any) -> None:
+    for archive in result.archives:
+        out.print(f"{archive.path}  [dim]loads {archive.entry}: {', '.join(archive.members)}[/]",
+                  soft_wrap=True)
+    out.print(f"container environment: {result.note}", soft_wrap=True)
+
+
+def print_merge(result: Any, as_json: bool) -> None:
+    if as_json:
+        print_json({"out_dir": str(result.out_dir), "model": result.name,
+                    "engines": result.engines, "targets": result.targets,
+                    "models": result.models})
+        return
+    for cc, file in result.engines.items():
+        out.print(f"compute capability {cc} ({escape(result.targets[cc])}): {file}")
+    out.print(f"[bold green]merged[/] → {escape(str(result.repository))}/{escape(result.name)}"
+              f"  (models: {escape(', '.join(result.models))})", soft_wrap=True)
+
+
+def benchmark_table(rows: list[dict[str, Any]]) -> Table:
+    """Runtime rows per corner, with the speed-up against PyTorch eager."""
+    table = Table(title="benchmark: latency per request (ms) at every profile corner")
+    for col in ("corner", "runtime", "p50", "p99", "samples/s", "vs PyTorch"):
+        table.add_column(col, justify="left" if col in ("runtime", "corner") else "right")
+    previous = None
+    for r in rows:
+        corner = f"p{r['profile']} {r['corner']} {r['shapes'].split(',')[0].split('=', 1)[-1]}"
+        shown, previous = ("" if corner == previous else corner), corner
+        if r["status"] != "ok":
+            table.add_row(shown, escape(r["engine"]), "", "", "",
+                          f"[yellow]{r['status']}[/]: {escape(r['reason'])}")
+            continue
+        speed = "" if r["speedup_vs_pytorch"] is None else f"{r['speedup_vs_pytorch']:.2f}x"
+        if r["runtime"] == "served" and speed:
+            speed = f"[bold]{speed}[/]"
+        table.add_row(shown, escape(r["engine"]), f"{r['p50_ms']:.2f}", f"{r['p99_ms']:.2f}",
+                      f"{r['throughput']:,.1f}", speed)
+    return table
+
+
+def served_table(served: dict[str, Any]) -> Table:
+    table = Table(title=f"served through Triton at {served['url']} (perf_analyzer)")
+    for col in ("model", "backend", "batching", "corner", "batch", "concurrency", "infer/s",
+                "p50 ms", "p99 ms"):
+        table.add_column(col, justify="right" if col in ("batch", "concurrency", "infer/s",
+                                                         "p50 ms", "p99 ms") else "left")
+    for r in served["rows"]:
+        table.add_row(r["model"], r["backend"], r["batching"], str(r["corner"]), str(r["batch"]),
+                      str(r["concurrency"]), f"{r['throughput']:,.1f}", f"{r['p50_ms']:.2f}",
+                      f"{r['p99_ms']:.2f}")
+    return table
+
+
+def print_benchmark(measured: BenchOutcome, out_dir: Path) -> None:
+    """What ``trtpack bench`` measured."""
+    result, served = measured.result, measured.served
+    if result is not None:
+        m = result.machine
+        out.print(f"machine: {m['cpu']}, {m['logical_cores']} cores, "
+                  f"{'GPU ' + m['gpu'] if m['gpu'] else 'no GPU'}; {result.threads} threads, "
+                  f"{result.seconds_per_row:g} s per row; load average {m['load_average']}",
+                  markup=False)
+        out.print(benchmark_table((measured.report.benchmark or {})["rows"]))
+        for note in result.notes:
+            out.print(f"[bold yellow]note:[/] {escape(note)}")
+    if served is not None:
+        out.print(served_table(served))
+    out.print(f"saved in {out_dir}/report.json (benchmark) and {out_dir}/report.html")

@@ -1,0 +1,292 @@
+"""``trtpack inspect PATH``: an engine's or a model repository's provenance and I/O, and
+whether it can run on this machine. Returns data; the CLI renders it.
+
+PATH may be a ``model.plan`` (its ``model.plan.json`` beside it), a ``model.plan.json``, a
+Triton model repository, one model directory of it, or a build output folder (its
+``model_repository/`` and ``artifacts/engine/``). The I/O comes from the provenance, which
+recorded it from the deserialized engine at build time; an engine without provenance is
+deserialized when TensorRT is installed here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trtpack.engine.provenance import EngineProvenance, provenance_path, runs_here
+from trtpack.errors import UserInputError
+from trtpack.model_io import ModelIO
+
+
+@dataclass(frozen=True)
+class MachineFacts:
+    """What decides whether an engine runs here (detected, or given in tests)."""
+
+    gpu_name: str | None
+    compute_capability: tuple[int, int] | None
+    tensorrt_version: str | None
+
+    @classmethod
+    def detect(cls) -> MachineFacts:
+        from trtpack.machine.gpus import detect_gpu
+        from trtpack.machine.packages import tensorrt_version
+
+        gpu = detect_gpu()
+        return cls(gpu.name if gpu else None, gpu.compute_capability if gpu else None,
+                   tensorrt_version())
+
+
+@dataclass
+class EngineInspection:
+    """One engine: its provenance (None when it has no ``model.plan.json``), I/O, and
+    whether it can run on this machine (None: unknown)."""
+
+    path: str
+    provenance: EngineProvenance | None
+    io: ModelIO | None
+    runs_here: bool | None
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ModelInspection:
+    """One model of a Triton repository: its config and the engines of its versions."""
+
+    name: str
+    path: str
+    platform: str
+    max_batch_size: int
+    inputs: list[dict[str, Any]]
+    outputs: list[dict[str, Any]]
+    instance_kind: str
+    profiles: list[str]
+    engines: list[EngineInspection] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    gpu_families: list[GpuFamily] = field(default_factory=list)  # cc_model_filenames entries
+    onnx: OnnxCheck | None = None  # an ONNX Runtime model, when checked
+
+    @property
+    def checked(self) -> bool:
+        """Whether there is something to say about running it here: engines or an ONNX."""
+        return bool(self.engines) or self.onnx is not None
+
+    @property
+    def runs_here(self) -> bool | None:
+        """With one engine per GPU family (``trtpack merge``) the model runs here when one of
+        them does; otherwise when every engine does (None: unknown or no engine). An ONNX
+        Runtime model runs here when ONNX Runtime loads it on this machine."""
+        if not self.engines and self.onnx is not None:
+            return self.onnx.runs_here
+        values = [e.runs_here for e in self.engines]
+        if self.gpu_families:
+            if any(v is True for v in values):
+                return True
+            return None if any(v is None for v in values) else False
+        if any(v is False for v in values):
+            return False
+        return None if not values or any(v is None for v in values) else True
+
+
+@dataclass(frozen=True)
+class OnnxCheck:
+    """An ONNX Runtime model of a repository (a ``--target cpu`` build's model): loaded here
+    in an ONNX Runtime session, as Triton's onnxruntime backend would load it."""
+
+    path: str
+    runs_here: bool
+    reasons: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GpuFamily:
+    """One ``cc_model_filenames`` entry of a model: a compute capability and its engine."""
+
+    compute_capability: str
+    filename: str
+    targets: tuple[str, ...]  # the instance families with that compute capability
+    gpus: tuple[str, ...]
+    present: bool  # the file is in the version folder
+
+
+@dataclass
+class Inspection:
+    """Everything found under the inspected path."""
+
+    path: str
+    kind: str  # "engine" | "model_repository" | "build"
+    machine: MachineFacts
+    engines: list[EngineInspection] = field(default_factory=list)
+    models: list[ModelInspection] = field(default_factory=list)
+
+    @property
+    def runs_here(self) -> bool | None:
+        """True when every engine found can run here, False when one cannot, None if unknown
+        (or when there is no engine)."""
+        values = [e.runs_here for e in self.engines] + \
+            [m.runs_here for m in self.models if m.checked]
+        if any(v is False for v in values):
+            return False
+        if not values or any(v is None for v in values):
+            return None
+        return True
+
+    def all_engines(self) -> list[EngineInspection]:
+        return [*self.engines, *(e for m in self.models for e in m.engines)]
+
+
+def _io_from_engine_file(plan: Path) -> ModelIO | None:
+    """Deserialize an engine to read its I/O (only when TensorRT is installed and works)."""
+    from trtpack.machine.gpus import detect_gpu
+    from trtpack.machine.packages import tensorrt_available
+
+    if not tensorrt_available() or detect_gpu() is None:
+        return None
+    from trtpack.model_io import engine_model_io
+    from trtpack.runtimes import tensorrt as tensorrt_api
+
+    try:
+        return engine_model_io(tensorrt_api.engine_tensors(tensorrt_api.load_engine(plan)))
+    except Exception:  # an engine for another GPU/TensorRT does not deserialize: unknown I/O
+        return None
+
+
+def inspect_engine(plan: Path, machine: MachineFacts) -> EngineInspection:
+    prov_file = provenance_path(plan)
+    if not prov_file.is_file():
+        io = _io_from_engine_file(plan)
+        return EngineInspection(str(plan), None, io, None,
+                                [f"no {prov_file.name}: where the engine was built is unknown"])
+    try:
+        prov = EngineProvenance.load(prov_file)
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise UserInputError(f"{prov_file} is not a trtpack provenance file: {e}") from None
+    ok, reasons = runs_here(prov, machine.gpu_name, machine.compute_capability,
+                            machine.tensorrt_version)
+    return EngineInspection(str(plan), prov, prov.model_io(), ok, reasons)
+
+
+def _dims(tensors: Any) -> list[dict[str, Any]]:
+    from tritonclient.grpc import model_config_pb2 as pb
+
+    return [{"name": t.name, "data_type": pb.DataType.Name(t.data_type), "dims": list(t.dims)}
+            for t in tensors]
+
+
+def check_onnx_model(path: Path, gpu_instances: bool, machine: MachineFacts) -> OnnxCheck:
+    """Whether the ONNX Runtime model at ``path`` runs here: a session loads it (CPU), and
+    KIND_GPU instances need a GPU."""
+    if not path.is_file():
+        return OnnxCheck(str(path), False, (f"{path.name} is missing",))
+    if gpu_instances and machine.gpu_name is None:
+        return OnnxCheck(str(path), False,
+                         ("its instances are KIND_GPU and this machine has no NVIDIA GPU",))
+    try:
+        from trtpack.runtimes.onnxruntime import cpu_session
+
+        cpu_session(path, threads=1, few_runs=True)
+    except ImportError as e:
+        return OnnxCheck(str(path), False, (f"ONNX Runtime is not installed ({e})",))
+    except Exception as e:  # onnxruntime's own error kinds: the model does not load here
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return OnnxCheck(str(path), False, (f"ONNX Runtime cannot load it: {first}",))
+    return OnnxCheck(str(path), True)
+
+
+def inspect_model_dir(model_dir: Path, machine: MachineFacts,
+                      load_onnx: bool = False) -> ModelInspection:
+    from tritonclient.grpc import model_config_pb2 as pb
+
+    from trtpack.serving.config import check_config, read_config
+
+    config = read_config(model_dir / "config.pbtxt")
+    kinds = [pb.ModelInstanceGroup.Kind.Name(g.kind) for g in config.instance_group]
+    model = ModelInspection(
+        name=config.name or model_dir.name, path=str(model_dir),
+        platform=config.platform or config.backend, max_batch_size=config.max_batch_size,
+        inputs=_dims(config.input), outputs=_dims(config.output),
+        instance_kind=",".join(kinds) or "KIND_AUTO",
+        profiles=[p for g in config.instance_group for p in g.profile],
+    )
+    filename = config.default_model_filename or "model.plan"
+    versions = sorted((p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()),
+                      key=lambda p: int(p.name))
+    by_cc = dict(sorted(config.cc_model_filenames.items()))
+    for version in versions:
+        files = [version / filename] + [version / f for f in by_cc.values()]
+        for plan in dict.fromkeys(files):
+            if config.platform == "tensorrt_plan" and plan.is_file():
+                engine = inspect_engine(plan, machine)
+                model.engines.append(engine)
+                if engine.io is not None:
+                    model.problems += [f"version {version.name}: {p}"
+                                       for p in check_config(config, engine.io)]
+    latest = versions[-1] if versions else model_dir / "1"
+    if load_onnx and (config.platform == "onnxruntime_onnx" or config.backend == "onnxruntime"):
+        model.onnx = check_onnx_model(latest / (config.default_model_filename or "model.onnx"),
+                                      "KIND_GPU" in kinds, machine)
+    from trtpack.serving.engine_builds import served_compute_capability
+
+    built_for = {e.path: "{}.{}".format(*served_compute_capability(e.provenance))
+                 for e in model.engines if e.provenance is not None}
+    for cc, file in by_cc.items():
+        model.gpu_families.append(_gpu_family(cc, file, (latest / file).is_file()))
+        if not (latest / file).is_file():
+            model.problems.append(f"cc_model_filenames names {file} for compute capability "
+                                  f"{cc}, which is not in version {latest.name}")
+        elif built_for.get(str(latest / file), cc) != cc:
+            model.problems.append(f"cc_model_filenames gives {file} to compute capability "
+                                  f"{cc}, but it was built for "
+                                  f"{built_for[str(latest / file)]}")
+    return model
+
+
+def _gpu_family(cc: str, filename: str, present: bool) -> GpuFamily:
+    from trtpack.machine.targets import TARGETS
+
+    major, _, minor = cc.partition(".")
+    key = (int(major), int(minor or 0)) if major.isdigit() and (minor or "0").isdigit() \
+        else None
+    same = [t for t in TARGETS if t.gpu is not None and t.gpu.compute_capability == key]
+    return GpuFamily(cc, filename, tuple(t.name for t in same),
+                     tuple(dict.fromkeys(t.gpu.name for t in same if t.gpu)), present)
+
+
+def _model_dirs(repo: Path) -> list[Path]:
+    return sorted(p for p in repo.iterdir() if p.is_dir() and (p / "config.pbtxt").is_file())
+
+
+def inspect_path(path: Path, machine: MachineFacts | None = None,
+                 load_onnx: bool = False) -> Inspection:
+    """Inspect an engine, a model repository (or one model of it) or a build folder;
+    ``load_onnx``: also load its ONNX Runtime models here (``inspect --check``)."""
+    machine = machine or MachineFacts.detect()
+    if not path.exists():
+        raise UserInputError(f"'{path}' does not exist")
+    if path.is_file():
+        plan = path.with_name(path.name[: -len(".json")]) if path.name.endswith(".plan.json") \
+            else path
+        if not plan.is_file():
+            raise UserInputError(f"'{path}' describes {plan.name}, which is not beside it")
+        return Inspection(str(path), "engine", machine, engines=[inspect_engine(plan, machine)])
+    if (path / "config.pbtxt").is_file():
+        return Inspection(str(path), "model_repository", machine,
+                          models=[inspect_model_dir(path, machine, load_onnx)])
+    if _model_dirs(path):
+        return Inspection(str(path), "model_repository", machine,
+                          models=[inspect_model_dir(d, machine, load_onnx)
+                                  for d in _model_dirs(path)])
+    repo = path / "model_repository"
+    engine_dir = path / "artifacts" / "engine"
+    if repo.is_dir() or engine_dir.is_dir():
+        result = Inspection(str(path), "build", machine)
+        if repo.is_dir():
+            result.models = [inspect_model_dir(d, machine, load_onnx)
+                             for d in _model_dirs(repo)]
+        if (engine_dir / "model.plan").is_file() and not any(
+                m.engines for m in result.models):
+            result.engines = [inspect_engine(engine_dir / "model.plan", machine)]
+        return result
+    raise UserInputError(
+        f"'{path}' is not an engine (model.plan), a model repository or a trtpack build folder"
+    )

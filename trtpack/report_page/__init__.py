@@ -1,0 +1,1 @@
+"""``report.html``: the self-contained page of a build and its SVG charts."""

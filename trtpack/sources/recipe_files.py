@@ -1,0 +1,162 @@
+"""Recipe files: the built-in ``recipes/*.yaml`` and any YAML path. A recipe may ``extends:``
+another (by name or path) and override fields: that is how an overlay written by the INT8
+fallback search is committed and reused. ``--set KEY=VALUE`` overrides apply on top.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from trtpack.errors import RecipeError, UserInputError
+from trtpack.sources.recipe import Recipe
+
+RECIPES_DIR = Path(__file__).parent / "recipes"
+
+
+def _validation_error_message(path: str, err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        lines.append(f"  - {loc}: {e['msg']}")
+    return f"invalid recipe {path}:\n" + "\n".join(lines)
+
+
+
+def builtin_recipe_names() -> list[str]:
+    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise RecipeError(f"cannot read recipe {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise RecipeError(f"recipe {path} is not UTF-8 text (byte {e.start})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise RecipeError(f"recipe {path}{where} is not valid YAML: {problem}") from None
+    if not isinstance(data, dict):
+        raise RecipeError(f"recipe {path} must be a YAML mapping, got {type(data).__name__}")
+    if refers_to_itself(data):
+        raise RecipeError(f"recipe {path} has a YAML alias inside its own anchor (a value "
+                          "that contains itself)")
+    return data
+
+
+def refers_to_itself(value: Any, inside: tuple[int, ...] = ()) -> bool:
+    """Whether a loaded YAML value contains itself (``&a [*a]``): YAML allows it, a recipe
+    cannot be one."""
+    if not isinstance(value, dict | list):
+        return False
+    if id(value) in inside:
+        return True
+    children = value.values() if isinstance(value, dict) else value
+    return any(refers_to_itself(child, (*inside, id(value))) for child in children)
+
+
+def _deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _recipe_data(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    path = path.resolve()
+    if path in seen:
+        raise RecipeError(f"recipe {path} extends itself (through {', '.join(map(str, seen))})")
+    data = _read_yaml(path)
+    parent = data.pop("extends", None)
+    if parent is None:
+        return data
+    if not isinstance(parent, str):
+        raise RecipeError(f"recipe {path}: 'extends' must be a recipe name or path")
+    parent_path = _locate_recipe(parent, relative_to=path.parent)
+    return _deep_merge(_recipe_data(parent_path, (*seen, path)), data)
+
+
+def _locate_recipe(ref: str, relative_to: Path | None = None) -> Path:
+    candidates = [Path(ref)]
+    if relative_to is not None:
+        candidates.insert(0, relative_to / ref)
+    for c in candidates:
+        if c.is_file():
+            return c
+    builtin = RECIPES_DIR / f"{ref}.yaml"
+    if builtin.is_file():
+        return builtin
+    raise RecipeError(
+        f"unknown recipe '{ref}'; known recipes: {', '.join(builtin_recipe_names())}"
+    )
+
+
+def load_recipe_file(path: Path) -> Recipe:
+    data = _recipe_data(path)
+    data.setdefault("name", path.stem)
+    try:
+        return Recipe.model_validate(data).with_origin(path)
+    except ValidationError as e:
+        raise RecipeError(_validation_error_message(str(path), e)) from None
+
+
+def apply_overrides(recipe: Recipe, overrides: list[str]) -> Recipe:
+    """``recipe`` with ``--set KEY=VALUE`` overrides applied: KEY is a dotted path into the
+    recipe (``triton.instance_count``), VALUE is read as YAML (``2``, ``true``, ``[a, b]``).
+    The result is validated like a recipe file; errors name the override."""
+    if not overrides:
+        return recipe
+    changes: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        path = key.strip().split(".")
+        if not sep or not all(path):
+            raise UserInputError(f"--set '{item}': expected KEY=VALUE, e.g. "
+                                 "--set triton.instance_count=2")
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError:
+            value = text
+        if refers_to_itself(value):
+            raise UserInputError(f"--set '{item}': the value contains itself (a YAML alias "
+                                 "inside its own anchor)")
+        node = changes
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise UserInputError(f"--set '{item}' conflicts with another --set")
+        node[path[-1]] = value
+    try:
+        updated = Recipe.model_validate(_deep_merge(recipe.model_dump(mode="json"), changes))
+    except ValidationError as e:
+        raise RecipeError(_validation_error_message(f"{recipe.name} with --set "
+                                                   + " --set ".join(overrides), e)) from None
+    if recipe.origin is not None:
+        updated.with_origin(recipe.origin)
+    return updated
+
+
+def overlay_document(recipe: Recipe, changes: dict[str, Any]) -> dict[str, Any]:
+    """A recipe file that is ``recipe`` with ``changes`` (nested, merged key by key) on top.
+
+    It extends what the recipe came from: a built-in by name, a recipe file by its absolute
+    path. A recipe inferred from a model directory has no file to extend, so the document is
+    the whole recipe."""
+    origin = recipe.origin
+    if origin is None or origin.parent == RECIPES_DIR.resolve():
+        return {"extends": recipe.name, **changes}
+    if origin.is_file() and origin.suffix in (".yaml", ".yml"):
+        return {"extends": str(origin), **changes}
+    return _deep_merge(recipe.model_dump(mode="json"), changes)
