@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_cli_contract import ROOT, trtpack
+from tests.cli.test_cli_contract import ROOT, trtpack
 
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]
 
@@ -232,7 +232,7 @@ def test_no_command_is_listed_that_the_readme_no_longer_has() -> None:
 
 
 def _command_paths() -> list[list[str]]:
-    from tests.test_cli_contract import commands
+    from tests.cli.test_cli_contract import commands
 
     return commands()
 

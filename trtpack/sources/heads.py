@@ -70,7 +70,7 @@ SUFFIX_HEADS = (("ForSequenceClassification", "sequence-classification"),
                 ("ForCausalLM", "text-generation"), ("LMHeadModel", "text-generation"),
                 ("ForImageClassification", "image-classification"))
 """Class-name suffixes that say the head without transformers' tables (which import torch,
-about 2 s): tests/test_heads.py checks them against every class in those tables."""
+about 2 s): tests/sources/test_heads.py checks them against every class in those tables."""
 
 
 def transformers_table(head: Head) -> dict[str, Any]:

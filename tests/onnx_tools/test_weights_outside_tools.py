@@ -21,7 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 from trtpack.onnx_tools.simplify_graph import unfoldable_large_initializers
 
 HIDDEN, INNER = 128, 256
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _model(external: Path | None = None) -> onnx.ModelProto:

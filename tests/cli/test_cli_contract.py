@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # A real model the ONNX exporter cannot trace (Python control flow on a tensor's values):
 # the export stage fails, exit 4. Nothing is injected: this is torch.export's own failure.

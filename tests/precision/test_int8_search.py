@@ -15,8 +15,8 @@ import pytest
 import tomllib
 
 from tests.conftest import run_cli
+from tests.precision.test_precision import TINY_PROFILES, _strict
 from tests.precision_fixtures import build_options, fp32_artifacts, run_stage, tiny_npz
-from tests.test_precision import TINY_PROFILES, _strict
 from trtpack.errors import AccuracyError
 from trtpack.precision.calibration import (
     DEFAULT_TEXT,
@@ -29,7 +29,7 @@ from trtpack.shapes import parse_profiles
 from trtpack.sources.resolve import resolve_model
 from trtpack.verify.samples import make_inputs
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
