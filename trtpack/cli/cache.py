@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from trtpack.cli.console import out, print_warning
+from trtpack.cli.exits import handle_errors
 from trtpack.errors import UserInputError
 from trtpack.options import default_cache_dir
+from trtpack.pipeline.cache import StageCache
+
+commands = typer.Typer(help="The stage cache: show, check or empty it.",
+                        no_args_is_help=True)
 
 CacheDir = Annotated[Path | None, typer.Option(
     "--cache-dir", help="The stage cache (default ~/.cache/trtpack, or $TRTPACK_CACHE_DIR).")]
@@ -36,55 +40,49 @@ def _size(n: float) -> str:
     return f"{n / 2**20:,.1f} MB"
 
 
-def register(app: typer.Typer, handle_errors: Callable[[Any], Any]) -> None:
-    """Add ``trtpack cache ...`` to ``app``."""
-    from trtpack.pipeline.cache import StageCache
+@commands.command("info")
+@handle_errors
+def info(cache_dir: CacheDir = None) -> None:
+    """What the stage cache holds: entries and size per stage."""
+    root = cache_dir or default_cache_dir()
+    entries = StageCache(root).entries()
+    table = Table(title=f"stage cache {escape(str(root))}")
+    for col in ("stage", "entries", "size", "last used"):
+        table.add_column(col, justify="left" if col == "stage" else "right")
+    for stage in sorted({e.stage for e in entries}):
+        mine = [e for e in entries if e.stage == stage]
+        newest = max(e.modified for e in mine)
+        table.add_row(stage, str(len(mine)), _size(sum(e.bytes for e in mine)),
+                      time.strftime("%Y-%m-%d %H:%M", time.localtime(newest)))
+    out.print(table)
+    out.print(f"{len(entries)} entries, {_size(sum(e.bytes for e in entries))} "
+              "(files shared with build folders by hard links are counted here)",
+              markup=False)
 
-    cache_app = typer.Typer(help="The stage cache: show, check or empty it.",
-                            no_args_is_help=True)
+@commands.command("verify")
+@handle_errors
+def verify(cache_dir: CacheDir = None) -> None:
+    """Check every entry's files (sizes and BLAKE3 recorded when stored); damaged or
+    incomplete entries are discarded (their stage runs again in the next build)."""
+    cache = StageCache(cache_dir or default_cache_dir())
+    count = len(cache.entries())
+    problems = cache.verify()
+    for p in problems:
+        print_warning(f"cache entry {p}; discarded")
+    out.print(f"{count - len(problems)} of {count} entries intact, {len(problems)} "
+              "discarded", markup=False)
 
-    def info(cache_dir: CacheDir = None) -> None:
-        """What the stage cache holds: entries and size per stage."""
-        root = cache_dir or default_cache_dir()
-        entries = StageCache(root).entries()
-        table = Table(title=f"stage cache {escape(str(root))}")
-        for col in ("stage", "entries", "size", "last used"):
-            table.add_column(col, justify="left" if col == "stage" else "right")
-        for stage in sorted({e.stage for e in entries}):
-            mine = [e for e in entries if e.stage == stage]
-            newest = max(e.modified for e in mine)
-            table.add_row(stage, str(len(mine)), _size(sum(e.bytes for e in mine)),
-                          time.strftime("%Y-%m-%d %H:%M", time.localtime(newest)))
-        out.print(table)
-        out.print(f"{len(entries)} entries, {_size(sum(e.bytes for e in entries))} "
-                  "(files shared with build folders by hard links are counted here)",
-                  markup=False)
-
-    def verify(cache_dir: CacheDir = None) -> None:
-        """Check every entry's files (sizes and BLAKE3 recorded when stored); damaged or
-        incomplete entries are discarded (their stage runs again in the next build)."""
-        cache = StageCache(cache_dir or default_cache_dir())
-        count = len(cache.entries())
-        problems = cache.verify()
-        for p in problems:
-            print_warning(f"cache entry {p}; discarded")
-        out.print(f"{count - len(problems)} of {count} entries intact, {len(problems)} "
-                  "discarded", markup=False)
-
-    def prune(
-        cache_dir: CacheDir = None,
-        older_than: Annotated[str | None, typer.Option(
-            "--older-than", metavar="AGE",
-            help="Only entries no build used for longer than AGE (30d, 12h, 90m). Default: "
-            "every entry.")] = None,
-    ) -> None:
-        """Remove cache entries (and what interrupted builds left in the cache)."""
-        age = parse_age(older_than) if older_than is not None else None
-        removed = StageCache(cache_dir or default_cache_dir()).prune(age)
-        out.print(f"removed {len(removed)} entries, {_size(sum(e.bytes for e in removed))}",
-                  markup=False)
-
-    cache_app.command("info")(handle_errors(info))
-    cache_app.command("verify")(handle_errors(verify))
-    cache_app.command("prune")(handle_errors(prune))
-    app.add_typer(cache_app, name="cache")
+@commands.command("prune")
+@handle_errors
+def prune(
+    cache_dir: CacheDir = None,
+    older_than: Annotated[str | None, typer.Option(
+        "--older-than", metavar="AGE",
+        help="Only entries no build used for longer than AGE (30d, 12h, 90m). Default: "
+        "every entry.")] = None,
+) -> None:
+    """Remove cache entries (and what interrupted builds left in the cache)."""
+    age = parse_age(older_than) if older_than is not None else None
+    removed = StageCache(cache_dir or default_cache_dir()).prune(age)
+    out.print(f"removed {len(removed)} entries, {_size(sum(e.bytes for e in removed))}",
+              markup=False)

@@ -1,20 +1,21 @@
 """The commands over what ``trtpack build`` wrote: ``bench`` (and ``build --bench``),
 ``report``, ``package`` and ``merge``: thin typer wrappers over ``trtpack.bench``,
-``trtpack.report_page.html`` and ``trtpack.serving``; ``trtpack.cli.views`` shows the results.
-``trtpack.cli`` registers them on its app."""
+``trtpack.report_page`` and ``trtpack.serving``; ``trtpack.cli.views`` shows the results."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.markup import escape
 
 from trtpack.cli.console import err, out, print_warning
+from trtpack.cli.exits import handle_errors
 from trtpack.errors import UserInputError
 from trtpack.report import BuildReport
+
+commands = typer.Typer()
 
 
 def run_bench(out_dir: Path, seconds: float = 2.0, threads: int | None = None,
@@ -42,109 +43,109 @@ def run_bench(out_dir: Path, seconds: float = 2.0, threads: int | None = None,
     return measured.report
 
 
-def register(app: typer.Typer, handle_errors: Callable[[Any], Any]) -> None:
-    """Add the ``bench``, ``report``, ``package`` and ``merge`` commands to ``app``."""
+@commands.command("package")
+@handle_errors
+def package(
+    path: Annotated[Path, typer.Argument(help="A trtpack build folder or a Triton model "
+                                               "repository.")],
+    sagemaker: Annotated[bool, typer.Option(
+        "--sagemaker", help="One <model>.tar.gz per served model for SageMaker multi-model "
+        "endpoints (an ensemble packed with its members), and SAGEMAKER.md.")] = False,
+    dest: Annotated[Path | None, typer.Option(
+        "--dest", help="Where to write the archives (default PATH/sagemaker).")] = None,
+) -> None:
+    """Package a built model repository for a serving platform."""
+    from trtpack.cli.views import print_sagemaker_package
+    from trtpack.serving.sagemaker import package_sagemaker
 
-    def bench_command(
-        path: Annotated[Path, typer.Argument(
-            help="A trtpack build folder (--out of trtpack build).")],
-        seconds: Annotated[float, typer.Option(
-            help="Time budget per row in seconds, after warm-up (for --served: per measurement "
-            "window).")] = 2.0,
-        threads: Annotated[int | None, typer.Option(
-            help="CPU threads for ONNX Runtime and PyTorch (default: all cores).")] = None,
-        pytorch: Annotated[bool, typer.Option(
-            "--pytorch/--no-pytorch", help="Time PyTorch eager as the baseline.")] = True,
-        runtimes: Annotated[bool, typer.Option(
-            "--runtimes/--no-runtimes", help="Time the models in their runtimes here (with "
-            "--served: --no-runtimes measures the server only).")] = True,
-        served: Annotated[str | None, typer.Option(
-            "--served", metavar="URL", help="Also measure a running Triton serving this build's "
-            "repository with perf_analyzer (its HTTP address, e.g. localhost:8000).")] = None,
-        concurrency: Annotated[str, typer.Option(
-            help="Concurrency sweep for --served, comma-separated.")] = "1,2,4",
-        compare_batching: Annotated[bool, typer.Option(
-            "--compare-batching", help="With --served: measure again with a config variant "
-            "without dynamic batching (needs tritonserver --model-control-mode=explicit).")
-        ] = False,
-        corners: Annotated[str, typer.Option(
-            help="Profile corners for --served, comma-separated.")] = "min,opt,max",
-    ) -> None:
-        """Measure a build: latency and throughput at every profile corner of the served model,
-        the FP32 ONNX and PyTorch eager; with --served, throughput through Triton.
+    if not sagemaker:
+        raise UserInputError("choose a format to package for: --sagemaker")
+    print_sagemaker_package(package_sagemaker(path, dest))
 
-        \b
-        Examples:
-          trtpack bench build/minilm
-          trtpack bench build/minilm --served localhost:8000 --compare-batching
-        """
-        try:
-            levels = [int(c) for c in concurrency.split(",") if c.strip()]
-        except ValueError:
-            levels = []
-        if not levels or any(c < 1 for c in levels):
-            raise UserInputError(f"--concurrency must be positive integers like 1,2,4, not "
-                                 f"'{concurrency}'")
-        run_bench(path, seconds, threads, pytorch, runtimes, served, levels, compare_batching,
-                  [c.strip() for c in corners.split(",") if c.strip()])
+@commands.command("merge")
+@handle_errors
+def merge(
+    build_dirs: Annotated[list[Path] | None, typer.Argument(
+        metavar="BUILD_DIR...",
+        help="Output folders of 'trtpack build' for different GPU targets (e.g. the GPU CI "
+        "matrix's artifacts), same model, ONNX, precision and profiles.")] = None,
+    out_dir: Annotated[Path | None, typer.Option(
+        "--out", help="The merged folder (new or empty): model_repository/ and merge.json."
+    )] = None,
+    fallback_cpu: Annotated[bool, typer.Option(
+        "--fallback-cpu", help="Also serve the FP32 ONNX on ONNX Runtime with CPU instances "
+        "(<name>_cpu), unless the builds already have it.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """One Triton model for several GPU families: one engine per compute capability in one
+    version folder (model.sm75.plan, model.sm86.plan, ...), chosen by Triton through
+    cc_model_filenames.
 
-    def report_command(
-        path: Annotated[Path, typer.Argument(help="A trtpack build folder.")],
-    ) -> None:
-        """Write (again) PATH/report.html from PATH/report.json: one self-contained page."""
-        from trtpack.pipeline.build_folder import load_build_report
-        from trtpack.report_page.html import write_report_html
+    Example: trtpack merge out/minilm-g4dn out/minilm-g5 out/minilm-p4d --out out/minilm-fleet
+    """
+    from trtpack.cli.views import print_merge
+    from trtpack.serving.merge import merge_builds
 
-        report = load_build_report(path)
-        out.print(str(write_report_html(path, report)), markup=False)
+    if out_dir is None:
+        raise UserInputError("merge needs --out DIR")
+    result = merge_builds(build_dirs or [], out_dir, fallback_cpu=fallback_cpu)
+    for w in result.warnings:
+        print_warning(w)
+    print_merge(result, as_json)
 
-    def package(
-        path: Annotated[Path, typer.Argument(help="A trtpack build folder or a Triton model "
-                                                   "repository.")],
-        sagemaker: Annotated[bool, typer.Option(
-            "--sagemaker", help="One <model>.tar.gz per served model for SageMaker multi-model "
-            "endpoints (an ensemble packed with its members), and SAGEMAKER.md.")] = False,
-        dest: Annotated[Path | None, typer.Option(
-            "--dest", help="Where to write the archives (default PATH/sagemaker).")] = None,
-    ) -> None:
-        """Package a built model repository for a serving platform."""
-        from trtpack.cli.views import print_sagemaker_package
-        from trtpack.serving.sagemaker import package_sagemaker
+@commands.command("bench")
+@handle_errors
+def bench_command(
+    path: Annotated[Path, typer.Argument(
+        help="A trtpack build folder (--out of trtpack build).")],
+    seconds: Annotated[float, typer.Option(
+        help="Time budget per row in seconds, after warm-up (for --served: per measurement "
+        "window).")] = 2.0,
+    threads: Annotated[int | None, typer.Option(
+        help="CPU threads for ONNX Runtime and PyTorch (default: all cores).")] = None,
+    pytorch: Annotated[bool, typer.Option(
+        "--pytorch/--no-pytorch", help="Time PyTorch eager as the baseline.")] = True,
+    runtimes: Annotated[bool, typer.Option(
+        "--runtimes/--no-runtimes", help="Time the models in their runtimes here (with "
+        "--served: --no-runtimes measures the server only).")] = True,
+    served: Annotated[str | None, typer.Option(
+        "--served", metavar="URL", help="Also measure a running Triton serving this build's "
+        "repository with perf_analyzer (its HTTP address, e.g. localhost:8000).")] = None,
+    concurrency: Annotated[str, typer.Option(
+        help="Concurrency sweep for --served, comma-separated.")] = "1,2,4",
+    compare_batching: Annotated[bool, typer.Option(
+        "--compare-batching", help="With --served: measure again with a config variant "
+        "without dynamic batching (needs tritonserver --model-control-mode=explicit).")
+    ] = False,
+    corners: Annotated[str, typer.Option(
+        help="Profile corners for --served, comma-separated.")] = "min,opt,max",
+) -> None:
+    """Measure a build: latency and throughput at every profile corner of the served model,
+    the FP32 ONNX and PyTorch eager; with --served, throughput through Triton.
 
-        if not sagemaker:
-            raise UserInputError("choose a format to package for: --sagemaker")
-        print_sagemaker_package(package_sagemaker(path, dest))
+    \b
+    Examples:
+      trtpack bench build/minilm
+      trtpack bench build/minilm --served localhost:8000 --compare-batching
+    """
+    try:
+        levels = [int(c) for c in concurrency.split(",") if c.strip()]
+    except ValueError:
+        levels = []
+    if not levels or any(c < 1 for c in levels):
+        raise UserInputError(f"--concurrency must be positive integers like 1,2,4, not "
+                             f"'{concurrency}'")
+    run_bench(path, seconds, threads, pytorch, runtimes, served, levels, compare_batching,
+              [c.strip() for c in corners.split(",") if c.strip()])
 
-    def merge(
-        build_dirs: Annotated[list[Path] | None, typer.Argument(
-            metavar="BUILD_DIR...",
-            help="Output folders of 'trtpack build' for different GPU targets (e.g. the GPU CI "
-            "matrix's artifacts), same model, ONNX, precision and profiles.")] = None,
-        out_dir: Annotated[Path | None, typer.Option(
-            "--out", help="The merged folder (new or empty): model_repository/ and merge.json."
-        )] = None,
-        fallback_cpu: Annotated[bool, typer.Option(
-            "--fallback-cpu", help="Also serve the FP32 ONNX on ONNX Runtime with CPU instances "
-            "(<name>_cpu), unless the builds already have it.")] = False,
-        as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
-    ) -> None:
-        """One Triton model for several GPU families: one engine per compute capability in one
-        version folder (model.sm75.plan, model.sm86.plan, ...), chosen by Triton through
-        cc_model_filenames.
+@commands.command("report")
+@handle_errors
+def report_command(
+    path: Annotated[Path, typer.Argument(help="A trtpack build folder.")],
+) -> None:
+    """Write (again) PATH/report.html from PATH/report.json: one self-contained page."""
+    from trtpack.pipeline.build_folder import load_build_report
+    from trtpack.report_page.html import write_report_html
 
-        Example: trtpack merge out/minilm-g4dn out/minilm-g5 out/minilm-p4d --out out/minilm-fleet
-        """
-        from trtpack.cli.views import print_merge
-        from trtpack.serving.merge import merge_builds
-
-        if out_dir is None:
-            raise UserInputError("merge needs --out DIR")
-        result = merge_builds(build_dirs or [], out_dir, fallback_cpu=fallback_cpu)
-        for w in result.warnings:
-            print_warning(w)
-        print_merge(result, as_json)
-
-    app.command("package")(handle_errors(package))
-    app.command("merge")(handle_errors(merge))
-    app.command("bench")(handle_errors(bench_command))
-    app.command("report")(handle_errors(report_command))
+    report = load_build_report(path)
+    out.print(str(write_report_html(path, report)), markup=False)

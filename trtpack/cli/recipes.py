@@ -1,0 +1,44 @@
+"""``trtpack recipes list|show``: the built-in recipes, and the recipe trtpack infers for a
+model."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from trtpack.cli.console import out, recipes_table
+from trtpack.cli.exits import handle_errors
+
+commands = typer.Typer(help="List and show the built-in recipes.", no_args_is_help=True,
+                       rich_markup_mode=None)
+
+
+@commands.command("list")
+@handle_errors
+def recipes_list() -> None:
+    """List the built-in recipes."""
+    from trtpack.sources.recipe_files import builtin_recipe_names
+    from trtpack.sources.resolve import resolve_model
+
+    out.print(recipes_table([resolve_model(name) for name in builtin_recipe_names()]))
+
+
+@commands.command("show")
+@handle_errors
+def recipes_show(
+    name: Annotated[str, typer.Argument(
+        help="Recipe name or YAML file, or an ONNX file, model directory or hub id (the "
+        "recipe trtpack infers for it: save it, edit it, build it).")],
+    task: Annotated[str | None, typer.Option(help="The head, as for build --task.")] = None,
+) -> None:
+    """Show a recipe with every default filled in (as YAML)."""
+    import yaml
+
+    from trtpack.sources.resolve import resolve_model
+
+    recipe = resolve_model(name, task)
+    # plain text, never wrapped to the terminal: the output is saved and edited as a file
+    sys.stdout.write(yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
+
