@@ -203,7 +203,7 @@ def benchmark_build(out: Path, *, seconds: float = DEFAULT_SECONDS, threads: int
                     corners: Sequence[str] | None = None,
                     progress: ProgressFn | None = None) -> BenchOutcome:
     """``trtpack bench``: the runtimes here (``run_benchmark``) and/or a running Triton
-    (``bench_served.served_benchmark``), saved into report.json, and report.html rewritten."""
+    (``bench.served.served_benchmark``), saved into report.json, and report.html rewritten."""
     from trtpack.report_page.html import write_report_html
 
     if compare_batching and served_url is None:

@@ -1,5 +1,5 @@
 """The precision stage's results, typed. ``as_dict`` gives the report's ``metrics`` (the same
-keys as report.json has always had: report_html, bench and the tests read them)."""
+keys as report.json has always had: the report page, bench and the tests read them)."""
 
 from __future__ import annotations
 

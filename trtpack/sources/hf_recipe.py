@@ -1,6 +1,6 @@
 """The recipe for a local Hugging Face model directory (a sentence-transformers one too):
-its head from ``config.architectures`` or ``--task`` (``trtpack.sources.heads``), its inputs, outputs
-and profile from ``config.json``."""
+its head from ``config.architectures`` or ``--task`` (``trtpack.sources.heads``), its inputs,
+outputs and profile from ``config.json``."""
 
 from __future__ import annotations
 

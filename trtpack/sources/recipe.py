@@ -1,6 +1,7 @@
 """Recipes: what to build and how, as validated pydantic models (``Recipe`` and its
-settings). Reading recipe files (``extends:``, ``--set`` overrides) is ``trtpack.sources.recipe_files``;
-turning the CLI's MODEL into a recipe is ``trtpack.sources.resolve``.
+settings). Reading recipe files (``extends:``, ``--set`` overrides) is
+``trtpack.sources.recipe_files``; turning the CLI's MODEL into a recipe is
+``trtpack.sources.resolve``.
 """
 
 from __future__ import annotations

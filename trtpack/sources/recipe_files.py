@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from trtpack.errors import RecipeError, UserInputError
 from trtpack.sources.recipe import Recipe
 
-RECIPES_DIR = Path(__file__).parent / "recipes"
+RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"  # trtpack/recipes/
 
 
 def _validation_error_message(path: str, err: ValidationError) -> str:

@@ -6,7 +6,8 @@
 A file is told apart by its content, not only its name: a ``.onnx`` holding text, a damaged
 or truncated ONNX, an ONNX whose external data is missing, and a file that is neither ONNX
 nor YAML are each a one-line error (exit 2). An ONNX file's recipe comes from its graph
-(``trtpack.sources.onnx_recipe``), a model directory's from its config.json (``trtpack.sources.hf_recipe``).
+(``trtpack.sources.onnx_recipe``), a model directory's from its config.json
+(``trtpack.sources.hf_recipe``).
 """
 
 from __future__ import annotations
