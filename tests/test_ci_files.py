@@ -190,8 +190,8 @@ def test_the_checks_catch_a_missing_name_and_an_unknown_option() -> None:
     option, are reported."""
     old = "from trtpack.gpu import MIN_TENSORRT, parse_version, tensorrt_version; v = 1"
     assert check_imports(old) and "trtpack.gpu" in check_imports(old)[0]
-    assert check_imports("from trtpack.machine.packages import MIN_TENSORRT, no_such_name") == \
-        ["trtpack.machine has no 'no_such_name'"]
+    assert check_imports("from trtpack.machine.packages import MIN_TENSORRT, no_such_name") \
+        == ["trtpack.machine.packages has no 'no_such_name'"]
     with pytest.raises(UsageError, match="--precison"):
         parse_trtpack(["build", "minilm", "--precison", "fp16"])
     with pytest.raises(UsageError):

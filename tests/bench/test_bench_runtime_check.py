@@ -1,8 +1,8 @@
 """``trtpack bench``'s up-front check of an engine build: the GPU it runs on and TensorRT.
 
 No GPU or TensorRT here: GPU detection and the TensorRT probe are stubbed (``detect_gpus`` and
-``probe_tensorrt`` in ``trtpack.machine.local_targets`` return the values below); the engine is a few
-bytes with a provenance file, as a finished build leaves it.
+``probe_tensorrt`` in ``trtpack.machine.local_targets`` return the values below); the engine is
+a few bytes with a provenance file, as a finished build leaves it.
 """
 
 from __future__ import annotations

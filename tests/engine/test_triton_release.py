@@ -180,14 +180,14 @@ def test_sagemaker_note_without_shared_models_or_engine_flags(tmp_path: Path) ->
 def test_doctor_says_which_triton_serves_engines_built_here(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """With TensorRT present (stubbed: this machine has none, so its version is given)."""
-    from trtpack import machine
     from trtpack.diagnostics import doctor
+    from trtpack.machine import packages
 
-    monkeypatch.setattr(machine, "tensorrt_version", lambda: "10.13.3.9")
+    monkeypatch.setattr(packages, "tensorrt_version", lambda: "10.13.3.9")
     summary = doctor.environment_report()["summary"]
     line = next(s for s in summary if s.startswith("Triton:"))
     assert "TensorRT 10.13.3.9" in line and FLAG in line
-    monkeypatch.setattr(machine, "tensorrt_version", lambda: None)
+    monkeypatch.setattr(packages, "tensorrt_version", lambda: None)
     assert not any(s.startswith("Triton:") for s in doctor.environment_report()["summary"])
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from trtpack import machine
+from trtpack.machine import gpus, packages
 from trtpack.machine.targets import Target, local_gpu_target
 
 
@@ -20,15 +20,15 @@ from trtpack.machine.targets import Target, local_gpu_target
 def missing() -> str | None:
     """Why the GPU tests cannot run here, or None."""
     reasons = []
-    local = machine.detect_gpu()
+    local = gpus.detect_gpu()
     if local is None:
         reasons.append("no NVIDIA GPU (nvidia-smi/NVML found none)")
-    probe = machine.probe_tensorrt()
+    probe = packages.probe_tensorrt()
     if not probe.ok:
         reasons.append(f"TensorRT not usable: {probe.error}")
-    elif probe.version and machine.parse_version(probe.version)[:2] < machine.MIN_TENSORRT:
+    elif probe.version and packages.parse_version(probe.version)[:2] < packages.MIN_TENSORRT:
         reasons.append(f"TensorRT {probe.version} is older than 10.12")
-    if not machine.module_installed("polygraphy"):
+    if not packages.module_installed("polygraphy"):
         reasons.append("polygraphy is not installed")
     return "; ".join(reasons) or None
 
@@ -47,14 +47,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def local_gpu() -> machine.LocalGpu:
-    found = machine.detect_gpu()
+def local_gpu() -> gpus.LocalGpu:
+    found = gpus.detect_gpu()
     assert found is not None
     return found
 
 
 @pytest.fixture(scope="session")
-def local_target(local_gpu: machine.LocalGpu) -> Target:
+def local_target(local_gpu: gpus.LocalGpu) -> Target:
     return local_gpu_target(local_gpu.name, local_gpu.compute_capability)
 
 

@@ -15,8 +15,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from trtpack import machine
-from trtpack.machine import local_targets
+from trtpack.machine import gpus, local_targets
 from trtpack.machine.packages import TensorRTProbe
 from trtpack.machine.targets import resolve_target
 
@@ -54,9 +53,9 @@ def stub_nvidia_smi(monkeypatch: pytest.MonkeyPatch, query: str, listing: str) -
             listing if "-L" in cmd else "| CUDA Version: 12.4 |"
         return subprocess.CompletedProcess(list(cmd), 0, out, "")
 
-    monkeypatch.setattr(machine.shutil, "which",
+    monkeypatch.setattr(gpus.shutil, "which",
                         lambda name: "/usr/bin/nvidia-smi" if name == "nvidia-smi" else None)
-    monkeypatch.setattr(machine.subprocess, "run", run)
+    monkeypatch.setattr(gpus.subprocess, "run", run)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
 
@@ -77,7 +76,7 @@ def test_a_mig_device_is_its_gpus_compute_capability(
     assert report.ok, report.problems
     assert report.gpu is not None and report.gpu.index == 1
     assert report.gpu.compute_capability == (8, 0)
-    assert machine.detect_gpu() == report.gpu
+    assert gpus.detect_gpu() == report.gpu
 
 
 def test_an_unknown_mig_device_is_no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -89,18 +88,18 @@ def test_an_unknown_mig_device_is_no_gpu(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_the_old_mig_form_names_its_gpu() -> None:
-    gpus = machine.parse_nvidia_smi_csv(MIG_QUERY)
-    seen = machine.visible_gpus(
-        gpus, "MIG-GPU-e109d8d9-923e-7235-0429-96b7fdbcbd30/1/0", None, {})
+    found = gpus.parse_nvidia_smi_csv(MIG_QUERY)
+    seen = gpus.visible_gpus(
+        found, "MIG-GPU-e109d8d9-923e-7235-0429-96b7fdbcbd30/1/0", None, {})
     assert [g.index for g in seen.gpus] == [1] and seen.problem is None
 
 
 def test_parse_mig_devices_maps_each_device_to_its_gpu() -> None:
-    assert machine.parse_mig_devices(MIG_LIST) == {
+    assert gpus.parse_mig_devices(MIG_LIST) == {
         "MIG-6e95ef19-5145-571b-b040-7e731f1c1af3": 0,
         "MIG-b4bcd4f3-6f69-516d-9404-b5ada80d760b": 1,
     }
-    assert machine.parse_mig_devices(MIXED_LIST) == {}
+    assert gpus.parse_mig_devices(MIXED_LIST) == {}
 
 
 def test_an_index_on_a_mixed_host_without_pci_order_is_not_guessed(
@@ -113,7 +112,7 @@ def test_an_index_on_a_mixed_host_without_pci_order_is_not_guessed(
     report = environment("g4dn")
     assert not report.ok and report.gpu is None
     assert any("CUDA_DEVICE_ORDER=PCI_BUS_ID" in p and "Tesla T4" in p for p in report.problems)
-    assert machine.detect_gpu() is None
+    assert gpus.detect_gpu() is None
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")  # unset: CUDA device 0 is "the fastest"
     assert not environment("g5").ok
 

@@ -11,9 +11,8 @@ import sys
 
 import pytest
 
-from trtpack import machine
 from trtpack.errors import ExitCode, MissingEnvironmentError
-from trtpack.machine import local_targets
+from trtpack.machine import gpus, local_targets, packages
 from trtpack.machine.gpus import LocalGpu
 from trtpack.machine.packages import TensorRTProbe
 from trtpack.machine.targets import resolve_target
@@ -30,23 +29,23 @@ TRT_MISSING = TensorRTProbe(False, None, "the Python package 'tensorrt' is not i
 
 
 def test_parse_nvidia_smi_csv() -> None:
-    assert machine.parse_nvidia_smi_csv(SMI_CSV) == [A10G, T4]
+    assert gpus.parse_nvidia_smi_csv(SMI_CSV) == [A10G, T4]
 
 
 def test_parse_nvidia_smi_skips_garbage() -> None:
     text = "No devices were found\n0, NVIDIA L4, [N/A], 550, 23034, GPU-x\n"
-    assert machine.parse_nvidia_smi_csv(text) == []
+    assert gpus.parse_nvidia_smi_csv(text) == []
 
 
 def test_parse_memory_not_a_number() -> None:
-    (g,) = machine.parse_nvidia_smi_csv("0, NVIDIA L4, 8.9, 550.1, [N/A], GPU-x\n")
+    (g,) = gpus.parse_nvidia_smi_csv("0, NVIDIA L4, 8.9, 550.1, [N/A], GPU-x\n")
     assert g.memory_mb is None and g.compute_capability == (8, 9)
 
 
 def test_parse_cuda_driver_version() -> None:
     header = "| NVIDIA-SMI 550.54.15    Driver Version: 550.54.15    CUDA Version: 12.4     |"
-    assert machine.parse_cuda_driver_version(header) == "12.4"
-    assert machine.parse_cuda_driver_version("no header") is None
+    assert gpus.parse_cuda_driver_version(header) == "12.4"
+    assert gpus.parse_cuda_driver_version("no header") is None
 
 
 @pytest.mark.parametrize(("env", "expected"), [
@@ -55,7 +54,7 @@ def test_parse_cuda_driver_version() -> None:
 ])
 def test_visible_gpus(env: str | None, expected: list[LocalGpu]) -> None:
     """With CUDA_DEVICE_ORDER=PCI_BUS_ID, CUDA's indices are nvidia-smi's."""
-    seen = machine.visible_gpus([A10G, T4], env, "PCI_BUS_ID")
+    seen = gpus.visible_gpus([A10G, T4], env, "PCI_BUS_ID")
     assert list(seen.gpus) == expected and seen.problem is None
 
 
@@ -64,7 +63,7 @@ def test_visible_gpus(env: str | None, expected: list[LocalGpu]) -> None:
     ("abc", ()),
 ])
 def test_parse_version(text: str, version: tuple[int, ...]) -> None:
-    assert machine.parse_version(text) == version
+    assert packages.parse_version(text) == version
 
 
 def test_environment_ok_with_matching_gpu_and_tensorrt() -> None:
@@ -117,7 +116,7 @@ def test_environment_ampere_plus_on_turing_target() -> None:
 
 def test_this_machine_check_without_injection() -> None:
     """The real detection on this machine: with no GPU or TensorRT it must stop with exit 3."""
-    if machine.detect_gpu() is not None and machine.probe_tensorrt().ok:
+    if gpus.detect_gpu() is not None and packages.probe_tensorrt().ok:
         pytest.skip("this machine has a GPU and TensorRT; covered by tests/gpu")
     with pytest.raises(MissingEnvironmentError) as info:
         local_targets.check_engine_environment(resolve_target("g5"))
@@ -133,7 +132,7 @@ def test_targets_table_marks_local_matches() -> None:
 
 
 def test_package_table_reports_without_importing_tensorrt() -> None:
-    names = {p.name: p for p in machine.PACKAGES}
+    names = {p.name: p for p in packages.PACKAGES}
     assert {"tensorrt", "polygraphy", "onnxruntime", "tritonclient"} <= set(names)
     assert names["polygraphy"].version()  # a dependency of trtpack[onnx]
     assert names["tensorrt"].version() is None  # not installable here
@@ -141,11 +140,11 @@ def test_package_table_reports_without_importing_tensorrt() -> None:
 
 
 def test_the_package_table_is_what_a_build_checks_and_records() -> None:
-    assert machine.required_modules("build") == {
+    assert packages.required_modules("build") == {
         "torch": "torch", "transformers": "transformers", "onnx": "onnx",
         "onnxruntime": "onnxruntime", "onnxsim": "onnxsim", "polygraphy": "polygraphy"}
-    assert machine.required_modules("modelopt")["modelopt"] == "nvidia-modelopt"
-    recorded = machine.recorded_versions()
+    assert packages.required_modules("modelopt")["modelopt"] == "nvidia-modelopt"
+    recorded = packages.recorded_versions()
     assert {"torch", "onnx", "nvidia-modelopt", "tokenizers", "tensorrt"} <= set(recorded)
     assert recorded["onnx"] and recorded["tensorrt"] is None
 

@@ -1,4 +1,4 @@
-"""How to install TensorRT: one text (``machine.TENSORRT_INSTALL``) in the exit-3 hint, in
+"""How to install TensorRT: one text (``packages.TENSORRT_INSTALL``) in the exit-3 hint, in
 ``trtpack doctor`` and in the README; extras pinning the supported range; and no file of the
 project claiming TensorRT is not on PyPI (it is, for machines that can reach NVIDIA's index)."""
 
@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from trtpack import machine
 from trtpack.errors import MissingEnvironmentError
-from trtpack.machine import local_targets
+from trtpack.machine import gpus, local_targets, packages
 from trtpack.machine.targets import resolve_target
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,20 +20,20 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_exit_3_hint_and_doctor_give_the_same_install_routes(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    no_trt = machine.TensorRTProbe(False, None, "the Python package 'tensorrt' is not installed")
-    a10g = machine.LocalGpu("NVIDIA A10G", (8, 6), "550.54", 24000)
+    no_trt = packages.TensorRTProbe(False, None, "the Python package 'tensorrt' is not installed")
+    a10g = gpus.LocalGpu("NVIDIA A10G", (8, 6), "550.54", 24000)
     with pytest.raises(MissingEnvironmentError) as info:
         local_targets.check_engine_environment(resolve_target("g5"), gpus=[a10g], tensorrt=no_trt,
                                      polygraphy=True)
-    assert info.value.hint is not None and machine.TENSORRT_INSTALL in info.value.hint
-    assert "tensorrt-cu12" in machine.TENSORRT_INSTALL and "NGC" in machine.TENSORRT_INSTALL
+    assert info.value.hint is not None and packages.TENSORRT_INSTALL in info.value.hint
+    assert "tensorrt-cu12" in packages.TENSORRT_INSTALL and "NGC" in packages.TENSORRT_INSTALL
 
     from trtpack.diagnostics import doctor
 
-    monkeypatch.setattr(machine, "tensorrt_version", lambda: None)
+    monkeypatch.setattr(packages, "tensorrt_version", lambda: None)
     report = doctor.environment_report()
-    assert f"TensorRT: {machine.TENSORRT_INSTALL}" in report["summary"]
-    monkeypatch.setattr(machine, "tensorrt_version", lambda: "10.13.0.35")  # e.g. tensorrt-cu12
+    assert f"TensorRT: {packages.TENSORRT_INSTALL}" in report["summary"]
+    monkeypatch.setattr(packages, "tensorrt_version", lambda: "10.13.0.35")  # e.g. tensorrt-cu12
     report = doctor.environment_report()
     row = next(c for c in report["components"] if c["name"] == "tensorrt")
     assert row["version"] == "10.13.0.35"
@@ -42,10 +41,10 @@ def test_exit_3_hint_and_doctor_give_the_same_install_routes(
 
 
 def test_a_gpu_mismatch_alone_does_not_tell_to_install_tensorrt() -> None:
-    l4 = machine.LocalGpu("NVIDIA L4", (8, 9), "550.54", 24000)
+    l4 = gpus.LocalGpu("NVIDIA L4", (8, 9), "550.54", 24000)
     with pytest.raises(MissingEnvironmentError) as info:
         local_targets.check_engine_environment(resolve_target("g5"), gpus=[l4],
-                                     tensorrt=machine.TensorRTProbe(True, "10.13.0.35"),
+                                     tensorrt=packages.TensorRTProbe(True, "10.13.0.35"),
                                      polygraphy=True)
     assert info.value.hint is not None and "pip install" not in info.value.hint
 
@@ -57,7 +56,7 @@ def test_extras_pin_the_supported_tensorrt_and_stay_out_of_all() -> None:
         (requirement,) = extras[f"tensorrt-{cuda}"]
         match = re.fullmatch(rf"tensorrt-{cuda}>=([\d.]+),<(\d+)", requirement)
         assert match, requirement
-        assert machine.parse_version(match[1])[:2] >= machine.MIN_TENSORRT
+        assert packages.parse_version(match[1])[:2] >= packages.MIN_TENSORRT
         assert int(match[2]) == 12  # 10.x and 11.x: the majors trtpack's engine code handles
     assert not any("tensorrt" in e for e in extras["all"])
 

@@ -16,7 +16,7 @@ from tests.conftest import run_cli
 from trtpack.report import BuildReport, StageResult
 from trtpack.report_page.html import render_report_html
 
-SERVED_COLOR = (0x2A, 0x9D, 0x8F)  # report_html.COLORS["served"], the served model's bars
+SERVED_COLOR = (0x2A, 0x9D, 0x8F)  # report_page.html.COLORS["served"], the served model's bars
 
 
 @pytest.fixture(scope="module")

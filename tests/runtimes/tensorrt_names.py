@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# The TensorRT versions trtpack supports (trtpack.machine.packages.MIN_TENSORRT is 10.12): the oldest, the
-# first and the newest 11.x for CUDA 12, and the newest for CUDA 13.
+# The TensorRT versions trtpack supports (trtpack.machine.packages.MIN_TENSORRT is 10.12): the
+# oldest, the first and the newest 11.x for CUDA 12, and the newest for CUDA 13.
 SUPPORTED_BINDINGS: tuple[tuple[str, str], ...] = (
     ("tensorrt-cu12-bindings", "10.12.0.36"),
     ("tensorrt-cu12-bindings", "11.0.0.114"),

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from trtpack import machine
 from trtpack.errors import MissingEnvironmentError
+from trtpack.machine import gpus, packages
 from trtpack.machine.targets import resolve_target
 from trtpack.options import BuildOptions
 from trtpack.pipeline.stage import STAGES
@@ -20,7 +20,7 @@ from trtpack.stages import engine as engine_stage
 from trtpack.stages.base import StageContext
 
 needs_no_gpu = pytest.mark.skipif(
-    machine.detect_gpu() is not None and machine.tensorrt_available(),
+    gpus.detect_gpu() is not None and packages.tensorrt_available(),
     reason="this machine has a GPU and TensorRT (tests/gpu covers the engine stage there)",
 )
 
