@@ -1,52 +1,48 @@
 """Imports go one way: cli -> api -> pipeline -> stages -> (precision, serving and the other
 libraries) -> engine -> runtimes -> core. A module may import its own layer or a lower one, never
-a higher one (function-level imports count: they are dependencies too). Every module has a
-layer, so a new module must be placed (ARCHITECTURE.md says where things go)."""
+a higher one (function-level imports count: they are dependencies too). The layers list rooms:
+the packages under trtpack/ and the few modules at its top level, each room in one layer, so a
+new module inside a package needs no entry, and a new room must be placed (ARCHITECTURE.md says
+where things go). Between rooms there is no circle, in a layer either."""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Mapping
 from pathlib import Path
 
 import trtpack
 
 PACKAGE = Path(trtpack.__file__).parent
 
-# lowest first; a module belongs to the layer of its longest matching prefix
+# lowest first: the rooms (packages and top-level modules) of each layer
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("core", ("trtpack", "trtpack.errors", "trtpack.report", "trtpack.sources.recipe",
-              "trtpack.sources.recipe_files", "trtpack.sources.resolve", "trtpack.sources.heads", "trtpack.sources.hf_recipe",
-              "trtpack.sources.onnx_recipe", "trtpack.shapes", "trtpack.machine.targets", "trtpack.options",
-              "trtpack.onnx_tools.files", "trtpack.processes", "trtpack.resources", "trtpack.cases",
-              "trtpack.verify.samples", "trtpack.sources.tokenizer_files", "trtpack.timing",
-              "trtpack.model_io", "trtpack.machine", "trtpack.machine.local_targets",
-              "trtpack.out_files")),
+    ("core", ("trtpack", "trtpack.errors", "trtpack.report", "trtpack.shapes", "trtpack.options",
+              "trtpack.cases", "trtpack.processes", "trtpack.resources", "trtpack.timing",
+              "trtpack.model_io", "trtpack.out_files",
+              "trtpack.sources", "trtpack.machine", "trtpack.onnx_tools")),
     ("runtimes", ("trtpack.runtimes",)),
     ("engine", ("trtpack.engine",)),  # builder settings, provenance: never serving
-    ("libraries", ("trtpack.precision", "trtpack.serving", "trtpack.verify.compare",
-                   "trtpack.verify.sample_metrics", "trtpack.onnx_tools.simplify_graph", "trtpack.pytorch.models",
-                   "trtpack.pytorch.onnx_export",
-                   "trtpack.report_page.html", "trtpack.report_page.charts", "trtpack.report_page.svg_bars")),
+    ("libraries", ("trtpack.pytorch", "trtpack.verify", "trtpack.precision", "trtpack.serving",
+                   "trtpack.report_page")),
     ("stages", ("trtpack.stages",)),
     ("pipeline", ("trtpack.pipeline",)),
-    ("api", ("trtpack.api", "trtpack.diagnostics.doctor", "trtpack.diagnostics.inspection", "trtpack.bench",
-             "trtpack.bench.runners", "trtpack.bench.timing", "trtpack.bench.served",
-             "trtpack.pipeline.build_folder")),
-    ("cli", ("trtpack.cli", "trtpack.cli.outputs", "trtpack.cli.cache", "trtpack.cli.console",
-             "trtpack.cli.views", "trtpack.testing")),
+    ("api", ("trtpack.api", "trtpack.bench", "trtpack.diagnostics")),
+    ("cli", ("trtpack.cli", "trtpack.testing")),
 )
 
 
+def room_of(module: str) -> str:
+    """``trtpack.sources.recipe`` -> ``trtpack.sources``; ``trtpack.errors`` stays."""
+    return ".".join(module.split(".")[:2])
+
+
 def layer_of(module: str) -> int | None:
-    best: tuple[int, int] | None = None  # (prefix length, layer)
-    for index, (_, prefixes) in enumerate(LAYERS):
-        for prefix in prefixes:
-            inside = module == prefix or (prefix != "trtpack"
-                                          and module.startswith(prefix + "."))
-            if inside and (
-                    best is None or len(prefix) > best[0]):
-                best = (len(prefix), index)
-    return None if best is None else best[1]
+    room = room_of(module)
+    for index, (_, rooms) in enumerate(LAYERS):
+        if room in rooms:
+            return index
+    return None
 
 
 def imported_modules(source: str) -> set[str]:
@@ -104,3 +100,61 @@ def test_every_module_has_a_layer() -> None:
 
 def test_imports_go_one_way() -> None:
     assert upward_imports(module_sources()) == []
+
+
+def room_graph(sources: Mapping[str, str]) -> dict[str, set[str]]:
+    """Room -> the other rooms it imports."""
+    graph: dict[str, set[str]] = {}
+    for module, source in sources.items():
+        edges = graph.setdefault(room_of(module), set())
+        edges.update(room_of(dep) for dep in imported_modules(source))
+    for room, edges in graph.items():
+        edges.discard(room)
+    return graph
+
+
+def circle(graph: Mapping[str, set[str]]) -> list[str]:
+    """A circle of rooms (``a -> b -> a``), or [] when there is none."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(room: str) -> list[str]:
+        state[room] = 1
+        path.append(room)
+        for nxt in sorted(graph.get(room, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt):], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[room] = 2
+        return []
+
+    for room in sorted(graph):
+        if room not in state and (found := visit(room)):
+            return found
+    return []
+
+
+def test_a_circle_is_found() -> None:
+    sources = {"trtpack.verify.a": "from trtpack.precision.b import x\n",
+               "trtpack.precision.b": "def f():\n    from trtpack.verify import a\n",
+               "trtpack.serving.c": "from trtpack.verify.a import y\n"}
+    assert circle(room_graph(sources)) == ["trtpack.precision", "trtpack.verify",
+                                           "trtpack.precision"]
+
+
+def test_rooms_import_each_other_without_circles() -> None:
+    assert circle(room_graph(module_sources())) == []
+
+
+def test_each_room_is_in_one_layer() -> None:
+    rooms = [room for _, layer in LAYERS for room in layer]
+    assert len(rooms) == len(set(rooms))
+    assert [r for r in rooms if r != "trtpack" and r.count(".") != 1] == []
+
+
+def test_the_top_level_holds_few_modules() -> None:
+    """Packages show the layers: trtpack/ keeps at most 12 modules beside its packages."""
+    modules = [p.stem for p in PACKAGE.glob("*.py") if p.stem != "__init__"]
+    assert len(modules) <= 12, sorted(modules)
