@@ -27,6 +27,7 @@ from tests.precision_fixtures import (
     with_recipe,
 )
 from trtpack.errors import StageError, UserInputError
+from trtpack.precision.cpu_int8 import INTEGER_KERNELS
 from trtpack.precision.fp16 import Fp16Conversion
 from trtpack.precision.graph import (
     fp16_nodes,
@@ -337,8 +338,11 @@ def test_cli_int8_with_synthetic_calibration_warns_visibly(tmp_path: Path, cache
     assert stage is not None and stage.metrics["calibration"]["source"] == "synthetic"
     rows = [r for r in report.verification if r.check == "int8-vs-fp32"]
     assert len(rows) == 6 and all(r.passed for r in rows)
-    served = out / "model_repository" / "tiny-bert" / "1" / "model.onnx"
-    assert int8_quantized_nodes(onnx.load(str(served)))  # the INT8 model is what is served
+    # an INT8 model is what is served: on a CPU target, ONNX Runtime's integer-kernel form
+    # (or the Q/DQ graph when that form fails its gates)
+    served = onnx.load(str(out / "model_repository" / "tiny-bert" / "1" / "model.onnx"))
+    integer_kernels = {n.op_type for n in served.graph.node} & set(INTEGER_KERNELS)
+    assert integer_kernels or int8_quantized_nodes(served)
 
 
 def test_cli_calibration_file_without_samples_exits_2(tmp_path: Path, cache_dir: Path) -> None:
