@@ -50,11 +50,13 @@ TRITON_RELEASES: tuple[TritonRelease, ...] = ()
 read from NVIDIA's release notes or Frameworks Support Matrix (``SUPPORT_MATRIX``), each
 naming its source. Empty for now: the TensorRT of the ``-py3`` Triton images that ship
 TensorRT 10.12 or newer (25.x, 26.x) could not be read from a primary source where this was
-written. The stored copies of the release-notes pages (``rel-25-xx.html``) and of the
-release-notes PDF end before their "Container Versions" table or lose their package list;
+written: the search tools there showed only the openings of the release-notes pages
+(``rel-25-xx.html``) and PDF, whose package list is lost, never their "Container Versions"
+table;
 Triton's own ``docs/introduction/compatibility.md`` lists TensorRT only for the
-``-trtllm-python-py3`` images (whose TensorRT differs from the ``-py3`` ones: 25.10
-``-trtllm`` has 10.11.0.33); the server's GitHub releases and ``build.py`` name no TensorRT.
+``-trtllm-python-py3`` images, built on another base (25.10 ``-trtllm``: CUDA 12.9.1,
+TensorRT 10.11.0.33; the 25.10 release notes: "based on CUDA 13.0.2.006"); the server's
+GitHub release notes only point at the support matrix ("Refer to the <yy.mm> column").
 So no release is named rather than a guessed one; until rows are added, the engine's
 TensorRT version is what to look up in the support matrix."""
 
