@@ -75,6 +75,8 @@ OTHER_TOOLS_OPTIONS = {
     "--recipe": "benchmarks/int8_minilm.py",
     "--model-control-mode": "tritonserver",
     "--backend-config": "tritonserver",
+    "--model-namespacing": "tritonserver",
+    "--cache-config": "tritonserver",
 }
 SYNOPSIS_MARKS = ("[", "|", "...", "…")
 OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
