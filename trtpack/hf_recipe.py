@@ -10,10 +10,10 @@ from typing import Any
 
 from trtpack.errors import UserInputError
 from trtpack.heads import (
-    HEAD_BY_TASK,
-    SUPPORTED,
     class_for_task,
+    head_for,
     head_of_architecture,
+    supported,
     text_outputs,
 )
 from trtpack.recipe import Recipe, safe_name
@@ -111,7 +111,7 @@ def recipe_for_hf_dir(path: Path, task: str | None = None, name: str | None = No
     if config.get("is_encoder_decoder"):
         raise UserInputError(
             f"{model_dir}: encoder-decoder models ({config.get('model_type')}) are not "
-            f"supported; trtpack builds these heads: {SUPPORTED}")
+            f"supported; trtpack builds these heads: {supported()}")
     model_type = str(config.get("model_type", ""))
     archs: list[str] = list(config.get("architectures") or [])
     model_class: str | None
@@ -121,16 +121,17 @@ def recipe_for_hf_dir(path: Path, task: str | None = None, name: str | None = No
     if st is not None:
         task, model_class = "sentence-embedding", "AutoModel"
     elif task is not None:
+        head = head_for(task)
         model_class = class_for_task(model_type, task) if model_type else \
-            HEAD_BY_TASK[task].auto_class if task in HEAD_BY_TASK else None
+            head.auto_class if head is not None else None
         if model_class is None:
-            raise UserInputError(f"unknown task '{task}'; supported: {SUPPORTED}")
+            raise UserInputError(f"unknown task '{task}'; supported: {supported()}")
     elif archs:
         head = head_of_architecture(archs[0])
         if head is None:
             raise UserInputError(
                 f"{model_dir}: architecture {archs[0]} is not supported; trtpack builds "
-                f"these heads: {SUPPORTED} (pick one with --task)")
+                f"these heads: {supported()} (pick one with --task)")
         task, model_class = head.task, archs[0]
     else:
         task, model_class = "feature-extraction", "AutoModel"
