@@ -8,6 +8,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from trtpack.architectures import (
+    hidden_size,
+    image_size,
+    max_positions,
+    pooler_axes,
+    takes_token_type_ids,
+    vocab_size,
+)
 from trtpack.errors import UserInputError
 from trtpack.heads import (
     class_for_task,
@@ -18,8 +26,6 @@ from trtpack.heads import (
 )
 from trtpack.recipe import Recipe, safe_name
 from trtpack.tokenizer_files import has_tokenizer
-
-TOKEN_TYPE_FREE = {"distilbert", "roberta", "xlm-roberta", "camembert", "deberta-v2", "gpt2"}
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -140,33 +146,26 @@ def recipe_for_hf_dir(path: Path, task: str | None = None, name: str | None = No
                               "source": {"path": str(model_dir.resolve())}}
     labels = len(config.get("id2label") or {}) or int(config.get("num_labels", 2))
     if _is_vision(config, task):
-        size = config.get("image_size", 224)
-        size = size[0] if isinstance(size, list) else size
-        hidden = int((config.get("hidden_sizes") or [config.get("hidden_size", 768)])[-1])
-        pooled_4d = model_type in ("resnet", "regnet")
+        size = image_size(config)
         recipe.update(
             inputs=[{"name": "pixel_values", "dtype": "float32", "kind": "image",
                      "axes": ["batch", int(config.get("num_channels", 3)), size, size]}],
-            outputs=[{"name": "logits", "axes": ["batch", labels], "metric": "top1"}]
-            if task == "image-classification" else
-            [{"name": "pooler_output", "axes": ["batch", hidden, 1, 1] if pooled_4d
-              else ["batch", hidden], "metric": "cosine"}],
+            outputs=text_outputs(task, labels=labels) if task == "image-classification" else
+            [{"name": "pooler_output", "axes": pooler_axes(config), "metric": "cosine"}],
             profiles=["1:4:8"])
         return Recipe.model_validate(recipe)
-    hidden = int(config.get("hidden_size") or config.get("dim") or config.get("n_embd")
-                 or config.get("d_model") or 768)
-    vocab = int(config.get("vocab_size") or 30522)
+    hidden = hidden_size(config)
+    vocab = vocab_size(config)
     inputs: list[dict[str, Any]] = [
         {"name": "input_ids", "dtype": "int64", "axes": ["batch", "sequence"], "kind": "token_ids"},
         {"name": "attention_mask", "dtype": "int64", "axes": ["batch", "sequence"],
          "kind": "attention_mask"},
     ]
-    if model_type not in TOKEN_TYPE_FREE and int(config.get("type_vocab_size") or 0) >= 2:
+    if takes_token_type_ids(config):
         inputs.append({"name": "token_type_ids", "dtype": "int64", "axes": ["batch", "sequence"],
                        "kind": "token_type_ids"})
     outputs = text_outputs(task, hidden=hidden, labels=labels, vocab=vocab)
-    positions = config.get("max_position_embeddings") or config.get("n_positions") or 512
-    max_len = min(int(positions), 512)
+    max_len = min(max_positions(config), 512)
     recipe.update(
         inputs=inputs, outputs=outputs, profiles=[f"1x16:4x64:8x{max_len}"],
         tokenizer=has_tokenizer(model_dir),
