@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import cast, get_args
 
 from trtpack.errors import MissingEnvironmentError, UserInputError, require_modules
+from trtpack.heads import head_for
 from trtpack.machine import required_modules
 from trtpack.options import BuildOptions, Fallback, Serve, default_cache_dir
 from trtpack.pipeline.runner import build as run_pipeline
@@ -139,11 +140,10 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
     serve = cast(Serve, request.serve or recipe.triton.serve)
     fallback_cpu = recipe.triton.fallback_cpu if request.fallback_cpu is None \
         else request.fallback_cpu
-    if serve == "text" and recipe.task == "text-generation":
-        raise UserInputError(
-            f"--serve text is not offered for '{recipe.name}' (text-generation): generating "
-            "text needs a decoding loop with a KV cache, which belongs to TensorRT-LLM; "
-            "serve its logits with --serve tensor")
+    head = head_for(recipe.task)
+    if serve == "text" and head is not None and head.serve_text_refusal is not None:
+        raise UserInputError(f"--serve text is not offered for '{recipe.name}' "
+                             f"({recipe.task}): {head.serve_text_refusal}")
     if serve == "text" and not recipe.tokenizer:
         raise UserInputError(
             f"--serve text needs a tokenizer, and recipe '{recipe.name}' has none "

@@ -27,6 +27,7 @@ from trtpack.console import (
     recipes_table,
 )
 from trtpack.errors import AccuracyError, ExitCode, TrtpackError
+from trtpack.heads import task_help
 
 app = typer.Typer(
     name="trtpack",
@@ -136,12 +137,7 @@ def build(
         "every key: trtpack recipes show NAME.")] = None,
     cache_dir: Annotated[Path | None, typer.Option(
         help="Stage cache folder (default ~/.cache/trtpack, or $TRTPACK_CACHE_DIR).")] = None,
-    task: Annotated[str | None, typer.Option(
-        help="The head to build for a model directory, hub id or ONNX file (default: from "
-        "config.json's architectures): feature-extraction, sentence-embedding, "
-        "sequence-classification, token-classification, question-answering, fill-mask, "
-        "text-generation (logits only, no KV cache: LLM decoding with a KV cache belongs to "
-        "TensorRT-LLM), image-classification, generic.")] = None,
+    task: Annotated[str | None, typer.Option(help=task_help())] = None,
     no_cache: Annotated[bool, typer.Option(
         "--no-cache", help="Rebuild every stage.")] = False,
     as_json: Annotated[bool, typer.Option(

@@ -16,6 +16,7 @@ PACKAGE = Path(trtpack.__file__).parent
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("core", ("trtpack", "trtpack.errors", "trtpack.report", "trtpack.recipe",
               "trtpack.recipe_files", "trtpack.resolve", "trtpack.heads", "trtpack.hf_recipe",
+              "trtpack.architectures",
               "trtpack.onnx_recipe", "trtpack.shapes", "trtpack.targets", "trtpack.options",
               "trtpack.onnx_files", "trtpack.processes", "trtpack.resources", "trtpack.cases",
               "trtpack.samples", "trtpack.tokenizer_files", "trtpack.timing",
