@@ -168,7 +168,7 @@ def test_models_with_external_data_convert_and_save_their_data_beside(
     folder = tmp_path / "simplify"
     folder.mkdir()
     # the build's artifacts are hard links into its stage cache, which onnx will not load
-    # external data from: a copy of the folder first (as the README says)
+    # external data from: a copy of the folder first (as docs/builds.md says)
     source = tmp_path / "artifact"
     shutil.copytree(tiny["onnx"].parent, source)
     model = onnx.load(str(source / tiny["onnx"].name))

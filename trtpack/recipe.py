@@ -207,7 +207,7 @@ class Recipe(_Strict):
         "(e.g. with --random-weights, a package that ships the same vocabulary)"
     )
     exporter: Literal["dynamo", "legacy"] = Field(
-        "dynamo", description="torch.onnx exporter (see README: measured on bert-large)"
+        "dynamo", description="torch.onnx exporter (legacy: TorchScript; compared in benchmarks/)"
     )
     inputs: list[InputSpec]
     outputs: list[OutputSpec]

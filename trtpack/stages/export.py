@@ -45,8 +45,8 @@ from trtpack.samples import make_inputs
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 
 # Young objects collected 140x less often than Python's default (700, 10, 10) in the
-# export's process (trtpack.pipeline.isolate): about 1 s of minilm's export. Only here, where it
-# was measured (bert-large's precision stage peaked 100 MB higher in a run with it everywhere).
+# export's process, which makes millions of short-lived objects while tracing. Only here: other
+# stages keep the default (applied everywhere, it raised a later stage's memory peak).
 GC_THRESHOLDS = (100_000, 50, 100)
 
 
