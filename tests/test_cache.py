@@ -32,18 +32,20 @@ def test_only_the_stages_after_a_change_run_again(tmp_path: Path) -> None:
         pytest.skip("the precision stage needs nvidia-modelopt")
     cache, out = tmp_path / "cache", tmp_path / "out"
     first = _build(out, cache, "--precision", "fp32")
-    assert _ran(first) == ["export", "simplify", "verify", "package"]
+    assert _ran(first) == ["export", "simplify", "verify", "cpu_model", "package"]
     again = _build(out, cache, "--precision", "fp32")
     assert _ran(again) == ["package"]  # the repository is always written (hard links)
     fp16 = _build(out, cache, "--precision", "fp16")
-    assert _ran(fp16) == ["precision", "package"]
+    assert _ran(fp16) == ["precision", "cpu_model", "package"]
     assert all(fp16[n]["cached"] for n in ("export", "simplify", "verify"))
     fp16_again = _build(out, cache, "--precision", "fp16")
     assert _ran(fp16_again) == ["package"]
     other_opset = _build(out, cache, "--precision", "fp16", "--opset", "17")
-    assert _ran(other_opset) == ["export", "simplify", "verify", "precision", "package"]
+    assert _ran(other_opset) == ["export", "simplify", "verify", "precision", "cpu_model",
+                                 "package"]
     forced = _build(out, cache, "--precision", "fp16", "--no-cache")
-    assert _ran(forced) == ["export", "simplify", "verify", "precision", "package"]
+    assert _ran(forced) == ["export", "simplify", "verify", "precision", "cpu_model",
+                            "package"]
 
 
 def test_half_written_cache_entries_are_never_hits(tmp_path: Path) -> None:
@@ -77,4 +79,4 @@ def test_changed_trtpack_code_is_never_served_from_the_cache(
     assert _ran(_build(out, cache, "--profile", "1x4:2x8:4x16")) == ["package"]
     monkeypatch.setattr(stage_cache, "source_digest", lambda: "a-changed-trtpack")
     assert _ran(_build(out, cache, "--profile", "1x4:2x8:4x16")) == [
-        "export", "simplify", "verify", "package"]
+        "export", "simplify", "verify", "cpu_model", "package"]

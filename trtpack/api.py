@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast, get_args
 
-from trtpack.errors import UserInputError, require_modules
+from trtpack.errors import MissingEnvironmentError, UserInputError, require_modules
 from trtpack.machine import required_modules
 from trtpack.options import BuildOptions, Fallback, Serve, default_cache_dir
 from trtpack.pipeline.runner import build as run_pipeline
-from trtpack.recipe import PRECISIONS, Recipe
+from trtpack.recipe import AUTO_PRECISION, PRECISIONS, Recipe
 from trtpack.recipe_files import apply_overrides
 from trtpack.report import BuildReport
 from trtpack.resolve import resolve_model
@@ -94,10 +94,15 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
         recipe = recipe.model_copy(update={"engine": recipe.engine.model_copy(
             update={"hardware_compatibility": request.portable})})
     precision = request.precision or recipe.precision
-    if precision not in PRECISIONS:
+    if precision not in (*PRECISIONS, AUTO_PRECISION):
         raise UserInputError(
-            f"unknown precision '{precision}'; choose one of {', '.join(PRECISIONS)}"
+            f"unknown precision '{precision}'; choose one of "
+            f"{', '.join((*PRECISIONS, AUTO_PRECISION))}"
         )
+    auto_precision = precision == AUTO_PRECISION
+    if auto_precision:
+        _check_auto_precision_target(request.target)
+        precision = "int8"  # built as INT8; the CPU model stage times it against FP32
     profiles = parse_profiles(list(request.profiles) or recipe.profiles, recipe.input_specs())
     # checked before any work starts: a missing package is exit 3 at once, not exit 4 later
     require_modules(required_modules("build"), purpose="trtpack build",
@@ -174,8 +179,29 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
         calibration_method=request.calibration_method,
         min_int8_share=request.min_int8_share,
         force=request.force,
+        auto_precision=auto_precision,
     )
     return options, warnings
+
+
+def _check_auto_precision_target(target_name: str) -> None:
+    """``--precision auto`` times the candidates it built: on a GPU target those are fp16
+    and int8 TensorRT engines."""
+    from trtpack.machine import tensorrt_available
+
+    if target_name == AUTO:
+        return  # resolved later: cpu where there is no GPU with TensorRT
+    if not resolve_target(target_name).is_gpu:
+        return
+    if not tensorrt_available():
+        raise MissingEnvironmentError(
+            f"--precision auto for --target {target_name} builds fp16 and int8 TensorRT "
+            "engines and times them on the GPU: TensorRT is not installed here",
+            hint="use --target cpu (ONNX Runtime: fp32 and int8 timed here), or a fixed "
+                 "--precision fp16 / int8 with --no-engine")
+    raise UserInputError(
+        f"--precision auto for a GPU target (--target {target_name}) is not implemented yet: "
+        "choose --precision fp16 or int8")
 
 
 def check_triton_profiles(profiles: Sequence[ShapeProfile], recipe: Recipe,

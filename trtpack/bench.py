@@ -8,6 +8,8 @@ as many runs as fit in a fixed time budget; ``trtpack.bench_timing``):
   TensorRT engine (through ``trtpack.runtimes.tensorrt``, as the engine stage runs it) on a
   GPU target;
 * ``onnx-fp32``: the FP32 ONNX (the verify stage's model) in ONNX Runtime;
+* ``cpu-fp32``: the FP32 graph fused for ONNX Runtime (``trtpack.stages.cpu_model``), when
+  the build made one and serves something else (an INT8 build: both forms side by side);
 * ``pytorch``: PyTorch eager, loaded from the build's recipe as the export stage loads it.
 
 Served throughput through a running Triton (perf_analyzer) is in ``trtpack.bench_served``.
@@ -40,7 +42,7 @@ from trtpack.errors import UserInputError
 from trtpack.out_files import record_files
 from trtpack.report import REPORT, BuildReport
 
-SERVED, ONNX_FP32, PYTORCH = "served", "onnx-fp32", "pytorch"
+SERVED, ONNX_FP32, CPU_FP32, PYTORCH = "served", "onnx-fp32", "cpu-fp32", "pytorch"
 DEFAULT_SECONDS = 2.0
 
 
@@ -50,7 +52,7 @@ class BenchRow:
     """One runtime timed at one profile corner. Latencies in milliseconds per request
     (a request is one batch of the corner's shape); throughput in samples per second."""
 
-    runtime: str  # served / onnx-fp32 / pytorch / triton
+    runtime: str  # served / onnx-fp32 / cpu-fp32 / pytorch / triton
     engine: str  # what ran: "onnxruntime fp32", "tensorrt fp16", "pytorch eager cpu", ...
     profile: int
     corner: str
@@ -141,6 +143,10 @@ def run_benchmark(out: Path, *, seconds: float = DEFAULT_SECONDS, threads: int |
                              onnxruntime_runner(build.served_model, threads)))
         runtimes.append((ONNX_FP32, "FP32 ONNX in ONNX Runtime",
                          onnxruntime_runner(build.fp32_onnx, threads)))
+        cpu_fp32 = build.cpu_fp32_onnx
+        if cpu_fp32 is not None and precision != "fp32" and not build.is_engine:
+            runtimes.append((CPU_FP32, "FP32 ONNX fused for ONNX Runtime",
+                             onnxruntime_runner(cpu_fp32, threads)))
         if skip is None:
             runtimes.append((PYTORCH, f"PyTorch eager ({device})",
                              pytorch_runner(build, threads, device, stack, say)))

@@ -25,7 +25,9 @@ def call_with(func: Callable[..., object], *args: object) -> RunOnce:
 def onnxruntime_runner(model: Path, threads: int) -> Runner:
     from trtpack.runtimes.onnxruntime import cpu_session
 
-    session = cpu_session(model, threads, inter_op_threads=1)
+    # no spinning: the runtimes take turns on the same cores, and a spinning idle pool of one
+    # would slow the next
+    session = cpu_session(model, threads, inter_op_threads=1, spinning=False)
     names = {i.name for i in session.get_inputs()}
 
     def prepare(case: Case) -> RunOnce:

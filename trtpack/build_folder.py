@@ -16,6 +16,8 @@ from trtpack.serving.layout import REPOSITORY
 REFERENCES = (Path("artifacts") / "export" / "reference.npz",
               Path("artifacts") / "import" / "reference.npz")
 FP32_ONNX = Path("artifacts") / "simplify" / "model.onnx"
+# the FP32 graph fused for ONNX Runtime on the CPU (trtpack.stages.cpu_model), when built
+CPU_FP32_ONNX = Path("artifacts") / "cpu_model" / "fp32" / "model.onnx"
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,11 @@ class BuildFolder:
     served_model: Path  # model.onnx or model.plan in the repository
     fp32_onnx: Path
     reference: Path
+
+    @property
+    def cpu_fp32_onnx(self) -> Path | None:
+        path = self.root / CPU_FP32_ONNX
+        return path if path.is_file() else None
 
     @property
     def is_engine(self) -> bool:

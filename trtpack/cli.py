@@ -98,7 +98,8 @@ def build(
         "(batch x sequence), or per input: 'input_ids=1x128:16x128:128x128,...'. Repeat for "
         "several optimization profiles. Default: the recipe's.")] = None,
     precision: Annotated[str | None, typer.Option(
-        help="fp32, fp16 (ModelOpt AutoCast) or int8 (ModelOpt Q/DQ). Default: the recipe's."
+        help="fp32, fp16 (ModelOpt AutoCast), int8 (ModelOpt Q/DQ), or auto (CPU: build fp32 "
+        "and int8, time both, keep the fastest that passes). Default: the recipe's."
     )] = None,
     target: Annotated[str, typer.Option(
         help="cpu, an instance family (g4dn, g5, p4d, p5 …; see trtpack targets), or auto "

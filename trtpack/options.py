@@ -44,6 +44,9 @@ class BuildOptions:
     calibration_method: str | None = None  # None: the recipe's int8.calibration_method
     min_int8_share: float = 0.5  # INT8 ships only when this share of MatMul/Gemm stays INT8
     force: bool = False  # --force: build into an --out that holds files trtpack did not write
+    # --precision auto (CPU): built as int8, then the CPU model stage times the FP32 and INT8
+    # forms and serves the fastest that passes (trtpack.precision.auto_choice)
+    auto_precision: bool = False
 
     @property
     def name(self) -> str:

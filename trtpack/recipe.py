@@ -23,6 +23,7 @@ from trtpack.shapes import TensorSpec
 
 Precision = Literal["fp32", "fp16", "int8"]
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "int8")
+AUTO_PRECISION = "auto"  # --precision auto: build the candidates, time them, keep the fastest
 InputKind = Literal["token_ids", "attention_mask", "token_type_ids", "image", "generic"]
 # top1: one argmax per row (classifiers); token_top1: the argmax at every unpadded token
 # (language models, token classifiers); span: the argmax position over the unpadded tokens

@@ -14,7 +14,7 @@ from typing import Any
 from trtpack.report import BuildReport
 from trtpack.svg_bars import Bar, Panel, hbar_chart
 
-COLORS = {"served": "#2a9d8f", "onnx-fp32": "#8ab17d", "pytorch": "#e76f51",
+COLORS = {"served": "#2a9d8f", "onnx-fp32": "#8ab17d", "cpu-fp32": "#e9c46a", "pytorch": "#e76f51",
           "triton": "#264653", "ok": "#2a9d8f", "skipped": "#bbbbbb", "failed": "#e63946",
           "kept": "#e76f51", "quantized": "#2a9d8f", "memory": "#e9c46a"}
 

@@ -198,6 +198,47 @@ def int8_section(report: BuildReport) -> str:
     return "".join(parts)
 
 
+def cpu_model_section(report: BuildReport) -> str:
+    """What ONNX Runtime serves on the CPU: the fusions, the INT8 form and its integer
+    kernels, and for --precision auto the candidates' latency and accuracy and the reason."""
+    stage = report.stage("cpu_model")
+    if stage is None or stage.status != "ok":
+        return ""
+    m = stage.metrics
+    fused = ", ".join(f"{n} {html.escape(op)}" for op, n in
+                      (m.get("fused_operators") or {}).items() if n) or "nothing fused"
+    parts = ["<section id='cpu-model'><h2>CPU model (ONNX Runtime)</h2>",
+             f"<p>Served form: <b>{html.escape(str(m.get('form')))}</b>. Fused: {fused} "
+             f"({m.get('nodes_before')} → {m.get('nodes_after')} nodes).</p>"]
+    if m.get("int8_form"):
+        kernels = ", ".join(f"{n} {html.escape(op)}" for op, n in
+                            (m.get("integer_kernels") or {}).items()) or "none"
+        kept = ", ".join(html.escape(n) for n in m.get("kept_fp32_layers") or []) or "none"
+        parts.append(f"<p>INT8 form: {html.escape(str(m['int8_form']))}; "
+                     f"{html.escape(str(m.get('int8_weight_matmuls')))} weight MatMuls INT8; "
+                     f"integer kernels in the graph ONNX Runtime runs: {kernels}; kept in "
+                     f"FP32: {kept}.</p>")
+    auto = m.get("auto")
+    if auto:
+        candidates = auto.get("candidates") or []
+        corners = list((candidates[0].get("p50_ms") or {}) if candidates else [])
+        rows = [[("<b>" if c["name"] == auto["winner"] else "") + html.escape(c["name"])
+                 + ("</b>" if c["name"] == auto["winner"] else ""),
+                 _num(c.get("worst"), ".4f"),
+                 '<span class="pass">pass</span>' if c.get("passed") else
+                 '<span class="fail">FAIL</span>',
+                 *[f"{c['p50_ms'][k]:.2f} (±{c['spread'][k]:.0%})" for k in corners]]
+                for c in candidates]
+        parts.append("<h3>--precision auto: accuracy against latency</h3>")
+        parts.append(_table(["candidate", "worst sample", "gates",
+                             *[f"p50 ms {html.escape(k)}" for k in corners]], rows,
+                            [1, *range(3, 3 + len(corners))], "auto-precision"))
+        parts.append(f"<p>Served: <b>{html.escape(auto['winner'])}</b>: "
+                     f"{html.escape(auto['reason'])}.</p>")
+    parts.append("</section>")
+    return "".join(parts)
+
+
 def artifacts_table(report: BuildReport) -> str:
     rows = []
     for s in report.stages:
@@ -277,6 +318,7 @@ def render_report_html(report: BuildReport, out: Path) -> str:
 <section id="verification-section"><h2>Verification at every profile corner</h2>
 {verification_table(report)}</section>
 {int8_section(report)}
+{cpu_model_section(report)}
 <section id="benchmark-section"><h2>Benchmark</h2>{bench_html}</section>
 <section id="artifacts-section"><h2>Artifacts</h2>{artifacts_table(report)}</section>
 <section id="provenance"><h2>Provenance</h2>{provenance(report, out)}</section>

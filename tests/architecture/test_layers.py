@@ -18,7 +18,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
               "trtpack.recipe_files", "trtpack.resolve", "trtpack.heads", "trtpack.hf_recipe",
               "trtpack.onnx_recipe", "trtpack.shapes", "trtpack.targets", "trtpack.options",
               "trtpack.onnx_files", "trtpack.processes", "trtpack.resources", "trtpack.cases",
-              "trtpack.samples", "trtpack.tokenizer_files",
+              "trtpack.samples", "trtpack.tokenizer_files", "trtpack.timing",
               "trtpack.model_io", "trtpack.machine", "trtpack.local_targets",
               "trtpack.out_files")),
     ("runtimes", ("trtpack.runtimes",)),

@@ -26,6 +26,8 @@ def test_only_the_next_stage_warms_up_beside_the_export(tmp_path: Path) -> None:
     report = pipeline.run()
     assert report.status == "ok"
     assert alive["export"] == ["export", "simplify"]
-    assert alive["simplify"] == ["simplify", "verify"]  # fp32: no precision stage
-    assert alive["verify"] == ["verify"]
+    # fp32: no precision stage; the CPU model's process is the second after the simplify
+    assert alive["simplify"] == ["cpu_model", "simplify", "verify"]
+    assert alive["verify"] == ["cpu_model", "verify"]
+    assert alive["cpu_model"] == ["cpu_model"]
     assert pipeline.processes == {}  # every one ended with the build

@@ -51,6 +51,10 @@ def _engine_skip(o: BuildOptions) -> str | None:
     return None
 
 
+def _cpu_served(o: BuildOptions) -> bool:
+    return not o.target.is_gpu or o.fallback_cpu
+
+
 def _onnx_in(o: BuildOptions) -> bool:
     return o.recipe.source.onnx is not None
 
@@ -75,6 +79,11 @@ STAGES: tuple[Stage, ...] = (
     # process (SIGSEGV, once in the test suite); in a process of its own it is simply ended
     Stage("precision", "trtpack.stages.precision", _precision_skip, isolated=True,
           warm_modules=("onnx", "onnxruntime", "polygraphy.comparator")),
+    # the model ONNX Runtime serves on the CPU (--target cpu, --fallback-cpu): fused, and
+    # INT8 on its integer kernels; the engine keeps the TensorRT-shaped graph
+    Stage("cpu_model", "trtpack.stages.cpu_model", isolated=True, applies=_cpu_served,
+          warm_modules=("onnx", "onnxruntime", "onnxruntime.transformers.optimizer",
+                        "onnxruntime.quantization")),
     Stage("engine", "trtpack.stages.engine", _engine_skip),
     Stage("package", "trtpack.stages.package", cacheable=False),
 )

@@ -17,7 +17,8 @@ from trtpack.onnx_files import fits_in_protobuf
 
 
 def cpu_session(model: Any, threads: int | None = None, inter_op_threads: int | None = None,
-                few_runs: bool = False) -> Any:
+                few_runs: bool = False, optimized_model_path: Path | None = None,
+                spinning: bool = True) -> Any:
     """An ``onnxruntime.InferenceSession`` on the CPU of ``model`` (a ``Path`` or an
     ``onnx.ModelProto``); ``threads`` caps intra-op threads (None: ONNX Runtime's default).
 
@@ -27,7 +28,12 @@ def cpu_session(model: Any, threads: int | None = None, inter_op_threads: int | 
     own order where they can (priority-based: a tensor read by a node placed right after its
     producer is freed then, not at the end of the run). ONNX Runtime's memory arena stays on:
     without it, bert-large's three corner runs peaked at 2,058 MB instead of 1,360 MB and
-    the FP16 range probe at 1,439 MB instead of 1,298 MB."""
+    the FP16 range probe at 1,439 MB instead of 1,298 MB.
+
+    ``optimized_model_path``: where ONNX Runtime writes the graph it runs after its own
+    optimizations (what kernels run: ``MatMulIntegerToFloat`` or ``DequantizeLinear`` ->
+    ``MatMul``). ``spinning=False``: idle intra-op threads sleep instead of spinning (when
+    several sessions take turns on the same cores, a spinning pool slows the next one)."""
     import onnx
     import onnxruntime as ort
 
@@ -36,6 +42,11 @@ def cpu_session(model: Any, threads: int | None = None, inter_op_threads: int | 
     if few_runs:
         options.add_session_config_entry("session.disable_prepacking", "1")
         options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+    if optimized_model_path is not None:
+        options.optimized_model_filepath = str(optimized_model_path)
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     if threads:
         options.intra_op_num_threads = threads
     if inter_op_threads:

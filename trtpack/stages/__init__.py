@@ -28,6 +28,11 @@ Artifacts by name (what each stage adds to ``ctx.artifacts``):
     verify     fp32_outputs  fp32_outputs.npz: the same cases with ONNX Runtime FP32 outputs
     precision  precision_onnx  the FP16 / INT8 ONNX (skipped for fp32)
                recipe_overlay  recipe overlay with the nodes kept in high precision
+    cpu_model  cpu_fp32_onnx  fp32/model.onnx: the FP32 graph fused for ONNX Runtime (--target
+                             cpu and --fallback-cpu only)
+               cpu_onnx      what ONNX Runtime serves on the CPU: that, int8/model.onnx (the
+                             integer-kernel INT8 form) or, when that fails its gates, the
+                             precision_onnx
     engine     engine        model.plan;  engine_provenance  model.plan.json;
                engine_trtexec  the equivalent trtexec command
     package    model_repository  model_repository/ (Triton), written last

@@ -37,7 +37,10 @@ def fingerprint(options: BuildOptions) -> dict[str, Any]:
 
 
 def served_model(ctx: StageContext) -> Path:
-    return (ctx.artifacts.get("engine") or ctx.artifacts.get("precision_onnx")
+    """The engine; on a CPU target the CPU model (``trtpack.stages.cpu_model``); else the
+    precision ONNX, else the FP32 ONNX."""
+    cpu = None if ctx.options.target.is_gpu else ctx.artifacts.get("cpu_onnx")
+    return (ctx.artifacts.get("engine") or cpu or ctx.artifacts.get("precision_onnx")
             or ctx.artifact("onnx"))
 
 
@@ -58,7 +61,7 @@ def run(ctx: StageContext) -> StageOutcome:
         gpu=options.target.is_gpu,
         serve=options.serve,
         fallback_cpu=options.fallback_cpu,
-        fallback_onnx=ctx.artifact("onnx"),
+        fallback_onnx=ctx.artifacts.get("cpu_onnx") or ctx.artifact("onnx"),
         tokenizer_dir=ctx.artifacts.get("tokenizer"),
         model_config_json=ctx.artifacts.get("model_config"),
         tuning_dir=tmp_tuning,

@@ -1,0 +1,141 @@
+"""INT8 that ONNX Runtime runs on integer kernels on the CPU.
+
+The TensorRT-shaped Q/DQ graph (signed int8, Q nodes feeding several consumers) runs on x86
+ONNX Runtime as DequantizeLinear -> FP32 MatMul: its QDQ fusions need u8 activations and
+single-consumer Q nodes. ONNX Runtime's dynamic quantization of the fused CPU graph
+(``trtpack.precision.cpu_fusion``) becomes ``DynamicQuantizeMatMul`` / ``MatMulIntegerToFloat``
+and ``QAttention`` (u8 activations quantized per batch, s8 per-channel weights): what its
+docs recommend for transformers on CPU. The layers the INT8 search kept in FP32 (read off the
+searched Q/DQ model: its MatMuls without a DequantizeLinear weight) stay FP32 here too."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+# ONNX Runtime's integer kernels, counted in the graph it runs (report)
+INTEGER_KERNELS = ("MatMulInteger", "QLinearMatMul", "MatMulIntegerToFloat",
+                   "DynamicQuantizeMatMul", "QAttention", "QGemm", "QLinearConv",
+                   "ConvInteger", "DynamicQuantizeLinear")
+# what the dynamic quantization converts (weights constant: activations x activations stay)
+DYNAMIC_OP_TYPES = ("MatMul", "Attention")
+CPU_INT8_FORM = "onnxruntime dynamic int8 (u8 activations per batch, s8 per-channel weights)"
+
+
+def fp32_weight_matmuls(qdq_model: Path) -> list[str]:
+    """The MatMul/Gemm nodes of a Q/DQ model whose weight is a constant, not a
+    DequantizeLinear output: the layers the INT8 search kept in high precision."""
+    import onnx
+
+    model = onnx.load(str(qdq_model), load_external_data=False)
+    inits = {i.name for i in model.graph.initializer}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    kept = []
+    for node in model.graph.node:
+        if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2:
+            continue
+        weight = node.input[1]
+        source = producer.get(weight)
+        if weight in inits or (source is not None and source.op_type in ("Constant", "Cast",
+                                                                             "Transpose")):
+            kept.append(node.name)
+    return kept
+
+
+def excluded_in_cpu_graph(kept: Sequence[str], model: Any,
+                          attention_sources: Mapping[str, Sequence[str]]) -> list[str]:
+    """The CPU graph's nodes to leave in FP32: the kept MatMuls themselves, and each fused
+    Attention whose Q, K or V projection was kept."""
+    names = {n.name for n in model.graph.node}
+    excluded = [n for n in kept if n in names]
+    excluded += [att for att, parts in attention_sources.items()
+                 if att in names and any(p in kept for p in parts)]
+    return excluded
+
+
+def quantize_cpu_graph(fp32_model: Path, out: Path, excluded: Sequence[str]) -> None:
+    """``fp32_model`` (the fused CPU graph) quantized dynamically into ``out`` (its weights
+    inline: an int8 model of a few hundred MB at most; a larger one is written with a
+    sidecar)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from trtpack.onnx_files import PROTOBUF_LIMIT, model_bytes
+
+    quantize_dynamic(
+        str(fp32_model), str(out), op_types_to_quantize=list(DYNAMIC_OP_TYPES),
+        per_channel=True, reduce_range=False, weight_type=QuantType.QInt8,
+        nodes_to_exclude=list(excluded),
+        use_external_data_format=model_bytes(fp32_model) > PROTOBUF_LIMIT // 4,
+        extra_options={"MatMulConstBOnly": True})
+
+
+def weight_matmul_share(model: Any) -> tuple[int, int]:
+    """(quantized, all) weight projections of a served CPU graph: a MatMul/Gemm with a
+    constant weight counts 1, an Attention 3 (its packed Q, K, V)."""
+    inits = {i.name for i in model.graph.initializer}
+    quantized = total = 0
+    for node in model.graph.node:
+        if node.op_type in ("MatMul", "Gemm") and len(node.input) > 1 and node.input[1] in inits:
+            total += 1
+        elif node.op_type == "MatMulInteger" and node.input[1] in inits:
+            total += 1
+            quantized += 1
+        elif node.op_type == "Attention":
+            total += 3
+        elif node.op_type == "QAttention":
+            total += 3
+            quantized += 3
+    return quantized, total
+
+
+def runtime_op_counts(path: Path, work: Path) -> dict[str, int]:
+    """Op counts of the graph ONNX Runtime runs for ``path`` on this CPU (its own fusions
+    applied at load), saved to a scratch file in ``work``."""
+    import onnx
+
+    from trtpack.runtimes.onnxruntime import cpu_session
+
+    optimized = work / "runtime_graph.onnx"
+    cpu_session(path, threads=1, few_runs=True, optimized_model_path=optimized)
+    model = onnx.load(str(optimized), load_external_data=False)
+    counts: dict[str, int] = {}
+    for node in model.graph.node:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    optimized.unlink()
+    for extra in work.glob("runtime_graph.onnx*"):
+        extra.unlink()
+    return counts
+
+
+def unsmooth_kept(model: Any, kept: Sequence[str]) -> int:
+    """Undo SmoothQuant (``trtpack.precision.smoothquant``) where every MatMul reading a
+    smoothed activation stays FP32: its ``Mul(x, 1/s)`` is pure cost there. Weight rows are
+    divided by ``s`` again and the MatMuls read ``x``; returns how many Muls were removed."""
+    from onnx import numpy_helper
+
+    from trtpack.precision.smoothquant import SMOOTH_PREFIX
+
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    readers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    removed = []
+    for mul in [n for n in graph.node if n.op_type == "Mul" and n.name.startswith(SMOOTH_PREFIX)]:
+        consumers = readers.get(mul.output[0], [])
+        if not consumers or any(c.op_type != "MatMul" or c.name not in kept for c in consumers):
+            continue
+        inverse = numpy_helper.to_array(inits[mul.input[1]])
+        for c in consumers:
+            weight = inits[c.input[1]]
+            array = numpy_helper.to_array(weight)
+            weight.CopyFrom(numpy_helper.from_array(
+                (array * inverse[:, None]).astype(array.dtype), weight.name))
+            c.input[0] = mul.input[0]
+        removed.append(mul)
+        graph.initializer.remove(inits[mul.input[1]])
+    for mul in removed:
+        graph.node.remove(mul)
+    return len(removed)

@@ -1,0 +1,329 @@
+"""CPU model: the model ONNX Runtime serves on the CPU (``--target cpu``, and the
+``--fallback-cpu`` model beside a GPU engine), shaped for ONNX Runtime rather than TensorRT.
+
+FP32: the transformer fusions (``trtpack.precision.cpu_fusion``), checked per sample against
+the FP32 outputs. INT8 builds: that graph dynamically quantized on ONNX Runtime's integer
+kernels (``trtpack.precision.cpu_int8``), with the layers the INT8 search kept in FP32 kept
+in FP32, gated on the profile corners and the held-out split with the INT8 tolerances; if it
+fails, the searched Q/DQ model is served instead (a warning says so). The graph is saved as
+fused operators only: ONNX Runtime's own (instruction-set specific) optimizations run when
+the model is loaded, so the file is not tied to this machine's CPU."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trtpack.cases import Case, load_cases
+from trtpack.onnx_files import save_model
+from trtpack.options import BuildOptions
+from trtpack.report import VerificationRow
+from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
+
+# Bump when the fusion or the quantization changes what this stage writes (cache key).
+CPU_FORM_VERSION = 4
+CHECK_FP32 = "cpu-fp32-vs-fp32"
+CHECK_INT8 = "cpu-int8-vs-fp32"
+CHECK_INT8_HELDOUT = "cpu-int8-heldout"
+
+
+@dataclass
+class CpuModelMetrics(StageMetrics):
+    form: str  # what is served on the CPU
+    optimizer_model_type: str | None
+    fused_operators: dict[str, int]
+    nodes_before: int
+    nodes_after: int
+    int8_form: str | None = None
+    integer_kernels: dict[str, int] = field(default_factory=dict)  # in the graph ORT runs
+    int8_weight_matmuls: str | None = None  # "quantized/all" in the served CPU form
+    int8_share: float | None = None
+    kept_fp32_nodes: list[str] = field(default_factory=list)
+    kept_fp32_layers: list[str] = field(default_factory=list)  # module paths of those
+    int8_passed: bool | None = None
+    int8_failures: list[str] = field(default_factory=list)  # why the INT8 form failed
+    smoothquant: float | None = None  # alpha applied before the dynamic quantization
+    auto: dict[str, Any] | None = None  # --precision auto: candidates, timings, why
+
+
+def fingerprint(options: BuildOptions) -> dict[str, Any]:
+    import importlib.metadata
+
+    from trtpack.precision.calibration import calibration_path, file_sha256
+
+    r = options.recipe
+    path = calibration_path(options) if options.precision == "int8" else None
+    return {
+        "version": CPU_FORM_VERSION,
+        # the fusions and the quantizer are ONNX Runtime's: another version, another graph
+        "onnxruntime": importlib.metadata.version("onnxruntime"),
+        "config": r.config, "precision": options.precision,
+        "verify": r.verify.model_dump(), "outputs": [o.model_dump() for o in r.outputs],
+        "calibration_sha256": file_sha256(path) if path is not None and path.is_file()
+        else None,
+        "int8": r.precision_options.int8.model_dump(),
+        "seed": options.seed,
+        "auto_precision": options.auto_precision,
+    }
+
+
+def model_shape(ctx: StageContext) -> tuple[str | None, int | None, int | None]:
+    """(model_type, attention heads, hidden size) from the model's config.json, else the
+    recipe's config."""
+    config: dict[str, Any] = dict(ctx.options.recipe.config)
+    path = ctx.artifacts.get("model_config")
+    if path is not None and path.is_file():
+        config = {**config, **json.loads(path.read_text())}
+    heads = config.get("num_attention_heads") or config.get("n_head")
+    hidden = config.get("hidden_size") or config.get("n_embd") or config.get("dim")
+    return config.get("model_type"), heads, hidden
+
+
+def run(ctx: StageContext) -> StageOutcome:
+    from trtpack.onnx_files import graph_summary
+    from trtpack.precision.cpu_fusion import CpuGraph, cpu_graph
+
+    recipe = ctx.options.recipe
+    mask = next((i.name for i in recipe.inputs if i.kind == "attention_mask"), None)
+    model_type, heads, hidden = model_shape(ctx)
+    work = Path(tempfile.mkdtemp(prefix=".work-", dir=ctx.stage_dir))
+    try:
+        source = work / "model.onnx"
+        # copies: onnx refuses a sidecar with several hard links (the stage cache's)
+        shutil.copy2(ctx.artifact("onnx"), source)
+        data = ctx.artifact("onnx").with_name(ctx.artifact("onnx").name + ".data")
+        if data.is_file():
+            shutil.copy2(data, work / data.name)
+        ctx.progress("fusing the transformer graph for ONNX Runtime on the CPU")
+        warnings: list[str] = []
+        try:
+            graph = cpu_graph(source, config_model_type=model_type, num_heads=heads,
+                              hidden_size=hidden, mask_input=mask)
+        except Exception as e:  # an optimizer crash on an unusual graph: serve the plain one
+            import onnx
+
+            ctx.log.exception("ONNX Runtime's transformer optimizer failed")
+            warnings.append(f"ONNX Runtime's transformer optimizer failed ({type(e).__name__}: "
+                            f"{str(e)[:200]}); the CPU model is the plain FP32 graph")
+            graph = CpuGraph(onnx.load(str(source)), None, {})
+        fp32_dir = ctx.stage_dir / "fp32"
+        fp32_dir.mkdir()
+        fp32_path = fp32_dir / "model.onnx"
+        save_model(graph.model, fp32_path)
+        cases = load_cases(ctx.artifact("fp32_outputs"))
+        rows = _verify(ctx, fp32_path, cases, CHECK_FP32, "fp32")
+        metrics = CpuModelMetrics(
+            form="fp32, fused for ONNX Runtime" if graph.fused else "fp32 (no fusion matched)",
+            optimizer_model_type=graph.model_type, fused_operators=graph.fused,
+            nodes_before=graph_summary(source)["nodes"], nodes_after=len(graph.model.graph.node))
+        if graph.model_type is not None and not any(graph.fused.values()):
+            warnings.append(f"ONNX Runtime's {graph.model_type} optimizer fused nothing: the "
+                            "CPU model is the plain FP32 graph")
+        artifacts = {"cpu_fp32_onnx": fp32_path, "cpu_onnx": fp32_path}
+        if ctx.options.precision == "int8" and "precision_onnx" in ctx.artifacts \
+                and all(r.passed for r in rows):
+            int8_path, int8_rows = _int8_form(ctx, work, source, (model_type, heads, hidden,
+                                                                  mask), cases, metrics)
+            if metrics.int8_passed:
+                rows += int8_rows  # a failed CPU INT8 form is not served: not a gate
+            if ctx.options.auto_precision:
+                chosen = _choose_precision(ctx, fp32_path, int8_path, cases, rows, int8_rows,
+                                           metrics)
+                artifacts["cpu_onnx"] = chosen
+                if chosen == fp32_path:
+                    metrics.form = "fp32, fused for ONNX Runtime (--precision auto)"
+            elif metrics.int8_passed:
+                artifacts["cpu_onnx"] = int8_path
+            else:
+                # the Q/DQ model passed its own gates: serve it (slow on CPU, but accurate)
+                artifacts["cpu_onnx"] = ctx.artifact("precision_onnx")
+                metrics.form = "int8 Q/DQ (the CPU INT8 form failed its gates)"
+                warnings.append("the CPU INT8 form (ONNX Runtime dynamic quantization) failed "
+                                "its per-sample gates (" + "; ".join(metrics.int8_failures[:2])
+                                + "); the CPU model is the Q/DQ graph, which ONNX Runtime "
+                                "runs mostly in FP32")
+        elif ctx.options.precision == "fp16":
+            # ONNX Runtime's CPU kernels are FP32: the CPU model of an FP16 build is FP32
+            warnings.append("fp16 build: the CPU model is the fused FP32 graph")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    fused = ", ".join(f"{n} {op}" for op, n in metrics.fused_operators.items() if n)
+    message = f"{metrics.form}: {fused or 'nothing fused'}"
+    if metrics.int8_weight_matmuls:
+        kernels = ", ".join(f"{n} {op}" for op, n in metrics.integer_kernels.items())
+        message += (f"; int8 {metrics.int8_weight_matmuls} weight MatMuls on integer kernels "
+                    f"({kernels or 'none'})")
+    if metrics.auto is not None:
+        message += f"; auto: {metrics.auto['winner']} ({metrics.auto['reason']})"
+    return StageOutcome(artifacts=artifacts, metrics=metrics, verification=rows,
+                        warnings=warnings, message=message)
+
+
+def _choose_precision(ctx: StageContext, fp32_path: Path, int8_path: Path, cases: list[Case],
+                      rows: list[VerificationRow], int8_rows: list[VerificationRow],
+                      metrics: CpuModelMetrics) -> Path:
+    """--precision auto: both forms timed at the profile corners, in rotation; the choice
+    (``trtpack.precision.auto_choice``) in the metrics and the message."""
+    from trtpack.precision.auto_choice import Candidate, choose, time_candidates
+    from trtpack.runtimes.onnxruntime import cpu_session
+
+    def worst(found: list[VerificationRow]) -> float | None:
+        values = [r.metric_value for r in found if r.metric_value is not None]
+        return min(values) if values else None
+
+    fp32_rows = [r for r in rows if r.check == CHECK_FP32]
+    held = [r for r in int8_rows if r.check == CHECK_INT8_HELDOUT] or int8_rows
+    candidates = [Candidate("fp32", fp32_path, all(r.passed for r in fp32_rows),
+                            worst(fp32_rows)),
+                  Candidate("int8", int8_path, bool(metrics.int8_passed), worst(held))]
+    ctx.progress("--precision auto: timing fp32 and int8 at every profile corner")
+    sessions = {c.name: cpu_session(c.path, spinning=False) for c in candidates}
+    time_candidates(candidates, cases, sessions)
+    choice = choose(candidates)
+    metrics.auto = choice.to_dict()
+    return next(c.path for c in candidates if c.name == choice.winner)
+
+
+def _verify(ctx: StageContext, path: Path, cases: list[Case], check: str, precision: str
+            ) -> list[VerificationRow]:
+    from trtpack.verification import compare_cases, run_onnxruntime
+
+    return compare_cases(check, ctx.options.recipe, precision, cases,
+                         run_onnxruntime(path, cases))
+
+
+def _int8_form(ctx: StageContext, work: Path, source: Path, shape: tuple[Any, ...],
+               cases: list[Case], metrics: CpuModelMetrics
+               ) -> tuple[Path, list[VerificationRow]]:
+    """The FP32 source (SmoothQuant-smoothed first when the recipe asks for it, with the
+    INT8 build's calibration feeds), fused, then dynamically quantized with the search's
+    FP32 layers kept; judged at the corners and on the held-out split."""
+    import onnx
+
+    from trtpack.precision.cpu_fusion import cpu_graph
+    from trtpack.precision.cpu_int8 import (
+        CPU_INT8_FORM,
+        INTEGER_KERNELS,
+        excluded_in_cpu_graph,
+        fp32_weight_matmuls,
+        quantize_cpu_graph,
+        runtime_op_counts,
+        unsmooth_kept,
+        weight_matmul_share,
+    )
+
+    model_type, heads, hidden, mask = shape
+    settings = ctx.options.recipe.precision_options.int8
+    cal, tokenizer = _calibration(ctx)
+    int8_source = source
+    if settings.smoothquant is not None and cal.feeds:
+        from trtpack.precision.smoothquant import smooth_model
+
+        ctx.progress(f"SmoothQuant (alpha {settings.smoothquant}) for the CPU INT8 form")
+        model = onnx.load(str(source))
+        smooth_model(model, cal.feeds, settings.smoothquant,
+                     settings.smoothquant_producers or None)
+        unsmooth_kept(model, fp32_weight_matmuls(ctx.artifact("precision_onnx")))
+        (work / "smoothed").mkdir()
+        int8_source = work / "smoothed" / "model.onnx"
+        save_model(model, int8_source)
+        metrics.smoothquant = settings.smoothquant
+    graph = cpu_graph(int8_source, config_model_type=model_type, num_heads=heads,
+                      hidden_size=hidden, mask_input=mask)
+    fused_path = work / "int8_fp32" / "model.onnx"
+    fused_path.parent.mkdir()
+    save_model(graph.model, fused_path)
+    kept = fp32_weight_matmuls(ctx.artifact("precision_onnx"))
+    excluded = excluded_in_cpu_graph(kept, graph.model, graph.attention_sources)
+    ctx.progress(f"INT8 for ONNX Runtime's integer kernels ({len(excluded)} nodes kept FP32)")
+    int8_dir = ctx.stage_dir / "int8"
+    int8_dir.mkdir()
+    int8_path = int8_dir / "model.onnx"
+    quantize_cpu_graph(fused_path, int8_path, excluded)
+    rows = _verify(ctx, int8_path, cases, CHECK_INT8, "int8")
+    rows += _heldout_rows(ctx, int8_path, cal, tokenizer)
+    served = onnx.load(str(int8_path), load_external_data=False)
+    quantized, total = weight_matmul_share(served)
+    counts = runtime_op_counts(int8_path, work)
+    metrics.int8_form = CPU_INT8_FORM
+    metrics.integer_kernels = {op: counts[op] for op in INTEGER_KERNELS if counts.get(op)}
+    metrics.int8_weight_matmuls = f"{quantized}/{total}"
+    metrics.int8_share = round(quantized / total, 4) if total else 0.0
+    metrics.kept_fp32_nodes = excluded
+    metrics.kept_fp32_layers = _layer_names(ctx.artifact("onnx"), kept, graph.attention_sources,
+                                            excluded)
+    metrics.int8_passed = all(r.passed for r in rows)
+    metrics.int8_failures = [f"{r.check} {r.corner}: {r.reason}" for r in rows
+                             if not r.passed][:5]
+    if metrics.int8_passed:
+        metrics.form = "int8, " + CPU_INT8_FORM
+    return int8_path, rows
+
+
+def _calibration(ctx: StageContext) -> tuple[Any, Any]:
+    """The INT8 build's calibration data (the same file, seed and splits as the precision
+    stage's) and the tokenizer it was read with."""
+    from trtpack.precision.calibration import calibration_path, load_calibration
+
+    options, recipe = ctx.options, ctx.options.recipe
+    path = calibration_path(options)
+    tokenizer = None
+    if path is not None and path.suffix.lower() != ".npz" and "tokenizer" in ctx.artifacts:
+        from trtpack.models import load_tokenizer
+
+        tokenizer = load_tokenizer(recipe, ctx.artifacts["tokenizer"])
+    cal = load_calibration(recipe, options.profiles, path, tokenizer=tokenizer,
+                           max_samples=recipe.precision_options.int8.max_calibration_samples,
+                           seed=options.seed)
+    return cal, tokenizer
+
+
+def _layer_names(source: Path, kept: list[str], attention_sources: dict[str, list[str]],
+                 excluded: list[str]) -> list[str]:
+    """``encoder.layer.3.output.dense (MatMul)`` for each kept node (a kept Attention by its
+    kept projections)."""
+    import onnx
+
+    from trtpack.precision.module_paths import display_name, module_paths
+
+    graph = onnx.load(str(source), load_external_data=False).graph
+    paths = module_paths(graph.node)
+    ops = {n.name: n.op_type for n in graph.node}
+    names = []
+    for node in excluded:
+        for part in attention_sources.get(node, [node]):
+            if part in kept:
+                names.append(display_name(part, ops.get(part, "?"), paths))
+    return names
+
+
+def _heldout_rows(ctx: StageContext, path: Path, cal: Any, tokenizer: Any
+                  ) -> list[VerificationRow]:
+    """The INT8 form judged on the INT8 build's held-out split, the FP32 model's outputs as
+    reference."""
+    from trtpack.runtimes.onnxruntime import cpu_session, run_session
+    from trtpack.verification import compare_cases, token_text
+
+    recipe = ctx.options.recipe
+    if not cal.holdout:
+        return []
+    reference = run_session(cpu_session(ctx.artifact("onnx"), few_runs=True), cal.holdout)
+    held = [Case(-1, f"heldout{i}", f, o)
+            for i, (f, o) in enumerate(zip(cal.holdout, reference, strict=True))]
+    outputs = run_session(cpu_session(path, few_runs=True), cal.holdout)
+    texts = {id(f): rows for f, rows in zip(cal.holdout, cal.holdout_texts, strict=False)}
+    ids = next((i.name for i in recipe.inputs if i.kind == "token_ids"), None)
+    mask = next((i.name for i in recipe.inputs if i.kind == "attention_mask"), None)
+    decode = token_text(tokenizer, ids, mask) if tokenizer is not None and ids else None
+
+    def describe(inputs: Any, index: int) -> str | None:
+        rows = texts.get(id(inputs))
+        if rows is not None and index < len(rows):
+            return rows[index]
+        return decode(inputs, index) if decode is not None else None
+
+    return compare_cases(CHECK_INT8_HELDOUT, recipe, "int8", held, outputs, describe)
