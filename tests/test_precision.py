@@ -423,7 +423,7 @@ def test_cli_int8_held_out_failure_after_the_search_exits_1(tiny: dict[str, Path
     token) lands in the held-out split, with a gate between what that sample scores and
     what the corners and the search split score. The calibration and search samples pass,
     so the build keeps the model and the held-out gate fails it: exit 1, the sample named."""
-    from trtpack.precision.calibration import npz_lengths
+    from trtpack.precision.calibration_files import npz_lengths
     from trtpack.precision.splits import split_three
     from trtpack.resolve import resolve_model
     from trtpack.sample_metrics import pooled_cosine_per_sample

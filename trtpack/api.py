@@ -130,7 +130,7 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
     if not 0.0 <= request.min_int8_share <= 1.0:
         raise UserInputError(f"--min-int8-share {request.min_int8_share} is outside 0..1")
     if precision == "int8":
-        from trtpack.precision.calibration import check_calibration_input
+        from trtpack.precision.calibration_files import check_calibration_input
 
         configured = request.calibration or (
             Path(recipe.precision_options.int8.calibration)

@@ -328,3 +328,8 @@ def package_sagemaker(path: Path, dest: Path | None = None, *,
     # in a build folder: a rebuild replaces these with the rest of trtpack's files
     record_files(path, [a.path for a in archives] + [note])
     return package
+
+
+def package(path: Path, dest: Path | None = None) -> SageMakerPackage:
+    """``trtpack package --format sagemaker`` (``trtpack.serving.package_formats``)."""
+    return package_sagemaker(path, dest)

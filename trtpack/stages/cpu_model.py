@@ -53,7 +53,8 @@ class CpuModelMetrics(StageMetrics):
 def fingerprint(options: BuildOptions) -> dict[str, Any]:
     import importlib.metadata
 
-    from trtpack.precision.calibration import calibration_path, file_sha256
+    from trtpack.precision.calibration import calibration_path
+    from trtpack.precision.calibration_files import file_sha256
 
     r = options.recipe
     path = calibration_path(options) if options.precision == "int8" else None
