@@ -11,13 +11,14 @@ PROFILE ?=
 TRTPACK_FLAGS ?=
 OUT ?= build
 
-.PHONY: help install run test test-fast test-slow test-gpu lint clean doctor \
+.PHONY: help install run test test-fast test-slow test-gpu lint docs clean doctor \
 	g4dn g5 g6 g6e p3 p4d p4de p5 p5e p5en
 
 help:
 	@echo "make run        set up .venv and build the default model (minilm, real weights) for CPU"
 	@echo "make test       set up .venv with the dev extras and run the test suite"
-	@echo "make lint       ruff, mypy, the architecture tests, workflow schema, hadolint"
+	@echo "make lint       ruff, mypy, the architecture tests, workflow schema, hadolint, docs"
+	@echo "make docs       build docs/ into site/ with MkDocs --strict (a broken link fails)"
 	@echo "make g5 MODEL=bert-large   build an engine for an instance family (needs GPU + TensorRT)"
 
 # In an NGC container: make VENV_ARGS=--system-site-packages, so the venv sees the
@@ -68,6 +69,11 @@ lint: install
 	$(VENV)/bin/python -m pytest -q tests/architecture  # layers, private names, one home, pure imports
 	$(VENV)/bin/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
 	$(VENV)/bin/hadolint Dockerfile.ngc
+	$(MAKE) docs
+
+# The docs site (mkdocs.yml): --strict fails on a broken link or anchor, under a second.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 doctor: install
 	$(TRTPACK) doctor
@@ -78,4 +84,4 @@ g4dn g5 g6 g6e p3 p4d p4de p5 p5e p5en: install
 		--out $(OUT)/$(MODEL)-$@ $(TRTPACK_FLAGS)
 
 clean:
-	rm -rf build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf build site .pytest_cache .mypy_cache .ruff_cache

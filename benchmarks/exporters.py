@@ -26,6 +26,7 @@ import numpy as np
 from trtpack.api import BuildRequest, resolve_options
 from trtpack.pytorch.models import load_model
 from trtpack.stages import export as ex
+from trtpack.stages.torch_export import export_onnx
 from trtpack.onnx_tools.files import graph_summary
 import logging
 options, _ = resolve_options(BuildRequest(model=sys.argv[1], target="cpu", random_weights=True))
@@ -36,7 +37,7 @@ wrapper = ex.output_selector(loaded.module, options.recipe)
 out = Path(sys.argv[3]) / "model.onnx"
 from trtpack.resources import ResourceMeter
 with ResourceMeter() as meter:
-    ex.export_onnx(wrapper, options, out, logging.getLogger("bench"))
+    export_onnx(wrapper, options, out, logging.getLogger("bench"))
 seconds, export_peak = meter.seconds, meter.peak_mb
 cases = ex.build_cases(options, loaded)[1:2]   # the opt corner
 ex.run_torch(wrapper, options.recipe, cases)

@@ -6,12 +6,17 @@ trtpack is looked up in the real module (the NGC image once imported ``trtpack.g
 no longer existed: every GPU job failed at "Build the NGC image"). Every ``trtpack ...``
 command is parsed by the real typer app (click's ``make_context``: unknown commands and
 options, missing arguments, bad choices fail) without running anything.
+
+The GPU families have one home, ``trtpack.machine.targets``: the Makefile's per-family targets, the
+GPU workflow's matrix (and its ``merge`` of one family per compute capability) and the
+README's / docs' lists of families are checked against it.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
+import itertools
 import re
 import shlex
 import shutil
@@ -199,3 +204,95 @@ def test_the_checks_catch_a_missing_name_and_an_unknown_option() -> None:
     parse_trtpack(["build", "minilm", "--precision", "fp16", "--target", "g5"])
     text = 'docker run "$IMAGE" trtpack build m --target "$target"\n  trtpack "$@"\ntrtpack() {'
     assert trtpack_commands(text, {"target": "g6"}) == [["build", "m", "--target", "g6"]]
+
+
+# The GPU family table (trtpack.machine.targets) against the files that repeat it.
+FAMILY_WORD = re.compile(r"\b[gp]\d+[a-z]*\b")  # g4dn, p5en: an instance family's name
+MAKEFILE = ROOT / "Makefile"
+GPU_WORKFLOW = ROOT / ".github" / "workflows" / "gpu.yml"
+
+
+def makefile_family_problems(text: str) -> list[str]:
+    """Where the Makefile's per-family targets (the rule that runs ``--target $@``, and
+    ``.PHONY``) differ from ``gpu_families()``."""
+    from trtpack.machine.targets import gpu_families
+
+    expected = [t.name for t in gpu_families()]
+    lines = join_continuations(text).splitlines()
+    phony = next((line.split(":", 1)[1].split() for line in lines
+                  if line.startswith(".PHONY:")), [])
+    rules = [line.split(":", 1)[0].split() for line, recipe in itertools.pairwise(lines)
+             if re.match(r"^[\w ]+:", line) and "--target $@" in recipe]
+    problems = []
+    if rules != [expected]:
+        problems.append(f"Makefile: the rule building --target $@ is for {rules}, "
+                        f"trtpack.machine.targets has {expected}")
+    if [w for w in phony if FAMILY_WORD.fullmatch(w)] != expected:
+        problems.append(f"Makefile: .PHONY lists the families "
+                        f"{[w for w in phony if FAMILY_WORD.fullmatch(w)]}, not {expected}")
+    return problems
+
+
+def workflow_family_problems(workflow: dict[str, Any]) -> list[str]:
+    """Where the GPU workflow's matrix (one job per family, ``merge`` for one family per
+    compute capability) differs from ``ci_families()`` / ``fleet_families()``."""
+    from trtpack.machine.targets import ci_families, fleet_families
+
+    merged = {t.name for t in fleet_families()}
+    expected = [{"target": t.name, "merge": t.name in merged} for t in ci_families()]
+    found = workflow["jobs"]["engines"]["strategy"]["matrix"].get("include", [])
+    if found != expected:
+        return [f"gpu.yml: the engines matrix is {found}, trtpack.machine.targets says {expected}"]
+    return []
+
+
+def family_listings(text: str) -> list[tuple[set[str], str]]:
+    """(the families named, the paragraph) of each Markdown paragraph that names five
+    families or more in backticks: a list of the families."""
+    found = []
+    for paragraph in re.split(r"\n\s*\n", text):
+        named = set(FAMILY_WORD.findall(" ".join(re.findall(r"`([^`]*)`", paragraph))))
+        if len(named) >= 5:
+            found.append((named, paragraph.strip()))
+    return found
+
+
+def family_list_problems(name: str, text: str) -> list[str]:
+    """Each list of the families in a Markdown page must be exactly ``gpu_families()``."""
+    from trtpack.machine.targets import gpu_families
+
+    expected = {t.name for t in gpu_families()}
+    return [f"{name}: a paragraph names the families {sorted(named)}, trtpack.machine.targets has "
+            f"{sorted(expected)}: {paragraph[:80]}..."
+            for named, paragraph in family_listings(text) if named != expected]
+
+
+def test_the_gpu_families_have_one_home() -> None:
+    """The Makefile, the GPU workflow and the README / docs lists agree with
+    ``trtpack.machine.targets``."""
+    pages = {str(p.relative_to(ROOT)): p.read_text(encoding="utf-8") for p in
+             [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))] if p.is_file()}
+    problems = makefile_family_problems(MAKEFILE.read_text(encoding="utf-8"))
+    problems += workflow_family_problems(yaml.safe_load(GPU_WORKFLOW.read_text("utf-8")))
+    for name, text in pages.items():
+        problems += family_list_problems(name, text)
+    assert not problems, "\n".join(problems)
+    # the README (or a docs page) lists the families, so the check above read one
+    assert any(family_listings(text) for text in pages.values())
+
+
+def test_the_family_checks_catch_a_missing_or_extra_family() -> None:
+    makefile = MAKEFILE.read_text(encoding="utf-8")
+    assert makefile_family_problems(makefile) == []
+    without_p3 = makefile.replace(" p3 p4d", " p4d")
+    assert len(makefile_family_problems(without_p3)) == 2
+    workflow = yaml.safe_load(GPU_WORKFLOW.read_text(encoding="utf-8"))
+    assert workflow_family_problems(workflow) == []
+    include = workflow["jobs"]["engines"]["strategy"]["matrix"]["include"]
+    include.insert(4, {"target": "p3", "merge": True})  # Volta: TensorRT 10.5 dropped it
+    assert workflow_family_problems(workflow)
+    include.pop(4)
+    include[3]["merge"] = True  # g6e beside g6: two engines for compute capability 8.9
+    assert workflow_family_problems(workflow)
+    listing = "Build for `g4dn`, `g5`, `g6`, `g6e`, `p4d`, `p5` or `p7`."
+    assert "p7" in family_list_problems("README.md", listing)[0]

@@ -15,6 +15,7 @@ from trtpack.options import BuildOptions, Fallback, Serve, default_cache_dir
 from trtpack.pipeline.runner import build as run_pipeline
 from trtpack.report import BuildReport
 from trtpack.shapes import ShapeProfile, parse_profiles
+from trtpack.sources.heads import head_for
 from trtpack.sources.recipe import AUTO_PRECISION, PRECISIONS, Recipe
 from trtpack.sources.recipe_files import apply_overrides
 from trtpack.sources.resolve import resolve_model
@@ -129,7 +130,7 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
     if not 0.0 <= request.min_int8_share <= 1.0:
         raise UserInputError(f"--min-int8-share {request.min_int8_share} is outside 0..1")
     if precision == "int8":
-        from trtpack.precision.calibration import check_calibration_input
+        from trtpack.precision.calibration_files import check_calibration_input
 
         configured = request.calibration or (
             Path(recipe.precision_options.int8.calibration)
@@ -139,11 +140,10 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
     serve = cast(Serve, request.serve or recipe.triton.serve)
     fallback_cpu = recipe.triton.fallback_cpu if request.fallback_cpu is None \
         else request.fallback_cpu
-    if serve == "text" and recipe.task == "text-generation":
-        raise UserInputError(
-            f"--serve text is not offered for '{recipe.name}' (text-generation): generating "
-            "text needs a decoding loop with a KV cache, which belongs to TensorRT-LLM; "
-            "serve its logits with --serve tensor")
+    head = head_for(recipe.task)
+    if serve == "text" and head is not None and head.serve_text_refusal is not None:
+        raise UserInputError(f"--serve text is not offered for '{recipe.name}' "
+                             f"({recipe.task}): {head.serve_text_refusal}")
     if serve == "text" and not recipe.tokenizer:
         raise UserInputError(
             f"--serve text needs a tokenizer, and recipe '{recipe.name}' has none "

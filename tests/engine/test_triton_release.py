@@ -201,3 +201,116 @@ def test_inspect_says_which_triton_serves_an_engine(tmp_path: Path) -> None:
     text = " ".join(result.stdout.split())  # the console wraps long lines
     assert "Triton: served by a Triton with TensorRT 10.13.3.9 or newer" in text
     assert FLAG in text
+
+
+def test_release_floors_name_a_release_and_a_source() -> None:
+    from trtpack.engine.triton_release import (
+        CACHE_CONFIG,
+        ERROR_ONLY_RESPONSE,
+        MODEL_NAMESPACING,
+        SAGEMAKER_ADDITIONAL_ARGS,
+        minimum_release,
+    )
+
+    floors = [MODEL_NAMESPACING, CACHE_CONFIG, SAGEMAKER_ADDITIONAL_ARGS, ERROR_ONLY_RESPONSE]
+    for feature in floors:
+        assert len(tuple(map(int, feature.release.split(".")))) == 2, feature
+        assert feature.source.startswith("https://github.com/"), feature
+    assert minimum_release(floors) == ERROR_ONLY_RESPONSE
+    assert minimum_release([MODEL_NAMESPACING, SAGEMAKER_ADDITIONAL_ARGS]) == \
+        SAGEMAKER_ADDITIONAL_ARGS
+    assert minimum_release([]) is None
+
+
+def test_table_rows_parse_and_are_unique() -> None:
+    """Every row of the real table (empty until a primary source is read: see its docstring)
+    has a yy.mm release, a full TensorRT version and one row per release."""
+    from trtpack.machine.packages import parse_version
+
+    for row in TRITON_RELEASES:
+        assert len(parse_version(row.release)) == 2 and row.tag == f"{row.release}-py3", row
+        assert len(parse_version(row.tensorrt)) >= 3, row
+    assert len({r.release for r in TRITON_RELEASES}) == len(TRITON_RELEASES)
+
+
+def test_sagemaker_note_names_the_minimum_release_of_a_cpu_only_archive(
+        tmp_path: Path) -> None:
+    """No engine: the floor comes from the flags and the Python models alone."""
+    pytest.importorskip("tritonclient.grpc.model_config_pb2")
+    from trtpack.serving.config import CONFIG_FILE
+    from trtpack.serving.sagemaker import package_sagemaker
+
+    repo = tmp_path / "model_repository"
+    configs = {
+        "minilm_cpu": 'platform: "onnxruntime_onnx" response_cache { enable: true }',
+        "minilm_tokenizer": 'backend: "python"',
+        "minilm_cpu_ensemble": 'platform: "ensemble" ensemble_scheduling { step { '
+                               'model_name: "minilm_tokenizer" model_version: -1 } step { '
+                               'model_name: "minilm_cpu" model_version: -1 } }',
+    }
+    for name, body in configs.items():
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / CONFIG_FILE).write_text(f'name: "{name}"\n{body}\n')
+    text = package_sagemaker(repo, tmp_path / "sagemaker").note.read_text()
+    assert "- Minimum release: **23.07** (`nvcr.io/nvidia/tritonserver:23.07-py3` or later" \
+        in text
+    assert "`--model-namespacing` (one model name in several repositories): 23.03 " \
+           "(https://github.com/triton-inference-server/server/releases/tag/v2.32.0)" in text
+    assert "`--cache-config` (the response cache as a cache library): 23.03" in text
+    assert "`SAGEMAKER_TRITON_ADDITIONAL_ARGS` (extra tritonserver flags on SageMaker): " \
+           "23.06 (https://github.com/aws/deep-learning-containers/issues/3299)" in text
+    assert "needs no output tensors: 23.07 " \
+           "(https://github.com/triton-inference-server/python_backend/pull/251)" in text
+    assert "TensorRT" not in text  # no engine, no TensorRT requirement
+
+
+def test_a_release_in_the_table_reaches_provenance_readme_sagemaker_and_doctor(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan whose TensorRT is in the table gets that release's image everywhere a user
+    deploys from. The row is MADE UP (release 91.01): the real table is empty because no
+    primary source for the -py3 images' TensorRT could be read; TensorRT is stubbed for
+    doctor (this machine has none)."""
+    pytest.importorskip("tritonclient.grpc.model_config_pb2")
+    from trtpack.diagnostics import doctor
+    from trtpack.engine import triton_release
+    from trtpack.machine import packages
+    from trtpack.serving.layout import ModelRepository, ServedModel
+    from trtpack.serving.sagemaker import package_sagemaker
+    from trtpack.serving.tuning import README, write_tuning_files
+
+    row = TritonRelease("91.01", "10.13.3.9", "made-up test row")
+    monkeypatch.setattr(triton_release, "TRITON_RELEASES", (row,))
+    image = "nvcr.io/nvidia/tritonserver:91.01-py3"
+    assert _provenance(False).to_dict()["triton"]["triton_image"] == image
+    repo_dir = _engine_repository(tmp_path, False, ensembles=True)
+    repo = ModelRepository(repo_dir, [ServedModel("minilm", "model", repo_dir / "minilm",
+                                                  "tensorrt_plan")])
+    profiles = parse_profiles(["1x8:4x32:8x128"], resolve_model("minilm").input_specs())
+    write_tuning_files(tmp_path / "tuning", repo, profiles, TritonSettings())
+    assert image in (tmp_path / "tuning" / README).read_text()
+    note = package_sagemaker(repo_dir, tmp_path / "sagemaker").note.read_text()
+    assert f"- Release: **91.01** (`{image}`; on SageMaker" in note
+    assert "its TensorRT 10.13.3.9 loads the engine, and it is no older than 23.07" in note
+    monkeypatch.setattr(packages, "tensorrt_version", lambda: "10.13.3.9")
+    line = next(s for s in doctor.environment_report()["summary"] if s.startswith("Triton:"))
+    assert image in line
+    # a builder's TensorRT that no row ships names no image, only where to look
+    monkeypatch.setattr(packages, "tensorrt_version", lambda: "10.12.0.36")
+    line = next(s for s in doctor.environment_report()["summary"] if s.startswith("Triton:"))
+    assert image not in line and "Frameworks Support Matrix" in line
+
+
+def test_sagemaker_note_says_when_no_table_release_is_new_enough(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A MADE-UP row (22.01) loads the engine but predates what the flags need (23.07)."""
+    pytest.importorskip("tritonclient.grpc.model_config_pb2")
+    from trtpack.engine import triton_release
+    from trtpack.serving.sagemaker import package_sagemaker
+
+    monkeypatch.setattr(triton_release, "TRITON_RELEASES",
+                        (TritonRelease("22.01", "10.13.3.9", "made-up test row"),))
+    repo = _engine_repository(tmp_path, False, ensembles=True)
+    note = package_sagemaker(repo, tmp_path / "sagemaker").note.read_text()
+    assert "- Release: none in trtpack's table both loads the engine " \
+           "(nvcr.io/nvidia/tritonserver:22.01-py3 (TensorRT 10.13.3.9)) and is no older " \
+           "than 23.07, for:" in note

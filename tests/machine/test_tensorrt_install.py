@@ -61,12 +61,13 @@ def test_extras_pin_the_supported_tensorrt_and_stay_out_of_all() -> None:
     assert not any("tensorrt" in e for e in extras["all"])
 
 
-def test_readme_says_how_to_install_tensorrt() -> None:
-    readme = (ROOT / "README.md").read_text()
-    assert "### Installing TensorRT" in readme
+def test_the_docs_say_how_to_install_tensorrt() -> None:
+    page = (ROOT / "docs" / "gpu-and-tensorrt.md").read_text()
+    assert "\n## Installing TensorRT\n" in page
     for text in ("pip install 'trtpack[onnx,tensorrt-cu12]'", "tensorrt-cu13", "Dockerfile.ngc",
                  "trtpack doctor"):
-        assert text in readme
+        assert text in page
+    assert "(docs/gpu-and-tensorrt.md#installing-tensorrt)" in (ROOT / "README.md").read_text()
 
 
 def test_nothing_in_the_project_claims_tensorrt_is_not_on_pypi() -> None:

@@ -13,10 +13,9 @@ from trtpack.precision.calibration import (
     SYNTHETIC_WARNING,
     load_calibration,
     load_feeds,
-    read_npz_samples,
-    read_text_samples,
     save_feeds,
 )
+from trtpack.precision.calibration_files import read_npz_samples, read_text_samples
 from trtpack.precision.text_batches import sequence_buckets, text_feeds
 from trtpack.pytorch.models import load_tokenizer
 from trtpack.shapes import parse_profiles

@@ -21,9 +21,9 @@ from trtpack.errors import AccuracyError
 from trtpack.precision.calibration import (
     DEFAULT_TEXT,
     load_calibration,
-    read_text_samples,
     short_prefixes,
 )
+from trtpack.precision.calibration_files import read_text_samples
 from trtpack.pytorch.models import load_tokenizer
 from trtpack.shapes import parse_profiles
 from trtpack.sources.resolve import resolve_model
@@ -123,7 +123,7 @@ def test_check_failure_continues_conservatively_and_heldout_is_never_decided_on(
     the first choice passes its decisions, fails the check split, and the next round goes on
     with only what that choice kept, deciding on the failing check sample too."""
     from trtpack.precision import fallback, search
-    from trtpack.precision.calibration import npz_lengths
+    from trtpack.precision.calibration_files import npz_lengths
     from trtpack.precision.int8 import Int8Conversion
     from trtpack.precision.splits import split_three
     from trtpack.verify.sample_metrics import pooled_cosine_per_sample

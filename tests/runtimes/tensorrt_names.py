@@ -1,6 +1,6 @@
 """TensorRT's API names, read from the real bindings wheels, and a recording stand-in.
 
-Three parts, used by tests/test_engine_tensorrt_names.py:
+Three parts, used by tests/runtimes/test_tensorrt_names.py:
 
 - ``bindings_wheels()`` fetches (once; cached) the ``tensorrt-cu12/-cu13-bindings`` wheels of
   the TensorRT versions trtpack supports from PyPI with ``pip download --no-deps``;

@@ -1,8 +1,10 @@
-"""`trtpack package OUT --sagemaker`: one archive per served model, checked member by member,
-each archive a repository of its own (as SageMaker's Triton registers it)."""
+"""`trtpack package OUT --format sagemaker` (alias `--sagemaker`): one archive per served
+model, checked member by member, each archive a repository of its own (as SageMaker's
+Triton registers it)."""
 
 from __future__ import annotations
 
+import importlib
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +19,7 @@ from trtpack.errors import UserInputError
 from trtpack.serving.config import read_config
 from trtpack.serving.ensemble import check_ensemble
 from trtpack.serving.layout import ModelRepository
+from trtpack.serving.package_formats import FORMATS, format_help
 from trtpack.serving.sagemaker import archive_members, package_sagemaker
 
 TOKENIZER_FILES = ["special_tokens_map.json", "tokenizer.json", "tokenizer_config.json",
@@ -98,6 +101,38 @@ def test_cli_package_sagemaker(minilm_text_repo: ModelRepository, tmp_path: Path
     assert result.exit_code == 0, result.output
     assert (tmp_path / "sm" / "minilm_ensemble.tar.gz").is_file()
     assert "minilm_ensemble.tar.gz" in result.stdout
+
+
+def test_cli_format_sagemaker_is_the_sagemaker_flag(minilm_text_repo: ModelRepository,
+                                                    tmp_path: Path) -> None:
+    """``--format sagemaker`` and its alias ``--sagemaker`` write the same archives."""
+    written = {}
+    for flags in (["--format", "sagemaker"], ["--sagemaker"]):
+        dest = tmp_path / flags[-1].lstrip("-")
+        result = run_cli("package", str(minilm_text_repo.root), *flags, "--dest", str(dest))
+        assert result.exit_code == 0, result.output
+        written[flags[-1]] = {p.name: p.read_bytes() for p in sorted(dest.iterdir())}
+    assert sorted(written["sagemaker"]) == ["SAGEMAKER.md", "minilm.tar.gz",
+                                            "minilm_ensemble.tar.gz"]
+    assert written["sagemaker"] == written["--sagemaker"]
+
+
+def test_cli_unknown_format_is_one_line_exit_2(minilm_text_repo: ModelRepository,
+                                               tmp_path: Path) -> None:
+    result = run_cli("package", str(minilm_text_repo.root), "--format", "zip",
+                     "--dest", str(tmp_path / "out"))
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: unknown package format 'zip': choose sagemaker"]
+    assert not (tmp_path / "out").exists()
+    disagree = run_cli("package", str(minilm_text_repo.root), "--sagemaker", "--format", "zip")
+    assert disagree.exit_code == 2 and len(disagree.stderr.strip().splitlines()) == 1
+
+
+def test_every_format_module_has_a_package_function() -> None:
+    for fmt in FORMATS:
+        assert callable(getattr(importlib.import_module(fmt.module), "package", None)), fmt
+        assert f"{fmt.name}: {fmt.help}" in format_help()
 
 
 def test_cli_package_bad_inputs_exit_2(minilm_text_repo: ModelRepository, tmp_path: Path

@@ -241,21 +241,21 @@ def test_text_serving_postprocess_follows_the_head(kind: str, output: str, names
 
 
 def test_class_name_suffixes_agree_with_transformers_tables() -> None:
-    """Every transformers class whose suffix names a head (heads.SUFFIX_HEADS) is in that
+    """Every transformers class whose suffix names a head (heads.suffix_heads) is in that
     head's table: the suffix shortcut (no torch import) never disagrees with transformers."""
     from trtpack.sources.heads import (
-        HEADS,
-        SUFFIX_HEADS,
         class_names,
         head_in_tables,
+        heads,
+        suffix_heads,
         transformers_table,
     )
 
-    classes = {c for head in HEADS for v in transformers_table(head).values()
+    classes = {c for head in heads() for v in transformers_table(head).values()
                for c in class_names(v)}
     checked, wrong = 0, []
     for cls in sorted(classes):
-        task = next((t for suffix, t in SUFFIX_HEADS if cls.endswith(suffix)), None)
+        task = next((t for suffix, t in suffix_heads() if cls.endswith(suffix)), None)
         if task is not None:
             checked += 1
             head = head_in_tables(cls)

@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import run_cli
 from trtpack.cases import Case
 from trtpack.errors import UserInputError
-from trtpack.precision.calibration import check_calibration_input
+from trtpack.precision.calibration_files import check_calibration_input
 from trtpack.precision.splits import STRATA, split_three, stratum
 from trtpack.shapes import parse_profiles
 from trtpack.sources.resolve import resolve_model

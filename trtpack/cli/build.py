@@ -11,6 +11,7 @@ import typer
 
 from trtpack.cli.console import ProgressView, err, print_build_summary, print_warning
 from trtpack.cli.exits import handle_errors
+from trtpack.sources.heads import task_help
 
 commands = typer.Typer()
 
@@ -66,12 +67,7 @@ def build(
         "every key: trtpack recipes show NAME.")] = None,
     cache_dir: Annotated[Path | None, typer.Option(
         help="Stage cache folder (default ~/.cache/trtpack, or $TRTPACK_CACHE_DIR).")] = None,
-    task: Annotated[str | None, typer.Option(
-        help="The head to build for a model directory, hub id or ONNX file (default: from "
-        "config.json's architectures): feature-extraction, sentence-embedding, "
-        "sequence-classification, token-classification, question-answering, fill-mask, "
-        "text-generation (logits only, no KV cache: LLM decoding with a KV cache belongs to "
-        "TensorRT-LLM), image-classification, generic.")] = None,
+    task: Annotated[str | None, typer.Option(help=task_help())] = None,
     no_cache: Annotated[bool, typer.Option(
         "--no-cache", help="Rebuild every stage.")] = False,
     as_json: Annotated[bool, typer.Option(

@@ -14,6 +14,7 @@ from trtpack.cli.console import err, out, print_warning
 from trtpack.cli.exits import handle_errors
 from trtpack.errors import UserInputError
 from trtpack.report import BuildReport
+from trtpack.serving.package_formats import FORMATS, format_help
 
 commands = typer.Typer()
 
@@ -48,19 +49,24 @@ def run_bench(out_dir: Path, seconds: float = 2.0, threads: int | None = None,
 def package(
     path: Annotated[Path, typer.Argument(help="A trtpack build folder or a Triton model "
                                                "repository.")],
+    package_format: Annotated[str | None, typer.Option(
+        "--format", help="What to write: " + format_help())] = None,
     sagemaker: Annotated[bool, typer.Option(
-        "--sagemaker", help="One <model>.tar.gz per served model for SageMaker multi-model "
-        "endpoints (an ensemble packed with its members), and SAGEMAKER.md.")] = False,
+        "--sagemaker", help="The same as --format sagemaker.")] = False,
     dest: Annotated[Path | None, typer.Option(
-        "--dest", help="Where to write the archives (default PATH/sagemaker).")] = None,
+        "--dest", help="Where to write the archives (default PATH/<format>).")] = None,
 ) -> None:
     """Package a built model repository for a serving platform."""
     from trtpack.cli.views import print_sagemaker_package
-    from trtpack.serving.sagemaker import package_sagemaker
+    from trtpack.serving.package_formats import package as write_package
 
-    if not sagemaker:
-        raise UserInputError("choose a format to package for: --sagemaker")
-    print_sagemaker_package(package_sagemaker(path, dest))
+    if sagemaker and package_format not in (None, "sagemaker"):
+        raise UserInputError(f"--sagemaker and --format {package_format} disagree")
+    name = package_format or ("sagemaker" if sagemaker else None)
+    if name is None:
+        raise UserInputError("choose a format to package for: --format "
+                             + ", ".join(f.name for f in FORMATS))
+    print_sagemaker_package(write_package(name, path, dest))
 
 @commands.command("merge")
 @handle_errors

@@ -50,10 +50,63 @@ TRITON_RELEASES: tuple[TritonRelease, ...] = ()
 read from NVIDIA's release notes or Frameworks Support Matrix (``SUPPORT_MATRIX``), each
 naming its source. Empty for now: the TensorRT of the ``-py3`` Triton images that ship
 TensorRT 10.12 or newer (25.x, 26.x) could not be read from a primary source where this was
-written (Triton's own ``docs/introduction/compatibility.md`` lists TensorRT only for the
-``-trtllm-python-py3`` images, which are not the ``-py3`` ones), so no release is named
-rather than a guessed one; until rows are added, the engine's TensorRT version is what to look
-up in the support matrix."""
+written: the search tools there showed only the openings of the release-notes pages
+(``rel-25-xx.html``) and PDF, whose package list is lost, never their "Container Versions"
+table;
+Triton's own ``docs/introduction/compatibility.md`` lists TensorRT only for the
+``-trtllm-python-py3`` images, built on another base (25.10 ``-trtllm``: CUDA 12.9.1,
+TensorRT 10.11.0.33; the 25.10 release notes: "based on CUDA 13.0.2.006"); the server's
+GitHub release notes only point at the support matrix ("Refer to the <yy.mm> column").
+So no release is named rather than a guessed one; until rows are added, the engine's
+TensorRT version is what to look up in the support matrix."""
+
+
+@dataclass(frozen=True)
+class ServerFeature:
+    """A tritonserver capability an archive relies on, and the first NGC release with it."""
+
+    what: str
+    release: str  # the first NGC Triton release (<yy.mm>) that has it
+    source: str  # where that was read
+
+
+MODEL_NAMESPACING = ServerFeature(
+    "`--model-namespacing` (one model name in several repositories)", "23.03",
+    "https://github.com/triton-inference-server/server/releases/tag/v2.32.0")
+"""Triton 2.32.0's release notes: "The same model name can be used across different
+repositories if the --model-namespacing flag is set" (the flag of server PR #5362; PR #5540
+only added it to the SageMaker entrypoint). 2.32.0 is NGC 23.03: Triton 2.30.0 is 23.01
+(server README, r23.01) and one minor version ships each month."""
+
+CACHE_CONFIG = ServerFeature(
+    "`--cache-config` (the response cache as a cache library)", "23.03",
+    "https://github.com/triton-inference-server/server/releases/tag/v2.32.0")
+"""The same release notes: the response cache became the ``local_cache`` library and
+``--cache-config`` "the preferred method of cache configuration moving forward"."""
+
+SAGEMAKER_ADDITIONAL_ARGS = ServerFeature(
+    "`SAGEMAKER_TRITON_ADDITIONAL_ARGS` (extra tritonserver flags on SageMaker)", "23.06",
+    "https://github.com/aws/deep-learning-containers/issues/3299")
+"""The SageMaker entrypoint (``docker/sagemaker/serve``) appends it to the tritonserver
+command; "SM Triton v23.06 onwards enable the ``SAGEMAKER_TRITON_ADDITIONAL_ARGS``" (the
+SageMaker Triton maintainer in that thread, 2023-09-06)."""
+
+ERROR_ONLY_RESPONSE = ServerFeature(
+    "a python_backend whose `InferenceResponse(error=...)` needs no output tensors", "23.07",
+    "https://github.com/triton-inference-server/python_backend/pull/251")
+"""python_backend PR #251 ("Remove the requirement to specify output_tensors when setting an
+error", June 2023); 23.07 is the first release branched after it (23.06 may have it too:
+not checked), so the floor named is 23.07."""
+
+
+def minimum_release(features: Sequence[ServerFeature]) -> ServerFeature | None:
+    """The feature that needs the newest release (that release is the floor), if any."""
+    return max(features, key=lambda f: release_key(f.release), default=None)
+
+
+def release_key(release: str) -> tuple[int, ...]:
+    """``"25.10"`` -> (25, 10), for ordering releases."""
+    return parse_version(release)
 
 
 def tensorrt_loads(built: str, runtime: str, version_compatible: bool) -> bool:
@@ -120,11 +173,12 @@ class TritonServing:
 
 
 def triton_serving(tensorrt_version: str, version_compatible: bool,
-                   table: Sequence[TritonRelease] = TRITON_RELEASES) -> TritonServing:
-    """The Triton releases of ``table`` that load an engine TensorRT ``tensorrt_version``
-    built, oldest first, and the flags it needs."""
-    releases = tuple(sorted((r for r in table
+                   table: Sequence[TritonRelease] | None = None) -> TritonServing:
+    """The Triton releases of ``table`` (``TRITON_RELEASES`` when not given) that load an
+    engine TensorRT ``tensorrt_version`` built, oldest first, and the flags it needs."""
+    rows = TRITON_RELEASES if table is None else table
+    releases = tuple(sorted((r for r in rows
                              if tensorrt_loads(tensorrt_version, r.tensorrt,
                                                version_compatible)),
-                            key=lambda r: parse_version(r.release)))
+                            key=lambda r: release_key(r.release)))
     return TritonServing(tensorrt_version, version_compatible, releases)

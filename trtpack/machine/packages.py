@@ -25,7 +25,8 @@ TENSORRT_INSTALL = (
     "13): PyPI's tensorrt packages fetch TensorRT's libraries from NVIDIA's index at install "
     "time; or run in an NGC container that ships TensorRT (Dockerfile.ngc)"
 )
-"""How to get TensorRT: the exit-3 hint, ``trtpack doctor`` and the README say this."""
+"""How to get TensorRT: the exit-3 hint, ``trtpack doctor`` and the docs (GPU and TensorRT)
+say this."""
 
 # --- packages -------------------------------------------------------------------------------
 

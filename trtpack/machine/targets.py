@@ -2,6 +2,11 @@
 
 A TensorRT engine runs only on the GPU family (compute capability) and TensorRT version
 it was built with, so the target is part of what an engine *is*.
+
+``TARGETS`` is the one list of GPU families and what each supports: the Makefile has one
+target per GPU family (``gpu_families``), the GPU workflow one job per family TensorRT 10.12+
+builds engines for (``ci_families``: not p3, Volta) and merges one family per compute
+capability (``fleet_families``); tests/test_ci_files.py fails when they disagree.
 """
 
 from __future__ import annotations
@@ -43,6 +48,11 @@ class Target:
     def is_gpu(self) -> bool:
         return self.gpu is not None
 
+    @property
+    def builds_engines(self) -> bool:
+        """A GPU family the TensorRT trtpack supports builds engines for (not p3's V100)."""
+        return self.is_gpu and engine_support_problem(self) is None
+
 
 T4 = Gpu("T4", (7, 5), "Turing", 16)
 A10G = Gpu("A10G", (8, 6), "Ampere", 24)
@@ -71,6 +81,27 @@ TARGETS: tuple[Target, ...] = (
 )
 
 AUTO = "auto"
+
+
+def gpu_families() -> tuple[Target, ...]:
+    """Every GPU instance family (``make <family>`` builds for each)."""
+    return tuple(t for t in TARGETS if t.is_gpu)
+
+
+def ci_families() -> tuple[Target, ...]:
+    """The GPU families the GPU workflow builds and tests engines on."""
+    return tuple(t for t in TARGETS if t.builds_engines)
+
+
+def fleet_families() -> tuple[Target, ...]:
+    """Of ``ci_families``, the first of each compute capability: its engine goes into the
+    fleet repository (``trtpack merge`` takes one engine per compute capability) and serves
+    the families sharing it."""
+    chosen: dict[tuple[int, int], Target] = {}
+    for target in ci_families():
+        assert target.gpu is not None
+        chosen.setdefault(target.gpu.compute_capability, target)
+    return tuple(chosen.values())
 
 
 def resolve_target(name: str) -> Target:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,12 +62,30 @@ def fits_in_protobuf(model: Any) -> bool:
 def save_model(model: Any, path: Path) -> None:
     """Save an in-memory ONNX model in the layout above (an old sidecar is replaced)."""
     import onnx
+    from onnx.external_data_helper import set_external_data
 
     data = data_path(path)
     if data.exists():
         data.unlink()
-    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=data.name, size_threshold=LARGE_INITIALIZER_BYTES)
+    # the tensors are marked here (onnx's own size test) rather than by
+    # save_model(save_as_external_data=True): that refuses a sidecar name that exists relative
+    # to the *working directory* (onnx checks os.path.exists(location) unjoined)
+    for tensor in _initializers(model.graph):
+        large = sys.getsizeof(tensor.raw_data) >= LARGE_INITIALIZER_BYTES
+        if tensor.HasField("raw_data") and large:
+            set_external_data(tensor, data.name)
+    onnx.save_model(model, str(path))
+
+
+def _initializers(graph: Any) -> Iterator[Any]:
+    """The initializers of ``graph`` and of the subgraphs in its nodes' attributes."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.HasField("g"):
+                yield from _initializers(attribute.g)
+            for sub in attribute.graphs:
+                yield from _initializers(sub)
 
 
 def resave_with_sidecar(src: Path, dst: Path) -> None:

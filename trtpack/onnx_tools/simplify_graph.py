@@ -58,8 +58,8 @@ def unfoldable_large_initializers(graph: Any, min_bytes: int = LARGE_INITIALIZER
 def import_onnxsim() -> Any:
     """onnxsim, imported without torch. Its package tries torch only for a bridge to PPQ,
     which also needs the ``ppq`` package (not a dependency of trtpack, which never uses the
-    bridge): that try cost the simplify stage's process 1.2 s and 180 MB while it waited
-    beside the export (bert-large: the build's memory peak). With torch absent for the
+    bridge): that try costs the simplify stage's process a torch import, in time and in
+    memory while it waits beside the export (the build's memory peak). With torch absent for the
     import, the bridge is unavailable, as it is without ppq anyway; torch is importable
     again afterwards. Raises ImportError when onnxsim is not installed."""
     if "onnxsim" in sys.modules:

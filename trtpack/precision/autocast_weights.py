@@ -22,10 +22,9 @@ def out_of_range_nodes(source: Path, feed: dict[str, Any], data_max: float) -> l
     One ONNX Runtime run on the graph alone next to the source's weight file (no copy of the
     model or its weights, unlike AutoCast's own reference run), in which the graph computes
     each tensor's largest absolute value itself (``absmax_outputs``): only those scalars come
-    out and the intermediate tensors are freed as the run goes. bert-large, one 128-token
-    row, in a process of its own: 1.0 s and 1,298 MB peak (about 1,200 of it the weights'
-    mapped pages), where making every tensor an output took 2-5 s and 1,960 MB in the
-    ModelOpt worker, plus 600 MB the allocator kept afterwards."""
+    out and the intermediate tensors are freed as the run goes: making every tensor an output
+    instead takes several times the time and much more memory, part of which the allocator
+    keeps afterwards (figures: benchmarks/README.md, "Figures behind design choices")."""
     import numpy as np
     import onnx
 

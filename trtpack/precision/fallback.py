@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Any, Protocol
 
 from trtpack.cases import Case
-from trtpack.precision.conversion import Attempt, format_metric
+from trtpack.precision.conversion import Attempt, ConversionContext, format_metric
 from trtpack.precision.metrics import FallbackSummary, SearchRound, SensitivityRow
-
-if TYPE_CHECKING:
-    from trtpack.precision.int8 import Int8Conversion
-
+from trtpack.sources.recipe import Int8Settings, Recipe
 
 # Op types INT8 quantizes when the recipe's quantize_op_types is empty, with or without the
 # fallback (ModelOpt's default also quantizes Add inputs, which costs MiniLM the most
@@ -55,6 +53,34 @@ MAX_SEARCH_EVALUATIONS = 60
 SENSITIVITY_SAMPLES = 64
 
 
+class FallbackHost(Protocol):
+    """What the search needs of the INT8 conversion it serves
+    (``trtpack.precision.int8.Int8Conversion`` is one): its samples, its settings, and a
+    way to convert (or judge a surrogate) with given nodes kept in high precision."""
+
+    ctx: ConversionContext
+    recipe: Recipe
+    settings: Int8Settings
+    work: Path
+    quantize_source: Path
+    fp32_model: Any  # the model ModelOpt quantizes, in memory (None: load quantize_source)
+    module_paths: dict[str, str]
+    workers: int
+    cases: list[Case]
+    check_cases: list[Case]
+
+    def display(self, name: str) -> str: ...
+
+    def decision_cases(self) -> list[Case]: ...
+
+    def check_failures(self, attempt: Attempt) -> list[Case]: ...
+
+    def judge(self, label: str, path: Path, excluded: Sequence[str]) -> Attempt: ...
+
+    def convert(self, label: str, op_types: Sequence[str], excluded: Sequence[str],
+                high_precision: str) -> Attempt: ...
+
+
 def first_samples(cases: Sequence[Case], samples: int) -> list[Case]:
     """The first ``cases`` holding ``samples`` rows (the last one may pass it)."""
     taken: list[Case] = []
@@ -67,7 +93,7 @@ def first_samples(cases: Sequence[Case], samples: int) -> list[Case]:
     return taken
 
 
-def int8_fallback(conv: Int8Conversion, first: Attempt, user_excluded: list[str],
+def int8_fallback(conv: FallbackHost, first: Attempt, user_excluded: list[str],
                   op_types: list[str], consultations: int = 0,
                   check_failed: Sequence[Case] = ()) -> tuple[Attempt, FallbackSummary]:
     """The measured search (``trtpack.precision.search``) for the node groups to keep in

@@ -14,20 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from trtpack.errors import MissingEnvironmentError, UserInputError
+from trtpack.sources.heads import head_for
 from trtpack.sources.recipe import Recipe, Source
 from trtpack.sources.tokenizer_files import has_tokenizer
-
-TASK_CLASSES = {
-    "feature-extraction": "AutoModel",
-    "sequence-classification": "AutoModelForSequenceClassification",
-    "image-classification": "AutoModelForImageClassification",
-    "fill-mask": "AutoModelForMaskedLM",
-    "token-classification": "AutoModelForTokenClassification",
-    "question-answering": "AutoModelForQuestionAnswering",
-    "text-generation": "AutoModelForCausalLM",
-    "sentence-embedding": "AutoModel",
-}
-
 
 OFFLINE_HINT = ("this machine may be offline: add --random-weights to build from the recipe's "
                 "architecture config")
@@ -112,7 +101,8 @@ def source_directory(source: Source) -> Path | None:
 def _model_class(recipe: Recipe) -> Any:
     import transformers
 
-    name = recipe.model_class or TASK_CLASSES.get(recipe.task)
+    head = head_for(recipe.task)
+    name = recipe.model_class or (head.auto_class if head is not None else None)
     if name is None:
         raise UserInputError(f"recipe {recipe.name}: task {recipe.task} needs a model_class")
     cls = getattr(transformers, name, None)
@@ -231,7 +221,8 @@ def load_model(recipe: Recipe, *, random_weights: bool, seed: int = 0) -> Loaded
                 hint=OFFLINE_HINT) from None
         config = module.config
         weights = "pretrained"
-    if recipe.task == "text-generation" and hasattr(module.config, "use_cache"):
+    head = head_for(recipe.task)
+    if head is not None and head.logits_only and hasattr(module.config, "use_cache"):
         module.config.use_cache = False  # logits only: no KV-cache outputs
     if recipe.pooling is not None:
         module = _sentence_pooler(module, recipe.pooling.mode, recipe.pooling.normalize)

@@ -1,8 +1,7 @@
 """torch.onnx's dynamo exporter, without the work a trtpack export does not need.
 
-Measured on the CI machine (2 cores), inside ``torch.onnx.export`` for all-MiniLM-L6-v2:
-capture 1.3 s, decompositions 3.0 s, ONNX translation 0.15 s, optimizer 0.7 s, save 0.35 s;
-for bert-large: decompositions 6 s, optimizer 7.6 s, save 13.6 s. Three things here:
+Inside ``torch.onnx.export``, the decompositions, the optimizer and the save are most of the
+time on the BERT family (figures: benchmarks/README.md). What is done here:
 
 - **Decompositions.** The exporter re-traces the whole captured graph to decompose the ATen
   ops ONNX has no translation for. When the captured graph has none (the BERT family: every
@@ -12,11 +11,11 @@ for bert-large: decompositions 6 s, optimizer 7.6 s, save 13.6 s. Three things h
   function it wraps is private); the verify stage compares the ONNX model with PyTorch at
   every profile corner either way.
 - **Optimizer.** One round of the exporter's optimizer instead of two: the second round of
-  its rewrite rules changed nothing on the BERT family (3 s of bert-large) and the simplify
+  its rewrite rules changed nothing on the BERT family and the simplify
   stage folds what a second round of constant folding would.
 - **The registry's listing.** The exporter builds its op registry from onnxscript's list of
   torchlib functions, which parses the source of each of 497 traced functions to read a
-  field (the domain) that is its opset's; the list is made without the parse (0.5 s).
+  field (the domain) that is its opset's; the list is made without the parse.
 - **Saving.** Folding ``Transpose`` of a weight leaves a transposed numpy view, which numpy
   writes element by element; each such weight is made contiguous just before it is
   written, one at a time, so no second copy of the weights is held.
@@ -185,8 +184,8 @@ def skip_needless_decomposition() -> Iterator[Decomposition]:
 def torchlib_ops_without_parsing() -> list[Any]:
     """What onnxscript's ``get_torchlib_ops`` returns (every torchlib function, for the
     exporter's registry), without parsing each traced function's source to read its domain:
-    a traced function's domain is its opset's (a test checks every one). The parse took
-    0.5 s of each export's registry, for a field the registry does not read."""
+    a traced function's domain is its opset's (a test checks every one). The parse is most
+    of the time of each export's registry, for a field the registry does not read."""
     from onnxscript._framework_apis.torch_2_5 import _OnnxFunctionMeta
     from onnxscript._internal.values import TracedOnnxFunction
     from onnxscript.function_libs.torch_lib import ops, registration

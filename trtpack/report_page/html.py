@@ -1,7 +1,9 @@
 """``OUT/report.html``: the build report as one self-contained page.
 
-Charts are drawn by matplotlib (imported here only, when the page is written) as inline SVG
-with text kept as text; styles are inline; nothing is fetched when the page is viewed.
+Charts come from the report's chart module as inline SVG with text kept as text: the build's
+own (stage timeline, INT8 sensitivity) as plain SVG bars, the benchmark charts by matplotlib
+(imported there, only when a benchmark is drawn). Styles are inline; nothing is fetched when
+the page is viewed.
 Sections: summary, stage timeline (seconds and peak memory), verification per corner and
 output, INT8 sensitivity and kept layers (when the precision stage searched), benchmark
 (runtime latency per corner, served throughput), artifacts with size and sha256, provenance.

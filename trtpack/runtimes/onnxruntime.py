@@ -23,12 +23,12 @@ def cpu_session(model: Any, threads: int | None = None, inter_op_threads: int | 
     ``onnx.ModelProto``); ``threads`` caps intra-op threads (None: ONNX Runtime's default).
 
     ``few_runs``: for a session run a few times (a check on the profile corners, a probe run
-    once). Weights are not pre-packed (bert-large: 1.5–5 s at creation and a packed copy of
-    every MatMul weight, which pays off only over many runs), and nodes run in the graph's
-    own order where they can (priority-based: a tensor read by a node placed right after its
-    producer is freed then, not at the end of the run). ONNX Runtime's memory arena stays on:
-    without it, bert-large's three corner runs peaked at 2,058 MB instead of 1,360 MB and
-    the FP16 range probe at 1,439 MB instead of 1,298 MB.
+    once). Weights are not pre-packed (it costs seconds at creation on a large model and a
+    packed copy of every MatMul weight, which pays off only over many runs), and nodes run in
+    the graph's own order where they can (priority-based: a tensor read by a node placed right
+    after its producer is freed then, not at the end of the run). ONNX Runtime's memory arena
+    stays on: without it these runs peak higher. Figures: benchmarks/README.md, "Figures
+    behind design choices".
 
     ``optimized_model_path``: where ONNX Runtime writes the graph it runs after its own
     optimizations (what kernels run: ``MatMulIntegerToFloat`` or ``DequantizeLinear`` ->

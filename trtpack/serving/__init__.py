@@ -5,7 +5,9 @@
 - ``layout``: the repository's folders and files; ``repository``: writes one for a build
 - ``tokenizer_model``, ``postprocess``, ``ensemble``: the ``--serve text`` models
 - ``merge`` (with ``engine_builds``): one model for a fleet of GPU families
-- ``tuning``: perf_analyzer / Model Analyzer files; ``sagemaker``: SageMaker archives
+- ``tuning``: perf_analyzer / Model Analyzer files
+- ``package_formats``: what ``trtpack package --format`` writes, one module per format
+  (``sagemaker``: SageMaker archives)
 
 serving imports ``engine`` (provenance), never the reverse. (Not named ``triton``: a package
 or folder of that name shadows the ``triton`` package that torch imports.)

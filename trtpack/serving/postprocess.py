@@ -1,8 +1,11 @@
-"""The post-processing model of a ``--serve text`` repository, chosen by the recipe's task:
-mean pooling + L2 norm (feature-extraction), softmax, sigmoid or raw scores + label names
-(sequence-classification, by transformers' rule: ``classification_function``),
-the top label of every token (token-classification), the top-1 token at every position
-(fill-mask). The Python backend code is ``templates/postprocess.py``.
+"""The post-processing model of a ``--serve text`` repository, chosen by the rule of the
+recipe's head (``Head.postprocess`` in ``trtpack.sources.heads``): ``embedding``, mean pooling + L2
+norm (feature-extraction, sentence-embedding); ``classify``, softmax, sigmoid or raw scores +
+label names (sequence-classification, by transformers' rule: ``classification_function``);
+``token_labels``, the top label of every token (token-classification);
+``vocabulary_tokens``, the top-1 token at every position (fill-mask). The Python backend
+code is ``templates/postprocess.py``: it runs inside Triton, so it gets the mode from its
+``config.pbtxt`` parameters.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from trtpack.model_io import ModelIO, TensorIO
 from trtpack.serving.config import python_model_config
 from trtpack.serving.tokenizer_model import TokenField
 from trtpack.shapes import ShapeProfile
+from trtpack.sources.heads import head_for
 from trtpack.sources.recipe import Recipe, TritonSettings
 
 EMBEDDING_OUTPUT = "embedding"
@@ -123,12 +127,14 @@ def postprocessing(recipe: Recipe, model_io: ModelIO, fields: Mapping[str, Token
         return None
     values = model_io.outputs[0]
     batched = model_io.all_batched
-    if recipe.task == "token-classification":
+    head = head_for(recipe.task)
+    rule = head.postprocess if head is not None else "none"
+    if rule == "token_labels":
         return _token_argmax(values, batched, TOKEN_LABELS_OUTPUT,
                              labels_from_config(model_config_json, values.shape[-1]))
-    if recipe.task == "fill-mask":
+    if rule == "vocabulary_tokens":
         return _token_argmax(values, batched, TOKENS_OUTPUT, vocabulary(tokenizer_dir))
-    if recipe.task in ("feature-extraction", "sentence-embedding"):
+    if rule == "embedding":
         hidden = values.shape[-1]
         out = TensorIO(EMBEDDING_OUTPUT, "float32", (-1, hidden), batched)
         if len(values.shape) == 3:
@@ -143,7 +149,7 @@ def postprocessing(recipe: Recipe, model_io: ModelIO, fields: Mapping[str, Token
         if len(values.shape) == 2:
             return Postprocessing("normalize", values, None, (out,))
         return None
-    if recipe.task == "sequence-classification":
+    if rule == "classify":
         if len(values.shape) != 2 or values.shape[-1] <= 0:
             raise UserInputError(
                 f"--serve text: output '{values.name}' has shape {list(values.shape)}; "

@@ -23,7 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtpack.engine.triton_release import TritonServing
+from trtpack.engine.triton_release import (
+    CACHE_CONFIG,
+    ERROR_ONLY_RESPONSE,
+    MODEL_NAMESPACING,
+    SAGEMAKER_ADDITIONAL_ARGS,
+    ServerFeature,
+    TritonServing,
+    minimum_release,
+    release_key,
+)
 from trtpack.errors import UserInputError
 from trtpack.out_files import record_files
 from trtpack.serving.config import read_config
@@ -171,10 +180,42 @@ def _shared_models(archives: tuple[SageMakerArchive, ...]) -> dict[str, list[str
     return {m: names for m, names in where.items() if len(names) > 1}
 
 
+def _server_features(shared: bool, cache: bool, python: bool,
+                     args: bool) -> list[ServerFeature]:
+    """What these archives need of the Triton release, besides the engine's TensorRT."""
+    return [f for f, needed in ((SAGEMAKER_ADDITIONAL_ARGS, args), (MODEL_NAMESPACING, shared),
+                                (CACHE_CONFIG, cache), (ERROR_ONLY_RESPONSE, python))
+            if needed]
+
+
+def _release_line(serving: TritonServing | None, features: list[ServerFeature]) -> str:
+    """The NGC release to use: no older than any feature needs, and (with an engine) one
+    whose TensorRT loads the engine."""
+    floor = minimum_release(features)
+    needs = "".join(f"\n  - {f.what}: {f.release} ({f.source})" for f in features)
+    sagemaker = "on SageMaker, the Triton image of that NGC release"
+    if serving is None:
+        return (f"- Minimum release: **{floor.release}** (`nvcr.io/nvidia/tritonserver:"
+                f"{floor.release}-py3` or later; {sagemaker} or later), for:{needs}"
+                if floor else "")
+    ok = [r for r in serving.releases
+          if floor is None or release_key(r.release) >= release_key(floor.release)]
+    if ok:
+        later = " or a later one that loads it" if serving.version_compatible else ""
+        return (f"- Release: **{ok[0].release}** (`{ok[0].image}`{later}; {sagemaker}): its "
+                f"TensorRT {ok[0].tensorrt} loads the engine"
+                + (f", and it is no older than {floor.release}, for:{needs}" if floor else "."))
+    if serving.releases and floor is not None:  # every table release that loads it is older
+        return (f"- Release: none in trtpack's table both loads the engine "
+                f"({serving.release_text()}) and is no older than {floor.release}, for:{needs}")
+    return ("- Release: the one whose TensorRT loads the engine (see *TensorRT* below)"
+            + (f", no older than **{floor.release}**, for:{needs}" if floor else "."))
+
+
 def _container(serving: TritonServing | None, shared: dict[str, list[str]], cache: bool,
-               python: bool) -> str:
+               python: bool, args: bool) -> str:
     """What the SageMaker Triton image and its flags must be for these archives."""
-    lines = []
+    lines = [_release_line(serving, _server_features(bool(shared), cache, python, args))]
     if serving is not None:
         lines.append(f"- TensorRT: the engine needs {serving.tensorrt_needed} (the builder's, "
                      f"from `model.plan.json`), on a GPU of the build's family: the SageMaker "
@@ -188,8 +229,9 @@ def _container(serving: TritonServing | None, shared: dict[str, list[str]], cach
         lines.append(f"- `--model-namespacing=true`: SageMaker registers each archive as a "
                      f"repository of its own, and `{model}` is in {' and '.join(names)} (as are "
                      f"{len(shared) - 1} other model(s)); Triton refuses two models of one name "
-                     "across repositories unless namespacing is on (a Triton release with "
-                     "model namespacing, server PR #5540).")
+                     "across repositories unless namespacing is on (the SageMaker entrypoint "
+                     "turns it on by default since server PR #5540; the flag is repeated here "
+                     "in case `SAGEMAKER_TRITON_DISABLE_MODEL_NAMESPACING` is set).")
     if cache:
         lines.append("- `--cache-config=local,size=268435456`: the configs enable the response "
                      "cache, which needs a cache at server start.")
@@ -197,6 +239,7 @@ def _container(serving: TritonServing | None, shared: dict[str, list[str]], cach
         lines.append("- A python_backend that accepts `pb_utils.InferenceResponse(error=...)` "
                      "with no output tensors: the tokenizer and post-processing models answer "
                      "a bad request that way.")
+    lines = [line for line in lines if line]
     if not lines:
         return ""
     return ("\n## Container\n\nThe flags go in `SAGEMAKER_TRITON_ADDITIONAL_ARGS` (above).\n\n"
@@ -258,7 +301,7 @@ def _note(package: SageMakerPackage, configs: dict[str, Any]) -> str:
         + "\n".join(e for e in env if e) + "\n"
         "\nFor a single-model endpoint instead (one archive as `model.tar.gz`), set "
         "`SAGEMAKER_TRITON_DEFAULT_MODEL_NAME` to the model to load (the ensemble for text).\n"
-        + _container(serving, shared, cache, bool(python))
+        + _container(serving, shared, cache, bool(python), bool(args))
         + deps
     )
 
@@ -285,3 +328,8 @@ def package_sagemaker(path: Path, dest: Path | None = None, *,
     # in a build folder: a rebuild replaces these with the rest of trtpack's files
     record_files(path, [a.path for a in archives] + [note])
     return package
+
+
+def package(path: Path, dest: Path | None = None) -> SageMakerPackage:
+    """``trtpack package --format sagemaker`` (``trtpack.serving.package_formats``)."""
+    return package_sagemaker(path, dest)

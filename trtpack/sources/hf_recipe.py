@@ -9,17 +9,23 @@ from pathlib import Path
 from typing import Any
 
 from trtpack.errors import UserInputError
+from trtpack.sources.architectures import (
+    hidden_size,
+    image_size,
+    max_positions,
+    pooler_axes,
+    takes_token_type_ids,
+    vocab_size,
+)
 from trtpack.sources.heads import (
-    HEAD_BY_TASK,
-    SUPPORTED,
     class_for_task,
+    head_for,
     head_of_architecture,
+    supported,
     text_outputs,
 )
 from trtpack.sources.recipe import Recipe, safe_name
 from trtpack.sources.tokenizer_files import has_tokenizer
-
-TOKEN_TYPE_FREE = {"distilbert", "roberta", "xlm-roberta", "camembert", "deberta-v2", "gpt2"}
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -111,7 +117,7 @@ def recipe_for_hf_dir(path: Path, task: str | None = None, name: str | None = No
     if config.get("is_encoder_decoder"):
         raise UserInputError(
             f"{model_dir}: encoder-decoder models ({config.get('model_type')}) are not "
-            f"supported; trtpack builds these heads: {SUPPORTED}")
+            f"supported; trtpack builds these heads: {supported()}")
     model_type = str(config.get("model_type", ""))
     archs: list[str] = list(config.get("architectures") or [])
     model_class: str | None
@@ -121,16 +127,17 @@ def recipe_for_hf_dir(path: Path, task: str | None = None, name: str | None = No
     if st is not None:
         task, model_class = "sentence-embedding", "AutoModel"
     elif task is not None:
+        head = head_for(task)
         model_class = class_for_task(model_type, task) if model_type else \
-            HEAD_BY_TASK[task].auto_class if task in HEAD_BY_TASK else None
+            head.auto_class if head is not None else None
         if model_class is None:
-            raise UserInputError(f"unknown task '{task}'; supported: {SUPPORTED}")
+            raise UserInputError(f"unknown task '{task}'; supported: {supported()}")
     elif archs:
         head = head_of_architecture(archs[0])
         if head is None:
             raise UserInputError(
                 f"{model_dir}: architecture {archs[0]} is not supported; trtpack builds "
-                f"these heads: {SUPPORTED} (pick one with --task)")
+                f"these heads: {supported()} (pick one with --task)")
         task, model_class = head.task, archs[0]
     else:
         task, model_class = "feature-extraction", "AutoModel"
@@ -139,33 +146,26 @@ def recipe_for_hf_dir(path: Path, task: str | None = None, name: str | None = No
                               "source": {"path": str(model_dir.resolve())}}
     labels = len(config.get("id2label") or {}) or int(config.get("num_labels", 2))
     if _is_vision(config, task):
-        size = config.get("image_size", 224)
-        size = size[0] if isinstance(size, list) else size
-        hidden = int((config.get("hidden_sizes") or [config.get("hidden_size", 768)])[-1])
-        pooled_4d = model_type in ("resnet", "regnet")
+        size = image_size(config)
         recipe.update(
             inputs=[{"name": "pixel_values", "dtype": "float32", "kind": "image",
                      "axes": ["batch", int(config.get("num_channels", 3)), size, size]}],
-            outputs=[{"name": "logits", "axes": ["batch", labels], "metric": "top1"}]
-            if task == "image-classification" else
-            [{"name": "pooler_output", "axes": ["batch", hidden, 1, 1] if pooled_4d
-              else ["batch", hidden], "metric": "cosine"}],
+            outputs=text_outputs(task, labels=labels) if task == "image-classification" else
+            [{"name": "pooler_output", "axes": pooler_axes(config), "metric": "cosine"}],
             profiles=["1:4:8"])
         return Recipe.model_validate(recipe)
-    hidden = int(config.get("hidden_size") or config.get("dim") or config.get("n_embd")
-                 or config.get("d_model") or 768)
-    vocab = int(config.get("vocab_size") or 30522)
+    hidden = hidden_size(config)
+    vocab = vocab_size(config)
     inputs: list[dict[str, Any]] = [
         {"name": "input_ids", "dtype": "int64", "axes": ["batch", "sequence"], "kind": "token_ids"},
         {"name": "attention_mask", "dtype": "int64", "axes": ["batch", "sequence"],
          "kind": "attention_mask"},
     ]
-    if model_type not in TOKEN_TYPE_FREE and int(config.get("type_vocab_size") or 0) >= 2:
+    if takes_token_type_ids(config):
         inputs.append({"name": "token_type_ids", "dtype": "int64", "axes": ["batch", "sequence"],
                        "kind": "token_type_ids"})
     outputs = text_outputs(task, hidden=hidden, labels=labels, vocab=vocab)
-    positions = config.get("max_position_embeddings") or config.get("n_positions") or 512
-    max_len = min(int(positions), 512)
+    max_len = min(max_positions(config), 512)
     recipe.update(
         inputs=inputs, outputs=outputs, profiles=[f"1x16:4x64:8x{max_len}"],
         tokenizer=has_tokenizer(model_dir),

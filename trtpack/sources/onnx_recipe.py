@@ -140,13 +140,12 @@ def _input_kind(name: str, dtype: str, rank: int) -> str:
 
 
 def _output_metric(name: str, axes: list[str | int], task: str, has_mask: bool) -> str:
-    from trtpack.sources.heads import text_outputs
+    from trtpack.sources.heads import head_for
 
-    for out in text_outputs(task) if task not in ("generic", "image-classification") else []:
-        if out["name"] == name:
-            return str(out["metric"])
-    if task == "image-classification" and name == "logits":
-        return "top1"
+    head = head_for(task)
+    for out in head.outputs if head is not None else ():
+        if out.name == name:
+            return out.metric
     if len(axes) == 3 and has_mask:
         return "pooled_cosine"
     return "cosine"

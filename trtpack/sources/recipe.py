@@ -19,8 +19,10 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from trtpack.shapes import TensorSpec
+from trtpack.sources.heads import tasks
 
 Precision = Literal["fp32", "fp16", "int8"]
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "int8")
@@ -30,12 +32,6 @@ InputKind = Literal["token_ids", "attention_mask", "token_type_ids", "image", "g
 # (language models, token classifiers); span: the argmax position over the unpadded tokens
 # (question answering's start_logits / end_logits: both agree = the same answer span).
 Metric = Literal["cosine", "pooled_cosine", "top1", "token_top1", "span", "none"]
-Task = Literal[
-    "feature-extraction", "sentence-embedding", "sequence-classification",
-    "token-classification", "question-answering", "fill-mask", "text-generation",
-    "image-classification", "generic",
-]
-TASKS: tuple[str, ...] = Task.__args__  # type: ignore[attr-defined]
 
 
 class _Strict(BaseModel):
@@ -192,7 +188,7 @@ def safe_name(text: str) -> str:
 class Recipe(_Strict):
     name: str = Field(pattern=RECIPE_NAME)
     description: str = ""
-    task: Task
+    task: str = Field(description="the head (trtpack.sources.heads' registry)")
     model_class: str | None = Field(
         None, description="transformers class name; default by task (AutoModel, ...)"
     )
@@ -212,7 +208,7 @@ class Recipe(_Strict):
         "(e.g. with --random-weights, a package that ships the same vocabulary)"
     )
     exporter: Literal["dynamo", "legacy"] = Field(
-        "dynamo", description="torch.onnx exporter (see README: measured on bert-large)"
+        "dynamo", description="torch.onnx exporter (legacy: TorchScript; compared in benchmarks/)"
     )
     inputs: list[InputSpec]
     outputs: list[OutputSpec]
@@ -233,6 +229,20 @@ class Recipe(_Strict):
     def with_origin(self, origin: Path) -> Recipe:
         self._origin = origin.resolve()
         return self
+
+    @field_validator("task")
+    @classmethod
+    def _registered_task(cls, v: str) -> str:
+        """One of the registered heads, checked when a recipe is validated (so a head
+        registered later is accepted), with pydantic's own message for a choice."""
+        known = tasks()
+        if v not in known:
+            quoted = [repr(t) for t in known]
+            expected = f"{', '.join(quoted[:-1])} or {quoted[-1]}" if len(quoted) > 1 \
+                else quoted[0]
+            raise PydanticCustomError("literal_error", "Input should be {expected}",
+                                      {"expected": expected})
+        return v
 
     @field_validator("inputs", "outputs")
     @classmethod

@@ -16,8 +16,9 @@ import re
 from pathlib import Path
 
 from trtpack.errors import UserInputError
+from trtpack.sources.heads import tasks
 from trtpack.sources.onnx_recipe import recipe_for_onnx
-from trtpack.sources.recipe import TASKS, Recipe, safe_name
+from trtpack.sources.recipe import Recipe, safe_name
 from trtpack.sources.recipe_files import RECIPES_DIR, builtin_recipe_names, load_recipe_file
 
 ONNX_SUFFIX = ".onnx"
@@ -28,8 +29,8 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 def resolve_model(model: str, task: str | None = None) -> Recipe:
     """The recipe for MODEL; ``task`` (``--task``) picks the head of a model directory, a
     hub id or an ONNX file."""
-    if task is not None and task not in TASKS:
-        raise UserInputError(f"unknown --task '{task}'; choose one of {', '.join(TASKS)}")
+    if task is not None and task not in tasks():
+        raise UserInputError(f"unknown --task '{task}'; choose one of {', '.join(tasks())}")
     path = Path(model).expanduser()
     if "/" not in model and (RECIPES_DIR / f"{model}.yaml").is_file():
         return _no_task(load_recipe_file(RECIPES_DIR / f"{model}.yaml"), task, model)

@@ -1,5 +1,6 @@
-"""Pipeline stages (run by ``trtpack.pipeline``, which they never import). Each module defines
-two functions and imports heavy packages inside them:
+"""Pipeline stages (run by ``trtpack.pipeline``, which they never import). Each stage's module
+(``pipeline.stage.STAGES`` names them; ``base`` and ``torch_export`` are helpers) defines two
+functions and imports heavy packages inside them:
 
     def fingerprint(options: BuildOptions) -> dict[str, Any]
         The options this stage's output depends on (JSON-able). Together with the keys of

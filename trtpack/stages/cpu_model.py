@@ -53,7 +53,8 @@ class CpuModelMetrics(StageMetrics):
 def fingerprint(options: BuildOptions) -> dict[str, Any]:
     import importlib.metadata
 
-    from trtpack.precision.calibration import calibration_path, file_sha256
+    from trtpack.precision.calibration import calibration_path
+    from trtpack.precision.calibration_files import file_sha256
 
     r = options.recipe
     path = calibration_path(options) if options.precision == "int8" else None
@@ -190,10 +191,11 @@ def _choose_precision(ctx: StageContext, fp32_path: Path, int8_path: Path, cases
 
 def _verify(ctx: StageContext, path: Path, cases: list[Case], check: str, precision: str
             ) -> list[VerificationRow]:
-    from trtpack.verify.compare import compare_cases, run_onnxruntime
+    from trtpack.verify.compare import compare_cases, run_onnxruntime, saved_tokenizer_text
 
-    return compare_cases(check, ctx.options.recipe, precision, cases,
-                         run_onnxruntime(path, cases))
+    recipe = ctx.options.recipe
+    return compare_cases(check, recipe, precision, cases, run_onnxruntime(path, cases),
+                         saved_tokenizer_text(ctx.artifacts.get("tokenizer"), recipe))
 
 
 def _int8_form(ctx: StageContext, work: Path, source: Path, shape: tuple[Any, ...],

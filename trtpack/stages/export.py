@@ -1,19 +1,12 @@
-"""Export: load the model once, record PyTorch outputs at every profile corner, write ONNX.
+"""Export: load the model once, record PyTorch outputs at every profile corner, write ONNX
+(``trtpack.stages.torch_export``: the exporters).
 
-The ONNX has the recipe's input/output names, its dynamic axes named as in the recipe and
-the pinned opset. The dynamo exporter streams the weights to ``model.onnx.data`` (for
-bert-large: 1.9 GB peak instead of 8.4 GB when it builds one protobuf with them). The
-reference cases (inputs + PyTorch outputs) are saved so later stages never need the model
-or torch again.
+The reference cases (inputs + PyTorch outputs) are saved so later stages never need the
+model or torch again.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
-import os
-import shutil
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,32 +14,18 @@ from typing import Any
 import numpy as np
 
 from trtpack.cases import Case, save_cases
-from trtpack.errors import TrtpackError, UserInputError
-from trtpack.onnx_tools.files import (
-    DATA_SUFFIX,
-    data_path,
-    graph_summary,
-    move_model,
-    resave_with_sidecar,
-)
+from trtpack.errors import UserInputError
+from trtpack.onnx_tools.files import graph_summary
 from trtpack.options import BuildOptions
 from trtpack.pytorch.models import LoadedModel, load_model, source_directory
-from trtpack.pytorch.onnx_export import (
-    Decomposition,
-    exporter_failure,
-    optimize_program,
-    quick_torchlib_registry,
-    save_program,
-    skip_needless_decomposition,
-    torch_logs_to,
-)
 from trtpack.sources.recipe import Recipe
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
+from trtpack.stages.torch_export import export_onnx
 from trtpack.verify.samples import make_inputs
 
 # Young objects collected 140x less often than Python's default (700, 10, 10) in the
-# export's process (trtpack.pipeline.isolate): about 1 s of minilm's export. Only here, where it
-# was measured (bert-large's precision stage peaked 100 MB higher in a run with it everywhere).
+# export's process, which makes millions of short-lived objects while tracing. Only here: other
+# stages keep the default (applied everywhere, it raised a later stage's memory peak).
 GC_THRESHOLDS = (100_000, 50, 100)
 
 
@@ -165,120 +144,6 @@ def run_torch(wrapper: Any, recipe: Recipe, cases: list[Case]) -> None:
                     "lengths up to its max_position_embeddings)") from None
             case.outputs = {o.name: t.detach().float().numpy()
                             for o, t in zip(recipe.outputs, outs, strict=True)}
-
-
-def _example_inputs(options: BuildOptions) -> dict[str, np.ndarray]:
-    """Example shapes for tracing: the opt shape, with dynamic sizes of 1 raised to 2 where
-    the profile allows (an example size of 1 gets specialized away by the exporter)."""
-    profile = options.profiles[0]
-    shapes = {}
-    for spec in options.recipe.input_specs():
-        r = profile.shapes[spec.name]
-        shapes[spec.name] = tuple(
-            2 if isinstance(axis, str) and r.opt[d] == 1 and r.max[d] >= 2 else r.opt[d]
-            for d, axis in enumerate(spec.axes)
-        )
-    vocab = min(options.recipe.vocab_size or 1000, 1000)
-    return make_inputs(options.recipe.input_specs(), shapes, vocab_size=vocab, seed=1234)
-
-
-@dataclass
-class Exported:
-    """What ``export_onnx`` did: which exporter wrote the model, and why."""
-
-    exporter: str  # "dynamo" or "legacy" (TorchScript)
-    fallback: str  # why the dynamo exporter's model was not used ("" when it was)
-    external_data: bool
-    decomposition: str
-
-
-def export_onnx(wrapper: Any, options: BuildOptions, path: Path, log: Any) -> Exported:
-    """Export with the recipe's exporter. When the dynamo exporter fails, retry with the
-    TorchScript exporter (``dynamo=False``, as Hugging Face Optimum does); the verify stage
-    checks either model against PyTorch at every profile corner."""
-    import torch
-
-    recipe = options.recipe
-    input_names = [i.name for i in recipe.inputs]
-    output_names = [o.name for o in recipe.outputs]
-    input_axes = {a for i in recipe.inputs for a in i.axes if isinstance(a, str)}
-    dynamic_axes: dict[str, dict[int, str]] = {}
-    for spec in recipe.inputs:
-        dynamic_axes[spec.name] = {d: a for d, a in enumerate(spec.axes) if isinstance(a, str)}
-    for out in recipe.outputs:
-        dynamic_axes[out.name] = {d: a for d, a in enumerate(out.axes)
-                                  if isinstance(a, str) and a in input_axes}
-    example = _example_inputs(options)
-    args = tuple(torch.from_numpy(example[n]) for n in input_names)
-    scratch = path.parent / "export-tmp"
-    scratch.mkdir()
-    captured = io.StringIO()
-    exporter, fallback = recipe.exporter, ""
-    with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured), \
-            warnings.catch_warnings(), torch_logs_to(log):
-        warnings.simplefilter("ignore")
-        decomposition = Decomposition(reason="legacy exporter")
-        if exporter == "dynamo":
-            try:
-                with skip_needless_decomposition() as decomposition, \
-                        quick_torchlib_registry():
-                    program = torch.onnx.export(
-                        wrapper, args, input_names=input_names, output_names=output_names,
-                        opset_version=options.opset, dynamo=True, optimize=False,
-                        dynamic_shapes=(_dynamic_shapes(options),))  # forward(*args)
-                assert program is not None  # the dynamo exporter returns its program
-                optimize_program(program.model)
-                save_program(program, scratch / path.name)
-            except (TrtpackError, MemoryError):
-                raise  # the user's to fix; and the TorchScript exporter needs more memory
-            except Exception as e:  # any failure of the exporter: the other one may work
-                log.warning("the dynamo exporter failed; retrying with the TorchScript "
-                            "exporter (dynamo=False)", exc_info=True)
-                fallback = f"the dynamo exporter failed ({exporter_failure(e)})"
-                exporter = "legacy"
-                decomposition = Decomposition(reason="legacy exporter (fallback)")
-                shutil.rmtree(scratch)
-                scratch.mkdir()
-        if exporter == "legacy":
-            torch.onnx.export(wrapper, args, str(scratch / path.name), input_names=input_names,
-                              output_names=output_names, dynamic_axes=dynamic_axes,
-                              opset_version=options.opset, dynamo=False)
-    log.info("torch.onnx.export output:\n%s", captured.getvalue())
-    place_onnx(scratch / path.name, path)
-    shutil.rmtree(scratch)
-    log.info("decomposition re-trace %s", decomposition.summary())
-    return Exported(exporter=exporter, fallback=fallback,
-                    external_data=data_path(path).is_file(),
-                    decomposition=decomposition.summary())
-
-
-def _dynamic_shapes(options: BuildOptions) -> tuple[dict[int, Any], ...]:
-    """torch.export dims, one per axis name (shared by the inputs that have it), bounded by
-    the largest profile max, so the exported graph names its dynamic axes as the recipe."""
-    from torch.export import Dim
-
-    dims: dict[str, Any] = {}
-    for spec in options.recipe.input_specs():
-        for d, axis in spec.dynamic_axes.items():
-            if axis not in dims:
-                top = max(p.shapes[spec.name].max[d] for p in options.profiles)
-                dims[axis] = Dim(axis, min=1, max=max(top, 2))
-    return tuple(
-        {d: dims[axis] for d, axis in spec.dynamic_axes.items()}
-        for spec in options.recipe.input_specs()
-    )
-
-
-def place_onnx(src: Path, dst: Path) -> None:
-    """Move an exported model to ``dst``: one file, or ``dst`` + ``dst.data`` when its weights
-    are external (exporters may write one file per tensor; those are gathered into one)."""
-    written = {p.name for p in src.parent.iterdir()}
-    if written == {src.name}:
-        os.replace(src, dst)
-    elif written == {src.name, src.name + DATA_SUFFIX} and src.name == dst.name:
-        move_model(src, dst)
-    else:
-        resave_with_sidecar(src, dst)
 
 
 def run(ctx: StageContext) -> StageOutcome:

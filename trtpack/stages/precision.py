@@ -12,7 +12,8 @@ from typing import Any
 
 from trtpack.errors import UserInputError
 from trtpack.options import BuildOptions
-from trtpack.precision.calibration import DEFAULT_TEXT, calibration_path, file_sha256
+from trtpack.precision.calibration import DEFAULT_TEXT, calibration_path
+from trtpack.precision.calibration_files import file_sha256
 from trtpack.precision.fallback import (
     FALLBACK_QUANTIZE_OP_TYPES,
     GREEDY_FAILURES,

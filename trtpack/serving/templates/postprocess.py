@@ -38,7 +38,7 @@ class TritonPythonModel:
         self.label_output = params.get("label_output", "")
         self.labels = []
         classify = ("softmax", "sigmoid", "identity")
-        if self.mode in (*classify, "token_argmax"):
+        if "labels_file" in params:  # written for the modes that name labels or tokens
             folder = Path(args["model_repository"]) / args["model_version"]
             self.labels = json.loads((folder / params["labels_file"]).read_text("utf-8"))
         if self.mode not in ("mean_pooling", "normalize", "token_argmax", *classify):

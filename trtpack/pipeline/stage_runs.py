@@ -1,0 +1,155 @@
+"""The stages of one build: planned with their cache keys before anything runs, their
+processes started ahead so they warm up while earlier stages run, and each stage either
+reused from the cache or run (in its process, or in this one), measured and stored."""
+
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from trtpack.errors import StageError, StageKilledError, TrtpackError, no_space_cause
+from trtpack.options import BuildOptions
+from trtpack.pipeline.cache import StageCache, relative_artifacts, stage_key
+from trtpack.pipeline.faults import killed_message, oom_kills
+from trtpack.pipeline.isolate import StageProcess
+from trtpack.pipeline.outputs import artifact_records
+from trtpack.pipeline.stage import STAGES, Stage
+from trtpack.report import Artifact, StageResult, VerificationRow
+from trtpack.resources import ResourceMeter
+from trtpack.stages.base import (
+    ProgressCallback,
+    StageContext,
+    StageOutcome,
+    metrics_dict,
+    stage_logger,
+)
+
+
+@dataclass
+class PlannedStage:
+    """A stage of this build with its cache key, known before anything runs."""
+
+    stage: Stage
+    module: Any
+    key: str
+    cached: bool
+
+
+class StageRuns:
+    """Runs a build's stages for ``trtpack.pipeline.runner.Pipeline`` (which keeps the OUT
+    folder and the report): ``processes`` are the stage processes alive now."""
+
+    def __init__(self, options: BuildOptions, progress: ProgressCallback) -> None:
+        self.options = options
+        self.progress = progress
+        self.cache = StageCache(options.cache_dir)
+        self.processes: dict[str, StageProcess] = {}
+
+    def plan(self, versions: dict[str, str | None]) -> list[PlannedStage]:
+        """The stages that will run, each with its key and whether the cache has it."""
+        o = self.options
+        planned: list[PlannedStage] = []
+        upstream = ""
+        for stage in STAGES:
+            if not stage.applies(o) or stage.skip_reason(o) is not None:
+                continue
+            module = stage.load()
+            upstream = stage_key(stage.name, module.fingerprint(o), upstream, versions)
+            cached = stage.cacheable and o.use_cache and self.cache.has(stage.name, upstream)
+            planned.append(PlannedStage(stage, module, upstream, cached))
+        return planned
+
+    def start_ahead(self, planned: list[PlannedStage], index: int, logs: Path) -> None:
+        """Make sure the process of the stage about to run (``planned[index]``) and those of
+        the next isolated stages to run (as many as its ``warm_beside``) exist: they warm up
+        while this one runs (the stages after the export are short). Not all at once: each
+        warming process holds its imports' memory."""
+        ahead = [p for p in planned[index:] if p.stage.isolated and not p.cached]
+        beside = planned[index].stage.warm_beside
+        wanted = ahead[:beside + 1] if ahead and ahead[0] is planned[index] else ahead[:beside]
+        for p in wanted:
+            if p.stage.name not in self.processes:
+                self.processes[p.stage.name] = StageProcess(
+                    p.stage, logs / f"{p.stage.name}.log", self.options, logs.parent)
+
+    def stop_processes(self) -> None:
+        for process in self.processes.values():
+            process.stop()
+        self.processes.clear()
+
+    def reuse(self, stage: Stage, key: str, stage_dir: Path, artifacts: dict[str, Path]
+               ) -> tuple[tuple[StageResult, list[VerificationRow]] | None, str | None]:
+        """The cached result (or None), and why the entry was discarded (or None)."""
+        started = time.perf_counter()
+        loaded = self.cache.load(stage.name, key, stage_dir)
+        meta = loaded.meta
+        if meta is None:
+            return None, loaded.discarded
+        self.cache.touch(stage.name, key)
+        for name, rel in meta["artifacts"].items():
+            artifacts[name] = stage_dir / rel
+        result = StageResult(**meta["result"])
+        result.artifacts = [Artifact(**a) for a in meta["records"]]
+        result.cached = True
+        result.seconds = time.perf_counter() - started
+        result.peak_memory_mb = None
+        return (result, [VerificationRow(**r) for r in meta.get("verification", [])]), None
+
+    def execute(self, stage: Stage, plan: PlannedStage, stage_dir: Path,
+                 artifacts: dict[str, Path], work: Path, log_path: Path
+                 ) -> tuple[StageResult, list[VerificationRow]]:
+        logger, handler = stage_logger(f"trtpack.stage.{stage.name}.{id(self)}", log_path)
+        ctx = StageContext(self.options, stage.name, stage_dir, work, dict(artifacts), logger,
+                           self.progress)
+        if stage.isolated and stage.name not in self.processes:
+            # planned as cached, but the entry went away
+            self.processes[stage.name] = StageProcess(stage, log_path, self.options, work)
+        process = self.processes.get(stage.name)
+        # the processes warming up for later stages are not this stage's memory
+        meter = ResourceMeter(exclude={p.pid for p in self.processes.values()
+                                       if p is not process})
+        oom_before = oom_kills()
+        try:
+            with meter:
+                outcome: StageOutcome = (process.run(ctx, log_path) if process is not None
+                                         else plan.module.run(ctx))
+            self.processes.pop(stage.name, None)
+        except (TrtpackError, KeyboardInterrupt, SystemExit):
+            logger.error("".join(traceback.format_exc()))
+            raise
+        except StageKilledError as e:
+            message = killed_message(stage.name, e.signal_number, oom_before, oom_kills(),
+                                     meter.peak_mb)
+            logger.error(message)
+            raise StageError(stage.name, message, log_path=log_path) from None
+        except Exception as e:
+            if no_space_cause(e) is not None:
+                raise  # the runner says it in words (faults.disk_full_error)
+            logger.error("".join(traceback.format_exc()))
+            raise StageError(stage.name, f"{type(e).__name__}: {e}",
+                             log_path=log_path) from e
+        finally:
+            logger.removeHandler(handler)
+            handler.close()
+        artifacts.update(outcome.artifacts)
+        result = StageResult(
+            stage.name, outcome.status, seconds=meter.seconds, peak_memory_mb=meter.peak_mb,
+            message=outcome.message, metrics=metrics_dict(outcome.metrics),
+            warnings=outcome.warnings,
+            artifacts=artifact_records(outcome.artifacts, stage_dir, work),
+        )
+        if stage.cacheable and self.options.use_cache and outcome.status == "ok" and all(
+            r.passed for r in outcome.verification
+        ):
+            meta = {
+                "artifacts": relative_artifacts(outcome.artifacts, stage_dir),
+                "records": [asdict(a) for a in result.artifacts],
+                "result": {k: v for k, v in asdict(result).items()
+                           if k not in ("artifacts", "cached", "log_path")},
+                "verification": [asdict(r) for r in outcome.verification],
+            }
+            self.cache.store(stage.name, plan.key, stage_dir, meta)
+        return result, outcome.verification

@@ -1,0 +1,95 @@
+"""What trtpack knows of each transformers architecture family, as one declarative table
+(modelled on Optimum's ``model_configs.py``, one entry per family): which ``config.json`` keys
+hold its hidden size and its longest sequence, whether it takes ``token_type_ids``, and the
+shape of a vision base model's pooled output. ``trtpack.sources.hf_recipe`` reads config.json
+through it; a model type not in the table gets ``DEFAULT``, which tries every family's keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+HIDDEN_SIZE_KEYS = ("hidden_size", "dim", "n_embd", "d_model")
+"""config.json keys that hold a text model's hidden size, in the order they are tried."""
+POSITION_KEYS = ("max_position_embeddings", "n_positions")
+"""config.json keys that hold the longest sequence a text model takes."""
+DEFAULT_HIDDEN_SIZE = 768
+DEFAULT_VOCAB_SIZE = 30522  # BERT's
+DEFAULT_POSITIONS = 512
+DEFAULT_IMAGE_SIZE = 224
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """One architecture family: the ``model_type`` values of its config.json and its facts."""
+
+    model_types: tuple[str, ...]
+    hidden_size_keys: tuple[str, ...] = HIDDEN_SIZE_KEYS
+    position_keys: tuple[str, ...] = POSITION_KEYS
+    token_type_ids: bool = True  # takes token_type_ids when type_vocab_size >= 2
+    pooled_spatial: bool = False  # a vision base model's pooler_output is [batch, hidden, 1, 1]
+
+
+DEFAULT = Architecture(())
+
+ARCHITECTURES: tuple[Architecture, ...] = (
+    Architecture(("bert",)),
+    Architecture(("distilbert",), hidden_size_keys=("dim",), token_type_ids=False),
+    Architecture(("roberta", "xlm-roberta", "camembert"), token_type_ids=False),
+    Architecture(("deberta-v2",), token_type_ids=False),
+    Architecture(("gpt2",), hidden_size_keys=("n_embd",), position_keys=("n_positions",),
+                 token_type_ids=False),
+    Architecture(("resnet", "regnet"), pooled_spatial=True),
+)
+
+
+def architecture(model_type: str) -> Architecture:
+    """The table's entry for ``model_type`` (``DEFAULT`` when it has none)."""
+    return next((a for a in ARCHITECTURES if model_type in a.model_types), DEFAULT)
+
+
+def hidden_size(config: dict[str, Any]) -> int:
+    """A text model's hidden size: the family's key, else any family's, else 768."""
+    arch = architecture(str(config.get("model_type", "")))
+    keys = (*arch.hidden_size_keys, *HIDDEN_SIZE_KEYS)
+    return int(next((config[k] for k in keys if config.get(k)), DEFAULT_HIDDEN_SIZE))
+
+
+def max_positions(config: dict[str, Any]) -> int:
+    """The longest sequence a text model takes: the family's key, else any family's, else
+    512."""
+    arch = architecture(str(config.get("model_type", "")))
+    keys = (*arch.position_keys, *POSITION_KEYS)
+    return int(next((config[k] for k in keys if config.get(k)), DEFAULT_POSITIONS))
+
+
+def vocab_size(config: dict[str, Any]) -> int:
+    return int(config.get("vocab_size") or DEFAULT_VOCAB_SIZE)
+
+
+def takes_token_type_ids(config: dict[str, Any]) -> bool:
+    """Whether a text model has a ``token_type_ids`` input: its family uses them and its
+    config has two types or more."""
+    arch = architecture(str(config.get("model_type", "")))
+    return arch.token_type_ids and int(config.get("type_vocab_size") or 0) >= 2
+
+
+def vision_hidden_size(config: dict[str, Any]) -> int:
+    """A vision model's pooled width: the last stage's (``hidden_sizes``, convolutional
+    models) or ``hidden_size`` (ViT), else 768."""
+    return int((config.get("hidden_sizes") or [config.get("hidden_size",
+                                                           DEFAULT_HIDDEN_SIZE)])[-1])
+
+
+def image_size(config: dict[str, Any]) -> int:
+    size = config.get("image_size", DEFAULT_IMAGE_SIZE)
+    return int(size[0] if isinstance(size, list) else size)
+
+
+def pooler_axes(config: dict[str, Any]) -> list[str | int]:
+    """The axes of a vision base model's ``pooler_output``."""
+    hidden = vision_hidden_size(config)
+    if architecture(str(config.get("model_type", ""))).pooled_spatial:
+        return ["batch", hidden, 1, 1]
+    return ["batch", hidden]
