@@ -90,7 +90,7 @@ def test_a_head_registered_before_the_cli_is_in_task_help() -> None:
     code = ("from tests.sources.test_head_registry import FAKE\n"
             "from trtpack.sources.heads import register\n"
             "register(FAKE)\n"
-            "from trtpack.cli import app\n"
+            "from trtpack.cli.app import app\n"
             "app(['build', '--help'], prog_name='trtpack')\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
