@@ -20,7 +20,8 @@ from trtpack.serving.config import read_config
 from trtpack.serving.ensemble import check_ensemble
 from trtpack.serving.layout import ModelRepository
 from trtpack.serving.package_formats import FORMATS, format_help
-from trtpack.serving.sagemaker import archive_members, package_sagemaker
+from trtpack.serving.sagemaker import package_sagemaker
+from trtpack.serving.sagemaker_archives import archive_members
 
 TOKENIZER_FILES = ["special_tokens_map.json", "tokenizer.json", "tokenizer_config.json",
                    "vocab.txt"]
