@@ -184,7 +184,7 @@ def test_polygraphy_profiles_from_the_plan(minilm_profiles: list) -> None:
     """The real polygraphy Profile objects (they are plain mappings; TensorRT is only needed
     when CreateConfig turns them into optimization profiles)."""
     pytest.importorskip("polygraphy")
-    from trtpack.runtimes.tensorrt import polygraphy_profiles
+    from trtpack.runtimes.polygraphy_setup import polygraphy_profiles
 
     p0, p1 = polygraphy_profiles(tensorrt_profiles(minilm_profiles))
     assert list(p0) == ["input_ids", "attention_mask", "token_type_ids"]

@@ -38,6 +38,7 @@ from tests.runtimes.tensorrt_names import (
 )
 from trtpack.engine import builder as engine_plan
 from trtpack.machine.packages import MIN_TENSORRT, parse_version
+from trtpack.runtimes.polygraphy_setup import polygraphy_logging
 from trtpack.shapes import parse_profiles
 from trtpack.sources.recipe import EngineSettings
 from trtpack.sources.resolve import resolve_model
@@ -317,7 +318,7 @@ def test_building_the_loaders_and_the_engine_prints_nothing_to_stdout(
                               ("out", False, "FLOAT", (-1, -1))])
         polygraphy_logger.COLORED_MODULE_PRESENT = None  # its first use may print() a warning
         capfd.readouterr()
-        with tensorrt_api_module.polygraphy_logging(log):
+        with polygraphy_logging(log):
             tensorrt_api_module.engine_loaders(onnx, profiles, settings)
         tensorrt_api_module.build_engine(onnx, tmp_path / "model.plan", profiles, settings,
                                          tmp_path / "t.cache", log)

@@ -108,7 +108,7 @@ def test_polygraphy_and_tensorrt_messages_go_to_the_stage_log(
     pytest.importorskip("polygraphy")
     from polygraphy.logger import G_LOGGER
 
-    from trtpack.runtimes.tensorrt import polygraphy_logging
+    from trtpack.runtimes.polygraphy_setup import polygraphy_logging
 
     log = logging.getLogger("test-engine-log")
     log.propagate = False

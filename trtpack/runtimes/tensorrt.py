@@ -5,13 +5,13 @@ Engines are built through polygraphy's TensorRT loaders (``NetworkFromOnnxPath``
 run with its ``TrtRunner``.
 TensorRT and polygraphy's TensorRT backend are imported inside the functions; the values
 passed to them come from ``trtpack.engine.builder`` (plain data, tested on CPU).
-Polygraphy's and TensorRT's log messages go to the given ``logging.Logger``, never stdout.
+Polygraphy's and TensorRT's log messages go to the given ``logging.Logger``, never stdout
+(``polygraphy_setup``: the logging, the profiles, the CUDA versions, without TensorRT).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import time
@@ -25,13 +25,10 @@ import numpy as np
 from trtpack.cases import Case
 from trtpack.model_io import EngineTensor, numpy_dtype
 from trtpack.onnx_tools.files import sha256_file
+from trtpack.runtimes.polygraphy_setup import TrtProfile, polygraphy_logging, polygraphy_profiles
 
 if TYPE_CHECKING:  # for annotations only (tests read them: TensorRT names this module uses)
     import tensorrt as trt
-
-TrtProfile = Mapping[str, tuple[Sequence[int], Sequence[int], Sequence[int]]]
-"""One optimization profile: input name -> (min, opt, max) (``engine.builder`` makes them)."""
-
 
 class BuilderSettings(Protocol):
     """The builder options of one build (``engine.builder.BuilderSettings``): keyword
@@ -44,57 +41,10 @@ class BuilderSettings(Protocol):
     def to_dict(self) -> dict[str, Any]: ...
 
 
-@contextlib.contextmanager
-def polygraphy_logging(log: logging.Logger, severity: str = "INFO") -> Iterator[None]:
-    """Route polygraphy's logger (and TensorRT's, which polygraphy forwards) to ``log``."""
-    from polygraphy.logger import G_LOGGER
-
-    saved_python = G_LOGGER.use_python_logging_system
-    saved_severity = G_LOGGER.module_severity
-    saved_colors = G_LOGGER.colors
-    G_LOGGER.use_python_logging_system = True
-    # colours off: without the 'colored' package polygraphy's first coloured message print()s
-    # "[W] 'colored' module is not installed" to stdout, routed or not
-    G_LOGGER.colors = False
-    G_LOGGER.module_severity = getattr(G_LOGGER, severity)
-    target = logging.getLogger("Polygraphy")
-    saved = list(target.handlers), target.propagate, target.level
-    target.handlers = list(log.handlers)
-    target.propagate = False
-    target.setLevel(logging.DEBUG)
-    try:
-        yield
-    finally:
-        target.handlers, target.propagate = saved[0], saved[1]
-        target.setLevel(saved[2])
-        G_LOGGER.module_severity = saved_severity
-        G_LOGGER.use_python_logging_system = saved_python
-        G_LOGGER.colors = saved_colors
-
-
 def tensorrt_version() -> str:
     import tensorrt as trt
 
     return str(trt.__version__)
-
-
-def cuda_versions() -> tuple[str | None, str | None]:
-    """(CUDA runtime version, CUDA driver version) from libcudart, as polygraphy loads it."""
-
-    def fmt(v: int) -> str:
-        return f"{v // 1000}.{(v % 1000) // 10}"
-
-    try:
-        from polygraphy import cuda
-
-        handle = cuda.wrapper().handle
-        runtime, driver = ctypes.c_int(0), ctypes.c_int(0)
-        handle.cudaRuntimeGetVersion(ctypes.byref(runtime))
-        handle.cudaDriverGetVersion(ctypes.byref(driver))
-        return (fmt(runtime.value) if runtime.value else None,
-                fmt(driver.value) if driver.value else None)
-    except Exception:  # provenance is best effort here; the build itself needs CUDA anyway
-        return None, None
 
 
 def _enum(trt: Any, enum_name: str, member: str) -> Any:
@@ -119,20 +69,6 @@ def resolve_config_kwargs(trt: Any, kwargs: Mapping[str, Any]) -> dict[str, Any]
         resolved["tiling_optimization_level"] = _enum(
             trt, "TilingOptimizationLevel", resolved["tiling_optimization_level"])
     return resolved
-
-
-def polygraphy_profiles(profiles: Sequence[TrtProfile]) -> list[Any]:
-    """polygraphy ``Profile`` objects (plain mappings until ``CreateConfig`` turns them into
-    ``IOptimizationProfile`` with ``set_shape``); building them needs no TensorRT."""
-    from polygraphy.backend.trt import Profile
-
-    result = []
-    for shapes in profiles:
-        profile = Profile()
-        for name, (mn, opt, mx) in shapes.items():
-            profile.add(name, min=list(mn), opt=list(opt), max=list(mx))
-        result.append(profile)
-    return result
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,7 @@ def final_path(ctx: StageContext, path: Path) -> Path:
 
 def run(ctx: StageContext) -> StageOutcome:
     from trtpack.runtimes import tensorrt as tensorrt_api
+    from trtpack.runtimes.polygraphy_setup import cuda_versions
 
     o = ctx.options
     env = check_engine_environment(o.target, o.recipe.engine.hardware_compatibility)
@@ -121,7 +122,7 @@ def run(ctx: StageContext) -> StageOutcome:
                       f"{command}\n", encoding="utf-8")
     script.chmod(0o755)
 
-    cuda_runtime, cuda_driver = tensorrt_api.cuda_versions()
+    cuda_runtime, cuda_driver = cuda_versions()
     onnx_sha, onnx_data_sha = onnx_hashes(onnx)
     inputs, outputs_rec = io_records(engine_io)
     timing = {"path": str(cache), "hit": cache_hit, "shared": o.timing_cache is not None,
