@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from trtpack.cases import Case
-from trtpack.errors import AccuracyError
 from trtpack.precision.calibration import (
     CalibrationData,
     calibration_path,
@@ -23,16 +22,11 @@ from trtpack.precision.conversion import (
     Conversion,
     ConversionContext,
     ConversionResult,
-    format_metric,
     worst_metric,
 )
 from trtpack.precision.fallback import FALLBACK_QUANTIZE_OP_TYPES, int8_fallback
-from trtpack.precision.metrics import (
-    CalibrationSummary,
-    FallbackSummary,
-    Int8Metrics,
-    SplitSummary,
-)
+from trtpack.precision.int8_summary import calibration_summary, check_int8_share, int8_message
+from trtpack.precision.metrics import FallbackSummary, Int8Metrics, SplitSummary
 from trtpack.precision.modelopt_jobs import Int8Job, ModelOptJob, ModelOptWorker
 from trtpack.precision.search import evaluation_workers
 from trtpack.report import VerificationRow
@@ -256,15 +250,8 @@ class Int8Conversion(Conversion):
             ("int8-calibration", self.calibration_cases), ("int8-check", self.check_cases))
         final.session = first.session = None  # closes them
         stats = self.stats(final.path)
-        share = stats["matmul_gemm_share"]
-        if auto and final.passed and stats["matmul_gemm_nodes"] \
-                and share < self.options.min_int8_share:
-            raise AccuracyError(
-                f"int8: the best configuration that passed keeps only {share:.0%} of "
-                f"MatMul/Gemm nodes INT8 ({stats['matmul_gemm_low_precision']}/"
-                f"{stats['matmul_gemm_nodes']}), under --min-int8-share "
-                f"{self.options.min_int8_share:.0%}: not shipping INT8 (use --precision fp16, "
-                "more or better calibration text, or a lower --min-int8-share)")
+        if auto and final.passed:
+            check_int8_share(stats, self.options.min_int8_share)
         if stats["compute_nodes"] and stats["low_precision_nodes"] == 0:
             self.warnings.append("no MatMul/Gemm/Conv node is quantized: this INT8 model "
                                  f"computes in {s.high_precision}")
@@ -275,35 +262,15 @@ class Int8Conversion(Conversion):
             excluded_nodes=final.excluded, excluded_by_fallback=added,
             excluded_node_hints=self.hints(added), low_precision=stats,
             before=first.summary(), after=final.summary(), fallback=search,
-            calibration=CalibrationSummary(
-                source=cal.source, path=str(cal.path) if cal.path else None,
-                samples=cal.samples, batches=len(cal.feeds), search_samples=cal.search_samples,
-                holdout_samples=cal.holdout_samples, strata=cal.strata, method=self.method,
-                smoothquant=smoothed, check_samples=cal.check_samples,
-                prefix_samples=sum(len(t) for t in cal.prefix_texts)),
+            calibration=calibration_summary(cal, self.method, smoothed),
             splits={"calibration": SplitSummary.of(calibration_rows),
                     "check": SplitSummary.of(check_rows),
                     "search": SplitSummary.of(final.split_rows), "holdout": held},
             quantize_op_types=op_types or "modelopt default",
             high_precision=s.high_precision, kept_layers=[self.display(n) for n in added])
-        text = {"default text": "trtpack's default text", "synthetic": "SYNTHETIC inputs"}.get(
-            cal.source, str(cal.path.name) if cal.path else cal.source)
-        message = (f"int8: {stats['matmul_gemm_low_precision']}/{stats['matmul_gemm_nodes']} "
-                   f"MatMul/Gemm quantized ({stats['matmul_gemm_share']:.0%}, {self.method} "
-                   f"calibration on {text}), worst sample {format_metric(final.worst)}")
-        if held:
-            message += (f", held-out worst {format_metric(held.worst)} "
-                        f"(mean {format_metric(held.mean)})")
-            if held.worst_text:
-                message += f" on \"{held.worst_text}\""
-        if final is not first:
-            message += f" (fallback; was {format_metric(first.worst)})"
-        if search.check_consultations:
-            message += f"; check split consulted {search.check_consultations}x"
-        if added:
-            shown = ", ".join(self.display(n) for n in added[:6])
-            more = f" and {len(added) - 6} more" if len(added) > 6 else ""
-            message += f"; kept in {s.high_precision}: {shown}{more}"
+        message = int8_message(stats, self.method, cal, final.worst, held, final is not first,
+                               first.worst, search.check_consultations,
+                               [self.display(n) for n in added], s.high_precision)
         rows = list(final.rows)
         if auto:
             rows += heldout_rows  # the held-out split gates the build
