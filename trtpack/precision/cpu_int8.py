@@ -14,6 +14,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from trtpack.cases import Case
+from trtpack.report import VerificationRow
+from trtpack.sources.recipe import Recipe
+
 # ONNX Runtime's integer kernels, counted in the graph it runs (report)
 INTEGER_KERNELS = ("MatMulInteger", "QLinearMatMul", "MatMulIntegerToFloat",
                    "DynamicQuantizeMatMul", "QAttention", "QGemm", "QLinearConv",
@@ -139,3 +143,49 @@ def unsmooth_kept(model: Any, kept: Sequence[str]) -> int:
     for mul in removed:
         graph.node.remove(mul)
     return len(removed)
+
+
+def kept_layer_names(source: Path, kept: list[str], attention_sources: dict[str, list[str]],
+                     excluded: list[str]) -> list[str]:
+    """``encoder.layer.3.output.dense (MatMul)`` for each kept node (a kept Attention by its
+    kept projections)."""
+    import onnx
+
+    from trtpack.precision.module_paths import display_name, module_paths
+
+    graph = onnx.load(str(source), load_external_data=False).graph
+    paths = module_paths(graph.node)
+    ops = {n.name: n.op_type for n in graph.node}
+    names = []
+    for node in excluded:
+        for part in attention_sources.get(node, [node]):
+            if part in kept:
+                names.append(display_name(part, ops.get(part, "?"), paths))
+    return names
+
+
+def heldout_rows(check: str, recipe: Recipe, fp32_onnx: Path, path: Path, cal: Any,
+                 tokenizer: Any) -> list[VerificationRow]:
+    """The INT8 form at ``path`` judged on the INT8 build's held-out split (``cal``), the
+    outputs of the FP32 model ``fp32_onnx`` as reference."""
+    from trtpack.runtimes.onnxruntime import cpu_session, run_session
+    from trtpack.verify.compare import compare_cases, token_text
+
+    if not cal.holdout:
+        return []
+    reference = run_session(cpu_session(fp32_onnx, few_runs=True), cal.holdout)
+    held = [Case(-1, f"heldout{i}", f, o)
+            for i, (f, o) in enumerate(zip(cal.holdout, reference, strict=True))]
+    outputs = run_session(cpu_session(path, few_runs=True), cal.holdout)
+    texts = {id(f): rows for f, rows in zip(cal.holdout, cal.holdout_texts, strict=False)}
+    ids = next((i.name for i in recipe.inputs if i.kind == "token_ids"), None)
+    mask = next((i.name for i in recipe.inputs if i.kind == "attention_mask"), None)
+    decode = token_text(tokenizer, ids, mask) if tokenizer is not None and ids else None
+
+    def describe(inputs: Any, index: int) -> str | None:
+        rows = texts.get(id(inputs))
+        if rows is not None and index < len(rows):
+            return rows[index]
+        return decode(inputs, index) if decode is not None else None
+
+    return compare_cases(check, recipe, "int8", held, outputs, describe)

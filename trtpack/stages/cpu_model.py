@@ -170,17 +170,14 @@ def _choose_precision(ctx: StageContext, fp32_path: Path, int8_path: Path, cases
     """--precision auto: both forms timed at the profile corners, in rotation; the choice
     (``trtpack.precision.auto_choice``) in the metrics and the message."""
     from trtpack.precision.auto_choice import Candidate, choose, time_candidates
+    from trtpack.precision.conversion import worst_metric
     from trtpack.runtimes.onnxruntime import cpu_session
-
-    def worst(found: list[VerificationRow]) -> float | None:
-        values = [r.metric_value for r in found if r.metric_value is not None]
-        return min(values) if values else None
 
     fp32_rows = [r for r in rows if r.check == CHECK_FP32]
     held = [r for r in int8_rows if r.check == CHECK_INT8_HELDOUT] or int8_rows
     candidates = [Candidate("fp32", fp32_path, all(r.passed for r in fp32_rows),
-                            worst(fp32_rows)),
-                  Candidate("int8", int8_path, bool(metrics.int8_passed), worst(held))]
+                            worst_metric(fp32_rows)),
+                  Candidate("int8", int8_path, bool(metrics.int8_passed), worst_metric(held))]
     ctx.progress("--precision auto: timing fp32 and int8 at every profile corner")
     sessions = {c.name: cpu_session(c.path, spinning=False) for c in candidates}
     time_candidates(candidates, cases, sessions)
@@ -212,6 +209,8 @@ def _int8_form(ctx: StageContext, work: Path, source: Path, shape: tuple[Any, ..
         INTEGER_KERNELS,
         excluded_in_cpu_graph,
         fp32_weight_matmuls,
+        heldout_rows,
+        kept_layer_names,
         quantize_cpu_graph,
         runtime_op_counts,
         unsmooth_kept,
@@ -247,7 +246,8 @@ def _int8_form(ctx: StageContext, work: Path, source: Path, shape: tuple[Any, ..
     int8_path = int8_dir / "model.onnx"
     quantize_cpu_graph(fused_path, int8_path, excluded)
     rows = _verify(ctx, int8_path, cases, CHECK_INT8, "int8")
-    rows += _heldout_rows(ctx, int8_path, cal, tokenizer)
+    rows += heldout_rows(CHECK_INT8_HELDOUT, ctx.options.recipe, ctx.artifact("onnx"), int8_path,
+                         cal, tokenizer)
     served = onnx.load(str(int8_path), load_external_data=False)
     quantized, total = weight_matmul_share(served)
     counts = runtime_op_counts(int8_path, work)
@@ -256,8 +256,8 @@ def _int8_form(ctx: StageContext, work: Path, source: Path, shape: tuple[Any, ..
     metrics.int8_weight_matmuls = f"{quantized}/{total}"
     metrics.int8_share = round(quantized / total, 4) if total else 0.0
     metrics.kept_fp32_nodes = excluded
-    metrics.kept_fp32_layers = _layer_names(ctx.artifact("onnx"), kept, graph.attention_sources,
-                                            excluded)
+    metrics.kept_fp32_layers = kept_layer_names(ctx.artifact("onnx"), kept,
+                                                graph.attention_sources, excluded)
     metrics.int8_passed = all(r.passed for r in rows)
     metrics.int8_failures = [f"{r.check} {r.corner}: {r.reason}" for r in rows
                              if not r.passed][:5]
@@ -282,50 +282,3 @@ def _calibration(ctx: StageContext) -> tuple[Any, Any]:
                            max_samples=recipe.precision_options.int8.max_calibration_samples,
                            seed=options.seed)
     return cal, tokenizer
-
-
-def _layer_names(source: Path, kept: list[str], attention_sources: dict[str, list[str]],
-                 excluded: list[str]) -> list[str]:
-    """``encoder.layer.3.output.dense (MatMul)`` for each kept node (a kept Attention by its
-    kept projections)."""
-    import onnx
-
-    from trtpack.precision.module_paths import display_name, module_paths
-
-    graph = onnx.load(str(source), load_external_data=False).graph
-    paths = module_paths(graph.node)
-    ops = {n.name: n.op_type for n in graph.node}
-    names = []
-    for node in excluded:
-        for part in attention_sources.get(node, [node]):
-            if part in kept:
-                names.append(display_name(part, ops.get(part, "?"), paths))
-    return names
-
-
-def _heldout_rows(ctx: StageContext, path: Path, cal: Any, tokenizer: Any
-                  ) -> list[VerificationRow]:
-    """The INT8 form judged on the INT8 build's held-out split, the FP32 model's outputs as
-    reference."""
-    from trtpack.runtimes.onnxruntime import cpu_session, run_session
-    from trtpack.verify.compare import compare_cases, token_text
-
-    recipe = ctx.options.recipe
-    if not cal.holdout:
-        return []
-    reference = run_session(cpu_session(ctx.artifact("onnx"), few_runs=True), cal.holdout)
-    held = [Case(-1, f"heldout{i}", f, o)
-            for i, (f, o) in enumerate(zip(cal.holdout, reference, strict=True))]
-    outputs = run_session(cpu_session(path, few_runs=True), cal.holdout)
-    texts = {id(f): rows for f, rows in zip(cal.holdout, cal.holdout_texts, strict=False)}
-    ids = next((i.name for i in recipe.inputs if i.kind == "token_ids"), None)
-    mask = next((i.name for i in recipe.inputs if i.kind == "attention_mask"), None)
-    decode = token_text(tokenizer, ids, mask) if tokenizer is not None and ids else None
-
-    def describe(inputs: Any, index: int) -> str | None:
-        rows = texts.get(id(inputs))
-        if rows is not None and index < len(rows):
-            return rows[index]
-        return decode(inputs, index) if decode is not None else None
-
-    return compare_cases(CHECK_INT8_HELDOUT, recipe, "int8", held, outputs, describe)
