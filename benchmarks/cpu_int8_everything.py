@@ -47,6 +47,7 @@ def main() -> int:
     from trtpack.precision.cpu_fusion import cpu_graph
     from trtpack.precision.cpu_int8 import quantize_cpu_graph, weight_matmul_share
     from trtpack.precision.smoothquant import smooth_model
+    from trtpack.verify.sample_metrics import pooled_cosine_per_sample
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("build", type=Path, help="an INT8 --target cpu build folder")
@@ -69,11 +70,6 @@ def main() -> int:
                             return_tensors="np")
         return {k: v.astype(np.int64) for k, v in encoded.items() if k in names}
 
-    def pooled(hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        weights = mask[..., None].astype(np.float32)
-        vectors = (hidden * weights).sum(1) / weights.sum(1)
-        return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
-
     def worst_per_set(path: Path) -> dict[str, float]:
         candidate = session(path)
         result = {}
@@ -81,9 +77,10 @@ def main() -> int:
             worst = 1.0
             for text in lines(text_file):
                 inputs = feed([text])
-                a = pooled(reference.run(None, inputs)[0], inputs["attention_mask"])
-                b = pooled(candidate.run(None, inputs)[0], inputs["attention_mask"])
-                worst = min(worst, float((a * b).sum()))
+                (cosine,) = pooled_cosine_per_sample(reference.run(None, inputs)[0],
+                                                     candidate.run(None, inputs)[0], inputs,
+                                                     "attention_mask")
+                worst = min(worst, float(cosine))
             result[text_file.stem] = round(worst, 4)
         return result
 
