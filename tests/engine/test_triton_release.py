@@ -104,7 +104,6 @@ def test_provenance_records_the_triton_and_the_flag(tmp_path: Path) -> None:
 def _engine_repository(root: Path, version_compatible: bool, ensembles: bool = False) -> Path:
     """A model repository with an engine (a few bytes + provenance), optionally with the two
     text ensembles of --serve text --fallback-cpu (configs only: nothing is served)."""
-    from trtpack.serving.config import CONFIG_FILE
     from trtpack.serving.layout import write_engine_model
 
     profiles = parse_profiles(["1x8:4x32:8x128"], resolve_model("minilm").input_specs())
@@ -125,10 +124,17 @@ def _engine_repository(root: Path, version_compatible: bool, ensembles: bool = F
                                    'model_name: "minilm_tokenizer" model_version: -1 } step { '
                                    'model_name: "minilm_cpu" model_version: -1 } }',
         }
-        for name, body in configs.items():
-            (repo / name / "1").mkdir(parents=True)
-            (repo / name / CONFIG_FILE).write_text(f'name: "{name}"\n{body}\n')
+        _write_configs(repo, configs)
     return repo
+
+
+def _write_configs(repo: Path, configs: dict[str, str]) -> None:
+    """One model folder per name in ``repo``: a version folder and its config.pbtxt."""
+    from trtpack.serving.config import CONFIG_FILE
+
+    for name, body in configs.items():
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / CONFIG_FILE).write_text(f'name: "{name}"\n{body}\n')
 
 
 @pytest.mark.parametrize("version_compatible", [True, False])
@@ -237,7 +243,6 @@ def test_sagemaker_note_names_the_minimum_release_of_a_cpu_only_archive(
         tmp_path: Path) -> None:
     """No engine: the floor comes from the flags and the Python models alone."""
     pytest.importorskip("tritonclient.grpc.model_config_pb2")
-    from trtpack.serving.config import CONFIG_FILE
     from trtpack.serving.sagemaker import package_sagemaker
 
     repo = tmp_path / "model_repository"
@@ -248,9 +253,7 @@ def test_sagemaker_note_names_the_minimum_release_of_a_cpu_only_archive(
                                'model_name: "minilm_tokenizer" model_version: -1 } step { '
                                'model_name: "minilm_cpu" model_version: -1 } }',
     }
-    for name, body in configs.items():
-        (repo / name / "1").mkdir(parents=True)
-        (repo / name / CONFIG_FILE).write_text(f'name: "{name}"\n{body}\n')
+    _write_configs(repo, configs)
     text = package_sagemaker(repo, tmp_path / "sagemaker").note.read_text()
     assert "- Minimum release: **23.07** (`nvcr.io/nvidia/tritonserver:23.07-py3` or later" \
         in text

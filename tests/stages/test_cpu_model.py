@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -35,6 +36,17 @@ def _run(path: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
     from trtpack.runtimes.onnxruntime import cpu_session
 
     return np.asarray(cpu_session(path).run(None, feeds)[0])
+
+
+def _tiny_cpu_build(out: Path, cache_dir: Path, precision: str
+                    ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """tiny-bert built for the CPU at ``precision``: its report and its cpu_model stage."""
+    result = run_cli("build", "tiny-bert", "--random-weights", "--target", "cpu",
+                     "--precision", precision, "--profile", "1x4:2x8:4x16", "--out", str(out),
+                     "--cache-dir", str(cache_dir), "--json")
+    assert result.exit_code == 0, result.output
+    report: dict[str, Any] = json.loads(result.stdout)
+    return report, next(s for s in report["stages"] if s["name"] == "cpu_model")
 
 
 def test_cpu_target_serves_the_fused_graph_and_reports_the_fusions(tiny_build: Path) -> None:
@@ -155,20 +167,13 @@ def test_int8_cpu_build_runs_on_integer_kernels_and_keeps_its_gates(
         tmp_path: Path, cache_dir: Path) -> None:
     """tiny-bert INT8 for the CPU (ModelOpt, then ONNX Runtime's dynamic quantization of the
     fused graph): the served model is the integer-kernel form, gated like the Q/DQ model."""
-    import onnx
-
     out = tmp_path / "out"
-    result = run_cli("build", "tiny-bert", "--random-weights", "--target", "cpu",
-                     "--precision", "int8", "--profile", "1x4:2x8:4x16", "--out", str(out),
-                     "--cache-dir", str(cache_dir), "--json")
-    assert result.exit_code == 0, result.output
-    report = json.loads(result.stdout)
-    stage = next(s for s in report["stages"] if s["name"] == "cpu_model")
+    report, stage = _tiny_cpu_build(out, cache_dir, "int8")
     metrics = stage["metrics"]
     rows = [r for r in report["verification"] if r["check"].startswith("cpu-int8")]
     assert rows and {r["check"] for r in rows} >= {"cpu-int8-vs-fp32"}
     served = out / "model_repository" / "tiny-bert" / "1" / "model.onnx"
-    ops = {n.op_type for n in onnx.load(str(served), load_external_data=False).graph.node}
+    ops = _op_types(served)
     if metrics["int8_passed"]:
         assert metrics["form"].startswith("int8, onnxruntime dynamic int8")
         assert ops & {"MatMulInteger", "QAttention", "DynamicQuantizeLinear"}
@@ -274,12 +279,7 @@ def test_auto_on_cpu_builds_both_times_both_and_serves_the_winner(
     """Real timings (whichever wins on this machine): the report holds both candidates'
     p50 at every corner, the reason, and the served model is the winner's form."""
     out = tmp_path / "out"
-    result = run_cli("build", "tiny-bert", "--random-weights", "--target", "cpu",
-                     "--precision", "auto", "--profile", "1x4:2x8:4x16", "--out", str(out),
-                     "--cache-dir", str(cache_dir), "--json")
-    assert result.exit_code == 0, result.output
-    report = json.loads(result.stdout)
-    stage = next(s for s in report["stages"] if s["name"] == "cpu_model")
+    _, stage = _tiny_cpu_build(out, cache_dir, "auto")
     auto = stage["metrics"]["auto"]
     assert [c["name"] for c in auto["candidates"]] == ["fp32", "int8"]
     for c in auto["candidates"]:
