@@ -38,6 +38,8 @@ class CpuGraph:
     fused: dict[str, int]  # fused operator -> count (zeros kept: a non-match shows)
     # each fused Attention node -> the names of the Q, K, V MatMuls it replaced
     attention_sources: dict[str, list[str]] = field(default_factory=dict)
+    # SkipLayerNormalization nodes written back as Sum + LayerNormalization (faster on CPU)
+    skip_layer_norms_split: int = 0
 
 
 def optimizer_model_type(config_model_type: str | None) -> str | None:
@@ -57,6 +59,8 @@ def cpu_graph(source: Path, *, config_model_type: str | None, num_heads: int | N
     ``mask_input``: the graph input holding the 0/1 attention mask."""
     import onnx
 
+    from trtpack.precision.cpu_kernels import split_skip_layer_norms
+
     model_type = optimizer_model_type(config_model_type)
     if model_type is None:
         return CpuGraph(onnx.load(str(source)), None, {})
@@ -69,7 +73,8 @@ def cpu_graph(source: Path, *, config_model_type: str | None, num_heads: int | N
         opt_level=0, use_gpu=False, only_onnxruntime=False)
     model = optimized.model
     sources = fuse_dynamo_attention(model, num_heads, mask_input) if num_heads else {}
-    return CpuGraph(model, model_type, fused_counts(model), sources)
+    fused = fused_counts(model)  # what matched, before the kernel choice below
+    return CpuGraph(model, model_type, fused, sources, split_skip_layer_norms(model))
 
 
 def fuse_dynamo_attention(model: Any, num_heads: int, mask_input: str | None
