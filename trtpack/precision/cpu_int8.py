@@ -11,6 +11,7 @@ searched Q/DQ model: its MatMuls without a DequantizeLinear weight) stay FP32 he
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,59 @@ INTEGER_KERNELS = ("MatMulInteger", "QLinearMatMul", "MatMulIntegerToFloat",
 # what the dynamic quantization converts (weights constant: activations x activations stay)
 DYNAMIC_OP_TYPES = ("MatMul", "Attention")
 CPU_INT8_FORM = "onnxruntime dynamic int8 (u8 activations per batch, s8 per-channel weights)"
+# The CPU INT8 forms, tried in this order; the first that passes its gates is served.
+EVERY_LAYER = "every weight MatMul int8, outlier channels fp32"
+SEARCH_LAYERS = "the int8 search's fp32 layers kept"
+# SmoothQuant of the first form: LayerNorm outputs only (their Mul is on the narrow
+# activations; the wide GELU output's outliers are split off instead)
+EVERY_LAYER_SMOOTHED = ("LayerNormalization",)
+
+
+@dataclass
+class CpuInt8Form:
+    """One CPU INT8 candidate: the fused graph, dynamically quantized."""
+
+    name: str  # EVERY_LAYER or SEARCH_LAYERS
+    path: Path
+    kept: list[str]  # the Q/DQ search's FP32 MatMuls kept FP32 here too (SEARCH_LAYERS)
+    excluded: list[str]  # fused-graph nodes left out of the quantization for them
+    attention_sources: dict[str, list[str]] = field(default_factory=dict)
+    outliers: list[Any] = field(default_factory=list)  # outlier_channels.OutlierSplit
+
+
+def make_cpu_int8(name: str, source: Path, work: Path, out: Path, shape: Mapping[str, Any],
+                  feeds: Sequence[Mapping[str, Any]], alpha: float | None,
+                  producers: Sequence[str] | None, kept: Sequence[str]) -> CpuInt8Form:
+    """``source`` (the FP32 model) smoothed (``alpha`` not None; ``producers`` limit the
+    activations), fused (``cpu_fusion.cpu_graph`` with ``shape``'s keyword arguments), its
+    feed-forward outlier channels split off, then quantized into ``out`` with ``kept``
+    (MatMul names of the source) and the outlier branches left FP32. ``work``: scratch."""
+    import onnx
+
+    from trtpack.onnx_tools.files import save_model
+    from trtpack.precision.cpu_fusion import cpu_graph
+    from trtpack.precision.outlier_channels import split_outlier_channels
+
+    work.mkdir(parents=True)
+    int8_source = source
+    if alpha is not None and feeds:
+        from trtpack.precision.smoothquant import smooth_model
+
+        model = onnx.load(str(source))
+        smooth_model(model, feeds, alpha, list(producers) if producers else None)
+        unsmooth_kept(model, kept)
+        int8_source = work / "smoothed" / "model.onnx"
+        int8_source.parent.mkdir()
+        save_model(model, int8_source)
+    graph = cpu_graph(int8_source, **shape)
+    outliers = split_outlier_channels(graph.model, feeds)
+    fused = work / "fused" / "model.onnx"
+    fused.parent.mkdir()
+    save_model(graph.model, fused)
+    excluded = excluded_in_cpu_graph(kept, graph.model, graph.attention_sources)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    quantize_cpu_graph(fused, out, [*excluded, *(n for o in outliers for n in o.fp32_nodes)])
+    return CpuInt8Form(name, out, list(kept), excluded, graph.attention_sources, outliers)
 
 
 def fp32_weight_matmuls(qdq_model: Path) -> list[str]:
@@ -62,6 +116,7 @@ def quantize_cpu_graph(fp32_model: Path, out: Path, excluded: Sequence[str]) -> 
     """``fp32_model`` (the fused CPU graph) quantized dynamically into ``out`` (its weights
     inline: an int8 model of a few hundred MB at most; a larger one is written with a
     sidecar)."""
+    from onnx import TensorProto
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     from trtpack.onnx_tools.files import PROTOBUF_LIMIT, model_bytes
@@ -71,15 +126,21 @@ def quantize_cpu_graph(fp32_model: Path, out: Path, excluded: Sequence[str]) -> 
         per_channel=True, reduce_range=False, weight_type=QuantType.QInt8,
         nodes_to_exclude=list(excluded),
         use_external_data_format=model_bytes(fp32_model) > PROTOBUF_LIMIT // 4,
-        extra_options={"MatMulConstBOnly": True})
+        # FLOAT where shape inference stops at a contrib operator (BiasGelu's outputs)
+        extra_options={"MatMulConstBOnly": True, "DefaultTensorType": TensorProto.FLOAT})
 
 
 def weight_matmul_share(model: Any) -> tuple[int, int]:
     """(quantized, all) weight projections of a served CPU graph: a MatMul/Gemm with a
-    constant weight counts 1, an Attention 3 (its packed Q, K, V)."""
+    constant weight counts 1, an Attention 3 (its packed Q, K, V); the FP32 branch of a
+    layer's outlier channels is part of that layer, not one more."""
+    from trtpack.precision.outlier_channels import SUFFIX
+
     inits = {i.name for i in model.graph.initializer}
     quantized = total = 0
     for node in model.graph.node:
+        if SUFFIX in node.name:  # an outlier-channel branch: part of its layer
+            continue
         if node.op_type in ("MatMul", "Gemm") and len(node.input) > 1 and node.input[1] in inits:
             total += 1
         elif node.op_type == "MatMulInteger" and node.input[1] in inits:
@@ -162,6 +223,17 @@ def kept_layer_names(source: Path, kept: list[str], attention_sources: dict[str,
             if part in kept:
                 names.append(display_name(part, ops.get(part, "?"), paths))
     return names
+
+
+def outlier_layer_names(source: Path, outliers: Sequence[Any]) -> dict[str, list[int]]:
+    """``encoder.layer.0.output.dense (MatMul)`` -> its FP32 outlier channels."""
+    import onnx
+
+    from trtpack.precision.module_paths import display_name, module_paths
+
+    graph = onnx.load(str(source), load_external_data=False).graph
+    paths = module_paths(graph.node)
+    return {display_name(o.matmul, "MatMul", paths): list(o.channels) for o in outliers}
 
 
 def heldout_rows(check: str, recipe: Recipe, fp32_onnx: Path, path: Path, cal: Any,

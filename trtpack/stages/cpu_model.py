@@ -25,7 +25,7 @@ from trtpack.report import VerificationRow
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 
 # Bump when the fusion or the quantization changes what this stage writes (cache key).
-CPU_FORM_VERSION = 4
+CPU_FORM_VERSION = 5
 CHECK_FP32 = "cpu-fp32-vs-fp32"
 CHECK_INT8 = "cpu-int8-vs-fp32"
 CHECK_INT8_HELDOUT = "cpu-int8-heldout"
@@ -47,6 +47,11 @@ class CpuModelMetrics(StageMetrics):
     int8_passed: bool | None = None
     int8_failures: list[str] = field(default_factory=list)  # why the INT8 form failed
     smoothquant: float | None = None  # alpha applied before the dynamic quantization
+    # the INT8 forms tried, in order: {"form", "passed", "failures"}
+    int8_forms_tried: list[dict[str, Any]] = field(default_factory=list)
+    # feed-forward layer -> its channels kept FP32 beside the INT8 MatMul
+    outlier_channels: dict[str, list[int]] = field(default_factory=dict)
+    skip_layer_norms_split: int = 0  # SkipLayerNormalization run as Sum + LayerNormalization
     auto: dict[str, Any] | None = None  # --precision auto: candidates, timings, why
 
 
@@ -120,7 +125,8 @@ def run(ctx: StageContext) -> StageOutcome:
         metrics = CpuModelMetrics(
             form="fp32, fused for ONNX Runtime" if graph.fused else "fp32 (no fusion matched)",
             optimizer_model_type=graph.model_type, fused_operators=graph.fused,
-            nodes_before=graph_summary(source)["nodes"], nodes_after=len(graph.model.graph.node))
+            nodes_before=graph_summary(source)["nodes"], nodes_after=len(graph.model.graph.node),
+            skip_layer_norms_split=graph.skip_layer_norms_split)
         if graph.model_type is not None and not any(graph.fused.values()):
             warnings.append(f"ONNX Runtime's {graph.model_type} optimizer fused nothing: the "
                             "CPU model is the plain FP32 graph")
@@ -154,10 +160,17 @@ def run(ctx: StageContext) -> StageOutcome:
         shutil.rmtree(work, ignore_errors=True)
     fused = ", ".join(f"{n} {op}" for op, n in metrics.fused_operators.items() if n)
     message = f"{metrics.form}: {fused or 'nothing fused'}"
+    if metrics.skip_layer_norms_split:
+        message += (f" ({metrics.skip_layer_norms_split} SkipLayerNormalization run as Sum + "
+                    "LayerNormalization, faster on the CPU)")
     if metrics.int8_weight_matmuls:
         kernels = ", ".join(f"{n} {op}" for op, n in metrics.integer_kernels.items())
         message += (f"; int8 {metrics.int8_weight_matmuls} weight MatMuls on integer kernels "
                     f"({kernels or 'none'})")
+        if metrics.outlier_channels:
+            channels = sum(len(c) for c in metrics.outlier_channels.values())
+            message += (f", {channels} outlier channels of {len(metrics.outlier_channels)} "
+                        "feed-forward layers in FP32")
     if metrics.auto is not None:
         message += f"; auto: {metrics.auto['winner']} ({metrics.auto['reason']})"
     return StageOutcome(artifacts=artifacts, metrics=metrics, verification=rows,
@@ -198,72 +211,68 @@ def _verify(ctx: StageContext, path: Path, cases: list[Case], check: str, precis
 def _int8_form(ctx: StageContext, work: Path, source: Path, shape: tuple[Any, ...],
                cases: list[Case], metrics: CpuModelMetrics
                ) -> tuple[Path, list[VerificationRow]]:
-    """The FP32 source (SmoothQuant-smoothed first when the recipe asks for it, with the
-    INT8 build's calibration feeds), fused, then dynamically quantized with the search's
-    FP32 layers kept; judged at the corners and on the held-out split."""
+    """The CPU INT8 forms (``trtpack.precision.cpu_int8``), tried in order: every weight
+    MatMul INT8 with the feed-forward outlier channels FP32, then the INT8 search's FP32
+    layers kept FP32. Each is judged at the corners and on the held-out split; the first
+    that passes is served (the last tried is returned if none does)."""
     import onnx
 
-    from trtpack.precision.cpu_fusion import cpu_graph
     from trtpack.precision.cpu_int8 import (
         CPU_INT8_FORM,
+        EVERY_LAYER,
+        EVERY_LAYER_SMOOTHED,
         INTEGER_KERNELS,
-        excluded_in_cpu_graph,
+        SEARCH_LAYERS,
         fp32_weight_matmuls,
         heldout_rows,
         kept_layer_names,
-        quantize_cpu_graph,
+        make_cpu_int8,
+        outlier_layer_names,
         runtime_op_counts,
-        unsmooth_kept,
         weight_matmul_share,
     )
 
     model_type, heads, hidden, mask = shape
+    graph_shape = {"config_model_type": model_type, "num_heads": heads,
+                   "hidden_size": hidden, "mask_input": mask}
     settings = ctx.options.recipe.precision_options.int8
     cal, tokenizer = _calibration(ctx)
-    int8_source = source
-    if settings.smoothquant is not None and cal.feeds:
-        from trtpack.precision.smoothquant import smooth_model
-
-        ctx.progress(f"SmoothQuant (alpha {settings.smoothquant}) for the CPU INT8 form")
-        model = onnx.load(str(source))
-        smooth_model(model, cal.feeds, settings.smoothquant,
-                     settings.smoothquant_producers or None)
-        unsmooth_kept(model, fp32_weight_matmuls(ctx.artifact("precision_onnx")))
-        (work / "smoothed").mkdir()
-        int8_source = work / "smoothed" / "model.onnx"
-        save_model(model, int8_source)
-        metrics.smoothquant = settings.smoothquant
-    graph = cpu_graph(int8_source, config_model_type=model_type, num_heads=heads,
-                      hidden_size=hidden, mask_input=mask)
-    fused_path = work / "int8_fp32" / "model.onnx"
-    fused_path.parent.mkdir()
-    save_model(graph.model, fused_path)
-    kept = fp32_weight_matmuls(ctx.artifact("precision_onnx"))
-    excluded = excluded_in_cpu_graph(kept, graph.model, graph.attention_sources)
-    ctx.progress(f"INT8 for ONNX Runtime's integer kernels ({len(excluded)} nodes kept FP32)")
-    int8_dir = ctx.stage_dir / "int8"
-    int8_dir.mkdir()
-    int8_path = int8_dir / "model.onnx"
-    quantize_cpu_graph(fused_path, int8_path, excluded)
-    rows = _verify(ctx, int8_path, cases, CHECK_INT8, "int8")
-    rows += heldout_rows(CHECK_INT8_HELDOUT, ctx.options.recipe, ctx.artifact("onnx"), int8_path,
-                         cal, tokenizer)
-    served = onnx.load(str(int8_path), load_external_data=False)
-    quantized, total = weight_matmul_share(served)
-    counts = runtime_op_counts(int8_path, work)
-    metrics.int8_form = CPU_INT8_FORM
+    search_kept = fp32_weight_matmuls(ctx.artifact("precision_onnx"))
+    candidates = [(EVERY_LAYER, EVERY_LAYER_SMOOTHED, []),
+                  (SEARCH_LAYERS, settings.smoothquant_producers or None, search_kept)]
+    for index, (name, producers, kept) in enumerate(candidates):
+        ctx.progress(f"CPU INT8 form {index + 1}/{len(candidates)}: {name}")
+        form = make_cpu_int8(name, source, work / f"int8-{index}",
+                             ctx.stage_dir / f"int8-{index}" / "model.onnx", graph_shape,
+                             cal.feeds, settings.smoothquant, producers, kept)
+        rows = _verify(ctx, form.path, cases, CHECK_INT8, "int8")
+        rows += heldout_rows(CHECK_INT8_HELDOUT, ctx.options.recipe, ctx.artifact("onnx"),
+                             form.path, cal, tokenizer)
+        failures = [f"{r.check} {r.corner}: {r.reason}" for r in rows if not r.passed][:5]
+        metrics.int8_forms_tried.append({"form": name, "passed": not failures,
+                                         "failures": failures})
+        if not failures or index == len(candidates) - 1:
+            break
+    served = ctx.stage_dir / "int8" / "model.onnx"
+    form.path.parent.rename(served.parent)
+    for other in ctx.stage_dir.glob("int8-*"):
+        shutil.rmtree(other)
+    quantized, total = weight_matmul_share(onnx.load(str(served), load_external_data=False))
+    counts = runtime_op_counts(served, work)
+    metrics.int8_form = f"{CPU_INT8_FORM}; {form.name}"
     metrics.integer_kernels = {op: counts[op] for op in INTEGER_KERNELS if counts.get(op)}
     metrics.int8_weight_matmuls = f"{quantized}/{total}"
     metrics.int8_share = round(quantized / total, 4) if total else 0.0
-    metrics.kept_fp32_nodes = excluded
-    metrics.kept_fp32_layers = kept_layer_names(ctx.artifact("onnx"), kept,
-                                                graph.attention_sources, excluded)
-    metrics.int8_passed = all(r.passed for r in rows)
-    metrics.int8_failures = [f"{r.check} {r.corner}: {r.reason}" for r in rows
-                             if not r.passed][:5]
+    metrics.kept_fp32_nodes = form.excluded
+    metrics.kept_fp32_layers = kept_layer_names(ctx.artifact("onnx"), form.kept,
+                                                form.attention_sources, form.excluded)
+    metrics.outlier_channels = outlier_layer_names(ctx.artifact("onnx"), form.outliers)
+    metrics.int8_passed = not failures
+    metrics.int8_failures = failures
+    metrics.smoothquant = settings.smoothquant if cal.feeds else None
     if metrics.int8_passed:
-        metrics.form = "int8, " + CPU_INT8_FORM
-    return int8_path, rows
+        metrics.form = "int8, " + metrics.int8_form
+    return served, rows
 
 
 def _calibration(ctx: StageContext) -> tuple[Any, Any]:
