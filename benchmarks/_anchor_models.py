@@ -29,13 +29,13 @@ class AnchorModel:
     layers: int
 
 
-def served_model(build: Path) -> Path:
-    """``model_repository/<name>/1/model.onnx`` of a trtpack build (one model per build)."""
-    found = sorted(build.glob("model_repository/*/1/model.onnx"))
-    if len(found) != 1:
-        raise SystemExit(f"{build}: expected one model_repository/<name>/1/model.onnx, "
-                         f"found {len(found)}")
-    return found[0]
+def served_model(build: Path, name: str) -> Path:
+    """``model_repository/<name>/1/model.onnx`` of a trtpack build of recipe ``name``."""
+    path = build / "model_repository" / name / "1" / "model.onnx"
+    if not path.is_file():
+        found = [p.parent.parent.name for p in build.glob("model_repository/*/1/model.onnx")]
+        raise SystemExit(f"{build} has no served model of {name} (it has: {found})")
+    return path
 
 
 def load_anchor_model(model: str, fp32_build: Path, work: Path) -> AnchorModel:

@@ -209,7 +209,7 @@ def main() -> int:
         # before this issue: the TensorRT-shaped FP32 graph that --target cpu served
         paths["trtpack fp32 before (plain graph)"] = (args.fp32_build / "artifacts" /
                                                       "simplify" / "model.onnx")
-        paths.update({name: served_model(out) for name, out in served.items()})
+        paths.update({name: served_model(out, anchor.name) for name, out in served.items()})
         sessions = {name: session(path, args.threads) for name, path in paths.items()}
 
         sentences = [s.strip() for s in HELDOUT.read_text().splitlines() if s.strip()]
