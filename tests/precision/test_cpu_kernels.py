@@ -102,3 +102,42 @@ def test_a_read_mean_output_or_an_old_opset_keeps_the_fused_node() -> None:
     old = _model(opset=16)
     assert split_skip_layer_norms(old) == 0
     assert sum(n.op_type == "SkipLayerNormalization" for n in old.graph.node) == 2
+
+
+def _gelu_block() -> onnx.ModelProto:
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.3, (HIDDEN, 4 * HIDDEN)).astype(np.float32),
+                                     "w"),
+             numpy_helper.from_array(rng.normal(0, 0.5, 4 * HIDDEN).astype(np.float32), "b")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="up"),
+             helper.make_node("BiasGelu", ["h", "b"], ["y"], name="gelu", domain="com.microsoft")]
+    graph = helper.make_graph(
+        nodes, "ffn", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                     ["batch", "seq", HIDDEN])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
+                                                   helper.make_opsetid("com.microsoft", 1)])
+
+
+def test_bias_gelu_split_lets_the_int8_matmul_take_the_bias(tmp_path: Path) -> None:
+    """BiasGelu -> Add + Gelu is the same function; once the MatMul is quantized, ONNX
+    Runtime folds the Add into DynamicQuantizeMatMul and runs Gelu alone."""
+    from trtpack.onnx_tools.files import save_model
+    from trtpack.precision.cpu_int8 import quantize_cpu_graph
+    from trtpack.precision.cpu_kernels import split_bias_gelus
+
+    fused, split = _gelu_block(), _gelu_block()
+    assert split_bias_gelus(split) == 1
+    assert [n.op_type for n in split.graph.node] == ["MatMul", "Add", "Gelu"]
+    feeds = {"x": _feeds(3, 7)["x"]}
+    reference = _run(fused, feeds)
+    np.testing.assert_allclose(_run(split, feeds), reference, atol=1e-5)
+    fp32, int8 = tmp_path / "fp32.onnx", tmp_path / "int8.onnx"
+    save_model(split, fp32)
+    quantize_cpu_graph(fp32, int8, [])
+    optimized = tmp_path / "runtime.onnx"
+    got = _run(onnx.load(str(int8)), feeds, optimized)
+    ops = [n.op_type for n in onnx.load(str(optimized)).graph.node]
+    assert "DynamicQuantizeMatMul" in ops and "Gelu" in ops
+    assert "Add" not in ops and "BiasGelu" not in ops
+    assert np.abs(got - reference).max() < 0.05 * np.abs(reference).max()

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtpack.precision.cpu_kernels import MS_DOMAIN, split_skip_layer_norms
+
 # ONNX Runtime's contrib operators that mark a fused transformer graph (report counts)
 FUSED_OPERATORS = ("Attention", "MultiHeadAttention", "SkipLayerNormalization",
                    "EmbedLayerNormalization", "BiasGelu", "FastGelu", "Gelu",
@@ -24,7 +26,6 @@ FUSED_OPERATORS = ("Attention", "MultiHeadAttention", "SkipLayerNormalization",
 OPTIMIZER_MODEL_TYPES = {"bert": "bert", "roberta": "bert", "distilbert": "bert",
                          "xlm-roberta": "bert", "electra": "bert", "mpnet": "bert",
                          "albert": "bert", "deberta": "bert", "gpt2": "gpt2", "vit": "vit"}
-MS_DOMAIN = "com.microsoft"
 # ops a Q, K or V path may pass through between its projection and the score MatMul
 _PATH_OPS = ("Transpose", "Reshape", "Mul", "Div")
 
@@ -58,8 +59,6 @@ def cpu_graph(source: Path, *, config_model_type: str | None, num_heads: int | N
     (None: the optimizer and the attention fusion read them from the graph, where they can);
     ``mask_input``: the graph input holding the 0/1 attention mask."""
     import onnx
-
-    from trtpack.precision.cpu_kernels import split_skip_layer_norms
 
     model_type = optimizer_model_type(config_model_type)
     if model_type is None:

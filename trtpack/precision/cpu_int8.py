@@ -57,6 +57,7 @@ def make_cpu_int8(name: str, source: Path, work: Path, out: Path, shape: Mapping
 
     from trtpack.onnx_tools.files import save_model
     from trtpack.precision.cpu_fusion import cpu_graph
+    from trtpack.precision.cpu_kernels import split_bias_gelus
     from trtpack.precision.outlier_channels import split_outlier_channels
 
     work.mkdir(parents=True)
@@ -72,6 +73,7 @@ def make_cpu_int8(name: str, source: Path, work: Path, out: Path, shape: Mapping
         save_model(model, int8_source)
     graph = cpu_graph(int8_source, **shape)
     outliers = split_outlier_channels(graph.model, feeds)
+    split_bias_gelus(graph.model)  # the bias goes into DynamicQuantizeMatMul at load
     fused = work / "fused" / "model.onnx"
     fused.parent.mkdir()
     save_model(graph.model, fused)

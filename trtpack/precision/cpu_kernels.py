@@ -6,13 +6,19 @@ Runtime fuses an ``Add`` that feeds a ``LayerNormalization`` back into it when i
 model. The residual sum is therefore written as ``Sum``, which its fusion does not match: the
 served graph runs ``LayerNormalization``'s kernel whatever the session's optimization level.
 The arithmetic is the same (a bias add, a residual add, a layer norm), so the outputs match
-the fused graph's to float rounding; the stage checks them per sample like every variant."""
+the fused graph's to float rounding; the stage checks them per sample like every variant.
+
+In the INT8 form, ``BiasGelu`` after a quantized MatMul is written as ``Add`` + ``Gelu``:
+ONNX Runtime then folds the bias into its ``DynamicQuantizeMatMul`` and runs the plain
+``Gelu`` kernel, faster than ``BiasGelu`` on large tensors (it fuses ``BiasGelu`` back where
+the MatMul stays FP32)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 SKIP_LAYER_NORM = "SkipLayerNormalization"
+MS_DOMAIN = "com.microsoft"
 LAYER_NORM_OPSET = 17  # LayerNormalization in the default domain
 
 
@@ -54,6 +60,32 @@ def split_skip_layer_norms(model: Any) -> int:
         parts.append(helper.make_node(
             "LayerNormalization", [total, gamma, *([beta] if beta else [])], [outputs[0]],
             name=f"{node.name}_layer_norm", axis=-1, epsilon=epsilon))
+        del graph.node[index]
+        for offset, part in enumerate(parts):
+            graph.node.insert(index + offset, part)
+        index += len(parts) - 1
+        replaced += 1
+    return replaced
+
+
+def split_bias_gelus(model: Any) -> int:
+    """Replace each ``BiasGelu(x, bias)`` of ``model`` by ``Add(x, bias)`` → ``Gelu``, in
+    place; returns how many were replaced."""
+    from onnx import helper
+
+    graph = model.graph
+    replaced = 0
+    index = -1
+    while index + 1 < len(graph.node):
+        index += 1
+        node = graph.node[index]
+        if node.op_type != "BiasGelu" or node.domain != MS_DOMAIN:
+            continue
+        biased = f"{node.name}_biased"
+        parts = [helper.make_node("Add", [node.input[0], node.input[1]], [biased],
+                                  name=f"{node.name}_bias"),
+                 helper.make_node("Gelu", [biased], [node.output[0]], name=f"{node.name}_gelu",
+                                  domain=MS_DOMAIN)]
         del graph.node[index]
         for offset, part in enumerate(parts):
             graph.node.insert(index + offset, part)

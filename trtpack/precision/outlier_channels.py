@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from trtpack.precision.cpu_kernels import MS_DOMAIN
+
 OUTLIER_RATIO = 3.0
 MAX_OUTLIER_CHANNELS = 8
 SUFFIX = "_outlier_channels"
@@ -126,7 +128,7 @@ def split_outlier_channels(model: Any, feeds: Sequence[Mapping[str, np.ndarray]]
             helper.make_node("MatMul", [first.input[0], f"{name}.w1"], [f"{name}.up"],
                              name=f"{name}_up"),
             helper.make_node("BiasGelu", [f"{name}.up", f"{name}.b1"], [f"{name}.gelu"],
-                             name=f"{name}_gelu", domain="com.microsoft"),
+                             name=f"{name}_gelu", domain=MS_DOMAIN),
             *down]
         residual = _residual_sum(model, second.output[0])
         if residual is not None:  # one more term of the residual Sum: no extra pass
