@@ -1,6 +1,6 @@
 """What quantizing every MatMul costs (issue 24): the INT8 CPU form a build serves against
 ONNX Runtime's dynamic quantization of all weight MatMuls, as Optimum's dynamic INT8 does,
-with and without SmoothQuant first.
+with and without SmoothQuant first, and with the served form's outlier channels kept FP32.
 
     trtpack build minilm --target cpu --precision int8 --out /tmp/b_int8
     python benchmarks/cpu_int8_everything.py /tmp/b_int8 \
@@ -45,7 +45,13 @@ def main() -> int:
 
     from trtpack.onnx_tools.files import save_model
     from trtpack.precision.cpu_fusion import cpu_graph
-    from trtpack.precision.cpu_int8 import quantize_cpu_graph, weight_matmul_share
+    from trtpack.precision.cpu_int8 import (
+        EVERY_LAYER,
+        EVERY_LAYER_SMOOTHED,
+        make_cpu_int8,
+        quantize_cpu_graph,
+        weight_matmul_share,
+    )
     from trtpack.precision.smoothquant import smooth_model
     from trtpack.verify.sample_metrics import pooled_cosine_per_sample
 
@@ -117,6 +123,15 @@ def main() -> int:
             label = "every MatMul" + (f", SmoothQuant alpha {alpha}" if alpha else
                                       ", no SmoothQuant")
             variants.append((label, quantized))
+            # the served form's recipe: outlier channels FP32, LayerNorm outputs smoothed
+            shape = {"config_model_type": config.get("model_type"),
+                     "num_heads": config.get("num_attention_heads"),
+                     "hidden_size": config.get("hidden_size"), "mask_input": "attention_mask"}
+            form = make_cpu_int8(EVERY_LAYER, source, folder / "outliers",
+                                 folder / "outliers.onnx", shape, feeds, alpha,
+                                 EVERY_LAYER_SMOOTHED, [])
+            variants.append(("every MatMul, outlier channels FP32, SmoothQuant on LayerNorm "
+                             "outputs " + (f"alpha {alpha}" if alpha else "off"), form.path))
         for label, path in variants:
             done, total = weight_matmul_share(onnx.load(str(path), load_external_data=False))
             row = {"variant": label, "int8_matmuls": f"{done}/{total}",
