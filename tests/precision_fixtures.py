@@ -103,3 +103,19 @@ def pooled_cosine(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> np.ndarray:
     result: np.ndarray = (pa * pb).sum(-1) / (np.linalg.norm(pa, axis=-1)
                                               * np.linalg.norm(pb, axis=-1))
     return result
+
+
+def transformer_graph(nodes: list[Any], inits: list[Any], inputs: dict[str, int],
+                      outputs: tuple[str, ...] = ("y",)) -> Any:
+    """A small ONNX model of ``nodes`` (default and ``com.microsoft`` domains, opset 18) whose
+    inputs are FLOAT (batch, seq, width) tensors, ``inputs`` giving each one's width."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        nodes, "block", [helper.make_tensor_value_info(name, TensorProto.FLOAT,
+                                                       ["batch", "seq", width])
+                         for name, width in inputs.items()],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in outputs],
+        inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
+                                                   helper.make_opsetid("com.microsoft", 1)])

@@ -11,6 +11,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.precision_fixtures import transformer_graph
 from trtpack.precision.cpu_kernels import split_skip_layer_norms
 
 HIDDEN = 32
@@ -111,12 +112,7 @@ def _gelu_block() -> onnx.ModelProto:
              numpy_helper.from_array(rng.normal(0, 0.5, 4 * HIDDEN).astype(np.float32), "b")]
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="up"),
              helper.make_node("BiasGelu", ["h", "b"], ["y"], name="gelu", domain="com.microsoft")]
-    graph = helper.make_graph(
-        nodes, "ffn", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
-                                                     ["batch", "seq", HIDDEN])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
-                                                   helper.make_opsetid("com.microsoft", 1)])
+    return transformer_graph(nodes, inits, {"x": HIDDEN})
 
 
 def test_bias_gelu_split_lets_the_int8_matmul_take_the_bias(tmp_path: Path) -> None:

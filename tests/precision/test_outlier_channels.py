@@ -10,8 +10,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
+from tests.precision_fixtures import transformer_graph
 from trtpack.precision.outlier_channels import (
     outlier_channels,
     split_outlier_channels,
@@ -46,12 +47,7 @@ def _block(residual_sum: bool) -> onnx.ModelProto:
                                    name="ln", axis=-1)]
     else:
         nodes.append(helper.make_node("Identity", ["down"], ["y"], name="out"))
-    graph = helper.make_graph(
-        nodes, "ffn", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
-                                                     ["batch", "seq", HIDDEN])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
-                                                   helper.make_opsetid("com.microsoft", 1)])
+    return transformer_graph(nodes, inits, {"x": HIDDEN})
 
 
 def _feeds(batch: int, seq: int, seed: int) -> dict[str, np.ndarray]:

@@ -60,12 +60,18 @@ def split_skip_layer_norms(model: Any) -> int:
         parts.append(helper.make_node(
             "LayerNormalization", [total, gamma, *([beta] if beta else [])], [outputs[0]],
             name=f"{node.name}_layer_norm", axis=-1, epsilon=epsilon))
-        del graph.node[index]
-        for offset, part in enumerate(parts):
-            graph.node.insert(index + offset, part)
-        index += len(parts) - 1
+        index = replace_node(graph, index, parts)
         replaced += 1
     return replaced
+
+
+def replace_node(graph: Any, index: int, parts: list[Any]) -> int:
+    """Put ``parts`` where ``graph.node[index]`` was (the order stays topological); returns
+    the index of the last part."""
+    del graph.node[index]
+    for offset, part in enumerate(parts):
+        graph.node.insert(index + offset, part)
+    return index + len(parts) - 1
 
 
 def split_bias_gelus(model: Any) -> int:
@@ -86,9 +92,6 @@ def split_bias_gelus(model: Any) -> int:
                                   name=f"{node.name}_bias"),
                  helper.make_node("Gelu", [biased], [node.output[0]], name=f"{node.name}_gelu",
                                   domain=MS_DOMAIN)]
-        del graph.node[index]
-        for offset, part in enumerate(parts):
-            graph.node.insert(index + offset, part)
-        index += len(parts) - 1
+        index = replace_node(graph, index, parts)
         replaced += 1
     return replaced
