@@ -100,6 +100,14 @@ def test_minilm_int8_holds_per_sentence_on_text_it_never_saw(
     assert served_ops & set(cpu.metrics["integer_kernels"]), served_ops
     on_integer_kernels, weight_matmuls = map(int, cpu.metrics["int8_weight_matmuls"].split("/"))
     assert on_integer_kernels >= 0.5 * weight_matmuls
+    # the first CPU form passes here: every weight MatMul INT8, the feed-forward outlier
+    # channels (minilm's [CLS] activations, layers 0-3) in small FP32 branches
+    assert cpu.metrics["int8_forms_tried"][0] == {
+        "form": "every weight MatMul int8, outlier channels fp32", "passed": True,
+        "failures": []}
+    assert on_integer_kernels == weight_matmuls == 36
+    outliers = cpu.metrics["outlier_channels"]
+    assert outliers and all(".output.dense" in layer for layer in outliers), outliers
     # sentences no build option reads, short ones included, judged one by one
     cosines = _heldout_cosines(out / "artifacts" / "simplify" / "model.onnx", served)
     sentences = [s for s in HELDOUT_TEXT.read_text().splitlines() if s.strip()]
