@@ -42,6 +42,10 @@ class TensorSpec:
 
 
 Shape = tuple[int, ...]
+TrtProfile = dict[str, tuple[Shape, Shape, Shape]]
+"""One optimization profile as TensorRT takes it: input name -> (min, opt, max)
+(``engine.builder.tensorrt_profiles`` makes them from ``ShapeProfile``s, ``runtimes``
+hands them to polygraphy)."""
 
 
 @dataclass(frozen=True)

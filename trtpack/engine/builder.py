@@ -15,12 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from trtpack.errors import UserInputError
-from trtpack.shapes import ShapeProfile
+from trtpack.shapes import Shape, ShapeProfile, TrtProfile
 from trtpack.sources.recipe import EngineSettings
-
-Shape = tuple[int, ...]
-TrtProfile = dict[str, tuple[Shape, Shape, Shape]]
-"""One optimization profile as TensorRT takes it: input name -> (min, opt, max)."""
 
 HARDWARE_COMPATIBILITY_ENUM = {
     "none": "NONE", "ampere+": "AMPERE_PLUS", "same_compute_capability": "SAME_COMPUTE_CAPABILITY",

@@ -10,12 +10,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-TrtProfile = Mapping[str, tuple[Sequence[int], Sequence[int], Sequence[int]]]
-"""One optimization profile: input name -> (min, opt, max) (``engine.builder`` makes them)."""
-
+from trtpack.shapes import TrtProfile
 
 
 @contextlib.contextmanager

@@ -25,7 +25,8 @@ import numpy as np
 from trtpack.cases import Case
 from trtpack.model_io import EngineTensor, numpy_dtype
 from trtpack.onnx_tools.files import sha256_file
-from trtpack.runtimes.polygraphy_setup import TrtProfile, polygraphy_logging, polygraphy_profiles
+from trtpack.runtimes.polygraphy_setup import polygraphy_logging, polygraphy_profiles
+from trtpack.shapes import TrtProfile
 
 if TYPE_CHECKING:  # for annotations only (tests read them: TensorRT names this module uses)
     import tensorrt as trt
