@@ -96,15 +96,6 @@ def tiny_npz(path: Path, samples: int = 48, seq: int = 16, seed: int = 3) -> Pat
     return path
 
 
-def pooled_cosine(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    m = mask[..., None].astype(np.float64)
-    pa = (a * m).sum(1) / m.sum(1)
-    pb = (b * m).sum(1) / m.sum(1)
-    result: np.ndarray = (pa * pb).sum(-1) / (np.linalg.norm(pa, axis=-1)
-                                              * np.linalg.norm(pb, axis=-1))
-    return result
-
-
 def transformer_graph(nodes: list[Any], inits: list[Any], inputs: dict[str, int],
                       outputs: tuple[str, ...] = ("y",)) -> Any:
     """A small ONNX model of ``nodes`` (default and ``com.microsoft`` domains, opset 18) whose

@@ -21,7 +21,6 @@ from tests.precision_fixtures import (
     build_options,
     fp32_artifacts,
     make_context,
-    pooled_cosine,
     run_stage,
     tiny_npz,
     with_recipe,
@@ -43,6 +42,7 @@ from trtpack.precision.surrogates import SurrogateBuilder, node_groups
 from trtpack.report import BuildReport
 from trtpack.sources.recipe_files import load_recipe_file
 from trtpack.stages import precision
+from trtpack.verify.sample_metrics import pooled_cosine_per_sample
 from trtpack.verify.samples import make_inputs
 
 TINY_PROFILES = ["1x4:2x8:4x16", "2x16:4x32:8x64"]  # those of conftest's tiny_build
@@ -106,7 +106,7 @@ def test_fp16_autocast_keeps_io_types_and_matches_fp32(tiny: dict[str, Path], tm
     (ref,) = ort.InferenceSession(str(tiny["onnx"])).run(None, feed)
     (got,) = ort.InferenceSession(str(model_path)).run(None, feed)
     assert got.dtype == np.float32
-    assert pooled_cosine(ref, got, feed["attention_mask"]).min() >= 0.999
+    assert pooled_cosine_per_sample(ref, got, feed, "attention_mask").min() >= 0.999
     assert 0 < np.abs(ref - got).max() < 0.05  # FP16 really ran, and stayed close
     # ModelOpt ran elsewhere and left nothing behind
     assert "modelopt" not in sys.modules
@@ -246,7 +246,7 @@ def test_int8_fallback_search_keeps_groups_in_fp32_and_the_overlay_reproduces_it
     # ModelOpt builds with those nodes excluded, to float rounding
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
     (ref,) = ort.InferenceSession(str(tiny["onnx"])).run(None, feed)
-    assert pooled_cosine(ref, a, feed["attention_mask"]).min() >= 0.9999
+    assert pooled_cosine_per_sample(ref, a, feed, "attention_mask").min() >= 0.9999
     assert "ModelOpt fallback1" not in log.read_text()  # no re-quantization
     assert m["conversions"] == 1
     _assert_no_modelopt_leftovers(tmp_path)
@@ -426,7 +426,6 @@ def test_cli_int8_held_out_failure_after_the_search_exits_1(tiny: dict[str, Path
     from trtpack.precision.calibration_files import npz_lengths
     from trtpack.precision.splits import split_three
     from trtpack.sources.resolve import resolve_model
-    from trtpack.verify.sample_metrics import pooled_cosine_per_sample
 
     recipe = resolve_model("tiny-bert")
     n = 40

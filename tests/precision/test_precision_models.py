@@ -15,9 +15,10 @@ import pytest
 import yaml
 
 from tests.conftest import run_cli
-from tests.precision_fixtures import CALIBRATION_TEXT, HELDOUT_TEXT, pooled_cosine
+from tests.precision_fixtures import CALIBRATION_TEXT, HELDOUT_TEXT
 from trtpack.precision.graph import int8_quantized_nodes
 from trtpack.report import BuildReport
+from trtpack.verify.sample_metrics import pooled_cosine_per_sample
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +38,7 @@ def _heldout_cosines(fp32_path: Path, variant_path: Path) -> np.ndarray:
         feed = {k: v.astype(np.int64) for k, v in batch.items()}
         (a,) = fp32.run(None, feed)
         (b,) = variant.run(None, feed)
-        cosines.append(pooled_cosine(a, b, feed["attention_mask"]))
+        cosines.append(pooled_cosine_per_sample(a, b, feed, "attention_mask"))
     return np.concatenate(cosines)
 
 
@@ -155,4 +156,4 @@ def test_bert_base_fp16_random_weights(tmp_path: Path, cache_dir: Path) -> None:
     fp16 = ort.InferenceSession(str(out / "model_repository" / "bert-base" / "1" / "model.onnx"))
     (a,) = fp32.run(None, feed)
     (b,) = fp16.run(None, feed)
-    assert pooled_cosine(a, b, feed["attention_mask"]).min() >= 0.999
+    assert pooled_cosine_per_sample(a, b, feed, "attention_mask").min() >= 0.999
