@@ -66,6 +66,8 @@ def _served(out: Path, model: str) -> Path:
 
 
 def heldout_cosines(tokenizer: Any, fp32: Any, variant: Any) -> np.ndarray:
+    from trtpack.verify.sample_metrics import pooled_cosine_per_sample
+
     sentences = [s.strip() for s in HELDOUT.read_text().splitlines() if s.strip()]
     found = []
     for start in range(0, len(sentences), 8):
@@ -74,10 +76,7 @@ def heldout_cosines(tokenizer: Any, fp32: Any, variant: Any) -> np.ndarray:
         feed = {k: v.astype(np.int64) for k, v in enc.items()}
         (a,) = fp32.run(None, feed)
         (b,) = variant.run(None, feed)
-        mask = feed["attention_mask"][..., None].astype(np.float64)
-        pa, pb = (a * mask).sum(1) / mask.sum(1), (b * mask).sum(1) / mask.sum(1)
-        found.append((pa * pb).sum(-1) / np.linalg.norm(pa, axis=-1)
-                     / np.linalg.norm(pb, axis=-1))
+        found.append(pooled_cosine_per_sample(a, b, feed, "attention_mask"))
     return np.concatenate(found)
 
 
