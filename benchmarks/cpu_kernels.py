@@ -1,6 +1,7 @@
 """ONNX Runtime's CPU kernels for one transformer block's normalization, fused and unfused:
 why the CPU model writes SkipLayerNormalization back as Sum + LayerNormalization
-(``trtpack.precision.cpu_kernels``).
+(``trtpack.precision.cpu_kernels``); and its fused Attention on a padded batch with ONNX
+Runtime's default mask value and with trtpack's (``cpu_fusion.MASK_FILTER_VALUE``).
 
     python benchmarks/cpu_kernels.py benchmarks/results/cpu-kernels.json [--hidden 384]
 
@@ -51,6 +52,62 @@ def model(form: str, hidden: int) -> bytes:
                              ).SerializeToString()
 
 
+def attention_rows(hidden: int, heads: int = 12) -> list[dict[str, object]]:
+    """``Attention`` at 8x128 with the rows padded to 20-40 real tokens (as a batch of
+    sentences is) and unpadded, per mask value; its outputs on real tokens compared."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from trtpack.precision.cpu_fusion import MASK_FILTER_VALUE
+
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.05, (hidden, 3 * hidden)).astype(np.float32),
+                                     "w"),
+             numpy_helper.from_array(rng.normal(0, 0.1, 3 * hidden).astype(np.float32), "b")]
+    x = rng.normal(0, 1, (8, 128, hidden)).astype(np.float32)
+    padded = np.zeros((8, 128), np.int32)
+    for row, length in enumerate((40, 20, 35, 30, 25, 30, 35, 30)):
+        padded[row, :length] = 1
+    rows: list[dict[str, object]] = []
+    reference = None
+    for label, value in (("ONNX Runtime's default (-10000)", -10000.0),
+                         (f"trtpack ({MASK_FILTER_VALUE:g})", MASK_FILTER_VALUE)):
+        node = helper.make_node("Attention", ["x", "w", "b", "mask"], ["y"],
+                                domain="com.microsoft", num_heads=heads, mask_filter_value=value)
+        graph = helper.make_graph(
+            [node], "attention",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", hidden]),
+             helper.make_tensor_value_info("mask", TensorProto.INT32, ["b", "s"])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
+                                                        helper.make_opsetid("com.microsoft", 1)])
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 2
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        session = ort.InferenceSession(model.SerializeToString(), options,
+                                       providers=["CPUExecutionProvider"])
+        for batch, mask in (("8x128 padded", padded), ("8x128 unpadded", np.ones_like(padded))):
+            feed = {"x": x, "mask": mask}
+            out = session.run(None, feed)[0]
+            difference = None
+            if batch.endswith(" padded"):
+                reference = out if reference is None else reference
+                difference = float(np.abs(out - reference)[padded.astype(bool)].max())
+            for _ in range(5):
+                session.run(None, feed)
+            times = []
+            for _ in range(50):
+                started = time.perf_counter()
+                session.run(None, feed)
+                times.append(time.perf_counter() - started)
+            row = {"corner": batch, "form": f"Attention, mask value {label}",
+                   "p50_us": round(statistics.median(times) * 1e6, 1),
+                   "max_abs_difference_on_real_tokens": difference}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
 def main() -> int:
     import onnx
     import onnxruntime as ort
@@ -85,6 +142,7 @@ def main() -> int:
                    "p50_us": round(statistics.median(times) * 1e6, 1)}
             rows.append(row)
             print(json.dumps(row), flush=True)
+    rows += attention_rows(args.hidden)
     args.json.write_text(json.dumps({"hidden": args.hidden, "rows": rows}, indent=2) + "\n")
     return 0
 

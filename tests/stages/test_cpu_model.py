@@ -81,6 +81,18 @@ def test_fused_attention_matches_the_plain_graph_on_padded_batches(
         want, got = _run(plain, feeds), _run(fused, feeds)
         valid = feeds["attention_mask"][..., None].astype(bool)
         assert np.abs(np.where(valid, got - want, 0)).max() < 1e-4
+    # with trtpack's mask value, not ONNX Runtime's default (-10000, whose exp() is a
+    # denormal that slows the softmax of a padded batch)
+    import onnx
+
+    from trtpack.precision.cpu_fusion import MASK_FILTER_VALUE
+
+    attentions = [n for n in onnx.load(str(fused), load_external_data=False).graph.node
+                  if n.op_type == "Attention"]
+    assert attentions and all(
+        onnx.helper.get_attribute_value(a) == MASK_FILTER_VALUE
+        for n in attentions for a in n.attribute if a.name == "mask_filter_value")
+    assert all(any(a.name == "mask_filter_value" for a in n.attribute) for n in attentions)
 
 
 def test_a_graph_without_the_patterns_is_left_as_it_is(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from trtpack.report import VerificationRow
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 
 # Bump when the fusion or the quantization changes what this stage writes (cache key).
-CPU_FORM_VERSION = 6
+CPU_FORM_VERSION = 7
 CHECK_FP32 = "cpu-fp32-vs-fp32"
 CHECK_INT8 = "cpu-int8-vs-fp32"
 CHECK_INT8_HELDOUT = "cpu-int8-heldout"
