@@ -61,13 +61,9 @@ def feed_forward_blocks(model: Any) -> list[tuple[Any, Any, Any]]:
     return blocks
 
 
-def _residual_sum(model: Any, output: str) -> Any | None:
+def _residual_sum(readers: Mapping[str, list[Any]], output: str) -> Any | None:
     """The ``Sum`` that adds ``output``, through its one bias ``Add``, to the residual
     (``trtpack.precision.cpu_kernels``' form of a split SkipLayerNormalization), or None."""
-    readers: dict[str, list[Any]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
     bias = readers.get(output, [])
     if len(bias) != 1 or bias[0].op_type != "Add":
         return None
@@ -100,7 +96,11 @@ def split_outlier_channels(model: Any, feeds: Sequence[Mapping[str, np.ndarray]]
         return []
     maxima = channel_maxima(model, [gelu.output[0] for _, gelu, _ in blocks], feeds)
     inits = {i.name: i for i in model.graph.initializer}
-    narrowed = {name for first, gelu, _ in blocks for name in (first.output[0], gelu.output[0])}
+    readers: dict[str, list[Any]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    narrowed: set[str] = set()
     splits = []
     for first, gelu, second in blocks:
         channels = outlier_channels(maxima[gelu.output[0]], ratio, max_channels)
@@ -113,36 +113,32 @@ def split_outlier_channels(model: Any, feeds: Sequence[Mapping[str, np.ndarray]]
         for init, value in ((inits[first.input[1]], w1[:, keep]), (inits[gelu.input[1]], b1[keep]),
                             (inits[second.input[1]], w2[keep, :])):
             init.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(value), init.name))
+        # one channel: an outer product, where a broadcast Mul beats a K=1 MatMul
+        down_op, w2_part = ("Mul", w2[channels[0], :]) if len(channels) == 1 \
+            else ("MatMul", w2[channels, :])
         model.graph.initializer.extend([
             numpy_helper.from_array(np.ascontiguousarray(w1[:, channels]), f"{name}.w1"),
             numpy_helper.from_array(np.ascontiguousarray(b1[channels]), f"{name}.b1"),
-            numpy_helper.from_array(np.ascontiguousarray(w2[channels, :]), f"{name}.w2")])
-        down = [helper.make_node("MatMul", [f"{name}.gelu", f"{name}.w2"], [f"{name}.down"],
-                                 name=f"{name}_down")]
-        if len(channels) == 1:  # an outer product: a broadcast Mul beats a K=1 MatMul
-            model.graph.initializer[-1].CopyFrom(numpy_helper.from_array(
-                np.ascontiguousarray(w2[channels[0], :]), f"{name}.w2"))
-            down = [helper.make_node("Mul", [f"{name}.gelu", f"{name}.w2"], [f"{name}.down"],
-                                     name=f"{name}_down")]
+            numpy_helper.from_array(np.ascontiguousarray(w2_part), f"{name}.w2")])
         branch = [
             helper.make_node("MatMul", [first.input[0], f"{name}.w1"], [f"{name}.up"],
                              name=f"{name}_up"),
             helper.make_node("BiasGelu", [f"{name}.up", f"{name}.b1"], [f"{name}.gelu"],
                              name=f"{name}_gelu", domain=MS_DOMAIN),
-            *down]
-        residual = _residual_sum(model, second.output[0])
+            helper.make_node(down_op, [f"{name}.gelu", f"{name}.w2"], [f"{name}.down"],
+                             name=f"{name}_down")]
+        residual = _residual_sum(readers, second.output[0])
         if residual is not None:  # one more term of the residual Sum: no extra pass
             residual.input.append(f"{name}.down")
+            position = list(model.graph.node).index(residual)
         else:
-            main = f"{name}.main"
-            branch.append(helper.make_node("Add", [main, f"{name}.down"], [second.output[0]],
-                                           name=f"{name}_add"))
-            second.output[0] = main
-        position = list(model.graph.node).index(
-            residual if residual is not None else second)
-        position += 0 if residual is not None else 1
+            branch.append(helper.make_node("Add", [f"{name}.main", f"{name}.down"],
+                                           [second.output[0]], name=f"{name}_add"))
+            second.output[0] = f"{name}.main"
+            position = list(model.graph.node).index(second) + 1
         for offset, node in enumerate(branch):
             model.graph.node.insert(position + offset, node)
+        narrowed.update((first.output[0], gelu.output[0]))
         splits.append(OutlierSplit(second.name, channels, [f"{name}_up", f"{name}_down"]))
     # the narrowed intermediates' recorded shapes are stale
     for info in [v for v in model.graph.value_info if v.name in narrowed]:
