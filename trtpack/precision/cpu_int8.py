@@ -13,11 +13,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtpack.cases import Case
 from trtpack.report import VerificationRow
 from trtpack.sources.recipe import Recipe
+
+if TYPE_CHECKING:
+    from trtpack.precision.outlier_channels import OutlierSplit
 
 # ONNX Runtime's integer kernels, counted in the graph it runs (report)
 INTEGER_KERNELS = ("MatMulInteger", "QLinearMatMul", "MatMulIntegerToFloat",
@@ -43,7 +46,7 @@ class CpuInt8Form:
     kept: list[str]  # the Q/DQ search's FP32 MatMuls kept FP32 here too (SEARCH_LAYERS)
     excluded: list[str]  # fused-graph nodes left out of the quantization for them
     attention_sources: dict[str, list[str]] = field(default_factory=dict)
-    outliers: list[Any] = field(default_factory=list)  # outlier_channels.OutlierSplit
+    outliers: list[OutlierSplit] = field(default_factory=list)
 
 
 def make_cpu_int8(name: str, source: Path, work: Path, out: Path, shape: Mapping[str, Any],
@@ -208,10 +211,11 @@ def unsmooth_kept(model: Any, kept: Sequence[str]) -> int:
     return len(removed)
 
 
-def kept_layer_names(source: Path, kept: list[str], attention_sources: dict[str, list[str]],
-                     excluded: list[str]) -> list[str]:
-    """``encoder.layer.3.output.dense (MatMul)`` for each kept node (a kept Attention by its
-    kept projections)."""
+def form_layer_names(source: Path, form: CpuInt8Form
+                     ) -> tuple[list[str], dict[str, list[int]]]:
+    """The layers ``form`` keeps in FP32, as ``encoder.layer.3.output.dense (MatMul)`` (a
+    kept Attention by its kept projections), and each feed-forward layer whose outlier
+    channels it keeps in FP32 -> those channels; module paths read off ``source``."""
     import onnx
 
     from trtpack.precision.module_paths import display_name, module_paths
@@ -219,37 +223,34 @@ def kept_layer_names(source: Path, kept: list[str], attention_sources: dict[str,
     graph = onnx.load(str(source), load_external_data=False).graph
     paths = module_paths(graph.node)
     ops = {n.name: n.op_type for n in graph.node}
-    names = []
-    for node in excluded:
-        for part in attention_sources.get(node, [node]):
-            if part in kept:
-                names.append(display_name(part, ops.get(part, "?"), paths))
-    return names
+    kept = [display_name(part, ops.get(part, "?"), paths)
+            for node in form.excluded for part in form.attention_sources.get(node, [node])
+            if part in form.kept]
+    outliers = {display_name(o.matmul, "MatMul", paths): list(o.channels)
+                for o in form.outliers}
+    return kept, outliers
 
 
-def outlier_layer_names(source: Path, outliers: Sequence[Any]) -> dict[str, list[int]]:
-    """``encoder.layer.0.output.dense (MatMul)`` -> its FP32 outlier channels."""
-    import onnx
-
-    from trtpack.precision.module_paths import display_name, module_paths
-
-    graph = onnx.load(str(source), load_external_data=False).graph
-    paths = module_paths(graph.node)
-    return {display_name(o.matmul, "MatMul", paths): list(o.channels) for o in outliers}
-
-
-def heldout_rows(check: str, recipe: Recipe, fp32_onnx: Path, path: Path, cal: Any,
-                 tokenizer: Any) -> list[VerificationRow]:
-    """The INT8 form at ``path`` judged on the INT8 build's held-out split (``cal``), the
-    outputs of the FP32 model ``fp32_onnx`` as reference."""
+def heldout_cases(fp32_onnx: Path, cal: Any) -> list[Case]:
+    """The INT8 build's held-out split (``cal``) with the FP32 model's outputs: the
+    reference every CPU INT8 form is judged against."""
     from trtpack.runtimes.onnxruntime import cpu_session, run_session
-    from trtpack.verify.compare import compare_cases, token_text
 
     if not cal.holdout:
         return []
     reference = run_session(cpu_session(fp32_onnx, few_runs=True), cal.holdout)
-    held = [Case(-1, f"heldout{i}", f, o)
+    return [Case(-1, f"heldout{i}", f, o)
             for i, (f, o) in enumerate(zip(cal.holdout, reference, strict=True))]
+
+
+def heldout_rows(check: str, recipe: Recipe, held: list[Case], path: Path, cal: Any,
+                 tokenizer: Any) -> list[VerificationRow]:
+    """The INT8 form at ``path`` judged on ``held`` (``heldout_cases`` of ``cal``)."""
+    from trtpack.runtimes.onnxruntime import cpu_session, run_session
+    from trtpack.verify.compare import compare_cases, token_text
+
+    if not held:
+        return []
     outputs = run_session(cpu_session(path, few_runs=True), cal.holdout)
     texts = {id(f): rows for f, rows in zip(cal.holdout, cal.holdout_texts, strict=False)}
     ids = next((i.name for i in recipe.inputs if i.kind == "token_ids"), None)

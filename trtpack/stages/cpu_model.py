@@ -223,11 +223,11 @@ def _int8_form(ctx: StageContext, work: Path, source: Path, shape: tuple[Any, ..
         EVERY_LAYER_SMOOTHED,
         INTEGER_KERNELS,
         SEARCH_LAYERS,
+        form_layer_names,
         fp32_weight_matmuls,
+        heldout_cases,
         heldout_rows,
-        kept_layer_names,
         make_cpu_int8,
-        outlier_layer_names,
         runtime_op_counts,
         weight_matmul_share,
     )
@@ -238,6 +238,7 @@ def _int8_form(ctx: StageContext, work: Path, source: Path, shape: tuple[Any, ..
     settings = ctx.options.recipe.precision_options.int8
     cal, tokenizer = _calibration(ctx)
     search_kept = fp32_weight_matmuls(ctx.artifact("precision_onnx"))
+    held = heldout_cases(ctx.artifact("onnx"), cal)
     candidates = [(EVERY_LAYER, EVERY_LAYER_SMOOTHED, []),
                   (SEARCH_LAYERS, settings.smoothquant_producers or None, search_kept)]
     for index, (name, producers, kept) in enumerate(candidates):
@@ -246,8 +247,8 @@ def _int8_form(ctx: StageContext, work: Path, source: Path, shape: tuple[Any, ..
                              ctx.stage_dir / f"int8-{index}" / "model.onnx", graph_shape,
                              cal.feeds, settings.smoothquant, producers, kept)
         rows = _verify(ctx, form.path, cases, CHECK_INT8, "int8")
-        rows += heldout_rows(CHECK_INT8_HELDOUT, ctx.options.recipe, ctx.artifact("onnx"),
-                             form.path, cal, tokenizer)
+        rows += heldout_rows(CHECK_INT8_HELDOUT, ctx.options.recipe, held, form.path, cal,
+                             tokenizer)
         failures = [f"{r.check} {r.corner}: {r.reason}" for r in rows if not r.passed][:5]
         metrics.int8_forms_tried.append({"form": name, "passed": not failures,
                                          "failures": failures})
@@ -264,9 +265,8 @@ def _int8_form(ctx: StageContext, work: Path, source: Path, shape: tuple[Any, ..
     metrics.int8_weight_matmuls = f"{quantized}/{total}"
     metrics.int8_share = round(quantized / total, 4) if total else 0.0
     metrics.kept_fp32_nodes = form.excluded
-    metrics.kept_fp32_layers = kept_layer_names(ctx.artifact("onnx"), form.kept,
-                                                form.attention_sources, form.excluded)
-    metrics.outlier_channels = outlier_layer_names(ctx.artifact("onnx"), form.outliers)
+    metrics.kept_fp32_layers, metrics.outlier_channels = form_layer_names(ctx.artifact("onnx"),
+                                                                          form)
     metrics.int8_passed = not failures
     metrics.int8_failures = failures
     metrics.smoothquant = settings.smoothquant if cal.feeds else None
