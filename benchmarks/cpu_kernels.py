@@ -18,6 +18,7 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -52,10 +53,34 @@ def model(form: str, hidden: int) -> bytes:
                              ).SerializeToString()
 
 
+def session(model: bytes, optimized: Path | None = None) -> Any:
+    """ONNX Runtime on ``model`` as the benchmark runs every form: all optimizations, 2
+    intra-op threads, no spinning (``optimized``: where the graph it runs is written)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if optimized is not None:
+        options.optimized_model_filepath = str(optimized)
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+def p50_us(run: Any, feed: dict[str, np.ndarray], warm_up: int, runs: int) -> float:
+    """The median of ``runs`` timed calls of ``run(None, feed)`` after ``warm_up``, in µs."""
+    for _ in range(warm_up):
+        run(None, feed)
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        run(None, feed)
+        times.append(time.perf_counter() - started)
+    return round(statistics.median(times) * 1e6, 1)
+
+
 def attention_rows(hidden: int, heads: int = 12) -> list[dict[str, object]]:
     """``Attention`` at 8x128 with the rows padded to 20-40 real tokens (as a batch of
     sentences is) and unpadded, per mask value; its outputs on real tokens compared."""
-    import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
     from trtpack.precision.cpu_fusion import MASK_FILTER_VALUE
@@ -81,27 +106,16 @@ def attention_rows(hidden: int, heads: int = 12) -> list[dict[str, object]]:
             [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
                                                         helper.make_opsetid("com.microsoft", 1)])
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 2
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        session = ort.InferenceSession(model.SerializeToString(), options,
-                                       providers=["CPUExecutionProvider"])
+        attention = session(model.SerializeToString())
         for batch, mask in (("8x128 padded", padded), ("8x128 unpadded", np.ones_like(padded))):
             feed = {"x": x, "mask": mask}
-            out = session.run(None, feed)[0]
+            out = attention.run(None, feed)[0]
             difference = None
             if batch.endswith(" padded"):
                 reference = out if reference is None else reference
                 difference = float(np.abs(out - reference)[padded.astype(bool)].max())
-            for _ in range(5):
-                session.run(None, feed)
-            times = []
-            for _ in range(50):
-                started = time.perf_counter()
-                session.run(None, feed)
-                times.append(time.perf_counter() - started)
             row = {"corner": batch, "form": f"Attention, mask value {label}",
-                   "p50_us": round(statistics.median(times) * 1e6, 1),
+                   "p50_us": p50_us(attention.run, feed, warm_up=5, runs=50),
                    "max_abs_difference_on_real_tokens": difference}
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -110,7 +124,6 @@ def attention_rows(hidden: int, heads: int = 12) -> list[dict[str, object]]:
 
 def main() -> int:
     import onnx
-    import onnxruntime as ort
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("json", type=Path)
@@ -122,24 +135,12 @@ def main() -> int:
         feed = {n: rng.normal(0, 1, (batch, seq, args.hidden)).astype(np.float32)
                 for n in ("x", "skip")}
         for label, form in FORMS.items():
-            options = ort.SessionOptions()
-            options.intra_op_num_threads = 2
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
             optimized = args.json.with_suffix(".graph.onnx")
-            options.optimized_model_filepath = str(optimized)
-            session = ort.InferenceSession(model(form, args.hidden), options,
-                                           providers=["CPUExecutionProvider"])
+            block = session(model(form, args.hidden), optimized)
             ran = [n.op_type for n in onnx.load(str(optimized)).graph.node]
             optimized.unlink()
-            for _ in range(20):
-                session.run(None, feed)
-            times = []
-            for _ in range(300):
-                started = time.perf_counter()
-                session.run(None, feed)
-                times.append(time.perf_counter() - started)
             row = {"corner": f"{batch}x{seq}", "form": label, "ran": ran,
-                   "p50_us": round(statistics.median(times) * 1e6, 1)}
+                   "p50_us": p50_us(block.run, feed, warm_up=20, runs=300)}
             rows.append(row)
             print(json.dumps(row), flush=True)
     rows += attention_rows(args.hidden)
