@@ -83,9 +83,12 @@ GATE_NOTE = (
     "sample must reach the recipe's threshold (<code>verify.&lt;precision&gt;.min_cosine</code>"
     ", or <code>min_top1</code> for top-1 agreement). Max abs and rel diff are element-wise "
     "statistics shown beside it; they gate only where the recipe sets <code>atol</code> / "
-    "<code>rtol</code>. The relative diff divides by each reference element, so elements near "
-    "zero, which every hidden state has, give large ratios (tens or thousands) while the "
-    "output as a whole matches: read the metric, not the rel diff.")
+    "<code>rtol</code>. <span class='muted'>†</span> The relative diff divides by each "
+    "reference element, so elements near zero, which every hidden state has, give large "
+    "ratios (tens or thousands) while the output as a whole matches: read the metric, not the "
+    "rel diff.")
+NEAR_ZERO_MARK = ('<a class="muted" href="#verification-gate" title="a ratio over 1 on a '
+                  'passing row: reference elements near zero (see the note above)">†</a>')
 
 
 def verification_table(report: BuildReport) -> str:
@@ -123,7 +126,9 @@ def verification_table(report: BuildReport) -> str:
         body.append([html.escape(r["check"]), where, html.escape(r["output"]), metric,
                      "" if r.get("metric_mean") is None else f"{r['metric_mean']:.6f}",
                      number_cell(r.get("samples"), "d"),
-                     number_cell(r["max_abs_diff"]), number_cell(r["max_rel_diff"]),
+                     number_cell(r["max_abs_diff"]),
+                     number_cell(r["max_rel_diff"]) + (
+                         f" {NEAR_ZERO_MARK}" if r["passed"] and r["max_rel_diff"] > 1 else ""),
                      *[number_cell(r.get(k), ".6g") if not isinstance(r.get(k), (list, dict))
                        else html.escape(json.dumps(r.get(k))[:80]) for k in extra],
                      result, *([text] if with_text else [])])
