@@ -311,6 +311,11 @@ def test_cached_rebuild_says_its_stages_came_from_the_cache(
     note = measured["text"]["cache-note"]
     assert f"{len(reused)} of {len(done)} stages reused from the stage cache" in note
     assert all(name in note for name in reused)
+    # and how long those stages took when they ran (in tiny_build, or before it from the cache)
+    first = {s.name: s for s in BuildReport.load(tiny_build / "report.json").stages}
+    ran = [s.ran_seconds for s in report.stages if s.cached]
+    assert ran == [first[n].ran_seconds if first[n].cached else first[n].seconds for n in reused]
+    assert f"{sum(ran):.1f} s when they ran" in note  # type: ignore[arg-type]
     assert "only the work done in this run" in note
     page = (out / "report.html").read_text()
     assert "build time (this run)" in page and "peak memory (this run)" in page

@@ -85,6 +85,7 @@ def render_report_html(report: BuildReport, out: Path) -> str:
     gates = [r.passed for r in report.verification]
     done = [s for s in report.stages if s.status != "skipped"]
     reused = [s.name for s in done if s.cached]
+    ran = [s.ran_seconds for s in done if s.cached and s.ran_seconds is not None]
     this_run = " (this run)" if reused else ""
     cards = [
         (report.status, "status"), (f"{report.total_seconds:.1f} s", "build time" + this_run),
@@ -101,9 +102,10 @@ def render_report_html(report: BuildReport, out: Path) -> str:
         cards.append((f"{min(best):.2f}–{max(best):.2f}×", "served vs PyTorch"))
     card_html = "".join(f"<div class='card'><b>{html.escape(v)}</b><span>{k}</span></div>"
                         for v, k in cards)
+    took = f", {sum(ran):.1f} s when they ran" if len(ran) == len(reused) else ""
     cache_note = (f'<div class="sub" id="cache-note">{len(reused)} of {len(done)} stages reused '
-                  f"from the stage cache ({html.escape(', '.join(reused))}): the build time "
-                  "and peak memory cover only the work done in this run.</div>"
+                  f"from the stage cache ({html.escape(', '.join(reused))}{took}): the build "
+                  "time and peak memory cover only the work done in this run.</div>"
                   if reused else "")
     warnings = "".join(f'<div class="warn">{html.escape(w)}</div>' for w in report.warnings)
     error = f'<div class="warn"><b>error:</b> {html.escape(report.error)}</div>' \
