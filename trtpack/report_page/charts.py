@@ -126,7 +126,8 @@ def benchmark_chart(rows: Sequence[dict[str, Any]]) -> str:
     ax.set_xticks(range(len(corners)), [f"{c}\n{short_shape(shapes[c])}" for c in corners])
     ax.set_yscale("log")
     ax.set_ylabel("ms per request: p50, line to p90")
-    ax.legend(frameon=False, loc="upper left")
+    # above the axes, not over the bars and their figures
+    fig.legend(frameon=False, loc="outside upper center", ncol=min(len(runtimes), 2))
     return _svg(fig, "chart-benchmark", "Latency per profile corner (log scale): the served "
                 "model in its runtime, the FP32 ONNX in ONNX Runtime and PyTorch eager, same "
                 "inputs.")
