@@ -14,7 +14,7 @@ import typer
 from trtpack import __version__
 from trtpack.cli import build, cache, diagnostics, outputs, recipes
 from trtpack.cli.console import out, print_interrupted, print_usage_error
-from trtpack.cli.exits import STATE
+from trtpack.cli.exits import STATE, quiet_stdout
 from trtpack.errors import ExitCode
 
 app = typer.Typer(
@@ -77,6 +77,14 @@ def main() -> None:
         code = ExitCode.INTERRUPTED
     except SystemExit as e:
         code = e.code
+    except BrokenPipeError:  # outside a command (--version)
+        quiet_stdout()
+        code = ExitCode.BROKEN_PIPE
+    if code == 1 and type(sys.stdout).__name__.endswith("PacifyFlushWrapper"):
+        # click met the broken pipe (--help | head) and exits 1: that code means a failed
+        # accuracy check here, so end as a command cut off by its reader does
+        quiet_stdout()
+        code = ExitCode.BROKEN_PIPE
     if code == ExitCode.INTERRUPTED:
         # cleaned up and said so: leave without the interpreter's shutdown, where about one
         # interrupted build in 20 ended by SIGINT (-2) instead of 130
