@@ -114,8 +114,10 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
                         install="'trtpack[modelopt]'")
     if request.opset is not None and not 13 <= request.opset <= 23:
         raise UserInputError(f"--opset {request.opset} is outside 13..23")
-    if request.calibration is not None and not request.calibration.is_file():
-        raise UserInputError(f"calibration file '{request.calibration}' does not exist")
+    if request.calibration is not None:
+        from trtpack.precision.calibration_files import check_calibration_path
+
+        check_calibration_path(request.calibration)
     if request.calibration is not None and precision != "int8":
         raise UserInputError("--calibration is only used with --precision int8")
     if request.calibration_method is not None:

