@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any
 
-import click
 import typer
 from typer.core import TyperArgument, TyperCommand, TyperOption
 
@@ -43,7 +42,7 @@ class PlainArgument(TyperArgument):
     """An argument shown as a person writes it: ``MODEL``, ``BUILD_DIR...`` (typer shows
     ``{model}`` and its Python type, ``<str>``, ``<list[Path]>``)."""
 
-    def display_type(self, ctx: click.Context) -> str:
+    def display_type(self, ctx: Any) -> str:
         return ""  # the name says what it is
 
     def _rich_display_name(self) -> str:
@@ -59,7 +58,7 @@ class PlainOption(TyperOption):
     """An option's value shown as a word (``--out DIR``), not its Python type (``<path>``):
     every option names its own metavar; this is the fallback for one that does not."""
 
-    def display_type(self, ctx: click.Context) -> str:
+    def display_type(self, ctx: Any) -> str:
         return {Path: "PATH", int: "N", float: "NUMBER"}.get(
             self.type_descriptor.annotation, (self.name or "value").upper())
 
