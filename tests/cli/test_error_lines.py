@@ -62,6 +62,11 @@ def test_package_dest_that_is_a_file_is_one_line(tiny_build: Path, tmp_path: Pat
                               "--dest", str(dest)), 2)
     assert f"--dest '{dest}': '{dest}' is a file, not a folder" in error
     assert dest.read_text() == "mine"
+    # the format word is read as build's choices are, case-insensitively
+    written = trtpack("package", str(tiny_build / "out"), "--format", "SageMaker",
+                      "--dest", str(tmp_path / "archives"))
+    assert written.returncode == 0, written.stderr
+    assert (tmp_path / "archives" / "tiny-bert.tar.gz").is_file()
 
 
 def closed_pipe_run(*args: str) -> subprocess.CompletedProcess[str]:

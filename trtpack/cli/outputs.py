@@ -61,6 +61,7 @@ def package(
     from trtpack.cli.views import print_sagemaker_package
     from trtpack.serving.package_formats import package as write_package
 
+    package_format = package_format.strip().lower() if package_format else None  # as build's
     if sagemaker and package_format not in (None, "sagemaker"):
         raise UserInputError(f"--sagemaker and --format {package_format} disagree")
     name = package_format or ("sagemaker" if sagemaker else None)
