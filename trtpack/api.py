@@ -207,7 +207,8 @@ def _check_auto_precision_target(target_name: str) -> None:
 def check_triton_profiles(profiles: Sequence[ShapeProfile], recipe: Recipe,
                           serve: str) -> list[str]:
     """Refuse, before any work, profile sets Triton's TensorRT backend cannot serve
-    (``serving.triton_rules``): a gap between the profiles' batch ranges, and for
+    (``serving.triton_rules``): a batch from 1 to the largest max batch that no profile
+    holds (for a batched model; the dynamic batcher forms them all), and for
     ``--serve text`` no sequence length served at every batch. Warn when some sequence
     lengths are served only at some batches (clients must pad those; --serve text does)."""
     from trtpack.serving.triton_rules import (
@@ -216,7 +217,8 @@ def check_triton_profiles(profiles: Sequence[ShapeProfile], recipe: Recipe,
         partly_served_lengths_warning,
     )
 
-    problem = batch_coverage_problem(profiles) if profiles and all(
+    batched = all(spec.has_dynamic_batch for spec in recipe.input_specs())
+    problem = batch_coverage_problem(profiles, batched) if profiles and all(
         p.shapes and len(next(iter(p.shapes.values())).min) > 0 for p in profiles) else None
     if problem is not None:
         raise UserInputError(problem)
