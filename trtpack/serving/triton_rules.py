@@ -315,3 +315,27 @@ def engine_file(config: Any, compute_capability: tuple[int, int]) -> str:
     if key in config.cc_model_filenames:
         return str(config.cc_model_filenames[key])
     return str(config.default_model_filename or PLAN_FILENAME)
+
+
+def shared_graph_shapes(profiles: Sequence[ShapeProfile]) -> list[dict[str, Shape]]:
+    """The CUDA-graph shapes every profile's context can capture: each profile's opt shape
+    clamped into the shapes that every profile holds, without repeats; empty when the
+    profiles hold no shape in common. tensorrt_backend ``InitializeCudaGraph``
+    (``src/instance_state.cc`` line 3667 at e2ef6d7) captures every graph spec on every
+    context ("CUDA graph will be captured for every TRT contexts"), and a spec outside a
+    context's profile fails there with "Failed to set cuda graph shape" (an error logged
+    per spec and context, ``BuildCudaGraph``)."""
+    names = [n for n in profiles[0].shapes if all(n in p.shapes for p in profiles)]
+    low = {n: [max(d) for d in zip(*(p.shapes[n].min for p in profiles), strict=True)]
+           for n in names}
+    high = {n: [min(d) for d in zip(*(p.shapes[n].max for p in profiles), strict=True)]
+            for n in names}
+    if any(lo > hi for n in names for lo, hi in zip(low[n], high[n], strict=True)):
+        return []
+    shapes: list[dict[str, Shape]] = []
+    for p in profiles:
+        shape = {n: tuple(min(max(d, lo), hi) for d, lo, hi in
+                          zip(p.shapes[n].opt, low[n], high[n], strict=True)) for n in names}
+        if shape not in shapes:
+            shapes.append(shape)
+    return shapes
