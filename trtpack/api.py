@@ -154,6 +154,12 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
     if auto_precision:
         _refuse_auto_precision_on_gpu(target.name)  # --target auto, resolved
     if target.is_gpu:
+        from trtpack.engine.parser_opsets import opset_warning
+        from trtpack.machine.packages import tensorrt_version
+
+        opset_note = opset_warning(request.opset or recipe.opset, tensorrt_version())
+        warnings += [opset_note] if opset_note else []
+    if target.is_gpu:
         warnings += check_triton_profiles(profiles, recipe, serve)
     if fallback_cpu and not target.is_gpu:
         raise UserInputError(
