@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
+from tests.hf_models import minilm_dir
 from tests.pipeline.standin_engine import PLAN_HEADER, STANDIN_TENSORRT, use_standin_engine
 from trtpack.engine.provenance import EngineProvenance
 from trtpack.onnx_tools.files import sha256_file
@@ -26,10 +27,12 @@ from trtpack.report import BuildReport
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """What the CPU job makes: tiny-bert for a GPU target with --no-engine (and its cache)."""
+    """What the CPU job makes: tiny-bert for a GPU target with --no-engine and --serve text
+    (the tokenizer and post-processing models travel too), and its cache."""
     root = tmp_path_factory.mktemp("convert-once")
     out, cache = root / "onnx", root / "cache"
-    result = run_cli("build", "tiny-bert", "--random-weights", "--precision", "fp32",
+    result = run_cli("build", "tiny-bert", "--set", "config.vocab_size=30522",
+                     "--tokenizer", str(minilm_dir()), "--serve", "text", "--precision", "fp32",
                      "--target", "g5", "--no-engine", "--out", str(out),
                      "--cache-dir", str(cache))
     assert result.exit_code == 0, result.output
@@ -68,6 +71,7 @@ def test_engines_for_two_families_from_one_build_merge(
     result = run_cli("merge", *map(str, builds), "--out", str(merged))
     assert result.exit_code == 0, result.output
     record = json.loads((merged / "merge.json").read_text())
+    assert {"tiny-bert_tokenizer", "tiny-bert_ensemble"} <= set(record["models"]), record
     assert {e["compute_capability"]: e["file"] for e in record["engines"]} == \
         {"7.5": "model.sm75.plan", "8.6": "model.sm86.plan"}, record
 
