@@ -90,9 +90,22 @@ doctor: install
 	$(TRTPACK) doctor
 
 # One target per instance family: `make g5 MODEL=bert-large PROFILE=1x128:16x128:128x128`.
+# Convert once, engines per family: `make convert MODEL=minilm` (any machine, no GPU: every
+# stage up to the engine, into $(OUT)/minilm-onnx), then on each GPU machine
+# `make g5 FROM=$(OUT)/minilm-onnx` (`trtpack engine`: the engine of that ONNX, into
+# $(OUT)/minilm-g5), so `trtpack merge` takes the families' folders.
+FROM ?=
+CONVERT_TARGET ?= g5
+.PHONY: convert
+convert: install
+	$(TRTPACK) build $(MODEL) --target $(CONVERT_TARGET) --no-engine \
+		$(if $(PROFILE),--profile $(PROFILE)) --out $(OUT)/$(MODEL)-onnx $(TRTPACK_FLAGS)
+
 g4dn g5 g6 g6e p3 p4d p4de p5 p5e p5en: install
-	$(TRTPACK) build $(MODEL) --target $@ $(if $(PROFILE),--profile $(PROFILE)) \
-		--out $(OUT)/$(MODEL)-$@ $(TRTPACK_FLAGS)
+	$(if $(FROM),$(TRTPACK) engine $(FROM) --target $@ \
+		--out $(OUT)/$(patsubst %-onnx,%,$(notdir $(FROM)))-$@,$(TRTPACK) build $(MODEL) \
+		--target $@ $(if $(PROFILE),--profile $(PROFILE)) --out $(OUT)/$(MODEL)-$@ \
+		$(TRTPACK_FLAGS))
 
 clean:
 	rm -rf build site .pytest_cache .mypy_cache .ruff_cache

@@ -154,11 +154,11 @@ def sagemaker_note(package: SageMakerPackage, configs: dict[str, Any]) -> str:
         deps = (
             "\n## Python-backend models\n\n"
             f"{', '.join(f'`{n}`' for n in python)} run in the container's Python and need "
-            "`numpy` and `tokenizers`. `tokenizers` is not part of Triton's Python backend: "
-            "unless the image has it, pack an environment with conda-pack (the Python version "
-            "of the image's backend stub), put it in the model folder and point the model at "
-            "it with the `EXECUTION_ENV_PATH` parameter "
-            "(`$$TRITON_MODEL_DIRECTORY/env.tar.gz`).\n"
+            "`numpy` (Triton's Python backend has it) and `tokenizers`, which the build "
+            "copied into the tokenizer model's `1/vendor/` folder (PyPI's abi3 Linux build "
+            "serves the images' Python 3.10 and 3.12): nothing to install. Only when the "
+            "build warned that it could not carry `tokenizers` (a non-abi3 or non-Linux "
+            "install) does the image's Python need it.\n"
         )
     return (
         "# SageMaker multi-model endpoint archives\n\n"
