@@ -286,6 +286,8 @@ def test_int8_page_shows_the_search_and_the_held_out_rows_and_fits(
         else:
             assert where.startswith(f"p{row.profile} {row.corner}"), cells
         assert "-1" not in where
+        # the gate's threshold beside the worst sample's value
+        assert row.threshold is not None and cells[3].endswith(f"≥\xa0{row.threshold:g}"), cells
         # a large relative diff on a passing row points at the note that explains it
         assert cells[7].endswith("†") == (row.passed and row.max_rel_diff > 1), cells
     assert any(r.passed and r.max_rel_diff > 1 for r in report.verification)

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from trtpack.report import BuildReport
+from trtpack.report import BuildReport, shown_metric
 from trtpack.report_page.charts import (
     benchmark_chart,
     sensitivity_chart,
@@ -23,7 +23,7 @@ from trtpack.report_page.charts import (
 
 KNOWN_ROW_KEYS = ("check", "profile", "corner", "shapes", "output", "max_abs_diff",
                   "max_rel_diff", "metric", "metric_value", "passed", "reason", "metric_mean",
-                  "samples", "worst_sample", "worst_text")
+                  "samples", "worst_sample", "worst_text", "threshold")
 
 
 # --- tables ----------------------------------------------------------------------------------
@@ -80,8 +80,9 @@ def corner_text(profile: int, corner: str) -> str:
 
 GATE_NOTE = (
     "A row passes on its metric: each sample's {metrics} against the reference, and the worst "
-    "sample must reach the recipe's threshold (<code>verify.&lt;precision&gt;.min_cosine</code>"
-    ", or <code>min_top1</code> for top-1 agreement). Max abs and rel diff are element-wise "
+    "sample must reach the threshold beside it (the recipe's "
+    "<code>verify.&lt;precision&gt;.min_cosine</code>, or <code>min_top1</code> for top-1 "
+    "agreement). Max abs and rel diff are element-wise "
     "statistics shown beside it; they gate only where the recipe sets <code>atol</code> / "
     "<code>rtol</code>. <span class='muted'>†</span> The relative diff divides by each "
     "reference element, so elements near zero, which every hidden state has, give large "
@@ -111,9 +112,15 @@ def verification_table(report: BuildReport) -> str:
         headers.append("worst sample's text")
     body = []
     for r in rows:
-        metric = "" if r["metric_value"] is None else f"<b>{r['metric_value']:.6f}</b>"
-        if metric and not one_metric:
-            metric = f"{html.escape(r['metric'])} {metric}"
+        metric = ""
+        if r["metric_value"] is not None:
+            threshold = r.get("threshold")
+            metric = f"<b>{shown_metric(r['metric_value'], threshold, digits=6)}</b>"
+            if threshold is not None:
+                relation = "<" if r["metric_value"] < threshold else "≥"
+                metric += f' <span class="muted">{relation}&nbsp;{threshold:g}</span>'
+            if not one_metric:
+                metric = f"{html.escape(r['metric'])} {metric}"
         result = ('<span class="pass">pass</span>' if r["passed"] else
                   f'<span class="fail">FAIL</span> {html.escape(r["reason"])}')
         text = ""
@@ -186,7 +193,7 @@ def benchmark_section(bench: dict[str, Any]) -> str:
 
 def int8_section(report: BuildReport) -> str:
     stage = report.stage("precision")
-    if stage is None or stage.status != "ok" or stage.metrics.get("precision") != "int8":
+    if stage is None or stage.status == "skipped" or stage.metrics.get("precision") != "int8":
         return ""
     m = stage.metrics
     kept = list(m.get("excluded_by_fallback") or [])
