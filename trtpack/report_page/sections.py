@@ -118,7 +118,7 @@ def verification_table(report: BuildReport) -> str:
             metric = f"<b>{shown_metric(r['metric_value'], threshold, digits=6)}</b>"
             if threshold is not None:
                 relation = "<" if r["metric_value"] < threshold else "≥"
-                metric += f' <span class="muted">{relation}&nbsp;{threshold:g}</span>'
+                metric += f'<br><span class="muted">{relation}&nbsp;{threshold:g}</span>'
             if not one_metric:
                 metric = f"{html.escape(r['metric'])} {metric}"
         result = ('<span class="pass">pass</span>' if r["passed"] else
@@ -140,7 +140,7 @@ def verification_table(report: BuildReport) -> str:
                        else html.escape(json.dumps(r.get(k))[:80]) for k in extra],
                      result, *([text] if with_text else [])])
     numeric = [3, 4, 5, 6, 7, *range(8, 8 + len(extra))]
-    wrapped = [8 + len(extra), 9 + len(extra)]
+    wrapped = [1, 8 + len(extra), 9 + len(extra)]  # where, result, text: wrap when needed
     shown = " / ".join(m.replace("_", " ") for m in metrics) or "task metric"
     note = f'<p class="muted" id="verification-gate">{GATE_NOTE.format(metrics=shown)}</p>'
     return note + table_html(headers, body, numeric, "verification", wrapped)
