@@ -56,7 +56,7 @@ th, td { text-align:left; padding:5px 10px; white-space:nowrap; border-bottom:1p
          vertical-align:top; }
 th { color:var(--muted); font-weight:600; background:#fafbfc; white-space:normal;
      vertical-align:bottom; }
-td:last-child, td.wrap { white-space:normal; }
+td:last-child, td.wrap { white-space:normal; } .nowrap { white-space:nowrap; }
 td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; }
 .pass { color:var(--ok); font-weight:600; } .fail { color:var(--bad); font-weight:600; }
 .muted { color:var(--muted); } code { font-size:12.5px; }

@@ -127,7 +127,8 @@ def verification_table(report: BuildReport) -> str:
         if r.get("worst_text"):
             sample = "" if r.get("worst_sample") is None else f"#{r['worst_sample']} "
             text = f'<span class="muted">{sample}“{html.escape(r["worst_text"])}”</span>'
-        where = (f"{html.escape(corner_text(r['profile'], r['corner']))} "
+        where = (f'<span class="nowrap">{html.escape(corner_text(r["profile"], r["corner"]))}'
+                 "</span> "
                  f"<code title=\"{html.escape(r['shapes'])}\">"
                  f"{html.escape(short_shape(r['shapes']))}</code>")
         body.append([html.escape(r["check"]), where, html.escape(r["output"]), metric,
