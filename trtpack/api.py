@@ -18,7 +18,11 @@ from trtpack.shapes import ShapeProfile, parse_profiles
 from trtpack.sources.heads import head_for
 from trtpack.sources.inputs import parse_input_options
 from trtpack.sources.recipe import AUTO_PRECISION, PRECISIONS, Recipe
-from trtpack.sources.recipe_files import apply_input_options, apply_overrides
+from trtpack.sources.recipe_files import (
+    apply_input_options,
+    apply_overrides,
+    check_small_integer_inputs,
+)
 from trtpack.sources.resolve import resolve_model
 from trtpack.stages.base import ProgressCallback
 
@@ -50,6 +54,13 @@ class BuildRequest:
     min_int8_share: float = 0.5  # --min-int8-share
     force: bool = False  # --force: build beside files in --out that trtpack did not write
     inputs: Sequence[str] = ()  # --input, the input grammar (trtpack.sources.inputs)
+
+
+CPU_FP16_NOTE = (
+    "--precision fp16 on --target cpu: serving the FP32 model, the FP16 conversion skipped "
+    "(ONNX Runtime's CPU kernels have no FP16 speed-up: an FP16 model there runs slower or "
+    "casts back to FP32); to check FP16 for a later GPU build: --target <gpu> --no-engine "
+    "(e.g. --target g5 --no-engine)")
 
 
 def resolve_target_for_build(name: str, build_engine: bool,
@@ -88,6 +99,7 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
     recipe: Recipe = apply_overrides(resolve_model(request.model, request.task),
                                      list(request.overrides))
     recipe = apply_input_options(recipe, parse_input_options(request.inputs))
+    check_small_integer_inputs(recipe)
     if request.tokenizer is not None:
         recipe = with_tokenizer(recipe, request.tokenizer)
     if request.portable is not None:
@@ -156,6 +168,9 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
                                                 recipe.engine.hardware_compatibility)
     if target.is_gpu:
         warnings += check_triton_profiles(profiles, recipe, serve)
+    elif precision == "fp16":
+        precision = "fp32"
+        warnings.append(CPU_FP16_NOTE)
     if fallback_cpu and not target.is_gpu:
         raise UserInputError(
             "--fallback-cpu adds an ONNX Runtime CPU model beside a GPU model; a --target cpu "

@@ -74,10 +74,10 @@ def check_graph(model: Any, path: Path) -> None:
 def external_tensors(model: Any) -> list[Any]:
     import onnx
 
-    tensors = list(model.graph.initializer)
-    for node in model.graph.node:
-        tensors.extend(a.t for a in node.attribute if a.HasField("t"))
-    return [t for t in tensors if t.data_location == onnx.TensorProto.EXTERNAL]
+    from trtpack.onnx_tools.files import all_tensors
+
+    return [t for t in all_tensors(model.graph)
+            if t.data_location == onnx.TensorProto.EXTERNAL]
 
 
 def check_external_data(model: Any, path: Path) -> None:
@@ -148,6 +148,8 @@ def _output_metric(name: str, axes: list[str | int], task: str, has_mask: bool) 
             return out.metric
     if len(axes) == 3 and has_mask:
         return "pooled_cosine"
+    if task == "generic" and not has_mask:
+        return "scaled_error"  # boxes, maps, states: trtpack.verify.sample_metrics
     return "cosine"
 
 

@@ -113,7 +113,8 @@ def build_cases(options: BuildOptions, loaded: LoadedModel) -> list[Case]:
         for k, (corner, shapes) in enumerate(profile.corners()):
             inputs = make_inputs(specs, shapes, tokenizer=loaded.tokenizer,
                                  vocab_size=_vocab_size(loaded),
-                                 seed=options.seed + 10 * index + k, offset=5 * k + index)
+                                 seed=options.seed + 10 * index + k, offset=5 * k + index,
+                                 values=options.recipe.value_rules())
             cases.append(Case(index, corner, inputs))
     return cases
 

@@ -17,11 +17,16 @@ from typing import Any
 
 from trtpack.cases import Case, save_cases, with_outputs
 from trtpack.errors import UserInputError
-from trtpack.onnx_tools.files import LARGE_INITIALIZER_BYTES, data_path, graph_summary
+from trtpack.onnx_tools.files import (
+    LARGE_INITIALIZER_BYTES,
+    all_tensors,
+    data_path,
+    graph_summary,
+)
 from trtpack.options import BuildOptions
 from trtpack.sources.tokenizer_files import has_tokenizer, tokenizer_files
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
-from trtpack.verify.samples import make_inputs
+from trtpack.verify.samples import fed_values_text, make_inputs
 
 
 @dataclass
@@ -77,10 +82,7 @@ def copy_model(src: Path, dst: Path, axes: dict[str, list[str | int]]) -> bool:
     sidecar = data_path(dst)
     offset = 0
     with open(sidecar, "wb") as out:
-        tensors = list(model.graph.initializer)
-        for node in model.graph.node:
-            tensors.extend(a.t for a in node.attribute if a.HasField("t"))
-        for t in tensors:
+        for t in all_tensors(model.graph):  # subgraphs' (If/Loop bodies) included
             pad = (-offset) % 4096  # aligned like onnx's own writer
             if t.data_location == onnx.TensorProto.EXTERNAL:
                 info = {e.key: e.value for e in t.external_data}
@@ -201,7 +203,9 @@ def run(ctx: StageContext) -> StageOutcome:
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from trtpack.verify.compare import run_onnxruntime
+    import numpy as np
+
+    from trtpack.runtimes.onnxruntime import cpu_session, run_session
 
     options = ctx.options
     recipe = options.recipe
@@ -235,15 +239,27 @@ def run(ctx: StageContext) -> StageOutcome:
     for index, profile in enumerate(options.profiles):
         for k, (corner, shapes) in enumerate(profile.corners()):
             inputs = make_inputs(specs, shapes, tokenizer=tokenizer, vocab_size=vocab or 30522,
-                                 seed=options.seed + 10 * index + k, offset=5 * k + index)
+                                 seed=options.seed + 10 * index + k, offset=5 * k + index,
+                                 values=recipe.value_rules())
             cases.append(Case(index, corner, inputs))
     ctx.progress(f"the FP32 ONNX in ONNX Runtime on {len(cases)} cases (the reference)")
     try:
-        outputs = run_onnxruntime(onnx_path, cases)
-    except Exception as e:  # onnxruntime's own errors: the model does not run as given
+        session = cpu_session(onnx_path, few_runs=True)
+    except Exception as e:  # onnxruntime's own errors: the model does not load
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise UserInputError(f"ONNX Runtime cannot run {src.name} at the profile shapes: "
-                             f"{first}") from None
+        raise UserInputError(f"ONNX Runtime cannot load {src.name}: {first}") from None
+    outputs: list[dict[str, Any]] = []
+    for case in cases:
+        try:
+            outputs.extend({k: np.asarray(v) for k, v in out.items()}
+                           for out in run_session(session, [case.inputs]))
+        except Exception as e:  # onnxruntime's own errors: the model does not run as given
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise UserInputError(
+                f"ONNX Runtime cannot run {src.name} on what trtpack fed it at the "
+                f"{case.corner} corner ({fed_values_text(case.inputs, recipe.value_rules())}):"
+                f" {first}", hint="give an input its values with --input NAME=VALUE or "
+                "NAME=LOW..HIGH, or real samples; the shapes with --profile") from None
     reference = ctx.stage_dir / "reference.npz"
     save_cases(reference, with_outputs(cases, outputs))
     artifacts["reference"] = reference
