@@ -14,6 +14,10 @@ HIDDEN_SIZE_KEYS = ("hidden_size", "dim", "n_embd", "d_model")
 """config.json keys that hold a text model's hidden size, in the order they are tried."""
 POSITION_KEYS = ("max_position_embeddings", "n_positions")
 """config.json keys that hold the longest sequence a text model takes."""
+HEADS_KEYS = ("num_attention_heads", "n_head", "n_heads")
+"""config.json keys that hold a transformer's attention heads (DistilBERT: ``n_heads``)."""
+LAYERS_KEYS = ("num_hidden_layers", "n_layer", "n_layers")
+"""config.json keys that hold a transformer's layers."""
 DEFAULT_HIDDEN_SIZE = 768
 DEFAULT_VOCAB_SIZE = 30522  # BERT's
 DEFAULT_POSITIONS = 512
@@ -62,6 +66,23 @@ def max_positions(config: dict[str, Any]) -> int:
     arch = architecture(str(config.get("model_type", "")))
     keys = (*arch.position_keys, *POSITION_KEYS)
     return int(next((config[k] for k in keys if config.get(k)), DEFAULT_POSITIONS))
+
+
+def attention_heads(config: dict[str, Any]) -> int | None:
+    """A transformer's attention heads (None: the config does not say)."""
+    return next((int(config[k]) for k in HEADS_KEYS if config.get(k)), None)
+
+
+def hidden_layers(config: dict[str, Any]) -> int | None:
+    """A transformer's layers (None: the config does not say)."""
+    return next((int(config[k]) for k in LAYERS_KEYS if config.get(k)), None)
+
+
+def config_hidden_size(config: dict[str, Any]) -> int | None:
+    """The hidden size the config states (None: it does not say; ``hidden_size`` guesses)."""
+    arch = architecture(str(config.get("model_type", "")))
+    return next((int(config[k]) for k in (*arch.hidden_size_keys, *HIDDEN_SIZE_KEYS)
+                 if config.get(k)), None)
 
 
 def vocab_size(config: dict[str, Any]) -> int:

@@ -76,13 +76,29 @@ def fingerprint(options: BuildOptions) -> dict[str, Any]:
 def copy_model(src: Path, dst: Path, axes: dict[str, list[str | int]]) -> bool:
     """``src`` as ``dst`` with every external or large weight in ``dst.data``, copied tensor
     by tensor; the I/O dims named as in ``axes``. True when ``dst.data`` was written."""
+    import io
+
     import onnx
 
     model = onnx.load(str(src), load_external_data=False)
     sidecar = data_path(dst)
     offset = 0
+    top_level = {id(t) for t in model.graph.initializer} | {
+        id(a.t) for n in model.graph.node for a in n.attribute if a.HasField("t")}
     with open(sidecar, "wb") as out:
         for t in all_tensors(model.graph):  # subgraphs' (If/Loop bodies) included
+            if id(t) not in top_level:
+                # a body's weights stay inline: ONNX Runtime refuses a body's external
+                # data file when it has several hard links, as the stage cache's do
+                if t.data_location == onnx.TensorProto.EXTERNAL:
+                    info = {e.key: e.value for e in t.external_data}
+                    inline = io.BytesIO()
+                    _copy_range(src.parent / info["location"], int(info.get("offset", 0) or 0),
+                                int(info["length"]) if info.get("length") else None, inline)
+                    del t.external_data[:]
+                    t.data_location = onnx.TensorProto.DEFAULT
+                    t.raw_data = inline.getvalue()
+                continue
             pad = (-offset) % 4096  # aligned like onnx's own writer
             if t.data_location == onnx.TensorProto.EXTERNAL:
                 info = {e.key: e.value for e in t.external_data}
