@@ -54,6 +54,7 @@ class BuildRequest:
     min_int8_share: float = 0.5  # --min-int8-share
     force: bool = False  # --force: build beside files in --out that trtpack did not write
     inputs: Sequence[str] = ()  # --input, the input grammar (trtpack.sources.inputs)
+    sample_inputs: Path | None = None  # --sample-inputs FILE.npz
 
 
 CPU_FP16_NOTE = (
@@ -129,6 +130,12 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
                         install="'trtpack[modelopt]'")
     if request.opset is not None and not 13 <= request.opset <= 23:
         raise UserInputError(f"--opset {request.opset} is outside 13..23")
+    if request.sample_inputs is not None:
+        from trtpack.sources.architectures import vocab_size
+        from trtpack.verify.sample_files import read_sample_inputs
+
+        vocab = recipe.vocab_size or (vocab_size(recipe.config) if recipe.config else None)
+        read_sample_inputs(request.sample_inputs, recipe, vocab)  # exit 2 before any work
     if request.calibration is not None and not request.calibration.is_file():
         raise UserInputError(f"calibration file '{request.calibration}' does not exist")
     if request.calibration is not None and precision != "int8":
@@ -147,7 +154,7 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
     if precision == "int8":
         from trtpack.precision.calibration_files import check_calibration_input
 
-        configured = request.calibration or (
+        configured = request.calibration or request.sample_inputs or (
             Path(recipe.precision_options.int8.calibration)
             if recipe.precision_options.int8.calibration else None)
         if configured is not None:
@@ -191,7 +198,9 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
         recipe=recipe, profiles=tuple(profiles), precision=precision, target=target,
         out_dir=out, opset=request.opset or recipe.opset,
         random_weights=random_weights, build_engine=request.build_engine,
-        calibration=request.calibration, fallback=fallback, serve=serve,
+        calibration=request.calibration or (request.sample_inputs if precision == "int8"
+                                            else None),
+        fallback=fallback, serve=serve, sample_inputs=request.sample_inputs,
         fallback_cpu=fallback_cpu, cache_dir=request.cache_dir or default_cache_dir(),
         use_cache=request.use_cache, timing_cache=_timing_cache_dir(request.timing_cache),
         calibration_method=request.calibration_method,

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from tests.conftest import run_cli
 from trtpack.cases import load_cases
@@ -174,3 +175,55 @@ def test_fp16_of_weights_in_external_constant_nodes(tmp_path: Path) -> None:
     stats = next(s for s in report["stages"] if s["name"] == "precision")["metrics"][
         "low_precision"]
     assert stats["matmul_gemm_low_precision"] == 1
+
+
+def _samples(path: Path, **arrays: np.ndarray) -> Path:
+    np.savez(path, **arrays)
+    return path
+
+
+def test_sample_inputs_are_fed_at_the_corners_they_fit(tmp_path: Path) -> None:
+    """Three real rows of ``x`` and of ``state`` (its batch on axis 1) repeated to each
+    corner's batch; ``sr`` from its rule."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    state = rng.uniform(-1, 1, (2, 3, HIDDEN)).astype(np.float32)
+    samples = _samples(tmp_path / "s.npz", x=x, state=state)
+    result = _build(_branchy_model(tmp_path / "m.onnx"), tmp_path, "--input", f"sr={RATE}",
+                    "--sample-inputs", str(samples))
+    assert result.exit_code == 0, result.output
+    cases = load_cases(tmp_path / "out" / "artifacts" / "import" / "reference.npz")
+    for case in cases:
+        batch = case.inputs["x"].shape[0]
+        np.testing.assert_array_equal(case.inputs["x"], x[np.arange(batch) % 3])
+        np.testing.assert_array_equal(case.inputs["state"], state[:, np.arange(batch) % 3])
+    assert not [w for w in json.loads(result.stdout)["warnings"] if "--sample-inputs" in w]
+
+
+@pytest.mark.parametrize(("arrays", "problem"), [
+    ({"x": np.zeros((3, 8), np.float32), "nope": np.zeros(3)}, "nope is not an input"),
+    ({"x": np.zeros((3, 8, 1), np.float32)}, "'x' has 3 dimension(s)"),
+    ({"x": np.zeros((3, 9), np.float32)}, "'x' dimension 1 is 9"),
+    ({"x": np.zeros((3, 8), np.int64)}, "'x' is int64, the input is float32"),
+    ({"x": np.full((3, 8), np.nan, np.float32)}, "NaN"),
+    ({"state": np.zeros((2, 3, HIDDEN), np.float32)}, "no array for x"),
+])
+def test_bad_sample_inputs_are_exit_2_before_any_work(tmp_path: Path, arrays: dict[str, Any],
+                                                      problem: str) -> None:
+    samples = _samples(tmp_path / "s.npz", **arrays)
+    result = _build(_branchy_model(tmp_path / "m.onnx"), tmp_path, "--input", f"sr={RATE}",
+                    "--sample-inputs", str(samples))
+    assert result.exit_code == 2, result.output
+    assert problem in result.output
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.failed").exists()
+
+
+def test_token_ids_past_the_vocabulary_are_exit_2(tmp_path: Path) -> None:
+    ids = np.full((2, 8), 999, np.int64)
+    ids[1, 3] = 1000  # tiny-bert's vocabulary is 1000
+    samples = _samples(tmp_path / "s.npz", input_ids=ids, attention_mask=np.ones_like(ids),
+                       token_type_ids=np.zeros_like(ids))
+    result = run_cli("build", "tiny-bert", "--target", "cpu", "--out", str(tmp_path / "o"),
+                     "--sample-inputs", str(samples))
+    assert result.exit_code == 2, result.output
+    assert "token id 1000, outside the vocabulary [0, 1000)" in result.output

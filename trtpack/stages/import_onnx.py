@@ -26,6 +26,7 @@ from trtpack.onnx_tools.files import (
 from trtpack.options import BuildOptions
 from trtpack.sources.tokenizer_files import has_tokenizer, tokenizer_files
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
+from trtpack.verify.sample_files import SampleInputs, file_state
 from trtpack.verify.samples import fed_values_text, make_inputs
 
 
@@ -70,6 +71,7 @@ def fingerprint(options: BuildOptions) -> dict[str, Any]:
         "tokenizer": r.tokenizer, "vocab_size": r.vocab_size,
         "tokenizer_files": [_file_state(p) for p in tokenizer_files(tokenizer_folder(options))],
         "profiles": [p.to_dict() for p in options.profiles], "seed": options.seed,
+        "sample_inputs": file_state(options.sample_inputs),
     }
 
 
@@ -251,13 +253,17 @@ def run(ctx: StageContext) -> StageOutcome:
                             "vocabulary size with --set vocab_size=N, or a tokenizer beside "
                             "the ONNX")
     specs = recipe.input_specs()
+    samples = SampleInputs.of(options, vocab)
     cases: list[Case] = []
     for index, profile in enumerate(options.profiles):
         for k, (corner, shapes) in enumerate(profile.corners()):
             inputs = make_inputs(specs, shapes, tokenizer=tokenizer, vocab_size=vocab or 30522,
                                  seed=options.seed + 10 * index + k, offset=5 * k + index,
                                  values=recipe.value_rules())
+            if not samples.use(inputs, shapes):
+                samples.unfitted.append(f"profile {index} {corner}")
             cases.append(Case(index, corner, inputs))
+    warnings += samples.warnings()
     ctx.progress(f"the FP32 ONNX in ONNX Runtime on {len(cases)} cases (the reference)")
     try:
         session = cpu_session(onnx_path, few_runs=True)
