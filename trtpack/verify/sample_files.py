@@ -1,9 +1,10 @@
 """``--sample-inputs FILE.npz``: real inputs (images, audio, token ids) for verification and
-calibration, one array per input named by it, the batch on the input's batch axis (the first,
-or wherever ``batch`` is), a scalar as a 0-d array. Checked before any work (names, dtypes, ranks, static
-sizes, token ids within the vocabulary: exit 2 naming the problem); at a profile corner the
-samples are used when their non-batch sizes fit it (rows repeated to the corner's batch),
-and a corner no sample fits gets generated inputs (the stage warns, listing them)."""
+calibration, one array per input named by it, the batch on the input's batch axis (the
+first, or wherever ``batch`` is), a scalar as a 0-d array. Checked before any work (names,
+dtypes, ranks, static sizes, token ids within the vocabulary: exit 2 naming the problem);
+at a profile corner the samples are used when their non-batch sizes fit it (rows repeated
+to the corner's batch), and a corner no sample fits gets generated inputs (the stage warns,
+listing them)."""
 
 from __future__ import annotations
 
@@ -77,9 +78,9 @@ def read_sample_inputs(path: Path, recipe: Recipe, vocab_size: int | None = None
                                  f"vocabulary [0, {vocab_size})",
                                  hint="token ids of this model's tokenizer, or --set "
                                  "vocab_size=N when the vocabulary is another")
-        axis = _batch_axis(spec)
-        if axis is not None:
-            rows[name] = a.shape[axis]
+        batch_axis = _batch_axis(spec)
+        if batch_axis is not None:
+            rows[name] = a.shape[batch_axis]
     if len(set(rows.values())) > 1:
         raise UserInputError(f"{where}: the inputs have different numbers of samples {rows}")
     return {n: a.astype(specs[n].dtype) for n, a in arrays.items()}
