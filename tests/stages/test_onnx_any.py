@@ -227,3 +227,47 @@ def test_token_ids_past_the_vocabulary_are_exit_2(tmp_path: Path) -> None:
                      "--sample-inputs", str(samples))
     assert result.exit_code == 2, result.output
     assert "token id 1000, outside the vocabulary [0, 1000)" in result.output
+
+
+def _nonzero_model(path: Path) -> Path:
+    """``scores`` [batch, 8] and the indices of the positive ones, ``picked`` [2, N]: a
+    shape that depends on the data (as a detector's NMS output's does)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Tanh", ["x"], ["scores"], name="Tanh"),
+         helper.make_node("Greater", ["scores", "zero"], ["positive"], name="Greater"),
+         helper.make_node("NonZero", ["positive"], ["picked"], name="NonZero")], "nonzero",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 8]),
+         helper.make_tensor_value_info("picked", TensorProto.INT64, [2, "n"])],
+        [numpy_helper.from_array(np.zeros(1, np.float32), "zero")])
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+                    str(path))
+    return path
+
+
+def test_an_output_of_data_dependent_shape_is_named_and_compared_where_shapes_agree(
+        tmp_path: Path) -> None:
+    from trtpack.cases import Case
+    from trtpack.sources.onnx_recipe import recipe_for_onnx
+    from trtpack.verify.compare import compare_cases
+
+    model = _nonzero_model(tmp_path / "m.onnx")
+    result = run_cli("build", str(model), "--target", "cpu", "--out", str(tmp_path / "out"),
+                     "--cache-dir", str(tmp_path / "cache"), "--json", "--profile", "1:2:4")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert any("'picked': a shape that depends on the data" in w for w in report["warnings"])
+    picked = [r for r in report["verification"] if r["output"] == "picked"]
+    assert picked and all(r["passed"] and r["metric"] == "data_dependent" for r in picked)
+    # a candidate that picked one index fewer: "not verified", named, not a failure
+    recipe = recipe_for_onnx(model)
+    ref = Case(0, "opt", {"x": np.ones((1, 8), np.float32)},
+               {"scores": np.ones((1, 8), np.float32), "picked": np.zeros((2, 8), np.int64)})
+    rows = compare_cases("fp16-vs-fp32", recipe, "fp16", [ref],
+                         [{"scores": np.ones((1, 8), np.float32),
+                           "picked": np.zeros((2, 7), np.int64)}])
+    row = next(r for r in rows if r.output == "picked")
+    assert row.passed and "not verified: 'picked' has a data-dependent shape" in row.reason

@@ -185,6 +185,20 @@ def _task_from_config(folder: Path) -> str | None:
     return head.task if head is not None else None
 
 
+DATA_DEPENDENT_OPS = ("NonZero", "NonMaxSuppression", "Unique", "Compress")
+"""Operators whose output's shape depends on the values of their input."""
+
+
+def data_dependent_tensors(graph: Any) -> set[str]:
+    """The tensors downstream of a ``DATA_DEPENDENT_OPS`` node (their shapes may depend on
+    the data; conservative: everything computed from one)."""
+    found: set[str] = set()
+    for node in graph.node:  # ONNX graphs are topologically sorted
+        if node.op_type in DATA_DEPENDENT_OPS or found.intersection(node.input):
+            found.update(node.output)
+    return found
+
+
 def _default_profile(inputs: list[dict[str, Any]], max_sequence: int = 128) -> str:
     """Sizes per dynamic axis in order: the first axis is a batch (1:4:8), an axis of token
     inputs a sequence (16:64:128, capped at ``max_sequence``), other dynamic axes 1:2:4."""
@@ -231,12 +245,14 @@ def recipe_for_onnx(path: Path, task: str | None = None) -> Recipe:
     task = task or _task_from_config(folder) or "generic"
     has_mask = any(i["kind"] == "attention_mask" for i in inputs)
     outputs = []
+    data_dependent = data_dependent_tensors(model.graph)
     for v in model.graph.output:
         axes = [renames.get(a, a) if isinstance(a, str) else a for a in _dims(v, unnamed)]
         if axes and isinstance(axes[0], str) and BATCH in renames.values():
             axes[0] = BATCH
-        outputs.append({"name": v.name, "axes": axes,
-                        "metric": _output_metric(v.name, axes, task, has_mask)})
+        metric = "data_dependent" if v.name in data_dependent else \
+            _output_metric(v.name, axes, task, has_mask)
+        outputs.append({"name": v.name, "axes": axes, "metric": metric})
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 18)
     vocab: int | None = None
     max_sequence = 128

@@ -43,8 +43,10 @@ InputKind = Literal["token_ids", "attention_mask", "token_type_ids", "image", "g
 # (question answering's start_logits / end_logits: both agree = the same answer span).
 # scaled_error: a generic output's largest difference per sample over its scale (the
 # reference sample's largest absolute value, at least 1): boxes, probability maps, states.
+# data_dependent: an output whose shape depends on the values (NonZero, NonMaxSuppression
+# upstream): scaled_error where the shapes agree, "not verified" (named) where they do not.
 Metric = Literal["cosine", "pooled_cosine", "top1", "token_top1", "span", "scaled_error",
-                 "none"]
+                 "data_dependent", "none"]
 
 
 class _Strict(BaseModel):

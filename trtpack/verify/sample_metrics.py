@@ -154,6 +154,7 @@ SAMPLE_METRICS: dict[str, SampleMetric] = {
     "token_top1": top1_per_sample,
     "span": span_per_sample,
     "scaled_error": scaled_error_per_sample,
+    "data_dependent": scaled_error_per_sample,  # where the shapes agree (compare_cases)
 }
 
 
@@ -197,7 +198,7 @@ def gate_threshold(metric: str, tol: Tolerance) -> float | None:
         return tol.min_cosine
     if metric in TOP1_METRICS:
         return tol.min_top1
-    if metric == "scaled_error" and tol.max_scaled_error is not None:
+    if metric in ("scaled_error", "data_dependent") and tol.max_scaled_error is not None:
         return 1.0 - tol.max_scaled_error
     return None
 
@@ -206,7 +207,7 @@ def metric_label(metric: str) -> str:
     """What a sample's value of ``metric`` is called in a report line."""
     if metric in TOP1_METRICS:
         return "top-1 agreement"
-    if metric == "scaled_error":
+    if metric in ("scaled_error", "data_dependent"):
         return "1 - scaled max error"
     return "cosine"
 
