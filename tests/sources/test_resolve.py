@@ -108,8 +108,8 @@ def test_onnx_exported_outside_builds_fp16_and_is_compared_with_itself(
         got = fp16.run(None, case.inputs)
         for a, b in zip(want[1], got[1], strict=True):  # per sample: pooled output
             assert np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)) > 0.999
-    # bench on an ONNX-in build: the served model and the input ONNX are timed on the import stage's recorded inputs; PyTorch is skipped with its reason (no
-    # PyTorch model)
+    # bench on an ONNX-in build: the served model and the input ONNX are timed on the import
+    # stage's recorded inputs; PyTorch is skipped with its reason (no PyTorch model)
     result = run_cli("bench", str(out), "--seconds", "0.1", "--threads", "1")
     assert result.exit_code == 0, result.output
     rows = json.loads((out / "report.json").read_text())["benchmark"]["rows"]
