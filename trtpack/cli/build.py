@@ -90,6 +90,10 @@ def build(
     force: Annotated[bool, typer.Option(
         "--force", help="Build into an --out that holds files trtpack did not write: they are "
         "kept (never deleted), the build's files are written beside them.")] = False,
+    skip_memory_check: Annotated[bool, typer.Option(
+        "--skip-memory-check", help="Build even when the memory estimate of a profile corner "
+        "(weights plus activations at its shapes, per stage) exceeds the memory available "
+        "here (the cgroup's limit, else MemAvailable).")] = False,
     bench: Annotated[bool, typer.Option(
         "--bench", help="After packaging, measure latency per profile corner against PyTorch "
         "(trtpack bench).")] = False,
@@ -115,7 +119,7 @@ def build(
         overrides=overrides or [], timing_cache=timing_cache, task=task,
         calibration_method=calibration_method, tokenizer=tokenizer,
         min_int8_share=min_int8_share,
-        force=force,
+        force=force, skip_memory_check=skip_memory_check,
     )
     view = ProgressView(err, enabled=not as_json)
     try:
