@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from trtpack.cli.console import out
+from trtpack.shapes import ShapeProfile
 
 if TYPE_CHECKING:
     from trtpack.bench.benchmark import BenchOutcome
@@ -57,22 +58,59 @@ def print_targets(rows: list[Any]) -> None:
         out.print(f"* {problem}", markup=False)
 
 
+class _ConfigTensor:
+    """A config.pbtxt tensor (name, TYPE_*, dims) as ``io_table`` shows it."""
+
+    def __init__(self, tensor: dict[str, Any], batched: bool) -> None:
+        self.name = tensor["name"]
+        self.dtype = tensor["data_type"].removeprefix("TYPE_").lower()
+        self.shape = ["batch", *tensor["dims"]] if batched else tensor["dims"]
+
+
 def io_table(inputs: list[Any], outputs: list[Any]) -> Table:
     table = Table(show_header=True, box=None, pad_edge=False)
     for col in ("", "tensor", "dtype", "shape"):
         table.add_column(col)
     for kind, tensors in (("input", inputs), ("output", outputs)):
         for t in tensors:
-            table.add_row(kind, t.name, t.dtype, "x".join(str(d) for d in t.shape))
+            table.add_row(kind, t.name, t.dtype,
+                          escape(f"[{', '.join(str(d) for d in t.shape)}]"))
     return table
 
 
 def print_inspection(result: Inspection) -> None:
-    """What ``trtpack.diagnostics.inspection.inspect_path`` found."""
+    """What ``trtpack.diagnostics.inspection.inspect_path`` found: what the path is, where it
+    came from, what each model serves (precision, inputs and outputs), whether it runs here."""
+    from trtpack.diagnostics.inspection import KINDS
+
+    mark = {True: "[green]yes[/]", False: "[red]no[/]", None: "[yellow]unknown[/]"}
+    out.print(f"[bold]{escape(result.path)}[/]: {KINDS[result.kind]}", soft_wrap=True)
+    if result.build is not None:
+        b = result.build
+        out.print(f"  built by trtpack {b.trtpack_version or '?'} ({b.written_at}): "
+                  f"{escape(b.model)}, precision {b.precision}, target {b.target}, "
+                  f"profiles {escape(' '.join(b.short_profiles())) or '-'}, status {b.status}  "
+                  f"[dim]{escape(b.root)}[/]", soft_wrap=True)
+    if result.onnx is not None:
+        o = result.onnx
+        weights = f"{o.weights_bytes / 2**20:,.1f} MB" if o.weights_bytes >= 2**20 else \
+            f"{o.weights_bytes / 1024:,.1f} KB"
+        out.print(f"  precision {o.precision}; opset {o.opset}, {o.nodes:,} nodes, weights "
+                  f"{weights}; produced by {escape(o.producer)}",
+                  soft_wrap=True)
+        out.print(io_table(o.inputs, o.outputs))
+        out.print(f"  runs on this machine (ONNX Runtime loads it): {mark[o.runs_here]}"
+                  + "".join(f"\n    - {escape(r)}" for r in o.reasons), soft_wrap=True)
     for model in result.models:
-        out.print(f"[bold]{model.name}[/] ({model.platform}, max_batch_size "
-                  f"{model.max_batch_size}, {model.instance_kind}, profiles "
-                  f"{','.join(model.profiles) or '-'})  {model.path}")
+        instance_profiles = f", instance profiles {','.join(model.profiles)}" \
+            if model.profiles else ""
+        out.print(f"[bold]{model.name}[/] ({model.platform}, serves "
+                  f"{model.precision or 'an unknown precision'}, max_batch_size "
+                  f"{model.max_batch_size}, {model.instance_kind}{instance_profiles})  "
+                  f"{escape(model.path)}", soft_wrap=True)
+        batched = model.max_batch_size > 0
+        out.print(io_table([_ConfigTensor(t, batched) for t in model.inputs],
+                           [_ConfigTensor(t, batched) for t in model.outputs]))
         if model.gpu_families:
             out.print("  serves GPU families (cc_model_filenames):")
             for fam in model.gpu_families:
@@ -86,19 +124,23 @@ def print_inspection(result: Inspection) -> None:
             loads = "[green]yes[/]" if model.onnx.runs_here else "[red]no[/]"
             out.print(f"  runs on this machine (ONNX Runtime loads {escape(model.onnx.path)}): "
                       f"{loads}" + "".join(f"\n    - {escape(r)}" for r in model.onnx.reasons))
+        elif not model.engines and model.platform in ("onnxruntime_onnx", "onnxruntime"):
+            out.print("  runs on this machine: [yellow]not checked[/] (inspect --check loads "
+                      "it in ONNX Runtime)")
     for engine in result.all_engines():
         prov = engine.provenance
         out.print(f"[bold]engine[/] {engine.path}")
         if prov is not None:
             out.print(f"  built for {prov.target}: {prov.gpu_name} (sm {prov.compute_capability})"
                       f", TensorRT {prov.tensorrt_version}, CUDA {prov.cuda_runtime_version}, "
-                      f"{prov.precision}, {len(prov.profiles)} profile(s), {prov.built_at}")
+                      f"{prov.precision}, {prov.built_at}")
+            out.print("  profiles " + escape(" ".join(
+                str(ShapeProfile.from_dict(p)) for p in prov.profiles) or "-"), soft_wrap=True)
             out.print(f"  plan sha256 {prov.plan_sha256[:16]}…, onnx sha256 "
                       f"{prov.onnx_sha256[:16]}…, options {prov.build_options}")
             out.print(f"  Triton: {escape(prov.triton_serving().summary())}")
         if engine.io is not None:
             out.print(io_table(list(engine.io.inputs), list(engine.io.outputs)))
-        mark = {True: "[green]yes[/]", False: "[red]no[/]", None: "[yellow]unknown[/]"}
         out.print(f"  runs on this machine: {mark[engine.runs_here]}"
                   + "".join(f"\n    - {r}" for r in engine.reasons))
 
