@@ -14,6 +14,7 @@ from rich.table import Table
 
 from trtpack.cli.console import out
 from trtpack.shapes import ShapeProfile
+from trtpack.timing import SLICES
 
 if TYPE_CHECKING:
     from trtpack.bench.benchmark import BenchOutcome
@@ -165,24 +166,35 @@ def print_merge(result: Any, as_json: bool) -> None:
 
 
 def benchmark_table(rows: list[dict[str, Any]]) -> Table:
-    """Runtime rows per corner, with the speed-up against PyTorch eager."""
+    """Runtime rows per corner, with the speed-up against PyTorch eager; a row whose timing is
+    not to be trusted, and a ratio against one, marked ``?`` (``unreliable_notes`` says why)."""
     table = Table(title="benchmark: latency per request (ms) at every profile corner")
-    for col in ("corner", "runtime", "p50", "p99", "samples/s", "vs PyTorch"):
+    for col in ("corner", "runtime", "p50", "spread", "p99", "samples/s", "vs PyTorch"):
         table.add_column(col, justify="left" if col in ("runtime", "corner") else "right")
     previous = None
     for r in rows:
         corner = f"p{r['profile']} {r['corner']} {r['shapes'].split(',')[0].split('=', 1)[-1]}"
         shown, previous = ("" if corner == previous else corner), corner
         if r["status"] != "ok":
-            table.add_row(shown, escape(r["engine"]), "", "", "",
+            table.add_row(shown, escape(r["engine"]), "", "", "", "",
                           f"[yellow]{r['status']}[/]: {escape(r['reason'])}")
             continue
         speed = "" if r["speedup_vs_pytorch"] is None else f"{r['speedup_vs_pytorch']:.2f}x"
-        if r["runtime"] == "served" and speed:
+        if speed and r.get("speedup_unreliable"):
+            speed = f"[yellow]{speed}?[/]"
+        elif r["runtime"] == "served" and speed:
             speed = f"[bold]{speed}[/]"
-        table.add_row(shown, escape(r["engine"]), f"{r['p50_ms']:.2f}", f"{r['p99_ms']:.2f}",
+        spread = "" if r.get("spread") is None else f"{r['spread']:.0%}"
+        p50 = f"{r['p50_ms']:.2f}" + ("[yellow]?[/]" if r.get("unreliable") else "")
+        table.add_row(shown, escape(r["engine"]), p50, spread, f"{r['p99_ms']:.2f}",
                       f"{r['throughput']:,.1f}", speed)
     return table
+
+
+def unreliable_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per row marked ``?``: which row, and why its timing is not to be trusted."""
+    return [f"p{r['profile']} {r['corner']} {r['engine']}: {r['unreliable']}"
+            for r in rows if r.get("status") == "ok" and r.get("unreliable")]
 
 
 def served_table(served: dict[str, Any]) -> Table:
@@ -205,9 +217,17 @@ def print_benchmark(measured: BenchOutcome, out_dir: Path) -> None:
         m = result.machine
         out.print(f"machine: {m['cpu']}, {m['logical_cores']} cores, "
                   f"{'GPU ' + m['gpu'] if m['gpu'] else 'no GPU'}; {result.threads} threads, "
-                  f"{result.seconds_per_row:g} s per row; load average {m['load_average']}",
-                  markup=False)
-        out.print(benchmark_table((measured.report.benchmark or {})["rows"]))
+                  f"{result.seconds_per_row:g} s per row in {SLICES} rounds taken in rotation; "
+                  f"load average {m['load_average']}", markup=False)
+        out.print(f"threads: {result.thread_policy}", markup=False)
+        rows = (measured.report.benchmark or {})["rows"]
+        out.print(benchmark_table(rows))
+        doubts = unreliable_notes(rows)
+        if doubts:
+            out.print("[bold yellow]?[/] not to be trusted, nor any ratio against it "
+                      "(re-run on a quieter machine):")
+            for line in doubts:
+                out.print(f"  {escape(line)}", soft_wrap=True)
         for note in result.notes:
             out.print(f"[bold yellow]note:[/] {escape(note)}")
     if served is not None:
