@@ -170,7 +170,8 @@ def benchmark_table(rows: list[dict[str, Any]]) -> Table:
     not to be trusted, and a ratio against one, marked ``?`` (``unreliable_notes`` says why)."""
     table = Table(title="benchmark: latency per request (ms) at every profile corner")
     for col in ("corner", "runtime", "p50", "spread", "p99", "samples/s", "vs PyTorch"):
-        table.add_column(col, justify="left" if col in ("runtime", "corner") else "right")
+        table.add_column(col, justify="left" if col in ("runtime", "corner") else "right",
+                         no_wrap=col != "runtime")  # at 80 columns the runtime's name wraps
     previous = None
     for r in rows:
         corner = f"p{r['profile']} {r['corner']} {r['shapes'].split(',')[0].split('=', 1)[-1]}"

@@ -108,7 +108,7 @@ def benchmark_section(bench: dict[str, Any]) -> str:
                          f'{html.escape(r["speedup_unreliable"])}">{speed}?</span>')
             p50 = number_cell(r.get("p50_ms"), ".2f")
             if r.get("spread") is not None:
-                p50 += f' <span class="muted">±{r["spread"]:.0%}</span>'
+                p50 += f' <span class="muted">spread {r["spread"]:.0%}</span>'
             if r.get("unreliable"):
                 p50 += f' <span class="warn-text" title="{html.escape(r["unreliable"])}">?</span>'
             body.append([html.escape(r["engine"]), f"p{r['profile']} {html.escape(r['corner'])}",
@@ -122,7 +122,7 @@ def benchmark_section(bench: dict[str, Any]) -> str:
                             "benchmark"))
         if bench.get("thread_policy"):
             rounds = max(r.get("rounds") or 0 for r in rows)
-            parts.append(f'<p class="muted">p50 ± the spread of its {rounds} rounds&#39; '
+            parts.append(f'<p class="muted">p50 and the spread of its {rounds} rounds&#39; '
                          "medians ((max − min) / median), the runtimes timed in rotation; "
                          f'threads: {html.escape(bench["thread_policy"])}.</p>')
         for r in rows:
