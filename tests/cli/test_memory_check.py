@@ -84,3 +84,20 @@ def test_the_refusal_names_the_stage_against_the_memory_given(tmp_path: Path) ->
     assert message.startswith("profile 0 max (input_ids=4x16") and " needs " in message
     assert "in the export stage" in message  # PyTorch's imports alone pass 100 MB
     assert "100 MB is available (a 100 MB test figure)" in message
+
+
+def test_a_rebuild_reads_the_stored_estimate(tmp_path: Path) -> None:
+    from trtpack.pipeline.memory_check import estimate_in_child, stored_estimate
+
+    options, _ = resolve_options(BuildRequest("tiny-bert", target="cpu",
+                                              cache_dir=tmp_path / "cache"))
+    stored = stored_estimate(options)
+    assert stored is not None and not stored.exists()
+    first = estimate_in_child(options)
+    assert isinstance(first, list) and stored.is_file()
+    stored.write_text(stored.read_text().replace('"weights": ', '"weights": 1000'))
+    again = estimate_in_child(options)  # read back: the edited figure shows it was not traced
+    assert isinstance(again, list) and again[0].weights == int(f"1000{first[0].weights}")
+    options, _ = resolve_options(BuildRequest("tiny-bert", target="cpu", use_cache=False,
+                                              cache_dir=tmp_path / "cache"))
+    assert stored_estimate(options) is None

@@ -13,7 +13,10 @@ constants of ``STAGE_MEMORY``, calibrated in ``benchmarks/memory_estimate.py``
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import os
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -155,10 +158,33 @@ def _estimate_to_file(options: BuildOptions, path: str) -> int:
     return 0
 
 
+ESTIMATES = "memory"  # the stage cache's folder of stored estimates (files: no cache entry)
+
+
+def stored_estimate(options: BuildOptions) -> Path | None:
+    """Where the estimates of a PyTorch model's build are kept in the stage cache, keyed like
+    its export stage (model files, recipe, profiles) and trtpack's code and packages: a
+    rebuild does not trace the module again. None for an ONNX model (its graph is read in
+    well under a second) or without the cache."""
+    if not options.use_cache or options.recipe.source.onnx:
+        return None
+    from trtpack.pipeline.cache import tool_versions
+    from trtpack.stages.export import fingerprint
+
+    key = hashlib.sha256(json.dumps({"export": fingerprint(options), "versions": tool_versions()},
+                                    sort_keys=True, default=str).encode()).hexdigest()[:24]
+    return options.cache_dir / ESTIMATES / f"{key}.json"
+
+
 def estimate_in_child(options: BuildOptions, timeout: float = 120.0
                       ) -> list[CornerEstimate] | str:
     """``estimate_corners`` in a forked process (torch's imports do not stay in the build's
-    own process); the estimates, or why there are none (one line)."""
+    own process), or as stored by an earlier build (``stored_estimate``); the estimates, or
+    why there are none (one line)."""
+    stored = stored_estimate(options)
+    if stored is not None and stored.is_file():
+        with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+            return [CornerEstimate(**e) for e in json.loads(stored.read_text())]
     with tempfile.TemporaryDirectory(prefix="trtpack-memory-") as tmp:
         result, log = Path(tmp) / "estimate.json", Path(tmp) / "estimate.log"
         code = run_forked(_estimate_to_file, (options, str(result)), timeout, log)
@@ -168,6 +194,12 @@ def estimate_in_child(options: BuildOptions, timeout: float = 120.0
             why = lines[-1].strip() if lines else f"ran past {timeout:.0f} s" \
                 if code is None else f"exit {code}"
             return why
+        if stored is not None:
+            with contextlib.suppress(OSError):
+                stored.parent.mkdir(parents=True, exist_ok=True)
+                partial = stored.with_name(f"{stored.name}.tmp-{os.getpid()}")
+                partial.write_text(result.read_text())
+                partial.replace(stored)
         return [CornerEstimate(**e) for e in json.loads(result.read_text())]
 
 
