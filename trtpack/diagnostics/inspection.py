@@ -21,8 +21,7 @@ from trtpack.diagnostics.model_files import (
     build_record,
     check_onnx_model,
     inspect_onnx,
-    load_onnx_graph,
-    onnx_precision,
+    served_precision,
 )
 from trtpack.engine.provenance import EngineProvenance, provenance_path, runs_here
 from trtpack.errors import UserInputError
@@ -206,7 +205,9 @@ def inspect_model_dir(model_dir: Path, machine: MachineFacts,
                     model.problems += [f"version {version.name}: {p}"
                                        for p in check_config(config, engine.io)]
     latest = versions[-1] if versions else model_dir / "1"
-    model.precision = _served_precision(config, latest / filename, model.engines)
+    model.precision = served_precision(
+        config, latest, next((e.provenance.precision for e in model.engines
+                              if e.provenance is not None), None))
     if load_onnx and (config.platform == "onnxruntime_onnx" or config.backend == "onnxruntime"):
         model.onnx = check_onnx_model(latest / (config.default_model_filename or "model.onnx"),
                                       "KIND_GPU" in kinds, machine.gpu_name is not None)
@@ -224,21 +225,6 @@ def inspect_model_dir(model_dir: Path, machine: MachineFacts,
                                   f"{cc}, but it was built for "
                                   f"{built_for[str(latest / file)]}")
     return model
-
-
-def _served_precision(config: Any, served: Path,
-                      engines: list[EngineInspection]) -> str | None:
-    """The precision a model's latest version serves: its engine's (provenance), or read from
-    its ONNX file's operators and weights."""
-    if config.platform == "tensorrt_plan":
-        return next((e.provenance.precision for e in engines if e.provenance is not None), None)
-    onnx_file = served.with_name(config.default_model_filename or "model.onnx")
-    if config.platform == "onnxruntime_onnx" or config.backend == "onnxruntime":
-        try:
-            return onnx_precision(load_onnx_graph(onnx_file)) if onnx_file.is_file() else None
-        except UserInputError:
-            return None
-    return None
 
 
 def _gpu_family(cc: str, filename: str, present: bool) -> GpuFamily:

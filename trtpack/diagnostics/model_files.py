@@ -127,6 +127,21 @@ def onnx_precision(model: Any) -> str:
     return "fp32"
 
 
+def served_precision(config: Any, version: Path, engine_precision: str | None) -> str | None:
+    """The precision a Triton model's version folder serves: its engine's (from the
+    provenance, ``engine_precision``), or read from its ONNX file's operators and weights;
+    None when unknown (another backend, a missing or unreadable file)."""
+    if config.platform == "tensorrt_plan":
+        return engine_precision
+    if config.platform != "onnxruntime_onnx" and config.backend != "onnxruntime":
+        return None
+    onnx_file = version / (config.default_model_filename or "model.onnx")
+    try:
+        return onnx_precision(load_onnx_graph(onnx_file)) if onnx_file.is_file() else None
+    except UserInputError:
+        return None
+
+
 def _tensor(value: Any) -> TensorInfo:
     ttype = value.type.tensor_type
     dims: list[int | str] = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
