@@ -4,17 +4,18 @@ place a build's flags are validated."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import cast, get_args
 
-from trtpack.errors import MissingEnvironmentError, UserInputError, require_modules
+from trtpack.errors import MissingEnvironmentError, RecipeError, UserInputError, require_modules
 from trtpack.machine.packages import required_modules
 from trtpack.machine.targets import AUTO, CPU, Target, engine_support_problem, resolve_target
 from trtpack.options import BuildOptions, Fallback, Serve, default_cache_dir
 from trtpack.pipeline.runner import build as run_pipeline
 from trtpack.report import BuildReport
 from trtpack.shapes import ShapeProfile, parse_profiles
+from trtpack.sources.architectures import head_split_problem
 from trtpack.sources.heads import head_for
 from trtpack.sources.inputs import parse_input_options
 from trtpack.sources.recipe import AUTO_PRECISION, PRECISIONS, Recipe
@@ -79,8 +80,17 @@ def resolve_target_for_build(name: str, build_engine: bool,
     return target, []
 
 
+def _lower(word: str | None) -> str | None:
+    return None if word is None else word.strip().lower()
+
+
 def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
-    """Validate everything the build needs before any work starts."""
+    """Validate everything the build needs before any work starts. The words of a choice
+    (--precision FP16, --target CPU, --serve Text) are read case-insensitively."""
+    request = replace(
+        request, precision=_lower(request.precision), fallback=request.fallback.strip().lower(),
+        serve=_lower(request.serve), portable=_lower(request.portable),
+        calibration_method=_lower(request.calibration_method))
     if request.fallback not in get_args(Fallback):
         raise UserInputError(f"--fallback must be auto or off, not '{request.fallback}'")
     if request.serve is not None and request.serve not in get_args(Serve):
@@ -88,6 +98,9 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
     fallback = cast(Fallback, request.fallback)
     recipe: Recipe = apply_overrides(resolve_model(request.model, request.task),
                                      list(request.overrides))
+    problem = head_split_problem(recipe.config)
+    if problem is not None:  # else transformers refuses it inside the export stage (exit 4)
+        raise RecipeError(f"recipe '{recipe.name}': {problem}")
     recipe = apply_input_options(recipe, parse_input_options(request.inputs))
     if request.tokenizer is not None:
         recipe = with_tokenizer(recipe, request.tokenizer)
@@ -118,8 +131,10 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
                         install="'trtpack[modelopt]'")
     if request.opset is not None and not 13 <= request.opset <= 23:
         raise UserInputError(f"--opset {request.opset} is outside 13..23")
-    if request.calibration is not None and not request.calibration.is_file():
-        raise UserInputError(f"calibration file '{request.calibration}' does not exist")
+    if request.calibration is not None:
+        from trtpack.precision.calibration_files import check_calibration_path
+
+        check_calibration_path(request.calibration)
     if request.calibration is not None and precision != "int8":
         raise UserInputError("--calibration is only used with --precision int8")
     if request.calibration_method is not None:
@@ -151,8 +166,9 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
     if serve == "text" and not recipe.tokenizer:
         raise UserInputError(
             f"--serve text needs a tokenizer, and recipe '{recipe.name}' has none "
-            "(tokenizer: false); use --serve tensor"
-        )
+            "(tokenizer: false)",
+            hint="give one with --tokenizer PATH (a folder with tokenizer.json or vocab.txt), "
+            "or use --serve tensor")
     target, warnings = resolve_target_for_build(request.target, request.build_engine,
                                                 recipe.engine.hardware_compatibility)
     if target.is_gpu:

@@ -195,6 +195,9 @@ def test_int8_cpu_build_runs_on_integer_kernels_and_keeps_its_gates(
     assert tried[0]["form"] == "every weight MatMul int8, outlier channels fp32"
     # a later form is tried only when the one before failed its gates
     assert all(not t["passed"] for t in tried[:-1])
+    # a form a later one replaced is superseded, not failed; the last says what it was
+    assert all(t["status"] == "superseded" for t in tried[:-1])
+    assert tried[-1]["status"] == ("served" if tried[-1]["passed"] else "failed")
     if metrics["int8_passed"]:
         assert metrics["form"].startswith("int8, onnxruntime dynamic int8")
         assert metrics["form"].endswith(tried[-1]["form"]) and tried[-1]["passed"]

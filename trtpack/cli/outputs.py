@@ -50,16 +50,18 @@ def package(
     path: Annotated[Path, typer.Argument(help="A trtpack build folder or a Triton model "
                                                "repository.")],
     package_format: Annotated[str | None, typer.Option(
-        "--format", help="What to write: " + format_help())] = None,
+        "--format", metavar="FORMAT", help="What to write: " + format_help())] = None,
     sagemaker: Annotated[bool, typer.Option(
         "--sagemaker", help="The same as --format sagemaker.")] = False,
     dest: Annotated[Path | None, typer.Option(
-        "--dest", help="Where to write the archives (default PATH/<format>).")] = None,
+        "--dest", metavar="DIR",
+        help="Where to write the archives (default PATH/<format>).")] = None,
 ) -> None:
     """Package a built model repository for a serving platform."""
     from trtpack.cli.views import print_sagemaker_package
     from trtpack.serving.package_formats import package as write_package
 
+    package_format = package_format.strip().lower() if package_format else None  # as build's
     if sagemaker and package_format not in (None, "sagemaker"):
         raise UserInputError(f"--sagemaker and --format {package_format} disagree")
     name = package_format or ("sagemaker" if sagemaker else None)
@@ -76,7 +78,8 @@ def merge(
         help="Output folders of 'trtpack build' for different GPU targets (e.g. the GPU CI "
         "matrix's artifacts), same model, ONNX, precision and profiles.")] = None,
     out_dir: Annotated[Path | None, typer.Option(
-        "--out", help="The merged folder (new or empty): model_repository/ and merge.json."
+        "--out", metavar="DIR",
+        help="The merged folder (new or empty): model_repository/ and merge.json."
     )] = None,
     fallback_cpu: Annotated[bool, typer.Option(
         "--fallback-cpu", help="Also serve the FP32 ONNX on ONNX Runtime with CPU instances "

@@ -24,6 +24,7 @@ from trtpack.options import BuildOptions
 from trtpack.out_files import (
     build_files,
     files_under,
+    folder_error,
     out_lock,
     stale_siblings,
     write_manifest,
@@ -59,7 +60,10 @@ class Pipeline:
     def run(self) -> BuildReport:
         o = self.options
         out = o.out_dir.resolve()
-        out.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # a parent that is a file, a read-only place
+            raise folder_error(out, "--out", e) from e
         with out_lock(out, self._notice):
             for stale in stale_siblings(out):  # what killed builds of this OUT left
                 shutil.rmtree(stale, ignore_errors=True)
@@ -186,11 +190,14 @@ class Pipeline:
             result.log_path = str(log_path.relative_to(work))
             if not any(stage_dir.iterdir()):
                 stage_dir.rmdir()
+            failed = [r for r in rows if not r.passed]
+            if stage.gated and failed:  # its checks failed: the stage did not succeed
+                result.status = "failed"
+                result.message += f"; {len(failed)} of {len(rows)} verification checks failed"
             report.stages.append(result)
             report.verification.extend(rows)
             report.warnings.extend(result.warnings)
             self.progress(ProgressEvent(stage.name, "end", result.message, result))
-            failed = [r for r in rows if not r.passed]
             if stage.gated and failed:
                 raise AccuracyError(
                     f"{stage.name}: {len(failed)} of the verification checks failed", failed

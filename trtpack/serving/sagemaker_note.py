@@ -96,9 +96,12 @@ def container_section(serving: TritonServing | None, shared: dict[str, list[str]
                      "Triton's TensorRT backend refuses such engines without it.")
     if shared:
         model, names = next(iter(shared.items()))
+        others = [f"`{m}`" for m in list(shared)[1:]]
+        more = "" if not others else (f" (so is {others[0]})" if len(others) == 1 else
+                                      f" (so are {', '.join(others[:-1])} and {others[-1]})")
         lines.append(f"- `--model-namespacing=true`: SageMaker registers each archive as a "
-                     f"repository of its own, and `{model}` is in {' and '.join(names)} (as are "
-                     f"{len(shared) - 1} other model(s)); Triton refuses two models of one name "
+                     f"repository of its own, and `{model}` is in {' and '.join(names)}{more}; "
+                     "Triton refuses two models of one name "
                      "across repositories unless namespacing is on (the SageMaker entrypoint "
                      "turns it on by default since server PR #5540; the flag is repeated here "
                      "in case `SAGEMAKER_TRITON_DISABLE_MODEL_NAMESPACING` is set).")
