@@ -51,6 +51,7 @@ class BuildRequest:
     min_int8_share: float = 0.5  # --min-int8-share
     force: bool = False  # --force: build beside files in --out that trtpack did not write
     inputs: Sequence[str] = ()  # --input, the input grammar (trtpack.sources.inputs)
+    skip_memory_check: bool = False  # --skip-memory-check: build past the memory estimate
 
 
 def resolve_target_for_build(name: str, build_engine: bool,
@@ -304,9 +305,15 @@ class BuildResult:
 
 def build(request: BuildRequest, progress: ProgressCallback | None = None,
           on_warning: Callable[[str], None] | None = None) -> BuildResult:
-    """Validate ``request`` (``resolve_options``), then run the pipeline. Warnings about the
-    request go to ``on_warning`` before any work starts, and into the report."""
+    """Validate ``request`` (``resolve_options``), check the memory each profile corner
+    needs against what this machine has (``pipeline.memory_check``), then run the pipeline.
+    Warnings about the request go to ``on_warning`` before any work starts, and into the
+    report."""
     options, warnings = resolve_options(request)
+    if not request.skip_memory_check:
+        from trtpack.pipeline.memory_check import check_build_memory
+
+        warnings += check_build_memory(options)  # an absurd profile: exit 2 before any work
     for w in warnings:
         if on_warning is not None:
             on_warning(w)

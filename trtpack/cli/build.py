@@ -112,6 +112,10 @@ def build(
         "numbers for an integer input), or NAME=DTYPE[DIM,...]=VALUE. A constant stays a "
         "served input: it is fed in verification and calibration and to perf_analyzer.")
     ] = None,
+    skip_memory_check: Annotated[bool, typer.Option(
+        "--skip-memory-check", help="Build even when the memory estimate of a profile corner "
+        "(weights plus activations at its shapes, per stage) exceeds the memory available "
+        "here (the cgroup's limit, else MemAvailable).")] = False,
     bench: Annotated[bool, typer.Option(
         "--bench", help="After packaging, measure latency per profile corner against PyTorch "
         "(trtpack bench).")] = False,
@@ -139,7 +143,7 @@ def build(
         overrides=overrides or [], timing_cache=timing_cache, task=task,
         calibration_method=calibration_method, tokenizer=tokenizer,
         min_int8_share=min_int8_share,
-        force=force, inputs=input_options or [],
+        force=force, skip_memory_check=skip_memory_check, inputs=input_options or [],
     )
     view = ProgressView(err, enabled=not as_json)
     try:
