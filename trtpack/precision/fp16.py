@@ -124,7 +124,7 @@ class Fp16Conversion(Conversion):
                     break
                 added.extend(new)
                 self.ctx.progress(f"fallback round {rounds}: {len(added)} nodes kept in FP32 "
-                                  f"(worst metric {format_metric(final.worst)})")
+                                  f"(worst metric {format_metric(final.worst, final.threshold)})")
                 final = self.convert(f"fallback{rounds}", [*user_nodes, *added])
         overlay = None
         if added and final.passed:
@@ -151,10 +151,10 @@ class Fp16Conversion(Conversion):
                 "the report's precision metrics, kept_fp32_reasons)")
         message = (f"fp16 ({converter}): {stats['low_precision_nodes']}/"
                    f"{stats['compute_nodes']} Conv/MatMul/Gemm in FP16, worst metric "
-                   f"{format_metric(final.worst)}")
+                   f"{format_metric(final.worst, final.threshold)}")
         if added:
             message += (f" ({len(added)} nodes kept in FP32 by fallback, was "
-                        f"{format_metric(first.worst)})")
+                        f"{format_metric(first.worst, first.threshold)})")
         return self.finish(final, metrics, overlay, message)
 
     def kept_reasons(self, user_nodes: Sequence[str], added: Sequence[str]) -> dict[str, str]:
