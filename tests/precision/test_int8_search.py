@@ -21,7 +21,7 @@ from trtpack.errors import AccuracyError
 from trtpack.precision.calibration import (
     DEFAULT_TEXT,
     load_calibration,
-    short_prefixes,
+    short_samples,
 )
 from trtpack.precision.calibration_files import read_text_samples
 from trtpack.pytorch.models import load_tokenizer
@@ -83,12 +83,15 @@ def test_a_model_with_a_tokenizer_calibrates_on_the_default_text() -> None:
                             seed=0).source == "synthetic"
 
 
-def test_short_prefixes_are_one_to_four_words_of_long_enough_lines() -> None:
+def test_short_samples_are_heads_and_tails_of_every_line_of_three_words_or_more() -> None:
     lines = ["The council approved a new budget.", "Yes.", "Can you send the report now?",
-             "one two three four five six", "alpha beta gamma delta epsilon"]
-    found = short_prefixes(lines)
-    assert found == ["The.", "Can you?", "one two three", "alpha beta gamma delta"]
-    assert short_prefixes(lines, limit=1) == ["The."]
+             "one two three four five six", "Thank you, Sam!", "No way."]
+    found = short_samples(lines)
+    # (the tail of "Thank you, Sam!" is the line itself: left out)
+    assert found == ["The.", "New budget.", "Can you?", "The report now?", "one two three",
+                     "Five six", "Thank!"]
+    assert short_samples(lines, limit=1) == ["The."]
+    assert all(len(s.split()) <= 3 for s in found) and not set(found) & set(lines)
 
 
 def test_text_calibration_for_a_model_without_tokenizer_is_refused_up_front(

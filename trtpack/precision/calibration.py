@@ -84,30 +84,34 @@ class CalibrationData:
     check: list[Feed] = field(default_factory=list)
     check_samples: int = 0
     check_texts: list[list[str]] = field(default_factory=list)
-    # short prefixes (1-4 words) of the calibration and search lines: decision samples only
+    # short texts made from the calibration and search lines (``short_samples``):
+    # decision samples only
     prefixes: list[Feed] = field(default_factory=list)
     prefix_texts: list[list[str]] = field(default_factory=list)
 
 
-# Short-input augmentation: at most this many 1-4 word prefixes of calibration lines join
-# the search's decision samples (mean pooling over few tokens is where INT8 error shows).
-MAX_PREFIXES = 32
+# Short-input augmentation: at most this many short texts made from the calibration and
+# search lines join the search's decision samples (mean pooling over few tokens is where
+# INT8 error shows; a file with few short lines left the search blind to them).
+MAX_SHORT_SAMPLES = 96
 
 
-def short_prefixes(texts: Sequence[str], limit: int = MAX_PREFIXES) -> list[str]:
-    """1, 2, 3, 4-word prefixes (in turn) of the lines of five words or more, distinct,
-    at most ``limit``, each ending with the line's own punctuation mark when it has one."""
+def short_samples(texts: Sequence[str], limit: int = MAX_SHORT_SAMPLES) -> list[str]:
+    """Short texts from every line of three words or more: its first 1, 2 or 3 words and
+    its last 2 or 3 words (in turn), each ending with the line's own punctuation mark when
+    it has one; distinct, none a line of ``texts`` itself, at most ``limit``."""
     found: list[str] = []
-    for k, text in enumerate(t for t in texts if len(t.split()) >= 5):
-        words = text.split()[:1 + k % 4]
-        prefix = " ".join(words).rstrip(",;:")
-        if text[-1] in ".!?" and prefix[-1] not in ".!?":
-            prefix += text[-1]
-        if prefix not in found and prefix not in texts:
-            found.append(prefix)
+    for k, text in enumerate(t for t in texts if len(t.split()) >= 3):
+        words = text.split()
+        mark = text[-1] if text[-1] in ".!?" else ""
+        head = " ".join(words[:1 + k % 3]).rstrip(",;:.!?")
+        tail = " ".join(words[-(2 + k % 2):]).rstrip(",;:.!?")
+        for short in (head + mark, tail[:1].upper() + tail[1:] + mark):
+            if short.strip(".!?") and short not in found and short not in texts:
+                found.append(short)
         if len(found) >= limit:
             break
-    return found
+    return found[:limit]
 
 
 def calibration_path(options: Any) -> Path | None:
@@ -207,7 +211,7 @@ def load_calibration(recipe: Recipe, profiles: Sequence[ShapeProfile], path: Pat
     check, check_texts = tight_text_feeds(
         [texts[i] for i in splits.check], tokenizer, recipe, profiles) \
         if splits.check else ([], [])
-    prefix_lines = short_prefixes([texts[i] for i in [*splits.search, *splits.calibration]])
+    prefix_lines = short_samples([texts[i] for i in [*splits.search, *splits.calibration]])
     prefixes, prefix_texts = tight_text_feeds(prefix_lines, tokenizer, recipe, profiles) \
         if prefix_lines and splits.holdout else ([], [])
     source: CalibrationSource = "default text" if path == DEFAULT_TEXT else "text"

@@ -112,8 +112,9 @@ def serve_int8(ctx: StageContext, work: Path, source: Path, graph_shape: dict[st
         served.path.parent.rename(target.parent)
         served.path = target
     served.tried, served.search = tried, search
+    served.warnings += cal.warnings
     if search is not None:
-        served.warnings += search.warnings
+        served.warnings += [w for w in search.warnings if w not in cal.warnings]
     return served
 
 
@@ -134,18 +135,20 @@ def describe_form(ctx: StageContext, form: Any, rows: list[VerificationRow],
 def describe_qdq(ctx: StageContext, qdq: Path, search: Any, failed: ServedInt8,
                  work: Path) -> ServedInt8:
     """The Q/DQ graph served on the CPU: its gates are the search's (its corners and the
-    held-out split), and ``--min-int8-share`` as ONNX Runtime runs it."""
+    held-out split; beside a GPU engine the precision stage gated them), then
+    ``--min-int8-share`` as ONNX Runtime runs it."""
     from trtpack.precision.cpu_int8 import fp32_weight_matmuls
 
+    rows = list(search.verification) if search is not None else []
     share, kernels = served_share(qdq, work)
+    passed = all(r.passed for r in rows)
     failures = share_failures(ctx.options, share)
-    if failures:
+    if passed and failures:
         raise AccuracyError(
             "int8: no INT8 model for the CPU passes its gates: the CPU INT8 forms failed ("
             + "; ".join(failed.failures[:2]) + ") and the searched Q/DQ graph runs "
             + failures[0])
-    rows = list(search.verification) if search is not None else []
-    return ServedInt8(qdq, rows, all(r.passed for r in rows), QDQ_FORM, share, kernels,
+    return ServedInt8(qdq, rows, passed, QDQ_FORM, share, kernels,
                       fp32_weight_matmuls(qdq), failures=failed.failures)
 
 
@@ -215,9 +218,12 @@ def calibration(ctx: StageContext) -> tuple[Any, Any]:
     # no file: a model with a tokenizer calibrates on the shipped default text (as the
     # precision stage does), not on synthetic inputs
     if (path is None or path.suffix.lower() != ".npz") and "tokenizer" in ctx.artifacts:
+        from trtpack.precision.text_batches import json_tokenizer
         from trtpack.pytorch.models import load_tokenizer
 
-        tokenizer = load_tokenizer(recipe, ctx.artifacts["tokenizer"])
+        # as the precision stage reads it (Conversion.tokenizer): the same splits
+        tokenizer = json_tokenizer(ctx.artifacts["tokenizer"]) if recipe.tokenizer else None
+        tokenizer = tokenizer or load_tokenizer(recipe, ctx.artifacts["tokenizer"])
     cal = load_calibration(recipe, options.profiles, path, tokenizer=tokenizer,
                            max_samples=recipe.precision_options.int8.max_calibration_samples,
                            seed=options.seed)
