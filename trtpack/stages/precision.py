@@ -31,7 +31,7 @@ from trtpack.precision.source import prepare_source
 from trtpack.stages.base import StageContext, StageOutcome
 
 # Bump when the conversion or the search changes what this stage produces (cache key).
-ALGORITHM_VERSION = 4
+ALGORITHM_VERSION = 5
 
 
 def fingerprint(options: BuildOptions) -> dict[str, Any]:
