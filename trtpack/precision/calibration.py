@@ -93,7 +93,7 @@ class CalibrationData:
 # Short-input augmentation: at most this many short texts made from the calibration and
 # search lines join the search's decision samples (mean pooling over few tokens is where
 # INT8 error shows; a file with few short lines left the search blind to them).
-MAX_SHORT_SAMPLES = 96
+MAX_SHORT_SAMPLES = 32
 
 
 def short_samples(texts: Sequence[str], limit: int = MAX_SHORT_SAMPLES) -> list[str]:
@@ -202,8 +202,13 @@ def load_calibration(recipe: Recipe, profiles: Sequence[ShapeProfile], path: Pat
     warnings += strata_warnings(path, lengths)
     splits = split_three(lengths, max_samples, seed)
     feeds = text_feeds([texts[i] for i in splits.calibration], tokenizer, recipe, profiles)
-    holdout, holdout_texts = tight_text_feeds(
-        [texts[i] for i in splits.holdout], tokenizer, recipe, profiles) \
+    # short replies of the shipped text, whatever the file: some join the decisions, others
+    # (a disjoint draw) the held-out split, so that its figure covers them too
+    replies = default_short_lines(texts, tokenizer, seed,
+                                  DECISION_SHORT_LINES + HELDOUT_SHORT_LINES) \
+        if path != DEFAULT_TEXT and splits.holdout else []
+    held_lines = [*(texts[i] for i in splits.holdout), *replies[DECISION_SHORT_LINES:]]
+    holdout, holdout_texts = tight_text_feeds(held_lines, tokenizer, recipe, profiles) \
         if splits.holdout else ([], [])
     search, search_texts = tight_text_feeds(
         [texts[i] for i in splits.search], tokenizer, recipe, profiles) \
@@ -212,13 +217,12 @@ def load_calibration(recipe: Recipe, profiles: Sequence[ShapeProfile], path: Pat
         [texts[i] for i in splits.check], tokenizer, recipe, profiles) \
         if splits.check else ([], [])
     prefix_lines = short_samples([texts[i] for i in [*splits.search, *splits.calibration]])
-    if path != DEFAULT_TEXT:  # short replies of the shipped text: decisions only, never held-out
-        prefix_lines += default_short_lines(texts, tokenizer, seed, DECISION_SHORT_LINES)
+    prefix_lines += replies[:DECISION_SHORT_LINES]
     prefixes, prefix_texts = tight_text_feeds(prefix_lines, tokenizer, recipe, profiles) \
         if prefix_lines and splits.holdout else ([], [])
     source: CalibrationSource = "default text" if path == DEFAULT_TEXT else "text"
     return CalibrationData(feeds, holdout, source, path, len(splits.calibration),
-                           len(splits.holdout), warnings, search, len(splits.search),
+                           len(held_lines), warnings, search, len(splits.search),
                            holdout_texts, search_texts, strata_counts(lengths, splits),
                            check, len(splits.check), check_texts, prefixes, prefix_texts)
 
@@ -230,6 +234,9 @@ DEFAULT_SHORT_LINES = 40
 # search and calibration splits of a questions-only file held no "Thanks!" or "Sure.", and
 # its Q/DQ model fell to 0.986 on such replies while its decisions said 0.998).
 DECISION_SHORT_LINES = 48
+
+# ... and this many others (never decided on) join the held-out split.
+HELDOUT_SHORT_LINES = 16
 
 
 def default_short_lines(texts: Sequence[str], tokenizer: Any, seed: int, count: int
