@@ -16,8 +16,9 @@ from trtpack.pipeline.runner import build as run_pipeline
 from trtpack.report import BuildReport
 from trtpack.shapes import ShapeProfile, parse_profiles
 from trtpack.sources.heads import head_for
+from trtpack.sources.inputs import parse_input_options
 from trtpack.sources.recipe import AUTO_PRECISION, PRECISIONS, Recipe
-from trtpack.sources.recipe_files import apply_overrides
+from trtpack.sources.recipe_files import apply_input_options, apply_overrides
 from trtpack.sources.resolve import resolve_model
 from trtpack.stages.base import ProgressCallback
 
@@ -48,6 +49,7 @@ class BuildRequest:
     tokenizer: Path | None = None  # --tokenizer: a tokenizer folder (or one of its files)
     min_int8_share: float = 0.5  # --min-int8-share
     force: bool = False  # --force: build beside files in --out that trtpack did not write
+    inputs: Sequence[str] = ()  # --input, the input grammar (trtpack.sources.inputs)
 
 
 def resolve_target_for_build(name: str, build_engine: bool,
@@ -85,6 +87,7 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
     fallback = cast(Fallback, request.fallback)
     recipe: Recipe = apply_overrides(resolve_model(request.model, request.task),
                                      list(request.overrides))
+    recipe = apply_input_options(recipe, parse_input_options(request.inputs))
     if request.tokenizer is not None:
         recipe = with_tokenizer(recipe, request.tokenizer)
     if request.portable is not None:
