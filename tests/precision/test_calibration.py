@@ -11,6 +11,7 @@ from tests.precision_fixtures import CALIBRATION_TEXT, HELDOUT_TEXT
 from trtpack.errors import UserInputError
 from trtpack.precision.calibration import (
     DEFAULT_TEXT,
+    HELDOUT_SHORT_LINES,
     SYNTHETIC_WARNING,
     load_calibration,
     load_feeds,
@@ -107,8 +108,10 @@ def test_load_text_calibration_holds_out_samples(minilm_tokenizer_dir: Path) -> 
                            tokenizer=load_tokenizer(recipe, minilm_tokenizer_dir),
                            max_samples=64, seed=0)
     assert cal.source == "text" and not cal.warnings
-    # three splits: held-out and search capped, the rest calibrates (at most max_samples)
-    assert cal.samples == 64 and cal.holdout_samples == 48 and cal.search_samples == 24
+    # three splits: held-out and search capped, the rest calibrates (at most max_samples);
+    # the held-out split also certifies short replies of the default text
+    assert cal.samples == 64 and cal.search_samples == 24
+    assert cal.holdout_samples == 48 + HELDOUT_SHORT_LINES
     assert all(cal.strata[split]["short"] > 0 for split in ("calibration", "search", "holdout"))
     assert [len(t) for t in cal.holdout_texts] == [f["input_ids"].shape[0] for f in cal.holdout]
     rows = sum(f["input_ids"].shape[0] for f in cal.feeds)
