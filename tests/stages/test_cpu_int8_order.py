@@ -41,7 +41,8 @@ def test_cpu_target_gates_the_first_cpu_form_and_runs_no_search_when_it_passes(
     assert precision["status"] == "skipped" and "only if" in precision["message"]
     cpu = _stage(report, "cpu_model")
     m = cpu["metrics"]
-    assert m["int8_forms_tried"] == [{"form": EVERY_LAYER, "passed": True, "failures": []}]
+    assert m["int8_forms_tried"] == [{"form": EVERY_LAYER, "passed": True, "failures": [],
+                                      "status": "served"}]
     assert "search" not in m and not (tmp_path / "out" / "artifacts" / "precision").exists()
     # the served model's own gates: the corners and the held-out split
     checks = {r["check"] for r in report["verification"]}
@@ -68,6 +69,7 @@ def test_a_failing_first_form_runs_the_search_then_serves_the_second_form(
     tried = m["int8_forms_tried"]
     assert [t["form"] for t in tried] == [EVERY_LAYER, SEARCH_LAYERS]
     assert not tried[0]["passed"] and tried[0]["failures"] and tried[1]["passed"]
+    assert [t["status"] for t in tried] == ["superseded", "served"]
     assert m["search"]["fallback"]["mode"] == "auto"  # the search's metrics, reported
     assert m["form"].endswith(SEARCH_LAYERS)
     assert "the Q/DQ search ran" in _stage(report, "cpu_model")["message"]

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from trtpack.report import BuildReport
+from trtpack.report import BuildReport, shown_metric
 from trtpack.report_page.charts import (
     benchmark_chart,
     sensitivity_chart,
@@ -22,7 +22,7 @@ from trtpack.report_page.charts import (
 )
 
 KNOWN_ROW_KEYS = ("check", "profile", "corner", "shapes", "output", "max_abs_diff",
-                  "max_rel_diff", "metric", "metric_value", "passed", "reason")
+                  "max_rel_diff", "metric", "metric_value", "passed", "reason", "threshold")
 
 
 # --- tables ----------------------------------------------------------------------------------
@@ -69,7 +69,8 @@ def verification_table(report: BuildReport) -> str:
                "max rel diff", "metric", *[k.replace("_", " ") for k in extra], "result"]
     body = []
     for r in rows:
-        metric = "" if r["metric_value"] is None else f"{r['metric']} {r['metric_value']:.6f}"
+        metric = "" if r["metric_value"] is None else \
+            f"{r['metric']} {shown_metric(r['metric_value'], r.get('threshold'), digits=6)}"
         result = ('<span class="pass">pass</span>' if r["passed"] else
                   f'<span class="fail">FAIL</span> {html.escape(r["reason"])}')
         body.append([html.escape(r["check"]), r["profile"], html.escape(r["corner"]),
@@ -103,9 +104,16 @@ def benchmark_section(bench: dict[str, Any]) -> str:
                 f'<span class="muted">{html.escape(r["reason"])}</span>'
             speed = "" if r.get("speedup_vs_pytorch") is None else \
                 f"{r['speedup_vs_pytorch']:.2f}×"
+            if speed and r.get("speedup_unreliable"):
+                speed = (f'<span class="warn-text" title="'
+                         f'{html.escape(r["speedup_unreliable"])}">{speed}?</span>')
+            p50 = number_cell(r.get("p50_ms"), ".2f")
+            if r.get("spread") is not None:
+                p50 += f' <span class="muted">spread {r["spread"]:.0%}</span>'
+            if r.get("unreliable"):
+                p50 += f' <span class="warn-text" title="{html.escape(r["unreliable"])}">?</span>'
             body.append([html.escape(r["engine"]), f"p{r['profile']} {html.escape(r['corner'])}",
-                         f"<code>{html.escape(short_shape(r['shapes']))}</code>",
-                         number_cell(r.get("p50_ms"), ".2f"),
+                         f"<code>{html.escape(short_shape(r['shapes']))}</code>", p50,
                          number_cell(r.get("p90_ms"), ".2f"),
                          number_cell(r.get("p99_ms"), ".2f"),
                          number_cell(r.get("throughput"), ",.1f"),
@@ -113,6 +121,17 @@ def benchmark_section(bench: dict[str, Any]) -> str:
         parts.append(table_html(["runtime", "corner", "shape", "p50 ms", "p90 ms", "p99 ms",
                              "samples/s", "runs", "vs PyTorch"], body, [3, 4, 5, 6, 7],
                             "benchmark"))
+        if bench.get("thread_policy"):
+            rounds = max(r.get("rounds") or 0 for r in rows)
+            parts.append(f'<p class="muted">p50 and the spread of its {rounds} rounds&#39; '
+                         "medians ((max − min) / median), the runtimes timed in rotation; "
+                         f'threads: {html.escape(bench["thread_policy"])}.</p>')
+        for r in rows:
+            if r.get("status") == "ok" and r.get("unreliable"):
+                parts.append(f'<p class="warn">? p{r["profile"]} {html.escape(r["corner"])} '
+                             f'{html.escape(r["engine"])}: {html.escape(r["unreliable"])}; '
+                             "its figures and every ratio against it are not to be trusted."
+                             "</p>")
         for note in bench.get("notes") or []:
             parts.append(f'<p class="warn">{html.escape(note)}</p>')
     served = bench.get("served")
@@ -133,10 +152,12 @@ def int8_search_metrics(report: BuildReport) -> dict[str, Any] | None:
     only when the first CPU INT8 form fails) the CPU model stage's; None where it did not
     run."""
     stage = report.stage("precision")
-    if stage is not None and stage.status == "ok" and stage.metrics.get("precision") == "int8":
+    if stage is not None and stage.status != "skipped" \
+            and stage.metrics.get("precision") == "int8":
         return stage.metrics
     cpu = report.stage("cpu_model")
-    search = cpu.metrics.get("search") if cpu is not None and cpu.status == "ok" else None
+    search = cpu.metrics.get("search") if cpu is not None and cpu.status != "skipped" \
+        else None
     return search if isinstance(search, dict) and search.get("precision") == "int8" else None
 
 

@@ -98,7 +98,10 @@ def serve_int8(ctx: StageContext, work: Path, source: Path, graph_shape: dict[st
         rows += heldout_rows(CHECK_INT8_HELDOUT, ctx.options.recipe, held, form.path, cal,
                              tokenizer)
         served = describe_form(ctx, form, rows, work)
-        tried.append({"form": name, "passed": served.passed, "failures": served.failures})
+        if tried:  # a later form replaced the one before: not a failure
+            tried[-1]["status"] = "superseded"
+        tried.append({"form": name, "passed": served.passed, "failures": served.failures,
+                      "status": "served" if served.passed else "failed"})
         if served.passed:
             break
     assert served is not None

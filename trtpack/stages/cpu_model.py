@@ -53,7 +53,8 @@ class CpuModelMetrics(StageMetrics):
     int8_passed: bool | None = None
     int8_failures: list[str] = field(default_factory=list)  # why the INT8 form failed
     smoothquant: float | None = None  # alpha applied before the dynamic quantization
-    # the INT8 forms tried, in order: {"form", "passed", "failures"}
+    # the INT8 forms tried, in order: {"form", "passed", "failures", "status"}; status is
+    # "superseded" for a form the next one replaced, else "served" or "failed" (the last)
     int8_forms_tried: list[dict[str, Any]] = field(default_factory=list)
     # feed-forward layer -> its channels kept FP32 beside the INT8 MatMul
     outlier_channels: dict[str, list[int]] = field(default_factory=dict)
