@@ -328,3 +328,28 @@ def test_sensitivity_takes_the_first_decision_samples_up_to_its_count() -> None:
     assert [c.corner for c in first_samples(cases, 5)] == ["c0", "c1"]
     assert [c.corner for c in first_samples(cases, 6)] == ["c0", "c1", "c2"]
     assert first_samples(cases, 100) == cases
+
+
+def test_the_conservative_choice_keeps_the_least_sensitive_groups_up_to_the_minimum_share(
+        ) -> None:
+    """When no search round passes, the fallback's last try quantizes only the least
+    sensitive groups, as few as keep --min-int8-share of the MatMul/Gemm nodes INT8."""
+    from onnx import helper
+
+    from trtpack.precision.fallback import conservative_share
+    from trtpack.precision.search import Sensitivity
+    from trtpack.precision.surrogates import NodeGroup
+
+    nodes = [helper.make_node("MatMul", [f"x{i}", f"w{i}"], [f"y{i}"], name=f"mm{i}")
+             for i in range(8)]
+    quantized = helper.make_model(helper.make_graph(nodes, "g", [], []))
+    # least damaging first: mm7, mm6, ... (and a two-node group)
+    ranked = [Sensitivity(NodeGroup(f"g{i}", names, names), damage, None)
+              for i, (names, damage) in enumerate([(["mm7"], 0.001), (["mm6", "mm5"], 0.002),
+                                                   (["mm4"], 0.01), (["mm3"], 0.02),
+                                                   (["mm2"], 0.1), (["mm1"], 0.2),
+                                                   (["mm0"], 0.3)])]
+    assert conservative_share(ranked, quantized, 0.5) == {"mm7", "mm6", "mm5", "mm4"}
+    assert conservative_share(ranked, quantized, 0.3) == {"mm7", "mm6", "mm5"}
+    assert conservative_share(ranked, quantized, 0.0) == set()
+    assert conservative_share(ranked, quantized, 1.0) == {f"mm{i}" for i in range(8)}

@@ -17,8 +17,11 @@ from trtpack.stages.cpu_int8_serving import share_failures
 TINY_PROFILES = ["1x4:2x8:4x16", "2x16:4x32:8x64"]
 
 
-def _build(tmp_path: Path, cache_dir: Path, *args: str) -> tuple[int, dict[str, Any], str]:
+def _build(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any], str]:
+    """tiny-bert INT8 with its own stage cache (the session's tiny_build expects to make
+    the first export with these profiles)."""
     npz = tiny_npz(tmp_path / "calibration.npz")
+    cache_dir = tmp_path / "cache"
     profiles = [a for p in TINY_PROFILES for a in ("--profile", p)]
     out = tmp_path / "out"
     result = run_cli("build", *args, "--random-weights", "--precision", "int8",
@@ -34,8 +37,8 @@ def _stage(report: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def test_cpu_target_gates_the_first_cpu_form_and_runs_no_search_when_it_passes(
-        tmp_path: Path, cache_dir: Path) -> None:
-    code, report, output = _build(tmp_path, cache_dir, "tiny-bert", "--target", "cpu")
+        tmp_path: Path) -> None:
+    code, report, output = _build(tmp_path, "tiny-bert", "--target", "cpu")
     assert code == 0, output
     precision = _stage(report, "precision")
     assert precision["status"] == "skipped" and "only if" in precision["message"]
@@ -56,13 +59,13 @@ def test_cpu_target_gates_the_first_cpu_form_and_runs_no_search_when_it_passes(
 
 
 def test_a_failing_first_form_runs_the_search_then_serves_the_second_form(
-        tmp_path: Path, cache_dir: Path) -> None:
+        tmp_path: Path) -> None:
     """A gate only FP32 arithmetic meets (tiny-bert's INT8 forms score ~0.9999999, its FP32
     forms 1 - 1e-14): the first form fails, the Q/DQ search runs (in the CPU model stage)
     and keeps layers FP32, and the form with those layers FP32 is served."""
     recipe = tmp_path / "strict.yaml"
     recipe.write_text("extends: tiny-bert\nverify:\n  int8: {min_cosine: 0.9999999999}\n")
-    code, report, output = _build(tmp_path, cache_dir, str(recipe), "--target", "cpu",
+    code, report, output = _build(tmp_path, str(recipe), "--target", "cpu",
                                   "--min-int8-share", "0")
     assert code == 0, output
     m = _stage(report, "cpu_model")["metrics"]
