@@ -19,7 +19,11 @@ from trtpack.sources.architectures import head_split_problem
 from trtpack.sources.heads import head_for
 from trtpack.sources.inputs import parse_input_options
 from trtpack.sources.recipe import AUTO_PRECISION, PRECISIONS, Recipe
-from trtpack.sources.recipe_files import apply_input_options, apply_overrides
+from trtpack.sources.recipe_files import (
+    apply_input_options,
+    apply_overrides,
+    check_small_integer_inputs,
+)
 from trtpack.sources.resolve import resolve_model
 from trtpack.stages.base import ProgressCallback
 
@@ -52,6 +56,14 @@ class BuildRequest:
     force: bool = False  # --force: build beside files in --out that trtpack did not write
     inputs: Sequence[str] = ()  # --input, the input grammar (trtpack.sources.inputs)
     skip_memory_check: bool = False  # --skip-memory-check: build past the memory estimate
+    sample_inputs: Path | None = None  # --sample-inputs FILE.npz
+
+
+CPU_FP16_NOTE = (
+    "--precision fp16 on --target cpu: serving the FP32 model, the FP16 conversion skipped "
+    "(ONNX Runtime's CPU kernels have no FP16 speed-up: an FP16 model there runs slower or "
+    "casts back to FP32); to check FP16 for a later GPU build: --target <gpu> --no-engine "
+    "(e.g. --target g5 --no-engine)")
 
 
 def resolve_target_for_build(name: str, build_engine: bool,
@@ -102,6 +114,7 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
     if problem is not None:  # else transformers refuses it inside the export stage (exit 4)
         raise RecipeError(f"recipe '{recipe.name}': {problem}")
     recipe = apply_input_options(recipe, parse_input_options(request.inputs))
+    check_small_integer_inputs(recipe)
     if request.tokenizer is not None:
         recipe = with_tokenizer(recipe, request.tokenizer)
     if request.portable is not None:
@@ -131,6 +144,12 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
                         install="'trtpack[modelopt]'")
     if request.opset is not None and not 13 <= request.opset <= 23:
         raise UserInputError(f"--opset {request.opset} is outside 13..23")
+    if request.sample_inputs is not None:
+        from trtpack.sources.architectures import vocab_size
+        from trtpack.verify.sample_files import read_sample_inputs
+
+        vocab = recipe.vocab_size or (vocab_size(recipe.config) if recipe.config else None)
+        read_sample_inputs(request.sample_inputs, recipe, vocab)  # exit 2 before any work
     if request.calibration is not None:
         from trtpack.precision.calibration_files import check_calibration_path
 
@@ -151,7 +170,7 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
     if precision == "int8":
         from trtpack.precision.calibration_files import check_calibration_input
 
-        configured = request.calibration or (
+        configured = request.calibration or request.sample_inputs or (
             Path(recipe.precision_options.int8.calibration)
             if recipe.precision_options.int8.calibration else None)
         if configured is not None:
@@ -181,6 +200,9 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
         warnings += [opset_note] if opset_note else []
     if target.is_gpu:
         warnings += check_triton_profiles(profiles, recipe, serve)
+    elif precision == "fp16":
+        precision = "fp32"
+        warnings.append(CPU_FP16_NOTE)
     if fallback_cpu and not target.is_gpu:
         raise UserInputError(
             "--fallback-cpu adds an ONNX Runtime CPU model beside a GPU model; a --target cpu "
@@ -201,7 +223,9 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
         recipe=recipe, profiles=tuple(profiles), precision=precision, target=target,
         out_dir=out, opset=request.opset or recipe.opset,
         random_weights=random_weights, build_engine=request.build_engine,
-        calibration=request.calibration, fallback=fallback, serve=serve,
+        calibration=request.calibration or (request.sample_inputs if precision == "int8"
+                                            else None),
+        fallback=fallback, serve=serve, sample_inputs=request.sample_inputs,
         fallback_cpu=fallback_cpu, cache_dir=request.cache_dir or default_cache_dir(),
         use_cache=request.use_cache, timing_cache=_timing_cache_dir(request.timing_cache),
         calibration_method=request.calibration_method,

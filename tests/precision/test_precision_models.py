@@ -42,9 +42,12 @@ def _heldout_cosines(fp32_path: Path, variant_path: Path) -> np.ndarray:
     return np.concatenate(cosines)
 
 
-def _build(tmp_path: Path, cache_dir: Path, *args: str, target: tuple[str, ...] = ("cpu",)
+def _build(tmp_path: Path, cache_dir: Path, *args: str, target: tuple[str, ...] | None = None
            ) -> tuple[Path, BuildReport, str]:
     out = tmp_path / "out"
+    # FP16 is checked for a later GPU build (--target cpu serves FP32 and skips it)
+    if target is None:
+        target = ("g5", "--no-engine") if "fp16" in args else ("cpu",)
     result = run_cli("build", *args, "--target", *target, "--out", str(out),
                      "--cache-dir", str(cache_dir))
     assert result.exit_code == 0, result.output
