@@ -221,6 +221,16 @@ def test_int8_section_charts_the_sensitivity_and_lists_the_kept_layers() -> None
     assert "encoder.layer.2.output.dense (MatMul)" in page
     assert 'id="int8-splits"' in page and "Thanks!" in page and "0.9912" in page
     assert "<td>search</td>" not in page  # an empty split is left out
+    # --target cpu: the search ran inside the CPU model stage (its first form failed)
+    cpu_target = BuildReport("m", "int8", "cpu", ["1x8:4x32:8x128"], "/tmp/m", stages=[
+        StageResult("precision", "skipped", seconds=0.0),
+        StageResult("cpu_model", "ok", seconds=3.0, metrics={"form": "int8", "search": metrics})])
+    assert 'id="kept-layers"' in render_report_html(cpu_target, Path("/nonexistent"))
+    # ... and where the first form passed, no search ran and no INT8 search section is drawn
+    served_first = BuildReport("m", "int8", "cpu", ["1x8:4x32:8x128"], "/tmp/m", stages=[
+        StageResult("precision", "skipped", seconds=0.0),
+        StageResult("cpu_model", "ok", seconds=3.0, metrics={"form": "int8"})])
+    assert "chart-sensitivity" not in render_report_html(served_first, Path("/nonexistent"))
 
 
 def test_verification_columns_added_later_are_shown(benched: Path) -> None:

@@ -210,11 +210,24 @@ def benchmark_section(bench: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-def int8_section(report: BuildReport) -> str:
+def int8_search_metrics(report: BuildReport) -> dict[str, Any] | None:
+    """The Q/DQ search's metrics: the precision stage's, or (``--target cpu``, where it runs
+    only when the first CPU INT8 form fails) the CPU model stage's; None where it did not
+    run."""
     stage = report.stage("precision")
-    if stage is None or stage.status == "skipped" or stage.metrics.get("precision") != "int8":
+    if stage is not None and stage.status != "skipped" \
+            and stage.metrics.get("precision") == "int8":
+        return stage.metrics
+    cpu = report.stage("cpu_model")
+    search = cpu.metrics.get("search") if cpu is not None and cpu.status != "skipped" \
+        else None
+    return search if isinstance(search, dict) and search.get("precision") == "int8" else None
+
+
+def int8_section(report: BuildReport) -> str:
+    m = int8_search_metrics(report)
+    if m is None:
         return ""
-    m = stage.metrics
     kept = list(m.get("excluded_by_fallback") or [])
     hints = m.get("excluded_node_hints") or {}
     low = m.get("low_precision") or {}
