@@ -105,6 +105,25 @@ def test_calibration_folder_is_said_to_be_a_folder(tmp_path: Path) -> None:
     assert "is a folder; give a file" in error and "does not exist" not in error
 
 
+@pytest.mark.parametrize("target", [["--target", "cpu"], ["--target", "g5", "--no-engine"]])
+def test_calibration_token_ids_past_the_vocabulary_are_bad_input(
+        tiny_build: Path, tmp_path: Path, target: list[str]) -> None:
+    """Was exit 4 with ONNX Runtime's Gather message (or, on the CPU, a build that never
+    read the file): tiny-bert's embedding table has 1000 rows."""
+    import numpy as np
+
+    ids = np.random.default_rng(0).integers(0, 1000, size=(8, 16))
+    ids[3, 5] = 4_836_156
+    npz = tmp_path / "calibration.npz"
+    np.savez(npz, input_ids=ids, attention_mask=np.ones_like(ids),
+             token_type_ids=np.zeros_like(ids))
+    error = one_error(trtpack("build", "tiny-bert", *target, "--precision", "int8",
+                              "--calibration", str(npz), "--out", str(tmp_path / "out"),
+                              "--cache-dir", str(tiny_build / "cache")), 2)
+    assert "'input_ids' holds token id 4836156, outside the vocabulary [0, 1000)" in error
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_missing_path_is_not_an_unknown_model(tmp_path: Path) -> None:
     error = one_error(trtpack("build", "/nonexistent/dir/", "--target", "cpu"), 2)
     assert "'/nonexistent/dir/' does not exist" in error and "unknown model" not in error

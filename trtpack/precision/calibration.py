@@ -41,6 +41,7 @@ from trtpack.precision.text_batches import (
 )
 from trtpack.shapes import ShapeProfile
 from trtpack.sources.recipe import Recipe
+from trtpack.verify.sample_files import check_token_ids
 
 CalibrationSource = Literal["text", "default text", "npz", "synthetic"]
 
@@ -147,10 +148,21 @@ def feed_rows(feeds: Sequence[Feed]) -> int:
     return sum(next(iter(f.values())).shape[0] for f in feeds if f)
 
 
+def graph_vocab_size(model: Path, recipe: Recipe) -> int | None:
+    """The token ids ``model`` takes (its embedding table's rows), or None when it has no
+    token-ids input or the table is not found."""
+    from trtpack.onnx_tools.vocab import vocab_from_graph
+
+    token_spec = token_ids_spec(recipe)
+    return vocab_from_graph(model, token_spec.name) if token_spec is not None else None
+
+
 def load_calibration(recipe: Recipe, profiles: Sequence[ShapeProfile], path: Path | None, *,
-                     tokenizer: Any, max_samples: int, seed: int) -> CalibrationData:
+                     tokenizer: Any, max_samples: int, seed: int,
+                     vocab_size: int | None = None) -> CalibrationData:
     """Calibration, search and held-out batches from ``path`` (text, tokenized with
-    ``tokenizer``, or .npz), or synthetic ones."""
+    ``tokenizer``, or .npz: its token ids checked against ``vocab_size``, the rows of the
+    model's embedding table), or synthetic ones."""
     if max_samples < 1:
         raise UserInputError("precision_options.int8.max_calibration_samples must be >= 1")
     if path is None and tokenizer is not None and token_ids_spec(recipe) is not None:
@@ -164,6 +176,10 @@ def load_calibration(recipe: Recipe, profiles: Sequence[ShapeProfile], path: Pat
                                feed_rows(search))
     if path.suffix.lower() == ".npz":
         arrays, warnings = read_npz_samples(path, recipe)
+        token_spec = token_ids_spec(recipe)
+        if token_spec is not None:
+            check_token_ids(arrays[token_spec.name], vocab_size,
+                            f"calibration file {path}: '{token_spec.name}'")
         lengths = npz_lengths(arrays, recipe)
         splits = split_three(lengths, max_samples, seed)
         return CalibrationData(

@@ -14,6 +14,7 @@ from trtpack.cases import Case
 from trtpack.precision.calibration import (
     CalibrationData,
     calibration_path,
+    graph_vocab_size,
     load_calibration,
     save_feeds,
 )
@@ -62,7 +63,8 @@ class Int8Conversion(Conversion):
         cal = load_calibration(self.recipe, self.options.profiles, path,
                                tokenizer=self.tokenizer() if text else None,
                                max_samples=self.settings.max_calibration_samples,
-                               seed=self.options.seed)
+                               seed=self.options.seed,
+                               vocab_size=graph_vocab_size(self.source, self.recipe))
         self.calibration = cal
         self.warnings.extend(cal.warnings)
         save_feeds(self.work / "calibration.npz", cal.feeds)

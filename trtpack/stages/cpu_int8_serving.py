@@ -213,7 +213,11 @@ def run_search(ctx: StageContext) -> Any:
 def calibration(ctx: StageContext) -> tuple[Any, Any]:
     """The INT8 build's calibration data (the same file, seed and splits as the precision
     stage's) and the tokenizer it was read with."""
-    from trtpack.precision.calibration import calibration_path, load_calibration
+    from trtpack.precision.calibration import (
+        calibration_path,
+        graph_vocab_size,
+        load_calibration,
+    )
 
     options, recipe = ctx.options, ctx.options.recipe
     path = calibration_path(options)
@@ -229,5 +233,6 @@ def calibration(ctx: StageContext) -> tuple[Any, Any]:
         tokenizer = tokenizer or load_tokenizer(recipe, ctx.artifacts["tokenizer"])
     cal = load_calibration(recipe, options.profiles, path, tokenizer=tokenizer,
                            max_samples=recipe.precision_options.int8.max_calibration_samples,
-                           seed=options.seed)
+                           seed=options.seed,
+                           vocab_size=graph_vocab_size(ctx.artifact("onnx"), recipe))
     return cal, tokenizer

@@ -36,6 +36,17 @@ def _batch_axis(spec: TensorSpec) -> int | None:
     return spec.axes.index(BATCH_AXIS) if BATCH_AXIS in spec.axes else None
 
 
+def check_token_ids(ids: np.ndarray, vocab_size: int | None, where: str) -> None:
+    """Token ids outside ``[0, vocab_size)`` are bad input (exit 2), said before ONNX
+    Runtime's Gather meets them; nothing is checked when the vocabulary is unknown."""
+    if vocab_size is None or not ids.size or (ids.min() >= 0 and ids.max() < vocab_size):
+        return
+    bad = int(ids.max()) if ids.max() >= vocab_size else int(ids.min())
+    raise UserInputError(f"{where} holds token id {bad}, outside the vocabulary "
+                         f"[0, {vocab_size})", hint="token ids of this model's tokenizer, or "
+                         "--set vocab_size=N when the vocabulary is another")
+
+
 def read_sample_inputs(path: Path, recipe: Recipe, vocab_size: int | None = None
                        ) -> dict[str, np.ndarray]:
     """The checked arrays of ``path`` for ``recipe``'s inputs (an input with a value rule
@@ -71,13 +82,8 @@ def read_sample_inputs(path: Path, recipe: Recipe, vocab_size: int | None = None
             raise UserInputError(f"{where}: '{name}' is {a.dtype}, the input is {want}")
         if a.dtype.kind == "f" and not np.isfinite(a).all():
             raise UserInputError(f"{where}: '{name}' holds NaN or infinite values")
-        if spec.kind == "token_ids" and vocab_size is not None and a.size and (
-                a.min() < 0 or a.max() >= vocab_size):
-            bad = int(a.max()) if a.max() >= vocab_size else int(a.min())
-            raise UserInputError(f"{where}: '{name}' holds token id {bad}, outside the "
-                                 f"vocabulary [0, {vocab_size})",
-                                 hint="token ids of this model's tokenizer, or --set "
-                                 "vocab_size=N when the vocabulary is another")
+        if spec.kind == "token_ids":
+            check_token_ids(a, vocab_size, f"{where}: '{name}'")
         batch_axis = _batch_axis(spec)
         if batch_axis is not None:
             rows[name] = a.shape[batch_axis]
