@@ -26,8 +26,8 @@ from trtpack.stages.base import ProgressCallback
 class BuildRequest:
     """What the user asked for, before resolution (CLI flags map 1:1 onto this)."""
 
-    model: str
-    profiles: Sequence[str] = ()
+    model: str | Path
+    profiles: str | Sequence[str] = ()  # one profile string, or several
     precision: str | None = None
     target: str = AUTO
     opset: int | None = None
@@ -48,6 +48,21 @@ class BuildRequest:
     tokenizer: Path | None = None  # --tokenizer: a tokenizer folder (or one of its files)
     min_int8_share: float = 0.5  # --min-int8-share
     force: bool = False  # --force: build beside files in --out that trtpack did not write
+    inputs: str | Sequence[str] = ()  # --input: input descriptions and constants
+
+    def __post_init__(self) -> None:
+        """Paths given as ``str`` (Python callers) become ``Path``s; one profile or input
+        string is a list of one."""
+        for name in ("out", "calibration", "cache_dir", "timing_cache", "tokenizer"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                setattr(self, name, Path(value))
+        for name in ("profiles", "inputs", "overrides"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                setattr(self, name, [value])
+        if isinstance(self.model, Path):
+            self.model = str(self.model)
 
 
 def resolve_target_for_build(name: str, build_engine: bool,
@@ -83,8 +98,9 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
     if request.serve is not None and request.serve not in get_args(Serve):
         raise UserInputError(f"--serve must be tensor or text, not '{request.serve}'")
     fallback = cast(Fallback, request.fallback)
-    recipe: Recipe = apply_overrides(resolve_model(request.model, request.task),
-                                     list(request.overrides))
+    cache_dir = request.cache_dir or default_cache_dir()
+    resolved, source_files = resolve_recipe(request, cache_dir)
+    recipe: Recipe = apply_overrides(resolved, list(request.overrides))
     if request.tokenizer is not None:
         recipe = with_tokenizer(recipe, request.tokenizer)
     if request.portable is not None:
@@ -174,7 +190,7 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
         out_dir=out, opset=request.opset or recipe.opset,
         random_weights=random_weights, build_engine=request.build_engine,
         calibration=request.calibration, fallback=fallback, serve=serve,
-        fallback_cpu=fallback_cpu, cache_dir=request.cache_dir or default_cache_dir(),
+        fallback_cpu=fallback_cpu, cache_dir=cache_dir, source_files=source_files,
         use_cache=request.use_cache, timing_cache=_timing_cache_dir(request.timing_cache),
         calibration_method=request.calibration_method,
         min_int8_share=request.min_int8_share,
@@ -182,6 +198,70 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
         auto_precision=auto_precision,
     )
     return options, warnings
+
+
+def resolve_recipe(request: BuildRequest, cache_dir: Path) -> tuple[Recipe, str | None]:
+    """The recipe for ``request.model``, and for a PyTorch source the key of its files: a
+    factory, ``.pt2`` or TorchScript file is described by loading it once in a process of its
+    own (``trtpack.pytorch.describe``), and the description is reused until its files
+    change; anything else resolves as before (``sources.resolve``)."""
+    from trtpack.sources.torch_sources import recipe_for_torch, torch_source
+
+    model = str(request.model)
+    source = torch_source(model)
+    if source is None:
+        recipe = resolve_model(model, request.task)
+        if recipe.source.torch_kind is None:
+            if request.inputs:
+                raise UserInputError(
+                    "--input describes the inputs of a PyTorch model (a factory, .pt2 or "
+                    f"TorchScript file); '{model}' has them in its recipe or graph")
+            return recipe, None
+        described = describe_torch(recipe.source.model_dump(exclude_defaults=True), request,
+                                   cache_dir, recipe)
+        return recipe, described["source_files"]
+    described = describe_torch(source, request, cache_dir)
+    if described["kind"] == "folder":  # a factory returning a model folder: a package
+        from trtpack.sources.hf_recipe import recipe_for_hf_dir
+        from trtpack.sources.recipe import Source
+
+        folder = Path(described["folder"])
+        recipe = recipe_for_hf_dir(folder, request.task).model_copy(
+            update={"source": Source(package=source["factory"])})
+        return recipe.with_origin(folder), described["source_files"]
+    ref = source.get("factory") or model
+    stem = Path(ref.rpartition(":")[0] if "factory" in source else ref).stem
+    name = stem.rpartition(".")[2] if "factory" in source else stem
+    recipe = recipe_for_torch(source, described, name=name, task=request.task,
+                              profiles=list(request.profiles))
+    return recipe, described["source_files"]
+
+
+def describe_torch(source: dict[str, object], request: BuildRequest, cache_dir: Path,
+                   recipe: Recipe | None = None) -> dict[str, object]:
+    """The description of a PyTorch source (``trtpack.pytorch.describe``) with the user's
+    ``--input`` descriptions and constants (or a recipe's inputs)."""
+    from trtpack.pytorch.describe import describe_in_process
+    from trtpack.sources.inputs import parse_input_options
+
+    inputs: dict[str, dict[str, object]] = {}
+    arguments: dict[str, object] = {}
+    if recipe is not None:
+        inputs = {i.name: {"dtype": i.dtype, "axes": list(i.axes)} for i in recipe.inputs}
+        arguments = dict(recipe.source.arguments)
+    for described in parse_input_options(list(request.inputs)):
+        if described.spec is not None:
+            inputs[described.name] = {"dtype": described.spec.dtype,
+                                      "axes": list(described.spec.axes)}
+        if described.value is not None:
+            if described.value.constant is None:
+                raise UserInputError(
+                    f"--input {described.name}: a range of values describes an input's "
+                    "data; the model's non-tensor arguments take one value",
+                    hint=f"give --input {described.name}=VALUE")
+            arguments[described.name] = described.value.constant
+    request_data = {"source": source, "inputs": inputs, "arguments": arguments}
+    return describe_in_process(request_data, cache_dir)
 
 
 def _check_auto_precision_target(target_name: str) -> None:

@@ -47,6 +47,8 @@ class BuildOptions:
     # --precision auto (CPU): built as int8, then the CPU model stage times the FP32 and INT8
     # forms and serves the fastest that passes (trtpack.precision.auto_choice)
     auto_precision: bool = False
+    # a PyTorch source's identity: its files' contents (``sources.torch_sources.SourceFiles``)
+    source_files: str | None = None
 
     @property
     def name(self) -> str:

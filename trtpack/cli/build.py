@@ -21,8 +21,9 @@ commands = typer.Typer()
 def build(
     model: Annotated[str, typer.Argument(
         help="A recipe name (trtpack recipes list), a recipe YAML file, an ONNX file, a "
-        "local Hugging Face model directory, or an org/name id in the local Hugging Face "
-        "cache.")],
+        "local Hugging Face model directory, an org/name id in the local Hugging Face "
+        "cache, a PyTorch factory (path/to/file.py:make_model or my_pkg.models:make_model), "
+        "a torch.export file (model.pt2) or a TorchScript file (model.pt, model.jit).")],
     profile: Annotated[list[str] | None, typer.Option(
         "--profile", "-p",
         help="Shape profile MIN:OPT:MAX over the dynamic axes, e.g. 1x128:16x128:128x128 "
@@ -90,6 +91,11 @@ def build(
     force: Annotated[bool, typer.Option(
         "--force", help="Build into an --out that holds files trtpack did not write: they are "
         "kept (never deleted), the build's files are written beside them.")] = False,
+    inputs: Annotated[list[str] | None, typer.Option(
+        "--input", metavar="NAME=SPEC",
+        help="Describe an input of a PyTorch model where it cannot be read: "
+        "NAME=DTYPE[DIM,...] (a named dim is dynamic, sized by --profile), NAME=VALUE (a "
+        "non-tensor argument, folded into the graph as a constant). Repeatable.")] = None,
     bench: Annotated[bool, typer.Option(
         "--bench", help="After packaging, measure latency per profile corner against PyTorch "
         "(trtpack bench).")] = False,
@@ -115,7 +121,7 @@ def build(
         overrides=overrides or [], timing_cache=timing_cache, task=task,
         calibration_method=calibration_method, tokenizer=tokenizer,
         min_int8_share=min_int8_share,
-        force=force,
+        force=force, inputs=inputs or [],
     )
     view = ProgressView(err, enabled=not as_json)
     try:

@@ -69,12 +69,33 @@ class LoadedModel:
     weights: str  # "pretrained" or "random"
 
 
+def _import_file(path: Path) -> Any:
+    """The module in ``path``, imported with its folder first on ``sys.path`` (so it imports
+    its sibling modules as it would when run from there)."""
+    import importlib.util
+    import sys
+
+    folder = str(path.parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    name = path.stem if path.stem.isidentifier() else "trtpack_factory"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise UserInputError(f"cannot import '{path}' as Python")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def _call(ref: str, what: str) -> Any:
-    module_name, _, func_name = ref.partition(":")
+    module_name, _, func_name = ref.rpartition(":")
     if not module_name or not func_name:
-        raise UserInputError(f"{what} '{ref}' must be 'package.module:function'")
+        raise UserInputError(f"{what} '{ref}' must be 'package.module:function' or "
+                             "'path/to/file.py:function'")
     try:
-        module = importlib.import_module(module_name)
+        module = _import_file(Path(module_name)) if module_name.endswith(".py") else \
+            importlib.import_module(module_name)
     except ImportError as e:
         raise MissingEnvironmentError(
             f"{what} '{ref}': cannot import '{module_name}' ({e})",
@@ -84,6 +105,35 @@ def _call(ref: str, what: str) -> Any:
     if func is None or not callable(func):
         raise UserInputError(f"{what} '{ref}': '{module_name}' has no function '{func_name}'")
     return func()
+
+
+def call_factory(ref: str) -> Any:
+    """What the factory ``ref`` returns: a module, a (module, example inputs) pair, or a model
+    directory (a package that ships weights)."""
+    return _call(ref, "model factory")
+
+
+def load_torchscript(path: str) -> Any:
+    """A TorchScript module in eval mode (``torch.jit.load``: TorchScript only, nothing is
+    unpickled as Python objects)."""
+    import torch
+
+    try:
+        return torch.jit.load(path, map_location="cpu").eval()
+    except RuntimeError as e:
+        first = (str(e).strip().splitlines() or ["unreadable"])[0]
+        raise UserInputError(f"'{path}' is not a loadable TorchScript model: {first}") from None
+
+
+def load_exported_program(path: str) -> Any:
+    """A saved ExportedProgram (``torch.export.load``)."""
+    import torch
+
+    try:
+        return torch.export.load(path)
+    except Exception as e:  # torch raises several kinds for a damaged or foreign archive
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise UserInputError(f"'{path}' is not a loadable ExportedProgram: {first}") from None
 
 
 def source_directory(source: Source) -> Path | None:
@@ -96,6 +146,23 @@ def source_directory(source: Source) -> Path | None:
     if source.package:
         return Path(_call(source.package, "model package"))
     return None
+
+
+def torch_source_module(source: Source) -> tuple[Any, Any]:
+    """The module of a PyTorch source, in eval mode, and what the exporter takes: the
+    ExportedProgram itself for a ``.pt2``, else the module."""
+    if source.exported_program:
+        program = load_exported_program(source.exported_program)
+        return program.module(), program
+    if source.torchscript:
+        module = load_torchscript(source.torchscript)
+        return module, module
+    assert source.factory is not None
+    from trtpack.pytorch.describe import split_factory_result
+
+    module, _ = split_factory_result(call_factory(source.factory), source.factory)
+    module.eval()
+    return module, module
 
 
 def _model_class(recipe: Recipe) -> Any:
@@ -183,12 +250,9 @@ def load_model(recipe: Recipe, *, random_weights: bool, seed: int = 0) -> Loaded
     torch.manual_seed(seed)
     source = recipe.source
     random_weights = random_weights or source.random_weights  # a recipe without weights
-    if source.factory:
-        module = _call(source.factory, "model factory")
-        if not isinstance(module, torch.nn.Module):
-            raise UserInputError(
-                f"model factory '{source.factory}' did not return a torch.nn.Module")
-        return LoadedModel(module.eval(), load_tokenizer(recipe, None), None, "factory")
+    if source.torch_kind is not None:
+        module, _ = torch_source_module(source)
+        return LoadedModel(module, load_tokenizer(recipe, None), None, source.torch_kind)
 
     from transformers import AutoConfig
 
