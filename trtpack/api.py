@@ -3,10 +3,10 @@ place a build's flags are validated."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast, get_args
+from typing import Any, cast, get_args
 
 from trtpack.errors import MissingEnvironmentError, UserInputError, require_modules
 from trtpack.machine.packages import required_modules
@@ -16,8 +16,9 @@ from trtpack.pipeline.runner import build as run_pipeline
 from trtpack.report import BuildReport
 from trtpack.shapes import ShapeProfile, parse_profiles
 from trtpack.sources.heads import head_for
+from trtpack.sources.inputs import parse_input_options
 from trtpack.sources.recipe import AUTO_PRECISION, PRECISIONS, Recipe
-from trtpack.sources.recipe_files import apply_overrides
+from trtpack.sources.recipe_files import apply_input_options, apply_overrides
 from trtpack.sources.resolve import resolve_model
 from trtpack.stages.base import ProgressCallback
 
@@ -101,6 +102,9 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
     cache_dir = request.cache_dir or default_cache_dir()
     resolved, source_files = resolve_recipe(request, cache_dir)
     recipe: Recipe = apply_overrides(resolved, list(request.overrides))
+    recipe = apply_input_options(recipe, [
+        d for d in parse_input_options(request.inputs)
+        if d.name not in recipe.source.arguments])  # those are folded into the graph
     if request.tokenizer is not None:
         recipe = with_tokenizer(recipe, request.tokenizer)
     if request.portable is not None:
@@ -212,14 +216,10 @@ def resolve_recipe(request: BuildRequest, cache_dir: Path) -> tuple[Recipe, str 
     if source is None:
         recipe = resolve_model(model, request.task)
         if recipe.source.torch_kind is None:
-            if request.inputs:
-                raise UserInputError(
-                    "--input describes the inputs of a PyTorch model (a factory, .pt2 or "
-                    f"TorchScript file); '{model}' has them in its recipe or graph")
             return recipe, None
         described = describe_torch(recipe.source.model_dump(exclude_defaults=True), request,
                                    cache_dir, recipe)
-        return recipe, described["source_files"]
+        return recipe, str(described["source_files"])
     described = describe_torch(source, request, cache_dir)
     if described["kind"] == "folder":  # a factory returning a model folder: a package
         from trtpack.sources.hf_recipe import recipe_for_hf_dir
@@ -228,37 +228,33 @@ def resolve_recipe(request: BuildRequest, cache_dir: Path) -> tuple[Recipe, str 
         folder = Path(described["folder"])
         recipe = recipe_for_hf_dir(folder, request.task).model_copy(
             update={"source": Source(package=source["factory"])})
-        return recipe.with_origin(folder), described["source_files"]
+        return recipe.with_origin(folder), str(described["source_files"])
     ref = source.get("factory") or model
     stem = Path(ref.rpartition(":")[0] if "factory" in source else ref).stem
     name = stem.rpartition(".")[2] if "factory" in source else stem
     recipe = recipe_for_torch(source, described, name=name, task=request.task,
                               profiles=list(request.profiles))
-    return recipe, described["source_files"]
+    return recipe, str(described["source_files"])
 
 
-def describe_torch(source: dict[str, object], request: BuildRequest, cache_dir: Path,
-                   recipe: Recipe | None = None) -> dict[str, object]:
+def describe_torch(source: Mapping[str, Any], request: BuildRequest, cache_dir: Path,
+                   recipe: Recipe | None = None) -> dict[str, Any]:
     """The description of a PyTorch source (``trtpack.pytorch.describe``) with the user's
     ``--input`` descriptions and constants (or a recipe's inputs)."""
     from trtpack.pytorch.describe import describe_in_process
-    from trtpack.sources.inputs import parse_input_options
 
-    inputs: dict[str, dict[str, object]] = {}
-    arguments: dict[str, object] = {}
+    inputs: dict[str, dict[str, Any]] = {}
+    arguments: dict[str, Any] = {}
     if recipe is not None:
         inputs = {i.name: {"dtype": i.dtype, "axes": list(i.axes)} for i in recipe.inputs}
         arguments = dict(recipe.source.arguments)
-    for described in parse_input_options(list(request.inputs)):
+    # NAME=DTYPE[...] describes a tensor input; NAME=VALUE alone gives a non-tensor argument
+    # (sr=16000), folded into the graph; a tensor input's values (=LOW..HIGH) apply later
+    for described in parse_input_options(request.inputs):
         if described.spec is not None:
             inputs[described.name] = {"dtype": described.spec.dtype,
                                       "axes": list(described.spec.axes)}
-        if described.value is not None:
-            if described.value.constant is None:
-                raise UserInputError(
-                    f"--input {described.name}: a range of values describes an input's "
-                    "data; the model's non-tensor arguments take one value",
-                    hint=f"give --input {described.name}=VALUE")
+        elif described.value is not None and described.value.is_constant:
             arguments[described.name] = described.value.constant
     request_data = {"source": source, "inputs": inputs, "arguments": arguments}
     return describe_in_process(request_data, cache_dir)

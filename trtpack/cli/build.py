@@ -91,11 +91,14 @@ def build(
     force: Annotated[bool, typer.Option(
         "--force", help="Build into an --out that holds files trtpack did not write: they are "
         "kept (never deleted), the build's files are written beside them.")] = False,
-    inputs: Annotated[list[str] | None, typer.Option(
-        "--input", metavar="NAME=SPEC",
-        help="Describe an input of a PyTorch model where it cannot be read: "
-        "NAME=DTYPE[DIM,...] (a named dim is dynamic, sized by --profile), NAME=VALUE (a "
-        "non-tensor argument, folded into the graph as a constant). Repeatable.")] = None,
+    input_options: Annotated[list[str] | None, typer.Option(
+        "--input", metavar="NAME=...",
+        help="What an input is and which values it takes; repeatable. NAME=DTYPE[DIM,...] "
+        "(input=float32[batch,3,224,224]: a DIM a size or an axis name, [] a scalar), "
+        "NAME=VALUE (a constant: sr=16000), NAME=LOW..HIGH (a range: pixels=0..1; whole "
+        "numbers for an integer input), or NAME=DTYPE[DIM,...]=VALUE. A constant stays a "
+        "served input: it is fed in verification and calibration and to perf_analyzer.")
+    ] = None,
     bench: Annotated[bool, typer.Option(
         "--bench", help="After packaging, measure latency per profile corner against PyTorch "
         "(trtpack bench).")] = False,
@@ -109,6 +112,7 @@ def build(
         --target g5
       trtpack build minilm --precision int8 --calibration lines.txt --target cpu
       trtpack build minilm --serve text --set triton.instance_count=2 --target cpu
+      trtpack build silero_vad.onnx --input sr=16000 --target cpu
     """
     from trtpack.api import BuildRequest
     from trtpack.api import build as build_model
@@ -121,7 +125,7 @@ def build(
         overrides=overrides or [], timing_cache=timing_cache, task=task,
         calibration_method=calibration_method, tokenizer=tokenizer,
         min_int8_share=min_int8_share,
-        force=force, inputs=inputs or [],
+        force=force, inputs=input_options or [],
     )
     view = ProgressView(err, enabled=not as_json)
     try:

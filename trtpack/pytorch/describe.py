@@ -76,7 +76,7 @@ def describe(request: dict[str, Any]) -> dict[str, Any]:
     axis (the first profile's opt)."""
     import torch
 
-    from trtpack.pytorch.models import call_factory, load_torchscript
+    from trtpack.pytorch.models import call_factory, load_torchscript, split_factory_result
 
     watch = FileWatch()
     source = request["source"]
@@ -104,19 +104,6 @@ def describe(request: dict[str, Any]) -> dict[str, Any]:
     return {**describe_module(module, example, request), "files": files}
 
 
-def split_factory_result(made: Any, ref: str) -> tuple[Any, Any]:
-    """A factory's module and its example inputs (None when it gave none)."""
-    import torch
-
-    if isinstance(made, torch.nn.Module):
-        return made, None
-    if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module):
-        return made
-    raise UserInputError(f"factory '{ref}' returned {type(made).__name__}; return a "
-                         "torch.nn.Module, a (module, example inputs) pair, or a model "
-                         "directory")
-
-
 def forward_parameters(module: Any) -> list[tuple[str, str, bool]]:
     """(name, kind, required) of each argument of ``module.forward``: kind is ``tensor``,
     ``constant`` (an int, float, bool or str: TorchScript says which) or ``any``."""
@@ -124,7 +111,7 @@ def forward_parameters(module: Any) -> list[tuple[str, str, bool]]:
 
     if isinstance(module, torch.jit.ScriptModule):
         params = []
-        for arg in module.forward.schema.arguments[1:]:
+        for arg in module.forward.schema.arguments[1:]:  # type: ignore[attr-defined]
             text = str(arg.type)
             kind = "tensor" if text.startswith(("Tensor", "Optional[Tensor]")) else \
                 "constant" if text in ("int", "float", "bool", "str") else "any"
@@ -246,7 +233,8 @@ def output_axes(module: Any, inputs: list[dict[str, Any]], constants: dict[str, 
             raise UserInputError(f"the model's forward fails on inputs described as {shapes}: "
                                  f"{type(e).__name__}: {first}",
                                  hint="describe the inputs it takes with --input "
-                                 "NAME=DTYPE[DIM,...] and size their dims with --profile")
+                                 "NAME=DTYPE[DIM,...] and size their dims with --profile"
+                                 ) from None
     outputs = []
     for name, tensor in base.items():
         axes: list[str | int] = []
@@ -269,7 +257,7 @@ def describe_program(program: Any, request: dict[str, Any]) -> dict[str, Any]:
     symbols: dict[str, str] = {}
     nodes = {n.name: n for n in program.graph.nodes}
     inputs: list[dict[str, Any]] = []
-    first_dims = set()
+    first_dims: set[str] = set()
     for name in user_inputs:
         value = nodes[name].meta.get("val")
         if not isinstance(value, torch.Tensor):
@@ -332,7 +320,7 @@ def _lowest_that_runs(program: Any, inputs: list[dict[str, Any]],
     module = program.module()
     for name, (low, high) in ranges.items():
         trial = dict(sizes)
-        for other, (other_low, other_high) in ranges.items():
+        for other, (other_low, _) in ranges.items():
             if other != name:
                 trial.setdefault(other, max(2, other_low or 2))
         trial[name] = 1

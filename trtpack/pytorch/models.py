@@ -136,6 +136,19 @@ def load_exported_program(path: str) -> Any:
         raise UserInputError(f"'{path}' is not a loadable ExportedProgram: {first}") from None
 
 
+def split_factory_result(made: Any, ref: str) -> tuple[Any, Any]:
+    """A factory's module and its example inputs (None when it gave none)."""
+    import torch
+
+    if isinstance(made, torch.nn.Module):
+        return made, None
+    if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module):
+        return made
+    raise UserInputError(f"factory '{ref}' returned {type(made).__name__}; return a "
+                         "torch.nn.Module, a (module, example inputs) pair, or a model "
+                         "directory")
+
+
 def source_directory(source: Source) -> Path | None:
     """The local model directory a source points at (None for hub ids and factories)."""
     if source.path:
@@ -158,8 +171,6 @@ def torch_source_module(source: Source) -> tuple[Any, Any]:
         module = load_torchscript(source.torchscript)
         return module, module
     assert source.factory is not None
-    from trtpack.pytorch.describe import split_factory_result
-
     module, _ = split_factory_result(call_factory(source.factory), source.factory)
     module.eval()
     return module, module

@@ -21,8 +21,18 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from trtpack.errors import UserInputError
 from trtpack.shapes import TensorSpec
 from trtpack.sources.heads import tasks
+from trtpack.sources.inputs import (
+    FORMS,
+    InputDescription,
+    InputDtype,
+    ValueRule,
+    parse_input_option,
+    parse_value_rule,
+    value_rule_problem,
+)
 
 Precision = Literal["fp32", "fp16", "int8"]
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "int8")
@@ -102,13 +112,62 @@ class Source(_Strict):
 
 
 class InputSpec(_Strict):
+    """One model input. In a recipe file an entry is this mapping, or a string in the input
+    grammar (``trtpack.sources.inputs``: ``sr=int64[]=16000``, as ``--input`` takes it)."""
+
     name: str
-    dtype: Literal["int64", "int32", "float32", "float16", "uint8", "bool"]
+    dtype: InputDtype
     axes: list[str | int]
     kind: InputKind = "generic"
+    value: bool | int | float | str | None = Field(
+        None, description="the values fed to this input in verification, calibration and "
+        "perf_analyzer: a constant (16000, 0.5, true) or a range 'LOW..HIGH' (uniform; whole "
+        "numbers for an integer input); null: generated from its kind")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_grammar(cls, data: Any) -> Any:
+        if not isinstance(data, str):
+            return data
+        try:
+            described = parse_input_option(data, where="recipe input")
+        except UserInputError as e:
+            raise ValueError(f"{e} (accepted forms: {FORMS})") from None
+        if described.spec is None:
+            raise ValueError(f"'{data}' gives no DTYPE[DIM,...]: a recipe input needs its "
+                             "dtype and axes, e.g. sr=int64[]=16000")
+        return {"name": described.name, "dtype": described.spec.dtype,
+                "axes": list(described.spec.axes),
+                "value": None if described.value is None else str(described.value)}
+
+    @field_validator("value")
+    @classmethod
+    def _value_rule(cls, v: bool | int | float | str | None, info: ValidationInfo
+                    ) -> bool | int | float | str | None:
+        if v is None:
+            return v
+        try:
+            rule = parse_value_rule(str(v).lower() if isinstance(v, bool) else str(v))
+        except ValueError as e:
+            raise ValueError(f"'{v}' is not a value rule ({e}): a constant (16000, 0.5, "
+                             "true) or a range 'LOW..HIGH'") from None
+        dtype = info.data.get("dtype")
+        problem = value_rule_problem(dtype, rule) if dtype else None
+        if problem is not None:
+            raise ValueError(f"{rule}: {problem}")
+        return rule.constant if rule.is_constant else str(rule)
 
     def spec(self) -> TensorSpec:
         return TensorSpec(self.name, self.dtype, tuple(self.axes), self.kind)
+
+    def value_rule(self) -> ValueRule | None:
+        if self.value is None:
+            return None
+        return parse_value_rule(str(self.value).lower() if isinstance(self.value, bool)
+                                else str(self.value))
+
+    def description(self) -> InputDescription:
+        return InputDescription(self.name, self.spec(), self.value_rule())
 
 
 class OutputSpec(_Strict):
@@ -291,3 +350,7 @@ class Recipe(_Strict):
 
     def input_specs(self) -> list[TensorSpec]:
         return [i.spec() for i in self.inputs]
+
+    def value_rules(self) -> dict[str, ValueRule]:
+        """Input name -> the values it is fed (``inputs[].value``), for inputs that have one."""
+        return {i.name: rule for i in self.inputs if (rule := i.value_rule()) is not None}

@@ -5,7 +5,7 @@ fallback search is committed and reused. ``--set KEY=VALUE`` overrides apply on 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,8 @@ import yaml
 from pydantic import ValidationError
 
 from trtpack.errors import RecipeError, UserInputError
+from trtpack.shapes import TensorSpec
+from trtpack.sources.inputs import InputDescription, value_rule_problem
 from trtpack.sources.recipe import Recipe
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"  # trtpack/recipes/
@@ -146,6 +148,53 @@ def apply_overrides(recipe: Recipe, overrides: list[str]) -> Recipe:
     if recipe.origin is not None:
         updated.with_origin(recipe.origin)
     return updated
+
+
+def apply_input_options(recipe: Recipe, descriptions: Sequence[InputDescription]) -> Recipe:
+    """``recipe`` with ``--input`` descriptions applied to its inputs of the same name: a value
+    rule sets ``inputs[].value``; a ``DTYPE[DIM,...]`` must keep the input's dtype and rank
+    and its static sizes, and may name or size its dynamic axes. An input the recipe does not
+    have is an error naming the ones it has."""
+    if not descriptions:
+        return recipe
+    by_name = {i.name: i for i in recipe.inputs}
+    inputs = list(recipe.inputs)
+    for d in descriptions:
+        current = by_name.get(d.name)
+        if current is None:
+            raise UserInputError(
+                f"--input '{d}': '{recipe.name}' has no input '{d.name}'; its inputs are "
+                f"{', '.join(by_name)}")
+        update: dict[str, Any] = {}
+        if d.spec is not None:
+            problem = _description_problem(current.spec(), d.spec)
+            if problem is not None:
+                raise UserInputError(f"--input '{d}': {problem}",
+                                     hint=f"'{recipe.name}' declares {current.name}="
+                                     f"{current.dtype}[{','.join(map(str, current.axes))}]")
+            update["axes"] = list(d.spec.axes)
+        if d.value is not None:
+            problem = value_rule_problem(current.dtype, d.value)
+            if problem is not None:
+                raise UserInputError(f"--input '{d}': {d.value}: {problem}")
+            update["value"] = d.value.constant if d.value.is_constant else str(d.value)
+        inputs[inputs.index(current)] = current.model_copy(update=update)
+    updated = recipe.model_copy(update={"inputs": inputs})
+    if recipe.origin is not None:
+        updated.with_origin(recipe.origin)
+    return updated
+
+
+def _description_problem(declared: TensorSpec, given: TensorSpec) -> str | None:
+    if given.dtype != declared.dtype:
+        return f"the model's input '{declared.name}' is {declared.dtype}, not {given.dtype}"
+    if given.rank != declared.rank:
+        return (f"the model's input '{declared.name}' has {declared.rank} dimension(s), not "
+                f"{given.rank}")
+    for i, (was, now) in enumerate(zip(declared.axes, given.axes, strict=True)):
+        if isinstance(was, int) and was != now:
+            return f"dimension {i} of '{declared.name}' is fixed at {was} in the model"
+    return None
 
 
 def overlay_document(recipe: Recipe, changes: dict[str, Any]) -> dict[str, Any]:

@@ -255,7 +255,7 @@ def recipe_for_torch(source: dict[str, Any], description: dict[str, Any], *, nam
         "vocab_size": description.get("vocab_size"),
         "inputs": inputs,
         "outputs": outputs,
-        "profiles": profiles or [profile],
+        "profiles": profiles or [profile or ""],
     }
     try:
         return Recipe.model_validate(recipe)
