@@ -256,7 +256,10 @@ def describe_torch(source: Mapping[str, Any], request: BuildRequest, cache_dir: 
                                       "axes": list(described.spec.axes)}
         elif described.value is not None and described.value.is_constant:
             arguments[described.name] = described.value.constant
-    request_data = {"source": source, "inputs": inputs, "arguments": arguments}
+    from trtpack.pipeline.cache import source_digest
+
+    request_data = {"source": source, "inputs": inputs, "arguments": arguments,
+                    "trtpack": source_digest()}  # a description is trtpack's reading
     return describe_in_process(request_data, cache_dir)
 
 

@@ -145,7 +145,7 @@ def describe_module(module: Any, example: Any, request: dict[str, Any]) -> dict[
     described: dict[str, dict[str, Any]] = request.get("inputs", {})
     constants: dict[str, Any] = dict(request.get("arguments", {}))
     examples = _example_dict(module, example) if example is not None else {}
-    unknown = sorted(set(described) | set(constants)
+    unknown = sorted((set(described) | set(constants))
                      - {n for n, _, _ in forward_parameters(module)})
     if unknown:
         raise UserInputError(
@@ -289,8 +289,7 @@ def describe_program(program: Any, request: dict[str, Any]) -> dict[str, Any]:
         name = BATCH_AXIS if str(symbol) == batch else symbols.get(str(symbol))
         if name is None:
             continue
-        upper = None if not rng.upper.is_finite else int(rng.upper)
-        ranges[name] = [max(1, int(rng.lower)), upper]
+        ranges[name] = [max(1, _bound(rng.lower) or 1), _bound(rng.upper)]
     out_node = next(n for n in program.graph.nodes if n.op == "output")
     out_vals = [a.meta.get("val") for a in out_node.args[0]]
     spec = program.module_call_graph[0].signature.out_spec if program.module_call_graph \
@@ -310,6 +309,16 @@ def describe_program(program: Any, request: dict[str, Any]) -> dict[str, Any]:
             "ranges": ranges}
 
 
+def _bound(value: Any) -> int | None:
+    """A sympy bound as an int; None for infinity (torch's ``int_oo``: unbounded)."""
+    if str(value) in ("oo", "int_oo", "-oo", "-int_oo"):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError, AttributeError, OverflowError):
+        return None
+
+
 def _lowest_that_runs(program: Any, inputs: list[dict[str, Any]],
                       ranges: dict[str, list[int | None]], sizes: dict[str, int]
                       ) -> dict[str, list[int | None]]:
@@ -326,7 +335,7 @@ def _lowest_that_runs(program: Any, inputs: list[dict[str, Any]],
         trial[name] = 1
         try:
             with torch.inference_mode():
-                module(**example_feeds(inputs, trial))
+                module(*example_feeds(inputs, trial).values())  # it takes *args only
             ranges[name] = [1, high]
         except Exception:  # the program refuses size 1 (a guard or the model's own code)
             ranges[name] = [max(2, low or 2), high]

@@ -42,14 +42,21 @@ def fold_state(graph: Any, saved: Any) -> int:
     import torch
 
     root = next(iter(graph.inputs()))
+    stateful = {(*(_module_path(next(iter(n.inputs())), root) or ("?",)), n.s("name"))
+                for n in graph.findAllNodes("prim::SetAttr")}
     for _ in range(MAX_ROUNDS):
         changed = False
         written: dict[tuple[str, ...], Any] = {}
+        unsure: set[tuple[str, ...]] = set()  # written inside a branch not folded yet
         for node in list(graph.nodes()):
+            if any(True for _ in node.blocks()):
+                unsure |= _written_inside(node, root)
+                continue
             if node.kind() == "prim::SetAttr":
                 owner = _module_path(next(iter(node.inputs())), root)
                 if owner is not None:
                     written[(*owner, node.s("name"))] = list(node.inputs())[1]
+                    unsure.discard((*owner, node.s("name")))
                 continue
             if node.kind() != "prim::GetAttr":
                 continue
@@ -57,9 +64,12 @@ def fold_state(graph: Any, saved: Any) -> int:
             if owner is None:
                 continue
             path = (*owner, node.s("name"))
-            value = _attribute(saved, path)
-            if isinstance(value, torch.nn.Module | torch.ScriptObject | torch.nn.Parameter):
+            if path in unsure:
                 continue
+            value = _attribute(saved, path)
+            if isinstance(value, torch.nn.Module | torch.ScriptObject) or (
+                    isinstance(value, torch.Tensor) and path not in stateful):
+                continue  # submodules, weights and buffers the call never writes
             if path in written:
                 node.output().replaceAllUsesWith(written[path])
             else:
@@ -68,8 +78,7 @@ def fold_state(graph: Any, saved: Any) -> int:
                 node.output().replaceAllUsesWith(constant)
             node.destroy()
             changed = True
-        torch._C._jit_pass_constant_propagation(graph)
-        torch._C._jit_pass_dce(graph)
+        simplify(graph)
         if not changed:
             break
     writes = graph.findAllNodes("prim::SetAttr")
@@ -77,6 +86,37 @@ def fold_state(graph: Any, saved: Any) -> int:
         node.destroy()
     torch._C._jit_pass_dce(graph)
     return len(writes)
+
+
+def simplify(graph: Any) -> None:
+    """Fold what is now known: ranks of traced tensors (``x.dim()``), tuples built and
+    unpacked, constant arithmetic and the branches it decides."""
+    import torch
+
+    torch._C._jit_pass_peephole(graph, True)
+    torch._C._jit_pass_lower_all_tuples(graph)
+    outputs = list(graph.outputs())
+    if len(outputs) > 1:  # lowering split the returned tuple: a method returns one value
+        pack = graph.create("prim::TupleConstruct", outputs)
+        pack.output().setType(torch._C.TupleType([v.type() for v in outputs]))
+        graph.appendNode(pack)
+        for index in reversed(range(len(outputs))):
+            graph.eraseOutput(index)
+        graph.registerOutput(pack.output())
+    torch._C._jit_pass_constant_propagation(graph)
+    torch._C._jit_pass_dce(graph)
+
+
+def _written_inside(node: Any, root: Any) -> set[tuple[str, ...]]:
+    """Attributes written anywhere in the blocks of ``node`` (a branch or a loop)."""
+    written: set[tuple[str, ...]] = set()
+    for block in node.blocks():
+        for inner in block.nodes():
+            if inner.kind() == "prim::SetAttr":
+                owner = _module_path(next(iter(inner.inputs())), root)
+                written.add((*(owner or ("?",)), inner.s("name")))
+            written |= _written_inside(inner, root)
+    return written
 
 
 def traced_for_export(wrapper: Any, saved: Any, args: tuple[Any, ...]) -> Any:

@@ -77,6 +77,7 @@ def output_selector(model: Any, recipe: Recipe) -> Any:
     input_names = [i.name for i in recipe.inputs]
     output_names = [o.name for o in recipe.outputs]
     constants = dict(recipe.source.arguments)
+    positional = recipe.source.exported_program is not None  # its module takes *args only
 
     class OutputSelector(torch.nn.Module):
         """Positional inputs in the recipe's order, a tuple of the recipe's outputs."""
@@ -86,7 +87,8 @@ def output_selector(model: Any, recipe: Recipe) -> Any:
             self.model = model
 
         def forward(self, *args: Any) -> tuple[Any, ...]:
-            out = self.model(**dict(zip(input_names, args, strict=True)), **constants)
+            out = self.model(*args) if positional else \
+                self.model(**dict(zip(input_names, args, strict=True)), **constants)
             if isinstance(out, torch.Tensor):
                 return (out,)
             if isinstance(out, dict) or hasattr(out, "keys"):
@@ -98,7 +100,9 @@ def output_selector(model: Any, recipe: Recipe) -> Any:
                 return tuple(out[n] for n in output_names)
             return tuple(out[: len(output_names)])
 
-    return OutputSelector().eval()
+    selector = OutputSelector()
+    selector.training = False  # the model is in eval mode already (an unlifted
+    return selector            # ExportedProgram's module refuses .eval())
 
 
 def _vocab_size(loaded: LoadedModel) -> int:
