@@ -74,9 +74,12 @@ def describe(request: dict[str, Any]) -> dict[str, Any]:
     descriptions ``request["inputs"]`` (name -> {dtype, axes}) and constants
     ``request["arguments"]`` (name -> value); ``request["sizes"]`` gives example sizes per
     axis (the first profile's opt)."""
-    import torch
-
-    from trtpack.pytorch.models import call_factory, load_torchscript, split_factory_result
+    from trtpack.pytorch.models import (
+        call_factory,
+        load_exported_program,
+        load_torchscript,
+        split_factory_result,
+    )
 
     watch = FileWatch()
     source = request["source"]
@@ -85,8 +88,8 @@ def describe(request: dict[str, Any]) -> dict[str, Any]:
     files: list[str] = []
     if source.get("exported_program"):
         files = [source["exported_program"]]
-        return {**describe_program(torch.export.load(source["exported_program"]), request),
-                "files": files}
+        return {**describe_program(load_exported_program(source["exported_program"]),
+                                   request), "files": files}
     if source.get("torchscript"):
         files = [source["torchscript"]]
         module = load_torchscript(source["torchscript"])
@@ -174,8 +177,9 @@ def describe_module(module: Any, example: Any, request: dict[str, Any]) -> dict[
     if not inputs:
         raise UserInputError("the model's forward takes no tensor input to feed")
     outputs = output_axes(module, inputs, constants, request.get("sizes", {}))
+    vocab = getattr(getattr(module, "config", None), "vocab_size", None)
     return {"kind": "module", "inputs": inputs, "arguments": constants, "outputs": outputs,
-            "ranges": {}}
+            "ranges": {}, "vocab_size": vocab if isinstance(vocab, int) else None}
 
 
 def example_feeds(inputs: list[dict[str, Any]], sizes: dict[str, int], seed: int = 0,
@@ -294,8 +298,10 @@ def describe_program(program: Any, request: dict[str, Any]) -> dict[str, Any]:
     out_vals = [a.meta.get("val") for a in out_node.args[0]]
     spec = program.module_call_graph[0].signature.out_spec if program.module_call_graph \
         else None
-    if spec is not None and spec.type is dict:
-        names = [str(k) for k in spec.context]
+    context = getattr(spec, "context", None)
+    if isinstance(context, list | tuple) and len(context) == len(out_vals) and \
+            all(isinstance(k, str) for k in context):  # a dict, a Hugging Face ModelOutput
+        names = [str(k) for k in context]
     elif len(out_vals) == 1 and (spec is None or spec.type is None):
         names = ["output"]
     else:
@@ -326,6 +332,8 @@ def _lowest_that_runs(program: Any, inputs: list[dict[str, Any]],
     whose program runs at size 1 has min 1, otherwise 2."""
     import torch
 
+    from trtpack.pytorch.models import call_program_module
+
     module = program.module()
     for name, (low, high) in ranges.items():
         trial = dict(sizes)
@@ -335,7 +343,7 @@ def _lowest_that_runs(program: Any, inputs: list[dict[str, Any]],
         trial[name] = 1
         try:
             with torch.inference_mode():
-                module(*example_feeds(inputs, trial).values())  # it takes *args only
+                call_program_module(module, example_feeds(inputs, trial))
             ranges[name] = [1, high]
         except Exception:  # the program refuses size 1 (a guard or the model's own code)
             ranges[name] = [max(2, low or 2), high]

@@ -126,14 +126,49 @@ def load_torchscript(path: str) -> Any:
 
 
 def load_exported_program(path: str) -> Any:
-    """A saved ExportedProgram (``torch.export.load``)."""
+    """A saved ExportedProgram (``torch.export.load``). A program whose inputs or outputs
+    are classes registered with pytree (a Hugging Face ``ModelOutput``) loads only once
+    their modules are imported: those named in its signature are imported first."""
+    import warnings
+
     import torch
 
-    try:
-        return torch.export.load(path)
-    except Exception as e:  # torch raises several kinds for a damaged or foreign archive
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise UserInputError(f"'{path}' is not a loadable ExportedProgram: {first}") from None
+    for module in pytree_modules(Path(path)):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise UserInputError(f"'{path}' returns a type from '{module}', which is not "
+                                 "installed here", hint=f"install the package of {module}"
+                                 ) from None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return torch.export.load(path)
+        except Exception as e:  # torch raises several kinds for a damaged or foreign archive
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise UserInputError(f"'{path}' is not a loadable ExportedProgram: {first}"
+                                 ) from None
+
+
+def pytree_modules(path: Path) -> list[str]:
+    """The modules of the classes a ``.pt2``'s input and output specs name (outside Python,
+    collections and torch): what must be imported before ``torch.export.load``."""
+    import re
+    import zipfile
+
+    names: set[str] = set()
+    with zipfile.ZipFile(path) as archive:
+        for member in archive.namelist():
+            parts = member.split("/")
+            if len(parts) >= 3 and parts[1] == "models" and member.endswith(".json"):
+                text = archive.read(member).decode("utf-8", errors="replace")
+                names |= set(re.findall(r'\\"type\\": \\"([A-Za-z_][\w]*(?:\.\w+)+)\\"',
+                                        text))
+    modules = {n.rpartition(".")[0] for n in names}
+    return sorted(m for m in modules
+                  if m.split(".")[0] not in ("builtins", "collections", "torch", "typing"))
+
+
 
 
 def split_factory_result(made: Any, ref: str) -> tuple[Any, Any]:
@@ -159,6 +194,17 @@ def source_directory(source: Source) -> Path | None:
     if source.package:
         return Path(_call(source.package, "model package"))
     return None
+
+
+def call_program_module(module: Any, named: dict[str, Any]) -> Any:
+    """Call an ExportedProgram's module (``program.module()``) with inputs by name: it takes
+    them as the program was exported, positional or keyword (its ``_in_spec``)."""
+    spec = getattr(module, "_in_spec", None)
+    keywords: list[str] = []
+    if spec is not None and len(spec.children_specs) == 2:
+        keywords = [str(k) for k in (spec.children_specs[1].context or [])]
+    args = [v for n, v in named.items() if n not in keywords]
+    return module(*args, **{n: v for n, v in named.items() if n in keywords})
 
 
 def torch_source_module(source: Source) -> tuple[Any, Any]:

@@ -17,7 +17,12 @@ from trtpack.cases import Case, save_cases
 from trtpack.errors import UserInputError
 from trtpack.onnx_tools.files import graph_summary
 from trtpack.options import BuildOptions
-from trtpack.pytorch.models import LoadedModel, load_model, source_directory
+from trtpack.pytorch.models import (
+    LoadedModel,
+    call_program_module,
+    load_model,
+    source_directory,
+)
 from trtpack.sources.recipe import Recipe
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 from trtpack.stages.torch_export import export_onnx
@@ -77,7 +82,7 @@ def output_selector(model: Any, recipe: Recipe) -> Any:
     input_names = [i.name for i in recipe.inputs]
     output_names = [o.name for o in recipe.outputs]
     constants = dict(recipe.source.arguments)
-    positional = recipe.source.exported_program is not None  # its module takes *args only
+    positional = recipe.source.exported_program is not None  # as it was exported
 
     class OutputSelector(torch.nn.Module):
         """Positional inputs in the recipe's order, a tuple of the recipe's outputs."""
@@ -87,8 +92,9 @@ def output_selector(model: Any, recipe: Recipe) -> Any:
             self.model = model
 
         def forward(self, *args: Any) -> tuple[Any, ...]:
-            out = self.model(*args) if positional else \
-                self.model(**dict(zip(input_names, args, strict=True)), **constants)
+            named = dict(zip(input_names, args, strict=True))
+            out = call_program_module(self.model, named) if positional else \
+                self.model(**named, **constants)
             if isinstance(out, torch.Tensor):
                 return (out,)
             if isinstance(out, dict) or hasattr(out, "keys"):
@@ -105,7 +111,9 @@ def output_selector(model: Any, recipe: Recipe) -> Any:
     return selector            # ExportedProgram's module refuses .eval())
 
 
-def _vocab_size(loaded: LoadedModel) -> int:
+def _vocab_size(loaded: LoadedModel, recipe: Recipe) -> int:
+    if recipe.vocab_size:
+        return recipe.vocab_size
     for obj in (loaded.config, loaded.tokenizer):
         size = getattr(obj, "vocab_size", None)
         if isinstance(size, int) and size > 0:
@@ -119,7 +127,7 @@ def build_cases(options: BuildOptions, loaded: LoadedModel) -> list[Case]:
     for index, profile in enumerate(options.profiles):
         for k, (corner, shapes) in enumerate(profile.corners()):
             inputs = make_inputs(specs, shapes, tokenizer=loaded.tokenizer,
-                                 vocab_size=_vocab_size(loaded),
+                                 vocab_size=_vocab_size(loaded, options.recipe),
                                  seed=options.seed + 10 * index + k, offset=5 * k + index)
             cases.append(Case(index, corner, inputs))
     return cases
