@@ -54,7 +54,7 @@ def test_files_are_told_apart_by_content(saved: dict[str, Path], tmp_path: Path)
     renamed.write_bytes(saved["script"].read_bytes())
     assert torch_file_kind(renamed) == "torchscript"
     for pickle in (saved["weights"], saved["pickle"]):  # zip and legacy torch.save
-        with pytest.raises(UserInputError, match="torch.save pickle") as caught:
+        with pytest.raises(UserInputError, match=r"torch\.save pickle") as caught:
             torch_file_kind(pickle)
         assert "torch.export.save" in (caught.value.hint or "")
     text = tmp_path / "notes.pt"
@@ -64,7 +64,7 @@ def test_files_are_told_apart_by_content(saved: dict[str, Path], tmp_path: Path)
     other_zip = tmp_path / "other.pt2"
     with zipfile.ZipFile(other_zip, "w") as z:
         z.writestr("a/readme.txt", "hello")
-    with pytest.raises(UserInputError, match="neither a torch.export"):
+    with pytest.raises(UserInputError, match=r"neither a torch\.export"):
         torch_file_kind(other_zip)
 
 
