@@ -8,7 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast, get_args
 
-from trtpack.errors import MissingEnvironmentError, UserInputError, require_modules
+from trtpack.errors import (
+    MissingEnvironmentError,
+    TrtpackError,
+    UserInputError,
+    require_modules,
+)
 from trtpack.machine.packages import required_modules
 from trtpack.machine.targets import AUTO, CPU, Target, engine_support_problem, resolve_target
 from trtpack.options import BuildOptions, Fallback, Serve, default_cache_dir
@@ -217,8 +222,11 @@ def resolve_recipe(request: BuildRequest, cache_dir: Path) -> tuple[Recipe, str 
         recipe = resolve_model(model, request.task)
         if recipe.source.torch_kind is None:
             return recipe, None
-        described = describe_torch(recipe.source.model_dump(exclude_defaults=True), request,
-                                   cache_dir, recipe)
+        try:
+            described = describe_torch(recipe.source.model_dump(exclude_defaults=True),
+                                       request, cache_dir, recipe)
+        except TrtpackError:  # the export stage loads it again and reports it, in its log
+            return recipe, None
         return recipe, str(described["source_files"])
     described = describe_torch(source, request, cache_dir)
     if described["kind"] == "folder":  # a factory returning a model folder: a package

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trtpack.errors import UserInputError
+from trtpack.errors import TrtpackError, UserInputError
 from trtpack.shapes import BATCH_AXIS, TensorSpec
 
 DEFAULT_SIZES = {BATCH_AXIS: 2}  # an example size per axis when none is described
@@ -360,7 +360,7 @@ def describe_in_process(request: dict[str, Any], cache_dir: Path) -> dict[str, A
     import subprocess
     import tempfile
 
-    from trtpack.errors import StageError
+    from trtpack.errors import MissingEnvironmentError, StageError
     from trtpack.sources.torch_sources import SourceFiles, memo_path, read_memo, write_memo
 
     memo = memo_path(cache_dir, request)
@@ -388,7 +388,9 @@ def describe_in_process(request: dict[str, Any], cache_dir: Path) -> dict[str, A
                              log_path=log)
         result = json.loads(result_path.read_text(encoding="utf-8"))
     if "error" in result:
-        raise UserInputError(result["error"], hint=result.get("hint"))
+        missing = result.get("exit_code") == MissingEnvironmentError.exit_code
+        raise (MissingEnvironmentError if missing else UserInputError)(
+            result["error"], hint=result.get("hint"))
     description = result["ok"]
     files = SourceFiles.of(description.pop("files"))
     write_memo(memo, description, files)
@@ -400,8 +402,8 @@ def main() -> None:
     request = json.loads(Path(request_path).read_text(encoding="utf-8"))
     try:
         result: dict[str, Any] = {"ok": describe(request)}
-    except UserInputError as e:
-        result = {"error": str(e), "hint": e.hint}
+    except TrtpackError as e:  # the user's to fix: the same error in the build's process
+        result = {"error": str(e), "hint": e.hint, "exit_code": e.exit_code}
     Path(result_path).write_text(json.dumps(result, default=_constant), encoding="utf-8")
 
 
