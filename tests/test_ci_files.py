@@ -101,18 +101,24 @@ def workflow_runs() -> list[tuple[str, str]]:
 
 
 def makefile_gpu_commands() -> str:
-    """What ``make -n <family>`` would run for every GPU family target (nothing runs)."""
+    """What ``make -n <family>`` (with and without ``FROM``) and ``make -n convert`` would
+    run for every GPU family target (nothing runs)."""
     make = shutil.which("make")
     if make is None:
         pytest.skip("make is not installed")
     from trtpack.machine.targets import TARGETS
 
     out = []
+    # each family's whole build, its engine from a converted folder (FROM), and the convert
+    forms = [["MODEL=minilm", "PROFILE=1x128:16x128:128x128"], ["FROM=build/minilm-onnx"]]
     for target in (t.name for t in TARGETS if t.is_gpu):
-        done = subprocess.run([make, "-n", "-C", str(ROOT), target, "MODEL=minilm",
-                               "PROFILE=1x128:16x128:128x128"],
-                              capture_output=True, text=True, check=True)
-        out.append(done.stdout)
+        for form in forms:
+            done = subprocess.run([make, "-n", "-C", str(ROOT), target, *form],
+                                  capture_output=True, text=True, check=True)
+            out.append(done.stdout)
+    done = subprocess.run([make, "-n", "-C", str(ROOT), "convert", *forms[0]],
+                          capture_output=True, text=True, check=True)
+    out.append(done.stdout)
     return "\n".join(out)
 
 

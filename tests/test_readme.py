@@ -69,6 +69,16 @@ NOT_ON_THIS_MACHINE = {
     "trtpack merge out/minilm-g4dn out/minilm-g5 out/minilm-p4d --out out/minilm-fleet":
         "merges engine builds for three GPU families (CPU builds are refused)",
     "trtpack bench OUT --served URL": "needs a running Triton server serving OUT",
+    "trtpack build minilm --precision fp16 --target g5 --no-engine --out out/minilm-onnx":
+        "the convert step; tests/pipeline/test_engine_from_build.py runs it (fp32, for time)",
+    "trtpack engine out/minilm-onnx --target g4dn --out out/minilm-g4dn":
+        "a TensorRT engine for a T4: needs that GPU and TensorRT (the flow runs with a "
+        "labelled stand-in engine step in tests/pipeline/test_engine_from_build.py)",
+    "trtpack engine out/minilm-onnx --target g5 --out out/minilm-g5":
+        "a TensorRT engine for an A10G: needs that GPU and TensorRT",
+    "trtpack engine BUILD_DIR --target T --out OUT": "a TensorRT engine for a GPU family",
+    "trtpack merge out/minilm-g4dn out/minilm-g5 --out out/minilm-fleet":
+        "merges engine builds for two GPU families (CPU builds are refused)",
     # PyTorch sources: the files they name are made by docs/any-model.md's Python blocks,
     # which build these same sources through trtpack.build (tests/test_docs_python.py)
     "trtpack build make.py:make_model --target cpu": "make.py: a Python block",

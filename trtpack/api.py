@@ -4,22 +4,18 @@ place a build's flags are validated."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast, get_args
 
-from trtpack.errors import (
-    MissingEnvironmentError,
-    TrtpackError,
-    UserInputError,
-    require_modules,
-)
+from trtpack.errors import RecipeError, TrtpackError, UserInputError, require_modules
 from trtpack.machine.packages import required_modules
 from trtpack.machine.targets import AUTO, CPU, Target, engine_support_problem, resolve_target
 from trtpack.options import BuildOptions, Fallback, Serve, default_cache_dir
 from trtpack.pipeline.runner import build as run_pipeline
 from trtpack.report import BuildReport
 from trtpack.shapes import ShapeProfile, parse_profiles
+from trtpack.sources.architectures import head_split_problem
 from trtpack.sources.heads import head_for
 from trtpack.sources.inputs import parse_input_options
 from trtpack.sources.recipe import AUTO_PRECISION, PRECISIONS, Recipe
@@ -97,8 +93,17 @@ def resolve_target_for_build(name: str, build_engine: bool,
     return target, []
 
 
+def _lower(word: str | None) -> str | None:
+    return None if word is None else word.strip().lower()
+
+
 def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
-    """Validate everything the build needs before any work starts."""
+    """Validate everything the build needs before any work starts. The words of a choice
+    (--precision FP16, --target CPU, --serve Text) are read case-insensitively."""
+    request = replace(
+        request, precision=_lower(request.precision), fallback=request.fallback.strip().lower(),
+        serve=_lower(request.serve), portable=_lower(request.portable),
+        calibration_method=_lower(request.calibration_method))
     if request.fallback not in get_args(Fallback):
         raise UserInputError(f"--fallback must be auto or off, not '{request.fallback}'")
     if request.serve is not None and request.serve not in get_args(Serve):
@@ -107,6 +112,9 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
     cache_dir = request.cache_dir or default_cache_dir()
     resolved, source_files = resolve_recipe(request, cache_dir)
     recipe: Recipe = apply_overrides(resolved, list(request.overrides))
+    problem = head_split_problem(recipe.config)
+    if problem is not None:  # else transformers refuses it inside the export stage (exit 4)
+        raise RecipeError(f"recipe '{recipe.name}': {problem}")
     recipe = apply_input_options(recipe, [
         d for d in parse_input_options(request.inputs)
         if d.name not in recipe.source.arguments])  # those are folded into the graph
@@ -127,7 +135,7 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
         )
     auto_precision = precision == AUTO_PRECISION
     if auto_precision:
-        _check_auto_precision_target(request.target)
+        _refuse_auto_precision_on_gpu(request.target)
         precision = "int8"  # built as INT8; the CPU model stage times it against FP32
     profiles = parse_profiles(list(request.profiles) or recipe.profiles, recipe.input_specs())
     # checked before any work starts: a missing package is exit 3 at once, not exit 4 later
@@ -139,8 +147,10 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
                         install="'trtpack[modelopt]'")
     if request.opset is not None and not 13 <= request.opset <= 23:
         raise UserInputError(f"--opset {request.opset} is outside 13..23")
-    if request.calibration is not None and not request.calibration.is_file():
-        raise UserInputError(f"calibration file '{request.calibration}' does not exist")
+    if request.calibration is not None:
+        from trtpack.precision.calibration_files import check_calibration_path
+
+        check_calibration_path(request.calibration)
     if request.calibration is not None and precision != "int8":
         raise UserInputError("--calibration is only used with --precision int8")
     if request.calibration_method is not None:
@@ -172,10 +182,19 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
     if serve == "text" and not recipe.tokenizer:
         raise UserInputError(
             f"--serve text needs a tokenizer, and recipe '{recipe.name}' has none "
-            "(tokenizer: false); use --serve tensor"
-        )
+            "(tokenizer: false)",
+            hint="give one with --tokenizer PATH (a folder with tokenizer.json or vocab.txt), "
+            "or use --serve tensor")
     target, warnings = resolve_target_for_build(request.target, request.build_engine,
                                                 recipe.engine.hardware_compatibility)
+    if auto_precision:
+        _refuse_auto_precision_on_gpu(target.name)  # --target auto, resolved
+    if target.is_gpu:
+        from trtpack.engine.parser_opsets import opset_warning
+        from trtpack.machine.packages import tensorrt_version
+
+        opset_note = opset_warning(request.opset or recipe.opset, tensorrt_version())
+        warnings += [opset_note] if opset_note else []
     if target.is_gpu:
         warnings += check_triton_profiles(profiles, recipe, serve)
     if fallback_cpu and not target.is_gpu:
@@ -271,30 +290,21 @@ def describe_torch(source: Mapping[str, Any], request: BuildRequest, cache_dir: 
     return describe_in_process(request_data, cache_dir)
 
 
-def _check_auto_precision_target(target_name: str) -> None:
-    """``--precision auto`` times the candidates it built: on a GPU target those are fp16
-    and int8 TensorRT engines."""
-    from trtpack.machine.packages import tensorrt_available
-
-    if target_name == AUTO:
-        return  # resolved later: cpu where there is no GPU with TensorRT
-    if not resolve_target(target_name).is_gpu:
-        return
-    if not tensorrt_available():
-        raise MissingEnvironmentError(
-            f"--precision auto for --target {target_name} builds fp16 and int8 TensorRT "
-            "engines and times them on the GPU: TensorRT is not installed here",
-            hint="use --target cpu (ONNX Runtime: fp32 and int8 timed here), or a fixed "
-                 "--precision fp16 / int8 with --no-engine")
-    raise UserInputError(
-        f"--precision auto for a GPU target (--target {target_name}) is not implemented yet: "
-        "choose --precision fp16 or int8")
+def _refuse_auto_precision_on_gpu(target_name: str) -> None:
+    """``--precision auto`` times fp32 against int8 on ONNX Runtime: a CPU build's choice.
+    A GPU target is refused on every machine, also ``--target auto`` once it resolved to a
+    GPU (an int8 engine would otherwise be built untimed and called the choice)."""
+    if target_name != AUTO and resolve_target(target_name).is_gpu:
+        raise UserInputError(
+            f"--precision auto chooses between fp32 and int8 on ONNX Runtime for --target cpu "
+            f"only; for --target {target_name} choose --precision fp32, fp16 or int8")
 
 
 def check_triton_profiles(profiles: Sequence[ShapeProfile], recipe: Recipe,
                           serve: str) -> list[str]:
     """Refuse, before any work, profile sets Triton's TensorRT backend cannot serve
-    (``serving.triton_rules``): a gap between the profiles' batch ranges, and for
+    (``serving.triton_rules``): a batch from 1 to the largest max batch that no profile
+    holds (for a batched model; the dynamic batcher forms them all), and for
     ``--serve text`` no sequence length served at every batch. Warn when some sequence
     lengths are served only at some batches (clients must pad those; --serve text does)."""
     from trtpack.serving.triton_rules import (
@@ -303,7 +313,8 @@ def check_triton_profiles(profiles: Sequence[ShapeProfile], recipe: Recipe,
         partly_served_lengths_warning,
     )
 
-    problem = batch_coverage_problem(profiles) if profiles and all(
+    batched = all(spec.has_dynamic_batch for spec in recipe.input_specs())
+    problem = batch_coverage_problem(profiles, batched) if profiles and all(
         p.shapes and len(next(iter(p.shapes.values())).min) > 0 for p in profiles) else None
     if problem is not None:
         raise UserInputError(problem)

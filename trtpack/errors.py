@@ -22,6 +22,7 @@ class ExitCode:
     MISSING_ENVIRONMENT = 3
     STAGE_FAILED = 4
     INTERRUPTED = 130
+    BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports a command cut off by `| head`
 
 
 class TrtpackError(Exception):

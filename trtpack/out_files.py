@@ -18,6 +18,8 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+from trtpack.errors import UserInputError
+
 MANIFEST = ".trtpack-manifest.json"
 
 
@@ -129,6 +131,26 @@ def stale_siblings(out: Path) -> list[Path]:
     return sorted(stale)
 
 
+def make_folder(folder: Path, option: str) -> None:
+    """Create ``folder`` (and its parents) for ``option`` (``--out``, ``--dest``), or say in one
+    line why it cannot be: a parent that is a file, a place where nothing can be written
+    (``/proc``), no permission (``UserInputError``, exit 2)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise folder_error(folder, option, e) from e
+
+
+def folder_error(folder: Path, option: str, e: OSError) -> UserInputError:
+    """``e``, met while creating or writing in ``folder``, as a one-line error naming it."""
+    blocking = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if blocking is not None and not blocking.is_dir():
+        return UserInputError(f"{option} '{folder}': '{blocking}' is a file, not a folder",
+                              hint=f"choose another {option}, or move that file away")
+    return UserInputError(f"{option} '{folder}': cannot write there ({e.strerror or e})",
+                          hint=f"choose an {option} in a folder you can write")
+
+
 @contextlib.contextmanager
 def out_lock(out: Path, on_wait: Callable[[str], None]) -> Iterator[None]:
     """Hold ``.OUT.lock`` beside ``out`` (``flock``): one build writes an output folder at a
@@ -138,7 +160,10 @@ def out_lock(out: Path, on_wait: Callable[[str], None]) -> Iterator[None]:
     path = out.with_name(f".{out.name}.lock")
     said = False
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:  # /proc, a read-only file system, no permission
+            raise folder_error(out, "--out", e) from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:

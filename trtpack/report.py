@@ -14,6 +14,20 @@ REPORT = "report.json"  # every build folder's report, beside model_repository/
 StageStatus = Literal["ok", "failed", "skipped"]
 
 
+def shown_metric(value: float, threshold: float | None = None, digits: int = 4) -> str:
+    """``value`` with ``digits`` decimals, or with as many more (up to 12) as it takes to show
+    on which side of ``threshold`` it lies: 0.99999987 against 0.9999999 is not "1.0000"."""
+    text = f"{value:.{digits}f}"
+    if threshold is None or value != value:  # NaN
+        return text
+    below = value < threshold
+    for more in range(digits, 13):
+        text = f"{value:.{more}f}"
+        if (float(text) < threshold) == below:
+            return text
+    return repr(value)
+
+
 @dataclass
 class Artifact:
     name: str
@@ -48,6 +62,17 @@ class VerificationRow:
     samples: int | None = None
     worst_sample: int | None = None
     worst_text: str | None = None
+    threshold: float | None = None  # the gate's lowest passing metric value (None: not gated)
+
+    def metric_text(self) -> str:
+        """``cosine 0.99999987 < 0.9999999`` for a failed gate (the threshold beside it and
+        the digits that show the failure), ``cosine 0.9998`` for a passed one."""
+        if self.metric_value is None:
+            return ""
+        shown = shown_metric(self.metric_value, self.threshold, digits=6)
+        if self.threshold is not None and self.metric_value < self.threshold:
+            return f"{self.metric} {shown} < {self.threshold}"
+        return f"{self.metric} {shown}"
 
 
 @dataclass

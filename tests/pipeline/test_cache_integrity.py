@@ -102,7 +102,8 @@ def test_cache_verify_discards_damaged_entries_and_info_prune_report(
     assert sorted(e.stage for e in StageCache(cache).entries()) == ["cpu_model", "simplify"]
     bad = run_cli("cache", "prune", "--older-than", "soon", "--cache-dir", str(cache))
     assert bad.exit_code == 2 and "--older-than" in bad.stderr
-    assert run_cli("cache", "prune", "--cache-dir", str(cache)).exit_code == 0
+    assert run_cli("cache", "prune", "--cache-dir", str(cache)).exit_code == 2  # asks --yes
+    assert run_cli("cache", "prune", "--yes", "--cache-dir", str(cache)).exit_code == 0
     assert StageCache(cache).entries() == []
 
 

@@ -105,7 +105,7 @@ def test_minilm_int8_holds_per_sentence_on_text_it_never_saw(
     # channels (minilm's [CLS] activations, layers 0-3) in small FP32 branches
     assert cpu.metrics["int8_forms_tried"][0] == {
         "form": "every weight MatMul int8, outlier channels fp32", "passed": True,
-        "failures": []}
+        "failures": [], "status": "served"}
     assert on_integer_kernels == weight_matmuls == 36
     outliers = cpu.metrics["outlier_channels"]
     assert outliers and all(".output.dense" in layer for layer in outliers), outliers

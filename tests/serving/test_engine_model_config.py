@@ -100,13 +100,33 @@ def test_warmup_one_request_per_profile_at_opt(profiles: list) -> None:
     assert list(w1.inputs["token_type_ids"].dims) == [256]
 
 
-def test_cuda_graphs_at_each_profile_opt(profiles: list) -> None:
+def test_cuda_graphs_only_at_shapes_every_profile_holds(profiles: list) -> None:
+    """Item I. tensorrt_backend ``InitializeCudaGraph`` (``src/instance_state.cc`` lines
+    3665-3671 at e2ef6d7): "CUDA graph will be captured for every TRT contexts" -- every
+    graph spec is built on every profile's context, and ``BuildCudaGraph`` logs "Failed to
+    set cuda graph shape" for a spec outside that context's profile. Profiles 1x8:4x32:8x128
+    and 8x128:16x256:32x512 hold only batch 8 x 128 in common: one spec, there (before: one
+    spec per profile opt, 4 x 32 and 16 x 256, each failing on the other context)."""
     config = engine_model_config("minilm", engine_model_io(BERT_TENSORS), profiles,
                                  TritonSettings(cuda_graphs=True))
     cuda = config.optimization.cuda
     assert cuda.graphs
-    assert [s.batch_size for s in cuda.graph_spec] == [4, 16]
-    assert list(cuda.graph_spec[1].input["input_ids"].dim) == [256]
+    assert [s.batch_size for s in cuda.graph_spec] == [8]
+    assert list(cuda.graph_spec[0].input["input_ids"].dim) == [128]
+    ps = [p.shapes for p in profiles]
+    for spec in cuda.graph_spec:  # every context holds every spec
+        shape = (spec.batch_size, *spec.input["input_ids"].dim)
+        assert all(all(lo <= d <= hi for d, lo, hi in zip(shape, s["input_ids"].min,
+                                                           s["input_ids"].max, strict=True))
+                   for s in ps)
+
+
+def test_cuda_graphs_are_left_out_when_profiles_share_no_shape() -> None:
+    disjoint = parse_profiles(["1x8:4x32:8x64", "8x128:16x256:32x512"],
+                              resolve_model("minilm").input_specs())
+    config = engine_model_config("m", engine_model_io(BERT_TENSORS), disjoint,
+                                 TritonSettings(cuda_graphs=True))
+    assert not config.optimization.cuda.graphs and not config.optimization.cuda.graph_spec
 
 
 def test_unbatched_engine(profiles: list) -> None:

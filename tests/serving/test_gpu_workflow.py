@@ -7,6 +7,8 @@ TensorRT backend serves at every batch for every sequence length they take
 
 from __future__ import annotations
 
+import ast
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,8 @@ from trtpack.serving.triton_rules import engine_max_batch_size, served_lengths
 from trtpack.shapes import parse_profiles
 from trtpack.sources.resolve import resolve_model
 
-WORKFLOW = Path(__file__).resolve().parents[2] / ".github" / "workflows" / "gpu.yml"
+ROOT = Path(__file__).resolve().parents[2]
+WORKFLOW = ROOT / ".github" / "workflows" / "gpu.yml"
 MERGE_UPLOAD = "The minilm fp16 build folder for the merge"
 
 
@@ -74,11 +77,37 @@ def test_the_families_merged_have_one_engine_per_compute_capability() -> None:
     assert len(merged) >= 2  # merge needs two builds
 
 
+def _convert_builds() -> list[list[str]]:
+    """The arguments of every ``trtpack build`` of the convert job."""
+    script = next(s["run"] for s in _workflow()["jobs"]["convert"]["steps"]
+                  if str(s.get("name", "")).startswith("Build every model up to the engine"))
+    return [shlex.split(cmd.replace("\\\n", " ")) for cmd in script.split("trtpack build ")[1:]]
+
+
+def test_every_engine_is_built_from_the_one_converted_folder() -> None:
+    """Convert once (issue 32, item F): the convert job builds every model with
+    --no-engine on one machine, and each engine job runs ``trtpack engine`` on exactly those
+    folders, so the families merged share one ``onnx_sha256`` (``engine_builds.SAME_FIELDS``,
+    which ``trtpack merge`` checks)."""
+    jobs = _workflow()["jobs"]
+    assert jobs["engines"]["needs"] == "convert"
+    converted = {Path(args[args.index("--out") + 1]).name for args in _convert_builds()
+                 if "--no-engine" in args}
+    assert converted and all("--no-engine" in args for args in _convert_builds())
+    script = next(s["run"] for s in jobs["engines"]["steps"]
+                  if str(s.get("name", "")).startswith("Build and verify the engines"))
+    assert "trtpack build" not in script
+    loop = next(line for line in script.splitlines() if line.strip().startswith("for build in"))
+    assert set(loop.split(" in ", 1)[1].rstrip("; do").split()) == converted
+    assert 'trtpack engine "/onnx/$build" --target "$target"' in script
+    upload = next(s for s in jobs["engines"]["steps"] if s.get("name") == MERGE_UPLOAD)
+    assert any(line.strip().startswith("out/minilm-fp16/") for line in
+               upload["with"]["path"].splitlines())
+    assert "minilm-fp16" in converted
+
+
 def test_the_workflow_profiles_are_ones_triton_can_serve() -> None:
-    script = next(s["run"] for s in _workflow()["jobs"]["engines"]["steps"]
-                  if str(s.get("name", "")).startswith("Build and verify the recipes"))
-    builds = [shlex.split(cmd.replace("\\\n", " ")) for cmd in
-              script.split("trtpack build ")[1:]]
+    builds = _convert_builds()
     assert builds
     for args in builds:
         recipe = resolve_model(args[0])
@@ -91,3 +120,59 @@ def test_the_workflow_profiles_are_ones_triton_can_serve() -> None:
         taken = sorted({n for p in profiles for n in range(p.shapes[ids].min[1],
                                                            p.shapes[ids].max[1] + 1)})
         assert served_lengths(profiles, ids, engine_max_batch_size(profiles)) == taken, args
+
+
+GPU_PATH_FILES = ("pyproject.toml", "Makefile", "mk/triton.mk", "Dockerfile.ngc",
+                  ".github/workflows/gpu.yml", "trtpack/runtimes/polygraphy_setup.py",
+                  "trtpack/serving/triton_rules.py", "trtpack/serving/merge.py",
+                  "trtpack/serving/engine_builds.py", "trtpack/precision/fp16.py",
+                  "trtpack/precision/int8.py", "trtpack/pipeline/engine_from_build.py",
+                  "tests/gpu/test_engine_gpu.py")
+"""The files issue 32 (item H) named, and what ``trtpack engine`` added."""
+ENGINE_ROOMS = ("trtpack.engine", "trtpack.runtimes.tensorrt", "trtpack.runtimes.polygraphy_setup")
+
+
+def _github_glob(pattern: str) -> re.Pattern[str]:
+    """GitHub's filter patterns ("Filter pattern cheat sheet" of the workflow syntax docs):
+    ``*`` matches any character but ``/``, ``**`` any character including ``/``, ``?`` one
+    character."""
+    out = ""
+    i = 0
+    while i < len(pattern):
+        if pattern.startswith("**", i):
+            out, i = out + ".*", i + 2
+        elif pattern[i] == "*":
+            out, i = out + "[^/]*", i + 1
+        elif pattern[i] == "?":
+            out, i = out + ".", i + 1
+        else:
+            out, i = out + re.escape(pattern[i]), i + 1
+    return re.compile(out)
+
+
+def _engine_room_users() -> list[str]:
+    """Every module that imports the engine room or the TensorRT runtime: what the GPU jobs
+    run (the engine stage, packaging, merge, inspect, doctor)."""
+    users = []
+    for path in sorted((ROOT / "trtpack").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if any(n.startswith(ENGINE_ROOMS) for n in names):
+                users.append(str(path.relative_to(ROOT)))
+                break
+    return users
+
+
+def test_a_push_to_any_file_of_the_gpu_path_runs_the_gpu_workflow() -> None:
+    """Item H: GitHub runs a ``push`` workflow with ``paths`` only when a changed file
+    matches one of them (workflow syntax, ``on.<push>.paths``); the GPU path's files must
+    all match."""
+    workflow = _workflow()
+    on = workflow.get("on", workflow.get(True))  # YAML 1.1 reads the key "on" as True
+    patterns = [_github_glob(p) for p in on["push"]["paths"]]
+    files = [*GPU_PATH_FILES, *_engine_room_users()]
+    assert all((ROOT / f).is_file() for f in files), [f for f in files
+                                                     if not (ROOT / f).is_file()]
+    missed = [f for f in files if not any(p.fullmatch(f) for p in patterns)]
+    assert not missed, missed

@@ -109,7 +109,10 @@ def test_check_ensemble_finds_an_unmapped_input(minilm_text_repo: ModelRepositor
     del config.ensemble_scheduling.step[1].input_map["token_type_ids"]
     write_config(repo / "minilm_ensemble" / "config.pbtxt", config)
     assert check_ensemble(repo, "minilm_ensemble") == [
-        "minilm_ensemble: 'minilm' input 'token_type_ids' is not mapped"]
+        "minilm_ensemble: 'minilm' input 'token_type_ids' is not mapped",
+        # and the tokenizer's token_type_ids is now read by no step (Triton refuses that too)
+        "minilm_ensemble: ensemble tensor 'token_type_ids' is unused in ensemble "
+        "'minilm_ensemble' (no step reads it and it is not an ensemble output)"]
 
 
 def test_serving_options_reach_the_configs(minilm: BuiltModel, tmp_path: Path) -> None:

@@ -173,3 +173,63 @@ def test_no_served_length_is_refused() -> None:
     """Profiles whose sequence ranges never share a length at every batch."""
     with pytest.raises(UserInputError, match="no sequence length"):
         sequence_range(FIELDS, profiles("1x8:4x32:8x64", "9x128:16x256:32x512"))
+
+
+# --- issue 32, items C and E -----------------------------------------------------------------
+
+def test_profiles_not_starting_at_batch_one_are_refused() -> None:
+    """Item C. The dynamic batcher forms every batch from 1 to max_batch_size; with one
+    context, tensorrt_backend (``src/instance_state.cc`` line 1842 at e2ef6d7:
+    ``if (trt_contexts_.size() != 1)``) skips profile evaluation and a batch below the
+    profile's min fails in ``SetBindingDimensions`` ("request specifies invalid shape for
+    input", line 4293); with several, ``GetMostOptimizedProfile`` finds none ("failed to
+    find any Optimization Profile"). So batches 1-7 of 8x128:16x128:32x128 are never
+    served."""
+    problem = batch_coverage_problem(profiles("8x128:16x128:32x128"))
+    assert problem is not None and "batch 1-7" in problem
+    assert "--profile 1x128:4x128:8x128" in problem
+    # the suggested profile closes the gap
+    assert batch_coverage_problem(profiles("1x128:4x128:8x128", "8x128:16x128:32x128")) is None
+    assert batch_coverage_problem(profiles("2x128:4x128:8x128")) is not None
+    # no batcher for an unbatched model (max_batch_size 0): its requests carry their shape
+    assert batch_coverage_problem(profiles("8x128:16x128:32x128"), batched=False) is None
+
+
+def test_build_refuses_a_profile_set_without_batch_one() -> None:
+    """Item C, the Done-when line: exit 2 naming the uncovered batches and the profile to
+    add, before any work (``--no-engine``: the check runs for every GPU target)."""
+    result = run_cli("build", "tiny-bert", "--random-weights", "--target", "g5", "--no-engine",
+                     "--profile", "8x128:16x128:32x128")
+    assert result.exit_code == 2, result.output
+    assert "batch 1-7" in result.output and "1x128:4x128:8x128" in result.output
+
+
+def test_profile_selection_is_tritons_arithmetic_quirk_included() -> None:
+    """Item E. tensorrt_backend ``EvaluateTensorRTContext`` (``src/instance_state.cc`` at
+    e2ef6d7, lines 1908-1910 and 1977-1983): ``input_shape_vec[0] = total_batch_size`` and
+    then ``error_distance += std::abs(opt_dims.d[0] - total_batch_size)`` and, for
+    ``idx >= 1``, ``std::abs(opt_dims.d[idx] - input_shape_vec[idx - 1])``: the opt
+    sequence length is compared with the batch. For the GPU workflow's profiles at batch
+    8 x 128 both profiles hold the shape; Triton's sums are 0: |4-8| + |32-8| = 28 and
+    1: |16-8| + |128-8| = 128, so it runs profile 0 (a true per-dimension distance, 100
+    against 8, would say profile 1)."""
+    ps = profiles("1x8:4x32:8x128", "8x8:16x128:32x128")
+    view = triton_view(engine_model_config("m", IO, ps, TritonSettings()), ps)
+    assert view.select_profile(shapes(8, 128)) == 0
+    assert view.select_profile(shapes(9, 8)) == 1  # only profile 1 holds batch 9
+
+
+def test_no_profile_listed_means_profile_zero_alone() -> None:
+    """Item E, the default profile set: tensorrt_backend ``InitOptimizationProfiles``
+    (``src/instance_state.cc`` at e2ef6d7: "No optimization profile is set for this
+    TensorRT plan" -> ``profile_name_index.emplace_back("default", 0)``) and
+    ``ModelState::GetProfileIndices`` (``src/model_state.cc``: "If not specified then use
+    the default." -> ``profile_indices->insert(0)``): an instance group without ``profile``
+    gets one context, for profile 0."""
+    ps = profiles("1x8:4x32:8x128", "8x8:16x128:32x128")
+    config = engine_model_config("m", IO, ps, TritonSettings())
+    for group in config.instance_group:
+        del group.profile[:]
+    view = triton_view(config, ps)
+    assert view.served[1] is None and view.served[0] is not None
+    assert view.select_profile(shapes(16, 128)) is None

@@ -195,6 +195,9 @@ def test_int8_cpu_build_runs_on_integer_kernels_and_keeps_its_gates(
     assert tried[0]["form"] == "every weight MatMul int8, outlier channels fp32"
     # a later form is tried only when the one before failed its gates
     assert all(not t["passed"] for t in tried[:-1])
+    # a form a later one replaced is superseded, not failed; the last says what it was
+    assert all(t["status"] == "superseded" for t in tried[:-1])
+    assert tried[-1]["status"] == ("served" if tried[-1]["passed"] else "failed")
     if metrics["int8_passed"]:
         assert metrics["form"].startswith("int8, onnxruntime dynamic int8")
         assert metrics["form"].endswith(tried[-1]["form"]) and tried[-1]["passed"]
@@ -282,17 +285,32 @@ def test_auto_never_keeps_a_candidate_that_failed_its_gates(tiny_build: Path) ->
     assert "int8 failed its per-sample gates" in choice.reason  # type: ignore[attr-defined]
 
 
-def test_auto_on_a_gpu_target_needs_tensorrt_and_says_why(tmp_path: Path) -> None:
-    from trtpack.machine.packages import tensorrt_available
-
-    if tensorrt_available():
-        pytest.skip("TensorRT is installed here")
+def test_auto_on_a_gpu_target_is_refused_on_every_machine(tmp_path: Path) -> None:
+    """Item J of issue 32: ``--precision auto`` was stored as int8 plus a flag; on a GPU
+    machine with TensorRT it would have built an untimed INT8 engine titled "int8". Exit 2
+    with one true sentence, whether or not TensorRT is installed."""
     result = run_cli("build", "tiny-bert", "--random-weights", "--target", "g5", "--no-engine",
                      "--precision", "auto", "--out", str(tmp_path / "out"))
-    assert result.exit_code == 3, result.output
-    assert "--precision auto for --target g5 builds fp16 and int8 TensorRT engines" \
-        in result.stderr
+    assert result.exit_code == 2, result.output
+    assert "--precision auto chooses between fp32 and int8 on ONNX Runtime for --target cpu " \
+        "only; for --target g5 choose --precision fp32, fp16 or int8" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_auto_with_target_auto_resolved_to_a_gpu_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--target auto`` resolves after the precision is read: on a GPU machine with
+    TensorRT it becomes the local family. STAND-IN: there is no GPU here, so the resolution
+    is replaced by one that answers g5, as ``local_targets`` would there."""
+    import trtpack.api as api
+    from trtpack.machine.targets import resolve_target
+
+    monkeypatch.setattr(api, "resolve_target_for_build",
+                        lambda *args, **kwargs: (resolve_target("g5"), []))
+    result = run_cli("build", "tiny-bert", "--random-weights", "--target", "auto",
+                     "--no-engine", "--precision", "auto", "--out", str(tmp_path / "out"))
+    assert result.exit_code == 2, result.output
+    assert "for --target g5 choose --precision fp32, fp16 or int8" in result.stderr
 
 
 @pytest.mark.slow

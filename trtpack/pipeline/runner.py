@@ -13,10 +13,12 @@ earlier build there are replaced (``out_folder.replace_out``).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from trtpack.errors import AccuracyError, StageError, TrtpackError, UserInputError, no_space_cause
@@ -24,6 +26,7 @@ from trtpack.options import BuildOptions
 from trtpack.out_files import (
     build_files,
     files_under,
+    folder_error,
     out_lock,
     stale_siblings,
     write_manifest,
@@ -35,17 +38,37 @@ from trtpack.pipeline.out_folder import replace_out
 from trtpack.pipeline.outputs import RECIPE_FILE, write_recipe, write_report_page
 from trtpack.pipeline.stage import STAGES
 from trtpack.pipeline.stage_runs import StageRuns
-from trtpack.report import REPORT, BuildReport, StageResult
+from trtpack.report import REPORT, BuildReport, StageResult, VerificationRow
 from trtpack.stages.base import ProgressCallback, ProgressEvent
+
+
+@dataclass(frozen=True)
+class FinishedStage:
+    """A stage another build ran (``pipeline.engine_from_build``): its result, its folder and
+    the artifacts the later stages read, copied into this build instead of run again."""
+
+    result: StageResult
+    folder: Path  # the other build's artifacts/<stage>
+    artifacts: dict[str, Path]  # artifact name -> a path inside ``folder``
+    log: Path | None = None
+
+    @property
+    def key(self) -> str:
+        """What the later stages' cache keys chain on: the sha256 of its files."""
+        return ",".join(sorted(a.sha256 for a in self.result.artifacts))
 
 
 class Pipeline:
     def __init__(self, options: BuildOptions, progress: ProgressCallback | None = None,
-                 warnings: Sequence[str] = ()) -> None:
+                 warnings: Sequence[str] = (), finished: Sequence[FinishedStage] = (),
+                 finished_rows: Sequence[VerificationRow] = ()) -> None:
         self.options = options
         self.progress: ProgressCallback = progress or (lambda event: None)
         self.warnings = list(warnings)  # about the request, first in the report
         self.stages = StageRuns(options, self.progress)
+        # stages another build ran, copied in (their verification rows come with them)
+        self.finished = {f.result.name: f for f in finished}
+        self.finished_rows = list(finished_rows)
         self.current_stage: str | None = None
 
     @property
@@ -59,7 +82,10 @@ class Pipeline:
     def run(self) -> BuildReport:
         o = self.options
         out = o.out_dir.resolve()
-        out.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # a parent that is a file, a read-only place
+            raise folder_error(out, "--out", e) from e
         with out_lock(out, self._notice):
             for stale in stale_siblings(out):  # what killed builds of this OUT left
                 shutil.rmtree(stale, ignore_errors=True)
@@ -144,11 +170,17 @@ class Pipeline:
         artifacts: dict[str, Path] = {}
         logs = work / "logs"
         logs.mkdir()
-        order = self.stages.plan(report.versions)
+        order = self.stages.plan(report.versions,
+                                 {name: f.key for name, f in self.finished.items()})
         planned = {p.stage.name: p for p in order}
-        self.stages.start_ahead(order, 0, logs)
+        if order:
+            self.stages.start_ahead(order, 0, logs)
+        report.verification.extend(self.finished_rows)
         for stage in STAGES:
             if not stage.applies(o):
+                continue
+            if stage.name in self.finished:
+                self._copy_finished(self.finished[stage.name], work, artifacts, report)
                 continue
             reason = stage.skip_reason(o)
             if reason is not None:
@@ -186,15 +218,35 @@ class Pipeline:
             result.log_path = str(log_path.relative_to(work))
             if not any(stage_dir.iterdir()):
                 stage_dir.rmdir()
+            failed = [r for r in rows if not r.passed]
+            if stage.gated and failed:  # its checks failed: the stage did not succeed
+                result.status = "failed"
+                result.message += f"; {len(failed)} of {len(rows)} verification checks failed"
             report.stages.append(result)
             report.verification.extend(rows)
             report.warnings.extend(result.warnings)
             self.progress(ProgressEvent(stage.name, "end", result.message, result))
-            failed = [r for r in rows if not r.passed]
             if stage.gated and failed:
                 raise AccuracyError(
                     f"{stage.name}: {len(failed)} of the verification checks failed", failed
                 )
+
+
+    def _copy_finished(self, finished: FinishedStage, work: Path, artifacts: dict[str, Path],
+                       report: BuildReport) -> None:
+        stage_dir = work / "artifacts" / finished.result.name
+        shutil.copytree(finished.folder, stage_dir)  # copies: onnx refuses linked weights
+        artifacts.update({name: stage_dir / path.relative_to(finished.folder)
+                          for name, path in finished.artifacts.items()})
+        log_path = work / "logs" / f"{finished.result.name}.log"
+        if finished.log is not None and finished.log.is_file():
+            shutil.copyfile(finished.log, log_path)
+        result = dataclasses.replace(
+            finished.result, log_path=str(log_path.relative_to(work)),
+            message=f"{finished.result.message} (copied from {finished.folder.parent.parent})")
+        report.stages.append(result)
+        report.warnings.extend(result.warnings)
+        self.progress(ProgressEvent(result.name, "end", result.message, result))
 
 
 def build(options: BuildOptions, progress: ProgressCallback | None = None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -48,13 +49,20 @@ class StageRuns:
         self.cache = StageCache(options.cache_dir)
         self.processes: dict[str, StageProcess] = {}
 
-    def plan(self, versions: dict[str, str | None]) -> list[PlannedStage]:
-        """The stages that will run, each with its key and whether the cache has it."""
+    def plan(self, versions: dict[str, str | None],
+             finished: Mapping[str, str] | None = None) -> list[PlannedStage]:
+        """The stages that will run, each with its key and whether the cache has it.
+        ``finished``: stages another build ran (name -> the sha256 of their files), which
+        are copied in, not run; the later keys chain on those files."""
         o = self.options
         planned: list[PlannedStage] = []
         upstream = ""
         for stage in STAGES:
             if not stage.applies(o) or stage.skip_reason(o) is not None:
+                continue
+            if finished and stage.name in finished:
+                upstream = stage_key(stage.name, {"finished": finished[stage.name]}, upstream,
+                                     versions)
                 continue
             module = stage.load()
             upstream = stage_key(stage.name, module.fingerprint(o), upstream, versions)

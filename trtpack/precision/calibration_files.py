@@ -25,16 +25,52 @@ def file_sha256(path: Path) -> str:
         raise UserInputError(f"cannot read calibration file {path}: {e.strerror}") from None
 
 
-def _check_file(path: Path) -> None:
+KINDS = ("a text file (one sample a line), a .jsonl with a \"text\" field on each line, or a "
+         ".npz of input arrays")
+JSONL_SUFFIX = ".jsonl"
+JSONL_FIELD = "text"
+
+
+def check_calibration_path(path: Path) -> None:
+    """A calibration path that is missing or not a file (a folder) is the user's error."""
+    if path.is_dir():
+        raise UserInputError(f"--calibration '{path}' is a folder; give a file: {KINDS}")
     if not path.exists():
-        raise UserInputError(f"calibration file {path} does not exist")
+        raise UserInputError(f"calibration file '{path}' does not exist")
     if not path.is_file():
-        raise UserInputError(f"calibration path {path} is not a file")
+        raise UserInputError(f"--calibration '{path}' is not a regular file; give {KINDS}")
+
+
+def jsonl_texts(path: Path, text: str) -> list[str]:
+    """The ``"text"`` field of each line of a JSON Lines file (``{"text": "..."}``, as
+    Hugging Face datasets write them); a line without one is the user's error, named."""
+    import json
+
+    samples = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as e:
+            raise UserInputError(f"calibration file {path}, line {number}: not JSON ({e}); a "
+                                 f".jsonl holds one JSON object a line") from None
+        value = record.get(JSONL_FIELD) if isinstance(record, dict) else None
+        if not isinstance(value, str):
+            keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
+            raise UserInputError(
+                f"calibration file {path}, line {number}: no \"{JSONL_FIELD}\" string field "
+                f"(found: {keys or 'nothing'})",
+                hint="write one {\"text\": \"...\"} object a line, or give a plain text file "
+                "with one sample a line")
+        samples.append(value)
+    return samples
 
 
 def read_text_samples(path: Path) -> list[str]:
-    """Non-blank lines of a UTF-8 text file, stripped; a file without any is a user error."""
-    _check_file(path)
+    """Non-blank lines of a UTF-8 text file, stripped, or the ``"text"`` field of each line of
+    a ``.jsonl``; a file without any is a user error."""
+    check_calibration_path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
@@ -44,7 +80,9 @@ def read_text_samples(path: Path) -> list[str]:
         ) from None
     except OSError as e:
         raise UserInputError(f"cannot read calibration file {path}: {e.strerror}") from None
-    samples = [line.strip() for line in text.splitlines()]
+    lines = jsonl_texts(path, text) if path.suffix.lower() == JSONL_SUFFIX \
+        else text.splitlines()
+    samples = [line.strip() for line in lines]
     samples = [s for s in samples if s and "\x00" not in s]
     if not samples:
         raise UserInputError(
@@ -79,7 +117,7 @@ def read_npz_arrays(path: Path) -> dict[str, np.ndarray]:
 
 def read_npz_samples(path: Path, recipe: Recipe) -> tuple[dict[str, np.ndarray], list[str]]:
     """One array per model input with samples along axis 0, validated against the recipe."""
-    _check_file(path)
+    check_calibration_path(path)
     warnings: list[str] = []
     arrays = read_npz_arrays(path)
     specs = recipe.input_specs()

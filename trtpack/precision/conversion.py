@@ -24,7 +24,7 @@ from trtpack.options import BuildOptions
 from trtpack.precision.metrics import AttemptSummary, Fp16Metrics, Int8Metrics
 from trtpack.precision.modelopt_jobs import ModelOptJob, ModelOptWorker
 from trtpack.precision.source import resolve_node_patterns
-from trtpack.report import VerificationRow
+from trtpack.report import VerificationRow, shown_metric
 
 WORKER_TIMEOUT_SECONDS = 4 * 3600
 
@@ -78,6 +78,12 @@ class Attempt:
     def worst(self) -> float | None:
         values = [r.metric_value for r in self.rows if r.metric_value is not None]
         return min(values) if values else None
+
+    @property
+    def threshold(self) -> float | None:
+        """The gate of its worst row (what ``worst`` is judged against)."""
+        scored = [r for r in self.rows if r.metric_value is not None]
+        return min(scored, key=lambda r: r.metric_value or 0.0).threshold if scored else None
 
     def summary(self) -> AttemptSummary:
         return AttemptSummary(
@@ -266,8 +272,9 @@ class Conversion:
                             warnings=self.warnings, message=message)
 
 
-def format_metric(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.4f}"
+def format_metric(value: float | None, threshold: float | None = None) -> str:
+    """Four decimals, or the digits that show on which side of ``threshold`` it lies."""
+    return "n/a" if value is None else shown_metric(value, threshold)
 
 
 def worst_metric(rows: Sequence[VerificationRow]) -> float | None:

@@ -168,8 +168,9 @@ def int8_fallback(conv: FallbackHost, first: Attempt, user_excluded: list[str],
         history.append(SearchRound(rounds, round(margin, 4), len(selection.quantized_groups),
                                    len(excluded), final.summary(),
                                    not failing if consulted else None))
+        worst = format_metric(final.worst, final.threshold)
         conv.ctx.progress(f"fallback round {rounds}: {len(selection.excluded)} nodes kept "
-                          f"in {s.high_precision}, worst sample {format_metric(final.worst)}, "
+                          f"in {s.high_precision}, worst sample {worst}, "
                           f"{'passed' if final.passed else 'failed'}"
                           + (f", check split: {len(failing)} failing" if consulted else ""))
         if final.passed and not failing:

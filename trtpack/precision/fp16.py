@@ -90,7 +90,7 @@ class Fp16Conversion(Conversion):
                     break
                 added.extend(new)
                 self.ctx.progress(f"fallback round {rounds}: {len(added)} nodes kept in FP32 "
-                                  f"(worst metric {format_metric(final.worst)})")
+                                  f"(worst metric {format_metric(final.worst, final.threshold)})")
                 final = self.convert(f"fallback{rounds}", [*user_nodes, *added])
         overlay = None
         if added and final.passed:
@@ -105,10 +105,11 @@ class Fp16Conversion(Conversion):
             fallback=FallbackSummary(self.options.fallback, rounds),
             keep_io_types=s.keep_io_types, kept_fp32_out_of_range=self.range_nodes())
         message = (f"fp16: {stats['matmul_gemm_low_precision']}/{stats['matmul_gemm_nodes']} "
-                   f"MatMul/Gemm in FP16, worst metric {format_metric(final.worst)}")
+                   f"MatMul/Gemm in FP16, worst metric "
+                   f"{format_metric(final.worst, final.threshold)}")
         if added:
             message += (f" ({len(added)} nodes kept in FP32 by fallback, was "
-                        f"{format_metric(first.worst)})")
+                        f"{format_metric(first.worst, first.threshold)})")
         return self.finish(final, metrics, overlay, message)
 
     def _case_pass(self, attempt: Attempt) -> list[bool]:

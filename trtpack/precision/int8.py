@@ -270,7 +270,8 @@ class Int8Conversion(Conversion):
             high_precision=s.high_precision, kept_layers=[self.display(n) for n in added])
         message = int8_message(stats, self.method, cal, final.worst, held, final is not first,
                                first.worst, search.check_consultations,
-                               [self.display(n) for n in added], s.high_precision)
+                               [self.display(n) for n in added], s.high_precision,
+                               final.threshold)
         rows = list(final.rows)
         if auto:
             rows += heldout_rows  # the held-out split gates the build

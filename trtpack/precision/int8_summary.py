@@ -38,21 +38,22 @@ def check_int8_share(stats: dict[str, Any], min_share: float) -> None:
 def int8_message(stats: dict[str, Any], method: str, cal: CalibrationData,
                  worst: float | None, held: SplitSummary | None, fell_back: bool,
                  first_worst: float | None, check_consultations: int, kept: list[str],
-                 high_precision: str) -> str:
+                 high_precision: str, threshold: float | None = None) -> str:
     """The stage's one line: the share quantized, the calibration, the worst samples, the
-    fallback and the layers it kept (``kept``: their display names)."""
+    fallback and the layers it kept (``kept``: their display names); ``threshold``: the
+    gate, for the digits that show a value's side of it."""
     text = {"default text": "trtpack's default text", "synthetic": "SYNTHETIC inputs"}.get(
         cal.source, str(cal.path.name) if cal.path else cal.source)
     message = (f"int8: {stats['matmul_gemm_low_precision']}/{stats['matmul_gemm_nodes']} "
                f"MatMul/Gemm quantized ({stats['matmul_gemm_share']:.0%}, {method} "
-               f"calibration on {text}), worst sample {format_metric(worst)}")
+               f"calibration on {text}), worst sample {format_metric(worst, threshold)}")
     if held:
-        message += (f", held-out worst {format_metric(held.worst)} "
-                    f"(mean {format_metric(held.mean)})")
+        message += (f", held-out worst {format_metric(held.worst, threshold)} "
+                    f"(mean {format_metric(held.mean, threshold)})")
         if held.worst_text:
             message += f" on \"{held.worst_text}\""
     if fell_back:
-        message += f" (fallback; was {format_metric(first_worst)})"
+        message += f" (fallback; was {format_metric(first_worst, threshold)})"
     if check_consultations:
         message += f"; check split consulted {check_consultations}x"
     if kept:

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from trtpack.report import BuildReport
+from trtpack.report import BuildReport, shown_metric
 from trtpack.report_page.charts import (
     benchmark_chart,
     sensitivity_chart,
@@ -22,7 +22,7 @@ from trtpack.report_page.charts import (
 )
 
 KNOWN_ROW_KEYS = ("check", "profile", "corner", "shapes", "output", "max_abs_diff",
-                  "max_rel_diff", "metric", "metric_value", "passed", "reason")
+                  "max_rel_diff", "metric", "metric_value", "passed", "reason", "threshold")
 
 
 # --- tables ----------------------------------------------------------------------------------
@@ -69,7 +69,8 @@ def verification_table(report: BuildReport) -> str:
                "max rel diff", "metric", *[k.replace("_", " ") for k in extra], "result"]
     body = []
     for r in rows:
-        metric = "" if r["metric_value"] is None else f"{r['metric']} {r['metric_value']:.6f}"
+        metric = "" if r["metric_value"] is None else \
+            f"{r['metric']} {shown_metric(r['metric_value'], r.get('threshold'), digits=6)}"
         result = ('<span class="pass">pass</span>' if r["passed"] else
                   f'<span class="fail">FAIL</span> {html.escape(r["reason"])}')
         body.append([html.escape(r["check"]), r["profile"], html.escape(r["corner"]),
@@ -130,7 +131,7 @@ def benchmark_section(bench: dict[str, Any]) -> str:
 
 def int8_section(report: BuildReport) -> str:
     stage = report.stage("precision")
-    if stage is None or stage.status != "ok" or stage.metrics.get("precision") != "int8":
+    if stage is None or stage.status == "skipped" or stage.metrics.get("precision") != "int8":
         return ""
     m = stage.metrics
     kept = list(m.get("excluded_by_fallback") or [])

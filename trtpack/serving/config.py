@@ -18,7 +18,11 @@ from typing import Any, Literal
 from trtpack.engine.provenance import PLAN_FILENAME
 from trtpack.errors import UserInputError
 from trtpack.model_io import NUMPY_TO_TRITON, ModelIO, TensorIO
-from trtpack.serving.triton_rules import engine_max_batch_size, preferred_batch_sizes
+from trtpack.serving.triton_rules import (
+    engine_max_batch_size,
+    preferred_batch_sizes,
+    shared_graph_shapes,
+)
 from trtpack.shapes import ShapeProfile
 from trtpack.sources.recipe import TritonSettings
 
@@ -155,7 +159,9 @@ def engine_model_config(name: str, engine_io: ModelIO, profiles: Sequence[ShapeP
     - dynamic batching with the profiles' opt batches above 1 and the max batch as
       preferred sizes;
     - ``settings.warmup``: one warm-up request per profile at its opt shape (``add_warmup``);
-    - ``settings.cuda_graphs``: CUDA graphs captured at each profile's opt shape.
+    - ``settings.cuda_graphs``: CUDA graphs at the shapes every profile holds (each
+      profile's opt clamped into them, ``triton_rules.shared_graph_shapes``): Triton
+      captures every spec on every profile's context; none when the profiles share none.
     """
     if not profiles:
         raise UserInputError("an engine config needs at least one profile")
@@ -168,14 +174,25 @@ def engine_model_config(name: str, engine_io: ModelIO, profiles: Sequence[ShapeP
     batched = mbs > 0
     if settings.warmup:
         add_warmup(config, engine_io, profiles)
-    if settings.cuda_graphs:
+    graph_shapes = shared_graph_shapes(profiles) if settings.cuda_graphs else []
+    if graph_shapes:
         cuda = config.optimization.cuda
         cuda.graphs = True
-        for profile in profiles:
-            spec = cuda.graph_spec.add(batch_size=_opt_batch(profile, mbs) if batched else 0)
+        for shape in graph_shapes:
+            first = next(iter(shape.values()))
+            spec = cuda.graph_spec.add(batch_size=min(first[0], mbs) if batched else 0)
             for t in engine_io.inputs:
-                spec.input[t.name].dim.extend(_opt_dims(profile, t, batched))
+                named = shape.get(t.name)
+                spec.input[t.name].dim.extend(
+                    _opt_dims(profiles[0], t, batched) if named is None
+                    else named[1:] if batched else named)
     return config
+
+
+CUDA_GRAPHS_NOT_WRITTEN = (
+    "cuda_graphs: no graph written, since the profiles hold no shape in common and Triton's "
+    "TensorRT backend captures every graph spec on every profile's context (a spec outside "
+    "a profile fails there); use one profile, or profiles that share a shape")
 
 
 def python_model_config(name: str, io: ModelIO, profiles: Sequence[ShapeProfile],

@@ -33,11 +33,16 @@ class EnsembleStep:
 def text_ensemble_steps(tokenizer: str, model: str, model_io: ModelIO,
                         fields: Mapping[str, TokenField], post: str | None,
                         postprocessing: Postprocessing | None) -> list[EnsembleStep]:
-    """Tensors keep their member names inside the ensemble (TEXT, input_ids, ...)."""
+    """Tensors keep their member names inside the ensemble (TEXT, input_ids, ...). With a
+    post-processing step, the model step maps only the output that step reads: Triton
+    refuses an ensemble tensor that no step consumes and that is not an ensemble output
+    (``check_ensemble``)."""
+    outputs = [postprocessing.values] if post is not None and postprocessing is not None \
+        else model_io.outputs
     steps = [
         EnsembleStep(tokenizer, {TEXT_INPUT: TEXT_INPUT}, {n: n for n in fields}),
         EnsembleStep(model, {t.name: t.name for t in model_io.inputs},
-                     {t.name: t.name for t in model_io.outputs}),
+                     {t.name: t.name for t in outputs}),
     ]
     if post is not None and postprocessing is not None:
         values, mask = postprocessing.values, postprocessing.mask
@@ -85,7 +90,10 @@ def check_ensemble(repository: Path, name: str) -> list[str]:
 
     Checks each member exists and its max_batch_size covers the ensemble's, every mapped
     name is a real input/output of the member, every tensor is produced once before it is
-    read, and producer and consumer agree on type and dims.
+    read, producer and consumer agree on type and dims, and every tensor is read by a step
+    or is an ensemble output: Triton core's ``ValidateEnsembleSchedulingConfig``
+    (``src/model_config_utils.cc``, "Check redundant ensemble tensors", line 275 at
+    73aad7c) fails the load with "ensemble tensor 'X' is unused in ensemble 'Y'".
     """
     config = read_config(repository / name / CONFIG_FILE)
     problems: list[str] = []
@@ -95,6 +103,8 @@ def check_ensemble(repository: Path, name: str) -> list[str]:
     known: dict[str, tuple[str, list[int], str]] = {
         n: (d, dims, "ensemble input") for n, (d, dims) in _tensors(config, "input").items()
     }
+    read = {tensor for step in config.ensemble_scheduling.step
+            for tensor in step.input_map.values()}
     for step in config.ensemble_scheduling.step:
         member_path = repository / step.model_name / CONFIG_FILE
         if not member_path.is_file():
@@ -128,7 +138,11 @@ def check_ensemble(repository: Path, name: str) -> list[str]:
             if tensor in known:
                 problems.append(f"{name}: '{tensor}' is produced twice")
             known[tensor] = (*m_out[member_output], f"'{step.model_name}'")
-    for out_name, (dtype, dims) in _tensors(config, "output").items():
+    declared_outputs = _tensors(config, "output")
+    for tensor in sorted(set(known) - read - set(declared_outputs)):
+        problems.append(f"{name}: ensemble tensor '{tensor}' is unused in ensemble '{name}' "
+                        "(no step reads it and it is not an ensemble output)")
+    for out_name, (dtype, dims) in declared_outputs.items():
         if out_name not in known:
             problems.append(f"{name}: output '{out_name}' is produced by no step")
         elif known[out_name][0] != dtype or not _dims_agree(known[out_name][1], dims):

@@ -69,9 +69,14 @@ def labels_from_config(model_config_json: Path | None, count: int) -> tuple[str,
 
 
 def classification_function(model_config_json: Path | None, count: int) -> PostprocessMode:
-    """transformers' ``TextClassificationPipeline`` rule: ``problem_type`` regression -> the
-    raw scores; multi-label, or a single logit (rerankers, binary heads with one output) ->
-    sigmoid; otherwise softmax."""
+    """transformers' ``TextClassificationPipeline.postprocess`` with no ``function_to_apply``
+    (``transformers/pipelines/text_classification.py`` lines 183-193, transformers 5.24):
+    ``problem_type == "regression"`` -> the raw scores; ``multi_label_classification`` or
+    one label -> sigmoid (so a one-logit head whose config.json names no problem_type, a
+    reranker, gets sigmoid); ``single_label_classification`` or more labels -> softmax.
+    (Its last branches, the config's ``function_to_apply`` and none, are reached only with
+    no labels.) ``tests/serving/test_postprocess_rules.py`` checks each branch against the
+    pipeline itself."""
     problem_type = None
     if model_config_json is not None and model_config_json.is_file():
         try:

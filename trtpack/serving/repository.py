@@ -28,6 +28,7 @@ from trtpack.model_io import ModelIO, model_io_from_onnx
 from trtpack.options import Serve
 from trtpack.serving.config import (
     CONFIG_FILE,
+    CUDA_GRAPHS_NOT_WRITTEN,
     ENGINE_PLATFORM,
     ONNX_PLATFORM,
     InstanceKind,
@@ -62,6 +63,7 @@ from trtpack.serving.tokenizer_model import (
     tokenizer_io,
     vendor_tokenizers,
 )
+from trtpack.serving.triton_rules import shared_graph_shapes
 from trtpack.shapes import ShapeProfile
 from trtpack.sources.recipe import Recipe, TritonSettings
 from trtpack.sources.tokenizer_files import VOCABULARY_FILES, has_tokenizer
@@ -152,6 +154,8 @@ def write_model_repository(
     warnings: list[str] = []
     if settings.cuda_graphs and not engine:
         warnings.append("cuda_graphs is a TensorRT option; this repository has no engine")
+    elif settings.cuda_graphs and not shared_graph_shapes(profiles):
+        warnings.append(CUDA_GRAPHS_NOT_WRITTEN)
     dest.mkdir(parents=True, exist_ok=True)
     models: list[ServedModel] = []
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trtpack.errors import UserInputError
-from trtpack.out_files import record_files
+from trtpack.out_files import make_folder, record_files
 from trtpack.serving.sagemaker_archives import (
     SageMakerArchive,
     SageMakerPackage,
@@ -45,7 +45,7 @@ def package_sagemaker(path: Path, dest: Path | None = None, *,
     if dest.resolve().is_relative_to(repository.resolve()):
         raise UserInputError(f"--dest {dest} is inside the model repository {repository}")
     configs = model_configs(repository)
-    dest.mkdir(parents=True, exist_ok=True)
+    make_folder(dest, "--dest")
     archives = []
     for entry, models in archive_contents(repository):
         archive = dest / f"{entry}.tar.gz"

@@ -96,9 +96,12 @@ def container_section(serving: TritonServing | None, shared: dict[str, list[str]
                      "Triton's TensorRT backend refuses such engines without it.")
     if shared:
         model, names = next(iter(shared.items()))
+        others = [f"`{m}`" for m in list(shared)[1:]]
+        more = "" if not others else (f" (so is {others[0]})" if len(others) == 1 else
+                                      f" (so are {', '.join(others[:-1])} and {others[-1]})")
         lines.append(f"- `--model-namespacing=true`: SageMaker registers each archive as a "
-                     f"repository of its own, and `{model}` is in {' and '.join(names)} (as are "
-                     f"{len(shared) - 1} other model(s)); Triton refuses two models of one name "
+                     f"repository of its own, and `{model}` is in {' and '.join(names)}{more}; "
+                     "Triton refuses two models of one name "
                      "across repositories unless namespacing is on (the SageMaker entrypoint "
                      "turns it on by default since server PR #5540; the flag is repeated here "
                      "in case `SAGEMAKER_TRITON_DISABLE_MODEL_NAMESPACING` is set).")
@@ -151,11 +154,11 @@ def sagemaker_note(package: SageMakerPackage, configs: dict[str, Any]) -> str:
         deps = (
             "\n## Python-backend models\n\n"
             f"{', '.join(f'`{n}`' for n in python)} run in the container's Python and need "
-            "`numpy` and `tokenizers`. `tokenizers` is not part of Triton's Python backend: "
-            "unless the image has it, pack an environment with conda-pack (the Python version "
-            "of the image's backend stub), put it in the model folder and point the model at "
-            "it with the `EXECUTION_ENV_PATH` parameter "
-            "(`$$TRITON_MODEL_DIRECTORY/env.tar.gz`).\n"
+            "`numpy` (Triton's Python backend has it) and `tokenizers`, which the build "
+            "copied into the tokenizer model's `1/vendor/` folder (PyPI's abi3 Linux build "
+            "serves the images' Python 3.10 and 3.12): nothing to install. Only when the "
+            "build warned that it could not carry `tokenizers` (a non-abi3 or non-Linux "
+            "install) does the image's Python need it.\n"
         )
     return (
         "# SageMaker multi-model endpoint archives\n\n"

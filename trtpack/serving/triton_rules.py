@@ -1,24 +1,29 @@
 """Triton's TensorRT-backend rules for shape profiles, mirrored in pure Python.
 
-Triton's TensorRT backend (``triton-inference-server/tensorrt_backend``, ``src/instance_state.cc``)
-makes one execution context per optimization profile listed in the instance group and, at
-load time, runs ``TRTv3Interface::ConfigureInputDimensions`` for every input of every
-context: the config's dims with the batch dimension set to ``max_batch_size`` are checked
-against the profile (``ValidateDimension`` with the batch as a wildcard), each wildcard dim
-becomes the profile's max and the batch becomes ``min(profile max batch, max_batch_size)``
+Read in ``triton-inference-server/tensorrt_backend`` at commit e2ef6d7 (main, 2026-07-17).
+Triton's TensorRT backend (``src/instance_state.cc``) makes one execution context per
+optimization profile listed in the instance group (``InitOptimizationProfiles``; none
+listed: profile 0 alone, named "default", and ``model_state.cc``'s ``GetProfileIndices``
+likewise defaults to ``{0}``) and, at load time, runs
+``TRTv3Interface::ConfigureInputDimensions`` for every input of every context: the config's
+dims with the batch dimension set to ``max_batch_size`` are checked against the profile
+(``ValidateDimension`` with the batch as a wildcard), each wildcard dim becomes the
+profile's max and the batch becomes ``min(profile max batch, max_batch_size)``
 (``MaximumDims`` and the "WAR" after it), and ``setBindingDimensions`` of that shape must
 succeed, so it must not be below the profile's min: a profile whose min batch is above
-``max_batch_size`` fails the whole model's load. At run time
-``GetMostOptimizedProfile``/``EvaluateTensorRTContext`` pick, for a batch the dynamic
-batcher formed, the context whose [min, max] holds every input shape and whose opt is
-nearest (sum of absolute differences; the first profile wins ties); a shape no profile
-holds is an error for that request. The dynamic batcher forms any batch from 1 to
-``max_batch_size`` out of requests of the same non-batch shape.
+``max_batch_size`` fails the whole model's load. At run time, with more than one context,
+``GetMostOptimizedProfile`` (line 1832) keeps the first context of the smallest
+``EvaluateTensorRTContext`` distance among those whose [min, max] holds every input shape;
+that distance is Triton's own arithmetic, quirk included (``triton_distance``). With one
+context nothing is evaluated: a shape outside its profile fails in
+``SetBindingDimensions`` ("request specifies invalid shape", line 4293). The dynamic
+batcher forms any batch from 1 to ``max_batch_size`` out of requests of the same
+non-batch shape.
 
 ``triton_view`` applies these rules to a written ``config.pbtxt`` and the engine's
-profiles; ``batch_coverage_problem`` is the build-time refusal of profile sets that no
-``max_batch_size`` lets Triton serve; ``served_lengths`` is what a text model's tokenizer
-may pad to so that any batch the batcher forms has a profile.
+profiles; ``batch_coverage_problem`` is the build-time refusal of profile sets that leave
+some batch from 1 to ``max_batch_size`` to no profile; ``served_lengths`` is what a text
+model's tokenizer may pad to so that any batch the batcher forms has a profile.
 """
 
 from __future__ import annotations
@@ -50,7 +55,10 @@ class TritonView:
         return not self.load_errors
 
     def select_profile(self, shapes: dict[str, Shape]) -> int | None:
-        """The profile Triton runs a batch of these input shapes on, or None (an error)."""
+        """The profile Triton runs a batch of these input shapes on, or None (an error):
+        among the profiles whose [min, max] holds every shape, the first of the smallest
+        ``triton_distance`` (``GetMostOptimizedProfile``: ``current_distance <
+        shortest_distance``, contexts in profile order)."""
         if self.max_batch_size > 0 and any(s[0] > self.max_batch_size
                                            for s in shapes.values()):
             return None
@@ -64,8 +72,8 @@ class TritonView:
                 if len(shape) != len(low) or any(
                         not lo <= d <= hi for d, lo, hi in zip(shape, low, high, strict=True)):
                     break
-                distance += sum(abs(d - o) for d, o in zip(shape, self.opt[index][name],
-                                                           strict=True))
+                distance += triton_distance(self.opt[index][name], shape,
+                                            batched=self.max_batch_size > 0)
             else:
                 if best is None or distance < best[0]:
                     best = (distance, index)
@@ -87,9 +95,27 @@ class TritonView:
         return found
 
 
-def _config_profiles(config: Any, count: int) -> list[int]:
+def triton_distance(opt: Shape, shape: Shape, batched: bool) -> int:
+    """``EvaluateTensorRTContext``'s distance of one input (tensorrt_backend
+    ``src/instance_state.cc``, lines 1908-1910 and 1977-1983 at e2ef6d7): with batching,
+    the request's shape vector holds the full shape with its first entry replaced by the
+    batch (``input_shape_vec[0] = total_batch_size``), and the sum is
+    ``|opt[0] - batch| + sum over idx >= 1 of |opt[idx] - input_shape_vec[idx - 1]|``: the
+    index is off by one, so opt's second dimension (the sequence length of a text model)
+    is compared with the batch, not with the request's own second dimension. Without
+    batching the vector is the request's shape and the batch is 1 (one request)."""
+    vec = list(shape)
+    batch = shape[0] if batched else 1
+    if batched:
+        vec[0] = batch
+    return abs(opt[0] - batch) + sum(abs(opt[idx] - vec[idx - 1]) for idx in range(1, len(opt)))
+
+
+def _config_profiles(config: Any) -> list[int]:
+    """The profiles an instance gets a context for: those listed in the instance groups,
+    else profile 0 alone (``InitOptimizationProfiles``: ``("default", 0)``)."""
     listed = [int(p) for group in config.instance_group for p in group.profile]
-    return sorted(set(listed)) if listed else list(range(count))
+    return sorted(set(listed)) if listed else [0]
 
 
 def triton_view(config: Any, profiles: Sequence[ShapeProfile]) -> TritonView:
@@ -99,7 +125,7 @@ def triton_view(config: Any, profiles: Sequence[ShapeProfile]) -> TritonView:
     errors: list[str] = []
     served: list[dict[str, tuple[Shape, Shape]] | None] = []
     opts: list[dict[str, Shape]] = []
-    used = _config_profiles(config, len(profiles))
+    used = _config_profiles(config)
     for index, profile in enumerate(profiles):
         opts.append({name: r.opt for name, r in profile.shapes.items()})
         if index not in used:
@@ -150,10 +176,20 @@ def engine_max_batch_size(profiles: Sequence[ShapeProfile]) -> int:
     return max(_batch(p)[2] for p in profiles)
 
 
-def batch_coverage_problem(profiles: Sequence[ShapeProfile]) -> str | None:
-    """Why Triton cannot serve these profiles' batch ranges, or None: between the smallest
-    min batch and the largest max batch every batch must fall in some profile's range."""
+def batch_coverage_problem(profiles: Sequence[ShapeProfile], batched: bool = True) -> str | None:
+    """Why Triton cannot serve these profiles' batch ranges, or None: every batch from 1
+    (``batched``: the dynamic batcher forms any batch from 1 to ``max_batch_size``; else
+    from the smallest min batch) to the largest max batch must fall in some profile's
+    range."""
     ranges = sorted((_batch(p)[0], _batch(p)[2]) for p in profiles)
+    first = min(profiles, key=lambda p: _batch(p)[0])
+    if batched and ranges[0][0] > 1:
+        low = ranges[0][0]
+        return (f"the profiles' batch ranges leave batch 1"
+                f"{'' if low == 2 else f'-{low - 1}'} to no profile: {RULE} "
+                f"({_ranges_text(ranges)}), and a request below batch {low} fails "
+                f"(\"request specifies invalid shape\"); add a profile that starts at batch 1, "
+                f"e.g. --profile {_profile_from_batch_one(first, low)}")
     reach = ranges[0][1]
     for low, high in ranges[1:]:
         if low > reach + 1:
@@ -163,6 +199,19 @@ def batch_coverage_problem(profiles: Sequence[ShapeProfile]) -> str | None:
                     f"profile at batch {reach + 1}")
         reach = max(reach, high)
     return None
+
+
+def _profile_from_batch_one(profile: ShapeProfile, up_to: int) -> str:
+    """``profile``'s shapes with the batch range 1..``up_to``, as a ``--profile`` value."""
+    def text(r: Any) -> str:
+        opt_batch = max(1, up_to // 2)
+        return ":".join("x".join(str(d) for d in (b, *s[1:]))
+                        for b, s in ((1, r.min), (opt_batch, r.opt), (up_to, r.max)))
+
+    parts = {name: text(r) for name, r in profile.shapes.items()}
+    if len(set(parts.values())) == 1:
+        return next(iter(parts.values()))
+    return ",".join(f"{name}={t}" for name, t in parts.items())
 
 
 def _ranges_text(ranges: Sequence[tuple[int, int]]) -> str:
@@ -266,3 +315,27 @@ def engine_file(config: Any, compute_capability: tuple[int, int]) -> str:
     if key in config.cc_model_filenames:
         return str(config.cc_model_filenames[key])
     return str(config.default_model_filename or PLAN_FILENAME)
+
+
+def shared_graph_shapes(profiles: Sequence[ShapeProfile]) -> list[dict[str, Shape]]:
+    """The CUDA-graph shapes every profile's context can capture: each profile's opt shape
+    clamped into the shapes that every profile holds, without repeats; empty when the
+    profiles hold no shape in common. tensorrt_backend ``InitializeCudaGraph``
+    (``src/instance_state.cc`` line 3667 at e2ef6d7) captures every graph spec on every
+    context ("CUDA graph will be captured for every TRT contexts"), and a spec outside a
+    context's profile fails there with "Failed to set cuda graph shape" (an error logged
+    per spec and context, ``BuildCudaGraph``)."""
+    names = [n for n in profiles[0].shapes if all(n in p.shapes for p in profiles)]
+    low = {n: [max(d) for d in zip(*(p.shapes[n].min for p in profiles), strict=True)]
+           for n in names}
+    high = {n: [min(d) for d in zip(*(p.shapes[n].max for p in profiles), strict=True)]
+            for n in names}
+    if any(lo > hi for n in names for lo, hi in zip(low[n], high[n], strict=True)):
+        return []
+    shapes: list[dict[str, Shape]] = []
+    for p in profiles:
+        shape = {n: tuple(min(max(d, lo), hi) for d, lo, hi in
+                          zip(p.shapes[n].opt, low[n], high[n], strict=True)) for n in names}
+        if shape not in shapes:
+            shapes.append(shape)
+    return shapes

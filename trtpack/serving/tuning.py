@@ -102,7 +102,14 @@ def model_analyzer_config(repo: ModelRepository, model: str, profiles: Sequence[
         if batched else [1]
     delays = sorted({0, settings.max_queue_delay_us, 100, 500, 1000})
     counts = sorted({1, 2, settings.instance_count})
-    params: dict[str, Any] = {"instance_group": [{"kind": kind, "count": counts}]}
+    group: dict[str, Any] = {"kind": kind, "count": counts}
+    # Model Analyzer replaces a list-valued field whole (base_model_config_generator.py,
+    # _apply_value_to_dict), so a group without the profiles would serve profile 0 alone;
+    # a list of strings is one value of the repeated field, not a sweep (ConfigSweep)
+    listed = [str(p) for g in config.instance_group for p in g.profile]
+    if listed:
+        group["profile"] = listed
+    params: dict[str, Any] = {"instance_group": [group]}
     if batched:
         params["max_batch_size"] = [mbs]
         params["dynamic_batching"] = {"max_queue_delay_microseconds": delays}

@@ -12,6 +12,8 @@ from typing import Any
 
 HIDDEN_SIZE_KEYS = ("hidden_size", "dim", "n_embd", "d_model")
 """config.json keys that hold a text model's hidden size, in the order they are tried."""
+HEAD_COUNT_KEYS = ("num_attention_heads", "n_heads", "n_head", "encoder_attention_heads")
+"""config.json keys that hold a text model's number of attention heads."""
 POSITION_KEYS = ("max_position_embeddings", "n_positions")
 """config.json keys that hold the longest sequence a text model takes."""
 DEFAULT_HIDDEN_SIZE = 768
@@ -62,6 +64,22 @@ def max_positions(config: dict[str, Any]) -> int:
     arch = architecture(str(config.get("model_type", "")))
     keys = (*arch.position_keys, *POSITION_KEYS)
     return int(next((config[k] for k in keys if config.get(k)), DEFAULT_POSITIONS))
+
+
+def head_split_problem(config: dict[str, Any]) -> str | None:
+    """Why the hidden size cannot be split evenly across the attention heads (every
+    transformers attention layer refuses it when the model is built), or None."""
+    arch = architecture(str(config.get("model_type", "")))
+    hidden_key = next((k for k in (*arch.hidden_size_keys, *HIDDEN_SIZE_KEYS)
+                       if isinstance(config.get(k), int)), None)
+    heads_key = next((k for k in HEAD_COUNT_KEYS if isinstance(config.get(k), int)), None)
+    if hidden_key is None or heads_key is None or config[heads_key] <= 0:
+        return None
+    if config[hidden_key] % config[heads_key]:
+        return (f"config.{hidden_key} {config[hidden_key]} is not a multiple of "
+                f"config.{heads_key} {config[heads_key]} (each attention head takes an equal "
+                "share of the hidden size)")
+    return None
 
 
 def vocab_size(config: dict[str, Any]) -> int:

@@ -5,6 +5,8 @@ fallback search is committed and reused. ``--set KEY=VALUE`` overrides apply on 
 
 from __future__ import annotations
 
+import difflib
+import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,8 +26,41 @@ def _validation_error_message(path: str, err: ValidationError) -> str:
     lines = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        lines.append(f"  - {loc}: {e['msg']}")
+        message = e["msg"]
+        if e["type"] == "extra_forbidden":  # a misspelt key: name the one meant
+            close = difflib.get_close_matches(str(e["loc"][-1]), _keys_at(e["loc"][:-1]), n=1)
+            parent = ".".join(str(p) for p in e["loc"][:-1])
+            message = "unknown key" + (f"; did you mean {parent + '.' if parent else ''}"
+                                       f"{close[0]}?" if close else "")
+        lines.append(f"  - {loc}: {message}")
     return f"invalid recipe {path}:\n" + "\n".join(lines)
+
+
+def _keys_at(loc: Sequence[int | str]) -> list[str]:
+    """The field names a recipe accepts at ``loc`` (``("triton",)``: TritonSettings'),
+    following nested models through lists and optionals; [] where it cannot tell."""
+    model: Any = Recipe
+    for part in loc:
+        if isinstance(part, int):
+            continue  # an item of a list: the list's model is already the one
+        field = getattr(model, "model_fields", {}).get(str(part))
+        if field is None:
+            return []
+        model = _model_in(field.annotation)
+        if model is None:
+            return []
+    return list(getattr(model, "model_fields", {}))
+
+
+def _model_in(annotation: Any) -> Any:
+    """The pydantic model inside ``annotation`` (itself, ``X | None``, ``list[X]``)."""
+    if isinstance(annotation, type) and hasattr(annotation, "model_fields"):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
 
 
 
@@ -47,8 +82,16 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         where = f" line {mark.line + 1}" if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise RecipeError(f"recipe {path}{where} is not valid YAML: {problem}") from None
+    if data is None:
+        raise RecipeError(f"recipe {path} is empty: a recipe is a YAML mapping of settings "
+                          "(name, source, inputs, outputs, ...)",
+                          hint="start from a built-in one: trtpack recipes show minilm > "
+                          f"{path.name}")
     if not isinstance(data, dict):
-        raise RecipeError(f"recipe {path} must be a YAML mapping, got {type(data).__name__}")
+        kind = {list: "a list", str: "a single text value", int: "a number",
+                float: "a number", bool: "a true/false value"}.get(type(data), "not a mapping")
+        raise RecipeError(f"recipe {path} is {kind}; a recipe is a YAML mapping of settings "
+                          "(key: value lines: name, source, inputs, outputs, ...)")
     if refers_to_itself(data):
         raise RecipeError(f"recipe {path} has a YAML alias inside its own anchor (a value "
                           "that contains itself)")

@@ -44,6 +44,9 @@ def resolve_model(model: str, task: str | None = None) -> Recipe:
         raise UserInputError(f"recipe file '{model}' does not exist")
     if path.suffix == ONNX_SUFFIX:
         raise UserInputError(f"ONNX file '{model}' does not exist")
+    if _names_a_path(model):
+        raise UserInputError(f"'{model}' does not exist (no such file or folder)",
+                             hint=_nearest_existing(path))
     if _HUB_ID.match(model):
         from trtpack.sources.hf_recipe import recipe_for_hf_dir
 
@@ -60,6 +63,21 @@ def resolve_model(model: str, task: str | None = None) -> Recipe:
         f"unknown model '{model}': not a recipe name, a recipe file, an ONNX file, a model "
         f"directory or a Hugging Face id; known recipes: {', '.join(builtin_recipe_names())}"
     )
+
+
+def _names_a_path(model: str) -> bool:
+    """MODEL written as a path (``/a/b``, ``./m``, ``~/m``, ``models/bert/``, ``a/b/c``), not
+    a recipe name or an ``org/name`` hub id."""
+    return (model.startswith(("/", "./", "../", "~")) or model.endswith("/")
+            or model.count("/") > 1)
+
+
+def _nearest_existing(path: Path) -> str | None:
+    """A hint naming the deepest folder of ``path`` that exists, when it is not the root."""
+    parent = next((p for p in path.absolute().parents if p.is_dir()), None)
+    if parent is None or parent == Path(parent.anchor):
+        return None
+    return f"'{parent}' exists; check the rest of the path"
 
 
 def _no_task(recipe: Recipe, task: str | None, model: str) -> Recipe:

@@ -47,7 +47,8 @@ class CpuModelMetrics(StageMetrics):
     int8_passed: bool | None = None
     int8_failures: list[str] = field(default_factory=list)  # why the INT8 form failed
     smoothquant: float | None = None  # alpha applied before the dynamic quantization
-    # the INT8 forms tried, in order: {"form", "passed", "failures"}
+    # the INT8 forms tried, in order: {"form", "passed", "failures", "status"}; status is
+    # "superseded" for a form the next one replaced, else "served" or "failed" (the last)
     int8_forms_tried: list[dict[str, Any]] = field(default_factory=list)
     # feed-forward layer -> its channels kept FP32 beside the INT8 MatMul
     outlier_channels: dict[str, list[int]] = field(default_factory=dict)
@@ -250,8 +251,11 @@ def _int8_form(ctx: StageContext, work: Path, source: Path, shape: tuple[Any, ..
         rows += heldout_rows(CHECK_INT8_HELDOUT, ctx.options.recipe, held, form.path, cal,
                              tokenizer)
         failures = [f"{r.check} {r.corner}: {r.reason}" for r in rows if not r.passed][:5]
+        if metrics.int8_forms_tried:  # a later form replaced the one before: not a failure
+            metrics.int8_forms_tried[-1]["status"] = "superseded"
         metrics.int8_forms_tried.append({"form": name, "passed": not failures,
-                                         "failures": failures})
+                                         "failures": failures,
+                                         "status": "failed" if failures else "served"})
         if not failures or index == len(candidates) - 1:
             break
     served = ctx.stage_dir / "int8" / "model.onnx"

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from trtpack.cases import Case
-from trtpack.report import VerificationRow
+from trtpack.report import VerificationRow, shown_metric
 from trtpack.sources.recipe import Recipe, Tolerance
 from trtpack.verify.sample_metrics import TOP1_METRICS, SampleScores, gate_threshold, sample_scores
 
@@ -111,8 +111,9 @@ def _gate(tol: Tolerance, metric: str, scores: SampleScores | None, max_abs: flo
             name = "top-1 agreement" if metric in TOP1_METRICS else "cosine"
             reasons.append(
                 f"{len(failing)} of {len(scores.values)} samples below {threshold}: worst "
-                f"sample {scores.worst_index} {name} {scores.worst:.6f} "
-                f"(mean {scores.mean:.6f})")
+                f"sample {scores.worst_index} {name} "
+                f"{shown_metric(scores.worst, threshold, digits=6)} < {threshold} "
+                f"(mean {shown_metric(scores.mean, threshold, digits=6)})")
     if not np.isfinite(max_abs):
         reasons.append("non-finite outputs (overflow?)")
     return (not reasons), "; ".join(reasons)
@@ -183,7 +184,8 @@ def compare_cases(
                     for i in sorted(failing, key=lambda i: scores.values[i])[:5]:
                         said = sample_text(case.inputs, i)
                         if said is not None:
-                            named.append(f"#{i} {scores.values[i]:.4f} \"{trim_text(said, 60)}\"")
+                            named.append(f"#{i} {shown_metric(scores.values[i], threshold)} "
+                                         f"\"{trim_text(said, 60)}\"")
                     if named:
                         reason += "; failing samples: " + ", ".join(named)
                 rows.append(VerificationRow(
@@ -192,7 +194,8 @@ def compare_cases(
                     metric_mean=None if scores is None else scores.mean,
                     samples=None if scores is None else len(scores.values),
                     worst_sample=None if scores is None else scores.worst_index,
-                    worst_text=text))
+                    worst_text=text,
+                    threshold=None if scores is None else gate_threshold(metric, tol)))
     return rows
 
 
