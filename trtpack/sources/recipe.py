@@ -326,6 +326,15 @@ class Recipe(_Strict):
         self._origin = origin.resolve()
         return self
 
+    @model_validator(mode="before")
+    @classmethod
+    def _task_given(cls, data: Any) -> Any:
+        """A recipe without ``task:`` names the choices (not just "Field required")."""
+        if isinstance(data, dict) and "task" not in data:
+            raise ValueError("task: is required; choose one of " + ", ".join(tasks()) +
+                             " (generic: any model, outputs compared by cosine per row)")
+        return data
+
     @field_validator("task")
     @classmethod
     def _registered_task(cls, v: str) -> str:
