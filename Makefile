@@ -57,8 +57,21 @@ run: install
 include mk/triton.mk
 include mk/perf_analyzer.mk
 
-test: install-dev triton-env perf-analyzer-env chromium
+test: install-dev triton-env perf-analyzer-env chromium third-party-wheels
 	$(PY) -m pytest -q
+
+# ONNX files other projects ship inside PyPI wheels, built by tests/stages/test_third_party_onnx.py:
+# downloaded once into a cache the tests share (TRTPACK_THIRD_PARTY_WHEELS), skipped when there.
+THIRD_PARTY_WHEELS ?= .cache/third-party-wheels
+THIRD_PARTY_PACKAGES := rapidocr-onnxruntime==1.4.4 silero-vad==6.2.3
+.PHONY: third-party-wheels
+third-party-wheels: | $(VENV)/bin/python
+	@mkdir -p $(THIRD_PARTY_WHEELS)
+	@for p in $(THIRD_PARTY_PACKAGES); do \
+	  name=$$(echo $${p%%==*} | tr - _); version=$${p##*==}; \
+	  ls $(THIRD_PARTY_WHEELS)/$$name-$$version-*.whl >/dev/null 2>&1 || \
+	  $(PIP) download --quiet --no-deps --only-binary=:all: "$$p" -d $(THIRD_PARTY_WHEELS); \
+	done
 
 # Headless Chromium for the report.html test (Debian's package; installed only when missing).
 .PHONY: chromium

@@ -38,7 +38,9 @@ def trtpack(*args: str) -> subprocess.CompletedProcess[str]:
 def build_and_bench(model: str, precision: str, work: Path, cache: Path, seconds: float,
                     threads: int | None) -> dict[str, Any]:
     out = work / f"{model}-{precision}"
-    args = ["build", model, "--target", "cpu", "--precision", precision, "--out", str(out),
+    # fp16 is checked for a later GPU build: --target cpu serves FP32 and skips it
+    target = ["g5", "--no-engine"] if precision == "fp16" else ["cpu"]
+    args = ["build", model, "--target", *target, "--precision", precision, "--out", str(out),
             "--cache-dir", str(cache), "--json"]
     if model != "minilm":
         args.append("--random-weights")

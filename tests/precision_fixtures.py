@@ -35,9 +35,11 @@ def build_options(model: str, precision: str, out: Path, profiles: list[str] | N
                   **changes: Any) -> BuildOptions:
     from trtpack.api import BuildRequest, resolve_options
 
+    # FP16 is converted for a GPU target (--target cpu serves FP32 and skips it)
+    gpu = precision == "fp16"
     options, _ = resolve_options(BuildRequest(
-        model=model, target="cpu", precision=precision, profiles=profiles or [],
-        random_weights=True, out=out))
+        model=model, target="g5" if gpu else "cpu", build_engine=not gpu,
+        precision=precision, profiles=profiles or [], random_weights=True, out=out))
     return dataclasses.replace(options, **changes)
 
 

@@ -36,9 +36,11 @@ def big_model() -> Any:
 
 
 def _build(out: Path, precision: str) -> Path:
-    """``trtpack build big-embedding`` as a user runs it, in its own process."""
+    """``trtpack build big-embedding`` as a user runs it, in its own process (FP16: checked
+    for a later GPU build, as --target cpu serves FP32)."""
+    target = ["--target", "g5", "--no-engine"] if precision == "fp16" else ["--target", "cpu"]
     proc = subprocess.run(
-        [sys.executable, "-m", "trtpack.cli", "build", MODEL, "--target", "cpu",
+        [sys.executable, "-m", "trtpack.cli", "build", MODEL, *target,
          "--precision", precision, "--out", str(out), "--no-cache"],
         capture_output=True, text=True, timeout=BUILD_TIMEOUT_SECONDS, check=False,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},

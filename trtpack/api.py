@@ -19,7 +19,11 @@ from trtpack.sources.architectures import head_split_problem
 from trtpack.sources.heads import head_for
 from trtpack.sources.inputs import parse_input_options
 from trtpack.sources.recipe import AUTO_PRECISION, PRECISIONS, Recipe
-from trtpack.sources.recipe_files import apply_input_options, apply_overrides
+from trtpack.sources.recipe_files import (
+    apply_input_options,
+    apply_overrides,
+    check_small_integer_inputs,
+)
 from trtpack.sources.resolve import resolve_model
 from trtpack.stages.base import ProgressCallback
 
@@ -65,6 +69,15 @@ class BuildRequest:
                 setattr(self, name, [value])
         if isinstance(self.model, Path):
             self.model = str(self.model)
+    skip_memory_check: bool = False  # --skip-memory-check: build past the memory estimate
+    sample_inputs: Path | None = None  # --sample-inputs FILE.npz
+
+
+CPU_FP16_NOTE = (
+    "--precision fp16 on --target cpu: serving the FP32 model, the FP16 conversion skipped "
+    "(ONNX Runtime's CPU kernels have no FP16 speed-up: an FP16 model there runs slower or "
+    "casts back to FP32); to check FP16 for a later GPU build: --target <gpu> --no-engine "
+    "(e.g. --target g5 --no-engine)")
 
 
 def resolve_target_for_build(name: str, build_engine: bool,
@@ -118,6 +131,7 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
     recipe = apply_input_options(recipe, [
         d for d in parse_input_options(request.inputs)
         if d.name not in recipe.source.arguments])  # those are folded into the graph
+    check_small_integer_inputs(recipe)
     if request.tokenizer is not None:
         recipe = with_tokenizer(recipe, request.tokenizer)
     if request.portable is not None:
@@ -147,6 +161,12 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
                         install="'trtpack[modelopt]'")
     if request.opset is not None and not 13 <= request.opset <= 23:
         raise UserInputError(f"--opset {request.opset} is outside 13..23")
+    if request.sample_inputs is not None:
+        from trtpack.sources.architectures import vocab_size
+        from trtpack.verify.sample_files import read_sample_inputs
+
+        vocab = recipe.vocab_size or (vocab_size(recipe.config) if recipe.config else None)
+        read_sample_inputs(request.sample_inputs, recipe, vocab)  # exit 2 before any work
     if request.calibration is not None:
         from trtpack.precision.calibration_files import check_calibration_path
 
@@ -167,7 +187,7 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
     if precision == "int8":
         from trtpack.precision.calibration_files import check_calibration_input
 
-        configured = request.calibration or (
+        configured = request.calibration or request.sample_inputs or (
             Path(recipe.precision_options.int8.calibration)
             if recipe.precision_options.int8.calibration else None)
         if configured is not None:
@@ -197,6 +217,9 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
         warnings += [opset_note] if opset_note else []
     if target.is_gpu:
         warnings += check_triton_profiles(profiles, recipe, serve)
+    elif precision == "fp16":
+        precision = "fp32"
+        warnings.append(CPU_FP16_NOTE)
     if fallback_cpu and not target.is_gpu:
         raise UserInputError(
             "--fallback-cpu adds an ONNX Runtime CPU model beside a GPU model; a --target cpu "
@@ -217,7 +240,9 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
         recipe=recipe, profiles=tuple(profiles), precision=precision, target=target,
         out_dir=out, opset=request.opset or recipe.opset,
         random_weights=random_weights, build_engine=request.build_engine,
-        calibration=request.calibration, fallback=fallback, serve=serve,
+        calibration=request.calibration or (request.sample_inputs if precision == "int8"
+                                            else None),
+        fallback=fallback, serve=serve, sample_inputs=request.sample_inputs,
         fallback_cpu=fallback_cpu, cache_dir=cache_dir, source_files=source_files,
         use_cache=request.use_cache, timing_cache=_timing_cache_dir(request.timing_cache),
         calibration_method=request.calibration_method,
@@ -383,9 +408,15 @@ class BuildResult:
 
 def build(request: BuildRequest, progress: ProgressCallback | None = None,
           on_warning: Callable[[str], None] | None = None) -> BuildResult:
-    """Validate ``request`` (``resolve_options``), then run the pipeline. Warnings about the
-    request go to ``on_warning`` before any work starts, and into the report."""
+    """Validate ``request`` (``resolve_options``), check the memory each profile corner
+    needs against what this machine has (``pipeline.memory_check``), then run the pipeline.
+    Warnings about the request go to ``on_warning`` before any work starts, and into the
+    report."""
     options, warnings = resolve_options(request)
+    if not request.skip_memory_check:
+        from trtpack.pipeline.memory_check import check_build_memory
+
+        warnings += check_build_memory(options)  # an absurd profile: exit 2 before any work
     for w in warnings:
         if on_warning is not None:
             on_warning(w)

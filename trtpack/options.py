@@ -47,6 +47,7 @@ class BuildOptions:
     # --precision auto (CPU): built as int8, then the CPU model stage times the FP32 and INT8
     # forms and serves the fastest that passes (trtpack.precision.auto_choice)
     auto_precision: bool = False
+    sample_inputs: Path | None = None  # --sample-inputs FILE.npz: real inputs for verification
     # a PyTorch source's identity: its files' contents (``sources.torch_sources.SourceFiles``)
     source_files: str | None = None
 

@@ -1,11 +1,17 @@
-"""Measuring a stage: wall time and peak resident memory (this process and its children)."""
+"""A build's resources: a stage's wall time and peak resident memory, measured (this process
+and its children: ``ResourceMeter``); the memory a model's run needs beyond its weights, defined
+once (``activation_bytes``); and the memory this machine still has (``available_memory``)."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
 import time
+from collections.abc import Collection, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 
 def _rss_mb(exclude: frozenset[int] = frozenset()) -> float | None:
@@ -68,3 +74,136 @@ class ResourceMeter:
             self._thread.join()
         self._sample()
         self.seconds = time.perf_counter() - self._start
+
+
+# --- what a model's run needs: the one definition of its activations ----------------------
+
+TensorKey = Hashable
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operation of a model's run, in the order it runs: the tensors it reads and the
+    tensors it writes, by key (an ONNX value name, a PyTorch storage)."""
+
+    reads: tuple[TensorKey, ...]
+    writes: tuple[TensorKey, ...]
+
+
+def activation_bytes(ops: Sequence[Op], sizes: Mapping[Any, int],
+                     kept: Collection[Any] = ()) -> int:
+    """A model's **activations**: the most bytes of intermediate tensors alive at once while
+    its operations run in order, once, at one input shape.
+
+    A tensor is an activation when an operation writes it (the weights and the model's
+    inputs are not: no operation writes them); it is alive from the first operation that
+    writes it to the last one that reads it, the model's outputs (``kept``) to the end.
+    While an operation runs, its inputs and outputs are alive together. A tensor written
+    again (in place) or a view of another (the same key) is counted once. ``sizes`` holds
+    each tensor's bytes (a missing key counts 0: a size nobody could infer).
+
+    This is what a runtime that frees each tensor after its last use needs beyond the
+    weights (PyTorch eager, ONNX Runtime's planned arena); the memory pre-check of a build
+    (``pipeline.memory_check``) and the build-cost estimate use it, on a module's trace
+    (``pytorch.footprint``) or an ONNX graph (``onnx_tools.footprint``)."""
+    last_read: dict[TensorKey, int] = {}
+    for index, op in enumerate(ops):
+        for key in op.reads:
+            last_read[key] = index
+    end = len(ops)
+    for key in kept:
+        last_read[key] = end
+    alive: dict[TensorKey, int] = {}
+    frees: dict[int, list[TensorKey]] = {}
+    current = peak = 0
+    for index, op in enumerate(ops):
+        for key in op.writes:
+            if key in alive:
+                continue  # written in place, or a view
+            alive[key] = sizes.get(key, 0)
+            current += alive[key]
+            frees.setdefault(max(index, last_read.get(key, index)), []).append(key)
+        peak = max(peak, current)
+        for key in frees.pop(index, ()):
+            current -= alive.pop(key)
+    return peak
+
+
+# --- what this machine has ------------------------------------------------------------------
+
+NO_LIMIT = 2**60  # a cgroup "limit" at or above this is no limit (v1 writes 2**63 rounded)
+
+
+@dataclass(frozen=True)
+class AvailableMemory:
+    bytes: int
+    source: str  # where the figure comes from, for a message: "MemAvailable", "cgroup v2 ..."
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # cgroup v2 writes "max" for no limit
+
+
+def _cgroup_stat(path: Path, key: str) -> int:
+    try:
+        for line in path.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key and value.strip().isdigit():
+                return int(value)
+    except OSError:
+        pass
+    return 0
+
+
+def _cgroup_room(proc: Path, cgroup_root: Path) -> tuple[int, str] | None:
+    """What this process's memory cgroup still allows (limit - usage, the reclaimable page
+    cache counted as free), and which file says so; None without a limit. cgroup v2:
+    ``memory.max`` / ``memory.current``; v1: ``memory.limit_in_bytes`` /
+    ``memory.usage_in_bytes``. The cgroup's own folder first, then the mount's root (inside
+    a container the root is the container's cgroup)."""
+    try:
+        lines = (proc / "self" / "cgroup").read_text().splitlines()
+    except OSError:
+        lines = []
+    candidates: list[tuple[Path, str, str, str, str]] = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        rel = path.lstrip("/")
+        if controllers == "":  # v2
+            for folder in (cgroup_root / rel, cgroup_root):
+                candidates.append((folder, "memory.max", "memory.current", "inactive_file",
+                                   "cgroup v2"))
+        elif "memory" in controllers.split(","):
+            for folder in (cgroup_root / "memory" / rel, cgroup_root / "memory"):
+                candidates.append((folder, "memory.limit_in_bytes", "memory.usage_in_bytes",
+                                   "total_inactive_file", "cgroup v1"))
+    for folder, limit_file, usage_file, inactive, version in candidates:
+        limit = _read_int(folder / limit_file)
+        usage = _read_int(folder / usage_file)
+        if limit is None or limit >= NO_LIMIT or usage is None:
+            continue
+        used = max(0, usage - _cgroup_stat(folder / "memory.stat", inactive))
+        return max(0, limit - used), f"{version} {folder / limit_file}"
+    return None
+
+
+def available_memory(proc: Path = Path("/proc"),
+                     cgroup_root: Path = Path("/sys/fs/cgroup")) -> AvailableMemory | None:
+    """The memory a build may still use: the room left under this process's cgroup limit
+    where there is one, else (or when smaller) the kernel's ``MemAvailable``; None when
+    neither can be read (not Linux)."""
+    system: int | None = None
+    try:
+        for line in (proc / "meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                system = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        system = None
+    room = _cgroup_room(proc, cgroup_root)
+    if room is not None and (system is None or room[0] < system):
+        return AvailableMemory(room[0], room[1])
+    return AvailableMemory(system, "MemAvailable") if system is not None else None

@@ -4,17 +4,37 @@ imports."""
 
 from __future__ import annotations
 
+import statistics
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 WARMUP_RUNS = 3
+
+
+def spread(values: Sequence[float]) -> float:
+    """How far repeated measurements of one thing disagree: (max - min) / median (0 for
+    fewer than two, or a zero median)."""
+    if len(values) < 2:
+        return 0.0
+    middle = statistics.median(values)
+    return (max(values) - min(values)) / middle if middle > 0 else 0.0
 
 
 @dataclass(frozen=True)
 class Timing:
     latencies_s: list[float]
     elapsed_s: float
+    rounds_s: list[list[float]] = field(default_factory=list)  # the latencies of each turn
+
+    @property
+    def round_medians_s(self) -> list[float]:
+        return [statistics.median(r) for r in self.rounds_s if r]
+
+    @property
+    def spread(self) -> float:
+        """The spread of the turns' medians: the noise of this timing's median."""
+        return spread(self.round_medians_s)
 
 
 RunOnce = Callable[[], object]  # one inference; returns when its results are ready
@@ -35,20 +55,24 @@ def measure_interleaved(calls: Mapping[str, RunOnce], seconds: float,
     """Time each call back to back for ``seconds`` in all, after warm-up. The budget is cut
     into ``slices`` turns taken in rotation (A B C A B C …), so that load from elsewhere on
     the machine falls on every runtime alike and their ratio stays meaningful; every call
-    runs at least once per turn."""
+    runs at least once per turn. Each ``Timing`` keeps its turns apart (``rounds_s``): the
+    spread of their medians is the noise of the result."""
     for run_once in calls.values():
         warm_up(run_once, seconds)
-    latencies: dict[str, list[float]] = {name: [] for name in calls}
+    rounds: dict[str, list[list[float]]] = {name: [] for name in calls}
     elapsed = dict.fromkeys(calls, 0.0)
     turn = seconds / slices
     for _ in range(slices):
         for name, run_once in calls.items():
+            this_turn: list[float] = []
             started = time.perf_counter()
             while True:
                 t0 = time.perf_counter()
                 run_once()
-                latencies[name].append(time.perf_counter() - t0)
+                this_turn.append(time.perf_counter() - t0)
                 if time.perf_counter() - started >= turn:
                     break
             elapsed[name] += time.perf_counter() - started
-    return {name: Timing(latencies[name], elapsed[name]) for name in calls}
+            rounds[name].append(this_turn)
+    return {name: Timing([t for r in rounds[name] for t in r], elapsed[name], rounds[name])
+            for name in calls}

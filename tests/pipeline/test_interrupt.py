@@ -21,7 +21,8 @@ import pytest
 from trtpack.onnx_tools.files import sha256_file
 
 MARK = "TRTPACK_TEST_BUILD_MARK"
-BUILD = ["build", "tiny-bert", "--random-weights", "--target", "cpu", "--precision", "fp16",
+BUILD = ["build", "tiny-bert", "--random-weights", "--target", "g5", "--no-engine",
+         "--precision", "fp16",
          "--profile", "1x4:2x8:4x16", "--no-cache"]
 
 

@@ -44,7 +44,9 @@ def _heldout_cosines(fp32_path: Path, variant_path: Path) -> np.ndarray:
 
 def _build(tmp_path: Path, cache_dir: Path, *args: str) -> tuple[Path, BuildReport, str]:
     out = tmp_path / "out"
-    result = run_cli("build", *args, "--target", "cpu", "--out", str(out),
+    # FP16 is checked for a later GPU build (--target cpu serves FP32 and skips it)
+    target = ("--target", "g5", "--no-engine") if "fp16" in args else ("--target", "cpu")
+    result = run_cli("build", *args, *target, "--out", str(out),
                      "--cache-dir", str(cache_dir))
     assert result.exit_code == 0, result.output
     return out, BuildReport.load(out / "report.json"), result.output

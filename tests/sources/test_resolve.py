@@ -74,13 +74,14 @@ def test_onnx_exported_outside_builds_fp16_and_is_compared_with_itself(
     out = tmp_path / "out"
     # the command as it is (the profile inferred from the graph) for one layout
     profile = ["--profile", "1x8:2x16:4x32"] if layout == "single file" else []
-    result = run_cli("build", str(source), "--target", "cpu", "--precision", "fp16",
+    result = run_cli("build", str(source), "--target", "g5", "--no-engine", "--precision",
+                     "fp16",
                      *profile, "--out", str(out), "--cache-dir", str(cache_dir), "--json")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert [s["name"] for s in report["stages"]][:2] == ["import", "simplify"]  # no export
     checks = {r["check"] for r in report["verification"]}
-    assert checks == {"simplified-vs-input-onnx", "fp16-vs-fp32", "cpu-fp32-vs-fp32"}
+    assert checks == {"simplified-vs-input-onnx", "fp16-vs-fp32"}
     for check in checks:
         rows = [r for r in report["verification"] if r["check"] == check]
         assert {(r["corner"], r["output"]) for r in rows} == {
@@ -107,14 +108,13 @@ def test_onnx_exported_outside_builds_fp16_and_is_compared_with_itself(
         got = fp16.run(None, case.inputs)
         for a, b in zip(want[1], got[1], strict=True):  # per sample: pooled output
             assert np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)) > 0.999
-    # bench on an ONNX-in build: the served model, the input ONNX and the fused CPU FP32 model
-    # are timed on the import stage's recorded inputs; PyTorch is skipped with its reason (no
-    # PyTorch model)
+    # bench on an ONNX-in build: the served model and the input ONNX are timed on the import
+    # stage's recorded inputs; PyTorch is skipped with its reason (no PyTorch model)
     result = run_cli("bench", str(out), "--seconds", "0.1", "--threads", "1")
     assert result.exit_code == 0, result.output
     rows = json.loads((out / "report.json").read_text())["benchmark"]["rows"]
     assert {(r["runtime"], r["status"]) for r in rows} == {
-        ("served", "ok"), ("onnx-fp32", "ok"), ("cpu-fp32", "ok"), ("pytorch", "skipped")}
+        ("served", "ok"), ("onnx-fp32", "ok"), ("pytorch", "skipped")}  # no CPU model: g5
     assert all(r["p50_ms"] > 0 for r in rows if r["status"] == "ok")
 
 

@@ -35,7 +35,19 @@ from trtpack.bench.runners import (
     pytorch_skip_reason,
     tensorrt_runner,
 )
-from trtpack.bench.timing import ProgressFn, Runner, Timing, machine_info, measure_interleaved
+from trtpack.bench.timing import (
+    BUSY_SHARE,
+    THREAD_POLICY,
+    UNSTABLE_SPREAD,
+    CpuSample,
+    ProgressFn,
+    Runner,
+    Timing,
+    machine_info,
+    measure_interleaved,
+    others_cpu_share,
+    passive_threads,
+)
 from trtpack.cases import Case, load_cases
 from trtpack.errors import UserInputError
 from trtpack.out_files import record_files
@@ -67,6 +79,10 @@ class BenchRow:
     mean_ms: float | None = None
     throughput: float | None = None  # samples per second
     speedup_vs_pytorch: float | None = None  # pytorch p50 / this p50, same corner
+    rounds: int = 0  # turns in rotation with the other runtimes (SLICES)
+    spread: float | None = None  # (max - min) / median of the rounds' medians
+    unreliable: str = ""  # why this row's timing is not to be trusted ("" when it is)
+    speedup_unreliable: str = ""  # why speedup_vs_pytorch is not ("" when it is)
 
 
 @dataclass
@@ -80,6 +96,7 @@ class BenchmarkResult:
     rows: list[BenchRow] = field(default_factory=list)
     measured_at: str = ""
     notes: list[str] = field(default_factory=list)
+    thread_policy: str = ""  # the same for every row: how the runtimes' threads wait
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -97,14 +114,24 @@ def _batch(case: Case) -> int:
     return int(first.shape[0]) if first.ndim else 1
 
 
-def _row(runtime: str, engine: str, case: Case, timing: Timing) -> BenchRow:
+def timed_row(runtime: str, engine: str, case: Case, timing: Timing, busy: float) -> BenchRow:
+    """A measured row; ``busy``: the share of the CPU other processes used meanwhile. Flagged
+    ``unreliable`` when its rounds disagree or the machine was busy."""
     ms = np.asarray(timing.latencies_s) * 1e3
     batch = _batch(case)
+    reasons = []
+    if timing.spread > UNSTABLE_SPREAD:
+        reasons.append(f"its median moved {timing.spread:.0%} between the "
+                       f"{len(timing.rounds_s)} rounds")
+    if busy > BUSY_SHARE:
+        reasons.append(f"other processes used {busy:.0%} of the CPU while it was timed")
     return BenchRow(
         runtime, engine, case.profile, case.corner, case.shapes, batch,
         iterations=len(ms), p50_ms=float(np.percentile(ms, 50)),
         p90_ms=float(np.percentile(ms, 90)), p99_ms=float(np.percentile(ms, 99)),
         mean_ms=float(ms.mean()), throughput=batch * len(ms) / timing.elapsed_s,
+        rounds=len(timing.rounds_s), spread=round(timing.spread, 4),
+        unreliable="; ".join(reasons),
     )
 
 
@@ -125,12 +152,18 @@ def run_benchmark(out: Path, *, seconds: float = DEFAULT_SECONDS, threads: int |
     build = open_build(out)
     check_runtime(build)
     threads = threads or os.cpu_count() or 1
+    policy_note = passive_threads()  # before PyTorch loads
     device = "cuda" if build.is_engine else "cpu"
     cases = load_cases(build.reference)
     precision = build.report.precision
     result = BenchmarkResult(seconds, threads, device, machine_info(),
                              measured_at=dt.datetime.now(dt.timezone.utc)
                              .isoformat(timespec="seconds"))
+    result.thread_policy = (
+        f"{THREAD_POLICY}: {threads} thread(s) per runtime, none spinning while idle "
+        "(ONNX Runtime allow_spinning=0, PyTorch OMP_WAIT_POLICY=PASSIVE)")
+    if policy_note is not None:
+        result.notes.append(policy_note)
     skip = "not asked for (--no-pytorch)" if not pytorch else pytorch_skip_reason(build)
     with ExitStack() as stack:
         runtimes: list[tuple[str, str, Runner]] = []
@@ -153,9 +186,11 @@ def run_benchmark(out: Path, *, seconds: float = DEFAULT_SECONDS, threads: int |
         for case in cases:
             say(f"p{case.profile} {case.corner} ({case.shapes}): "
                 + ", ".join(label for _, label, _ in runtimes))
-            timings = measure_interleaved({name: prepare(case)
-                                           for name, _, prepare in runtimes}, seconds)
-            result.rows += [_row(name, label, case, timings[name])
+            calls = {name: prepare(case) for name, _, prepare in runtimes}
+            before = CpuSample.now()
+            timings = measure_interleaved(calls, seconds)
+            busy = others_cpu_share(before, CpuSample.now())
+            result.rows += [timed_row(name, label, case, timings[name], busy)
                             for name, label, _ in runtimes]
             if skip is not None:
                 result.rows.append(_not_run(PYTORCH, "PyTorch eager", case, "skipped", skip))
@@ -164,13 +199,17 @@ def run_benchmark(out: Path, *, seconds: float = DEFAULT_SECONDS, threads: int |
 
 
 def add_speedups(rows: Sequence[BenchRow]) -> None:
-    """``speedup_vs_pytorch`` on every measured row whose corner has a PyTorch row."""
-    baseline = {(r.profile, r.corner): r.p50_ms for r in rows
+    """``speedup_vs_pytorch`` on every measured row whose corner has a PyTorch row, and why
+    that ratio is not to be trusted when either row is not (``speedup_unreliable``)."""
+    baseline = {(r.profile, r.corner): r for r in rows
                 if r.runtime == PYTORCH and r.status == "ok"}
     for r in rows:
         base = baseline.get((r.profile, r.corner))
-        if r.status == "ok" and base and r.p50_ms:
-            r.speedup_vs_pytorch = base / r.p50_ms
+        if r.status == "ok" and base is not None and base.p50_ms and r.p50_ms:
+            r.speedup_vs_pytorch = base.p50_ms / r.p50_ms
+            doubts = [f"{who} row: {row.unreliable}" for who, row in
+                      (("PyTorch", base), ("this", r)) if row.unreliable]
+            r.speedup_unreliable = "; ".join(dict.fromkeys(doubts)) if r is not base else ""
 
 
 def save_benchmark(out: Path, result: BenchmarkResult | None = None,

@@ -113,6 +113,16 @@ def build(
         "numbers for an integer input), or NAME=DTYPE[DIM,...]=VALUE. A constant stays a "
         "served input: it is fed in verification and calibration and to perf_analyzer.")
     ] = None,
+    sample_inputs: Annotated[Path | None, typer.Option(
+        "--sample-inputs", metavar="FILE.npz",
+        help="Real inputs for verification (and INT8 calibration unless --calibration is "
+        "given): one array per input named by it, the batch on the first axis, a scalar as a "
+        "0-d array. Used at each profile corner its sizes fit; checked before any work.")
+    ] = None,
+    skip_memory_check: Annotated[bool, typer.Option(
+        "--skip-memory-check", help="Build even when the memory estimate of a profile corner "
+        "(weights plus activations at its shapes, per stage) exceeds the memory available "
+        "here (the cgroup's limit, else MemAvailable).")] = False,
     bench: Annotated[bool, typer.Option(
         "--bench", help="After packaging, measure latency per profile corner against PyTorch "
         "(trtpack bench).")] = False,
@@ -140,7 +150,8 @@ def build(
         overrides=overrides or [], timing_cache=timing_cache, task=task,
         calibration_method=calibration_method, tokenizer=tokenizer,
         min_int8_share=min_int8_share,
-        force=force, inputs=input_options or [],
+        force=force, skip_memory_check=skip_memory_check, inputs=input_options or [],
+        sample_inputs=sample_inputs,
     )
     view = ProgressView(err, enabled=not as_json)
     try:

@@ -13,6 +13,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from trtpack.cli.console import out
+from trtpack.shapes import ShapeProfile
+from trtpack.timing import SLICES
 
 if TYPE_CHECKING:
     from trtpack.bench.benchmark import BenchOutcome
@@ -57,22 +59,59 @@ def print_targets(rows: list[Any]) -> None:
         out.print(f"* {problem}", markup=False)
 
 
+class _ConfigTensor:
+    """A config.pbtxt tensor (name, TYPE_*, dims) as ``io_table`` shows it."""
+
+    def __init__(self, tensor: dict[str, Any], batched: bool) -> None:
+        self.name = tensor["name"]
+        self.dtype = tensor["data_type"].removeprefix("TYPE_").lower()
+        self.shape = ["batch", *tensor["dims"]] if batched else tensor["dims"]
+
+
 def io_table(inputs: list[Any], outputs: list[Any]) -> Table:
     table = Table(show_header=True, box=None, pad_edge=False)
     for col in ("", "tensor", "dtype", "shape"):
         table.add_column(col)
     for kind, tensors in (("input", inputs), ("output", outputs)):
         for t in tensors:
-            table.add_row(kind, t.name, t.dtype, "x".join(str(d) for d in t.shape))
+            table.add_row(kind, t.name, t.dtype,
+                          escape(f"[{', '.join(str(d) for d in t.shape)}]"))
     return table
 
 
 def print_inspection(result: Inspection) -> None:
-    """What ``trtpack.diagnostics.inspection.inspect_path`` found."""
+    """What ``trtpack.diagnostics.inspection.inspect_path`` found: what the path is, where it
+    came from, what each model serves (precision, inputs and outputs), whether it runs here."""
+    from trtpack.diagnostics.inspection import KINDS
+
+    mark = {True: "[green]yes[/]", False: "[red]no[/]", None: "[yellow]unknown[/]"}
+    out.print(f"[bold]{escape(result.path)}[/]: {KINDS[result.kind]}", soft_wrap=True)
+    if result.build is not None:
+        b = result.build
+        out.print(f"  built by trtpack {b.trtpack_version or '?'} ({b.written_at}): "
+                  f"{escape(b.model)}, precision {b.precision}, target {b.target}, "
+                  f"profiles {escape(' '.join(b.short_profiles())) or '-'}, status {b.status}  "
+                  f"[dim]{escape(b.root)}[/]", soft_wrap=True)
+    if result.onnx is not None:
+        o = result.onnx
+        weights = f"{o.weights_bytes / 2**20:,.1f} MB" if o.weights_bytes >= 2**20 else \
+            f"{o.weights_bytes / 1024:,.1f} KB"
+        out.print(f"  precision {o.precision}; opset {o.opset}, {o.nodes:,} nodes, weights "
+                  f"{weights}; produced by {escape(o.producer)}",
+                  soft_wrap=True)
+        out.print(io_table(o.inputs, o.outputs))
+        out.print(f"  runs on this machine (ONNX Runtime loads it): {mark[o.runs_here]}"
+                  + "".join(f"\n    - {escape(r)}" for r in o.reasons), soft_wrap=True)
     for model in result.models:
-        out.print(f"[bold]{model.name}[/] ({model.platform}, max_batch_size "
-                  f"{model.max_batch_size}, {model.instance_kind}, profiles "
-                  f"{','.join(model.profiles) or '-'})  {model.path}")
+        instance_profiles = f", instance profiles {','.join(model.profiles)}" \
+            if model.profiles else ""
+        out.print(f"[bold]{model.name}[/] ({model.platform}, serves "
+                  f"{model.precision or 'an unknown precision'}, max_batch_size "
+                  f"{model.max_batch_size}, {model.instance_kind}{instance_profiles})  "
+                  f"{escape(model.path)}", soft_wrap=True)
+        batched = model.max_batch_size > 0
+        out.print(io_table([_ConfigTensor(t, batched) for t in model.inputs],
+                           [_ConfigTensor(t, batched) for t in model.outputs]))
         if model.gpu_families:
             out.print("  serves GPU families (cc_model_filenames):")
             for fam in model.gpu_families:
@@ -86,19 +125,23 @@ def print_inspection(result: Inspection) -> None:
             loads = "[green]yes[/]" if model.onnx.runs_here else "[red]no[/]"
             out.print(f"  runs on this machine (ONNX Runtime loads {escape(model.onnx.path)}): "
                       f"{loads}" + "".join(f"\n    - {escape(r)}" for r in model.onnx.reasons))
+        elif not model.engines and model.platform in ("onnxruntime_onnx", "onnxruntime"):
+            out.print("  runs on this machine: [yellow]not checked[/] (inspect --check loads "
+                      "it in ONNX Runtime)")
     for engine in result.all_engines():
         prov = engine.provenance
         out.print(f"[bold]engine[/] {engine.path}")
         if prov is not None:
             out.print(f"  built for {prov.target}: {prov.gpu_name} (sm {prov.compute_capability})"
                       f", TensorRT {prov.tensorrt_version}, CUDA {prov.cuda_runtime_version}, "
-                      f"{prov.precision}, {len(prov.profiles)} profile(s), {prov.built_at}")
+                      f"{prov.precision}, {prov.built_at}")
+            out.print("  profiles " + escape(" ".join(
+                str(ShapeProfile.from_dict(p)) for p in prov.profiles) or "-"), soft_wrap=True)
             out.print(f"  plan sha256 {prov.plan_sha256[:16]}…, onnx sha256 "
                       f"{prov.onnx_sha256[:16]}…, options {prov.build_options}")
             out.print(f"  Triton: {escape(prov.triton_serving().summary())}")
         if engine.io is not None:
             out.print(io_table(list(engine.io.inputs), list(engine.io.outputs)))
-        mark = {True: "[green]yes[/]", False: "[red]no[/]", None: "[yellow]unknown[/]"}
         out.print(f"  runs on this machine: {mark[engine.runs_here]}"
                   + "".join(f"\n    - {r}" for r in engine.reasons))
 
@@ -123,24 +166,36 @@ def print_merge(result: Any, as_json: bool) -> None:
 
 
 def benchmark_table(rows: list[dict[str, Any]]) -> Table:
-    """Runtime rows per corner, with the speed-up against PyTorch eager."""
+    """Runtime rows per corner, with the speed-up against PyTorch eager; a row whose timing is
+    not to be trusted, and a ratio against one, marked ``?`` (``unreliable_notes`` says why)."""
     table = Table(title="benchmark: latency per request (ms) at every profile corner")
-    for col in ("corner", "runtime", "p50", "p99", "samples/s", "vs PyTorch"):
-        table.add_column(col, justify="left" if col in ("runtime", "corner") else "right")
+    for col in ("corner", "runtime", "p50", "spread", "p99", "samples/s", "vs PyTorch"):
+        table.add_column(col, justify="left" if col in ("runtime", "corner") else "right",
+                         no_wrap=col != "runtime")  # at 80 columns the runtime's name wraps
     previous = None
     for r in rows:
         corner = f"p{r['profile']} {r['corner']} {r['shapes'].split(',')[0].split('=', 1)[-1]}"
         shown, previous = ("" if corner == previous else corner), corner
         if r["status"] != "ok":
-            table.add_row(shown, escape(r["engine"]), "", "", "",
+            table.add_row(shown, escape(r["engine"]), "", "", "", "",
                           f"[yellow]{r['status']}[/]: {escape(r['reason'])}")
             continue
         speed = "" if r["speedup_vs_pytorch"] is None else f"{r['speedup_vs_pytorch']:.2f}x"
-        if r["runtime"] == "served" and speed:
+        if speed and r.get("speedup_unreliable"):
+            speed = f"[yellow]{speed}?[/]"
+        elif r["runtime"] == "served" and speed:
             speed = f"[bold]{speed}[/]"
-        table.add_row(shown, escape(r["engine"]), f"{r['p50_ms']:.2f}", f"{r['p99_ms']:.2f}",
+        spread = "" if r.get("spread") is None else f"{r['spread']:.0%}"
+        p50 = f"{r['p50_ms']:.2f}" + ("[yellow]?[/]" if r.get("unreliable") else "")
+        table.add_row(shown, escape(r["engine"]), p50, spread, f"{r['p99_ms']:.2f}",
                       f"{r['throughput']:,.1f}", speed)
     return table
+
+
+def unreliable_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per row marked ``?``: which row, and why its timing is not to be trusted."""
+    return [f"p{r['profile']} {r['corner']} {r['engine']}: {r['unreliable']}"
+            for r in rows if r.get("status") == "ok" and r.get("unreliable")]
 
 
 def served_table(served: dict[str, Any]) -> Table:
@@ -163,9 +218,17 @@ def print_benchmark(measured: BenchOutcome, out_dir: Path) -> None:
         m = result.machine
         out.print(f"machine: {m['cpu']}, {m['logical_cores']} cores, "
                   f"{'GPU ' + m['gpu'] if m['gpu'] else 'no GPU'}; {result.threads} threads, "
-                  f"{result.seconds_per_row:g} s per row; load average {m['load_average']}",
-                  markup=False)
-        out.print(benchmark_table((measured.report.benchmark or {})["rows"]))
+                  f"{result.seconds_per_row:g} s per row in {SLICES} rounds taken in rotation; "
+                  f"load average {m['load_average']}", markup=False)
+        out.print(f"threads: {result.thread_policy}", markup=False)
+        rows = (measured.report.benchmark or {})["rows"]
+        out.print(benchmark_table(rows))
+        doubts = unreliable_notes(rows)
+        if doubts:
+            out.print("[bold yellow]?[/] not to be trusted, nor any ratio against it "
+                      "(re-run on a quieter machine):")
+            for line in doubts:
+                out.print(f"  {escape(line)}", soft_wrap=True)
         for note in result.notes:
             out.print(f"[bold yellow]note:[/] {escape(note)}")
     if served is not None:

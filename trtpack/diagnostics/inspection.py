@@ -14,6 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trtpack.diagnostics.model_files import (
+    BuildRecord,
+    OnnxCheck,
+    OnnxInspection,
+    build_record,
+    check_onnx_model,
+    inspect_onnx,
+    served_precision,
+)
 from trtpack.engine.provenance import EngineProvenance, provenance_path, runs_here
 from trtpack.errors import UserInputError
 from trtpack.model_io import ModelIO
@@ -65,6 +74,7 @@ class ModelInspection:
     problems: list[str] = field(default_factory=list)
     gpu_families: list[GpuFamily] = field(default_factory=list)  # cc_model_filenames entries
     onnx: OnnxCheck | None = None  # an ONNX Runtime model, when checked
+    precision: str | None = None  # what its latest version serves (None: not known)
 
     @property
     def checked(self) -> bool:
@@ -89,16 +99,6 @@ class ModelInspection:
 
 
 @dataclass(frozen=True)
-class OnnxCheck:
-    """An ONNX Runtime model of a repository (a ``--target cpu`` build's model): loaded here
-    in an ONNX Runtime session, as Triton's onnxruntime backend would load it."""
-
-    path: str
-    runs_here: bool
-    reasons: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
 class GpuFamily:
     """One ``cc_model_filenames`` entry of a model: a compute capability and its engine."""
 
@@ -114,17 +114,20 @@ class Inspection:
     """Everything found under the inspected path."""
 
     path: str
-    kind: str  # "engine" | "model_repository" | "build"
+    kind: str  # "build" | "model_repository" | "model" | "onnx" | "engine"
     machine: MachineFacts
     engines: list[EngineInspection] = field(default_factory=list)
     models: list[ModelInspection] = field(default_factory=list)
+    onnx: OnnxInspection | None = None  # kind "onnx"
+    build: BuildRecord | None = None  # the trtpack build the path is in, when it is in one
 
     @property
     def runs_here(self) -> bool | None:
         """True when every engine found can run here, False when one cannot, None if unknown
         (or when there is no engine)."""
         values = [e.runs_here for e in self.engines] + \
-            [m.runs_here for m in self.models if m.checked]
+            [m.runs_here for m in self.models if m.checked] + \
+            ([self.onnx.runs_here] if self.onnx is not None else [])
         if any(v is False for v in values):
             return False
         if not values or any(v is None for v in values):
@@ -173,26 +176,6 @@ def _dims(tensors: Any) -> list[dict[str, Any]]:
             for t in tensors]
 
 
-def check_onnx_model(path: Path, gpu_instances: bool, machine: MachineFacts) -> OnnxCheck:
-    """Whether the ONNX Runtime model at ``path`` runs here: a session loads it (CPU), and
-    KIND_GPU instances need a GPU."""
-    if not path.is_file():
-        return OnnxCheck(str(path), False, (f"{path.name} is missing",))
-    if gpu_instances and machine.gpu_name is None:
-        return OnnxCheck(str(path), False,
-                         ("its instances are KIND_GPU and this machine has no NVIDIA GPU",))
-    try:
-        from trtpack.runtimes.onnxruntime import cpu_session
-
-        cpu_session(path, threads=1, few_runs=True)
-    except ImportError as e:
-        return OnnxCheck(str(path), False, (f"ONNX Runtime is not installed ({e})",))
-    except Exception as e:  # onnxruntime's own error kinds: the model does not load here
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return OnnxCheck(str(path), False, (f"ONNX Runtime cannot load it: {first}",))
-    return OnnxCheck(str(path), True)
-
-
 def inspect_model_dir(model_dir: Path, machine: MachineFacts,
                       load_onnx: bool = False) -> ModelInspection:
     from tritonclient.grpc import model_config_pb2 as pb
@@ -222,9 +205,12 @@ def inspect_model_dir(model_dir: Path, machine: MachineFacts,
                     model.problems += [f"version {version.name}: {p}"
                                        for p in check_config(config, engine.io)]
     latest = versions[-1] if versions else model_dir / "1"
+    model.precision = served_precision(
+        config, latest, next((e.provenance.precision for e in model.engines
+                              if e.provenance is not None), None))
     if load_onnx and (config.platform == "onnxruntime_onnx" or config.backend == "onnxruntime"):
         model.onnx = check_onnx_model(latest / (config.default_model_filename or "model.onnx"),
-                                      "KIND_GPU" in kinds, machine)
+                                      "KIND_GPU" in kinds, machine.gpu_name is not None)
     from trtpack.serving.engine_builds import served_compute_capability
 
     built_for = {e.path: "{}.{}".format(*served_compute_capability(e.provenance))
@@ -256,21 +242,45 @@ def _model_dirs(repo: Path) -> list[Path]:
     return sorted(p for p in repo.iterdir() if p.is_dir() and (p / "config.pbtxt").is_file())
 
 
+KINDS = {"build": "a trtpack build folder", "model_repository": "a Triton model repository",
+         "model": "one model of a Triton model repository", "onnx": "an ONNX model",
+         "engine": "a TensorRT engine"}
+ENGINE_SUFFIXES = (".plan", ".engine", ".trt")
+
+
 def inspect_path(path: Path, machine: MachineFacts | None = None,
                  load_onnx: bool = False) -> Inspection:
-    """Inspect an engine, a model repository (or one model of it) or a build folder;
-    ``load_onnx``: also load its ONNX Runtime models here (``inspect --check``)."""
+    """Say what ``path`` is — a build folder, a model repository (or one model of it), an
+    ONNX file, an engine — and inspect it; anything else is a ``UserInputError`` (exit 2).
+    ``load_onnx``: also load a repository's ONNX Runtime models here (``inspect --check``);
+    an ONNX file given as PATH is always loaded."""
     machine = machine or MachineFacts.detect()
     if not path.exists():
         raise UserInputError(f"'{path}' does not exist")
+    found = _inspect(path, machine, load_onnx)
+    found.build = build_record(path)
+    return found
+
+
+def _inspect(path: Path, machine: MachineFacts, load_onnx: bool) -> Inspection:
     if path.is_file():
-        plan = path.with_name(path.name[: -len(".json")]) if path.name.endswith(".plan.json") \
-            else path
-        if not plan.is_file():
-            raise UserInputError(f"'{path}' describes {plan.name}, which is not beside it")
-        return Inspection(str(path), "engine", machine, engines=[inspect_engine(plan, machine)])
+        if path.name.endswith(".plan.json"):
+            plan = path.with_name(path.name[: -len(".json")])
+            if not plan.is_file():
+                raise UserInputError(f"'{path}' describes {plan.name}, which is not beside it")
+            return Inspection(str(path), "engine", machine,
+                              engines=[inspect_engine(plan, machine)])
+        if path.suffix in ENGINE_SUFFIXES or provenance_path(path).is_file():
+            return Inspection(str(path), "engine", machine,
+                              engines=[inspect_engine(path, machine)])
+        if path.suffix == ".onnx":
+            return Inspection(str(path), "onnx", machine, onnx=inspect_onnx(path))
+        raise UserInputError(
+            f"'{path}' is a file trtpack does not inspect ({path.stat().st_size:,} bytes)",
+            hint="give an ONNX file (.onnx), an engine (model.plan), a Triton model "
+                 "repository or a trtpack build folder")
     if (path / "config.pbtxt").is_file():
-        return Inspection(str(path), "model_repository", machine,
+        return Inspection(str(path), "model", machine,
                           models=[inspect_model_dir(path, machine, load_onnx)])
     if _model_dirs(path):
         return Inspection(str(path), "model_repository", machine,
@@ -288,5 +298,5 @@ def inspect_path(path: Path, machine: MachineFacts | None = None,
             result.engines = [inspect_engine(engine_dir / "model.plan", machine)]
         return result
     raise UserInputError(
-        f"'{path}' is not an engine (model.plan), a model repository or a trtpack build folder"
-    )
+        f"'{path}' is not an engine (model.plan), an ONNX file, a model repository or a "
+        "trtpack build folder")

@@ -88,6 +88,22 @@ def _initializers(graph: Any) -> Iterator[Any]:
                 yield from _initializers(sub)
 
 
+def all_tensors(graph: Any) -> Iterator[Any]:
+    """Every tensor a graph stores: its initializers and its nodes' tensor attributes
+    (``Constant`` values: some exporters keep every weight there), in it and in its
+    subgraphs."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.HasField("t"):
+                yield attribute.t
+            yield from attribute.tensors
+            if attribute.HasField("g"):
+                yield from all_tensors(attribute.g)
+            for sub in attribute.graphs:
+                yield from all_tensors(sub)
+
+
 def resave_with_sidecar(src: Path, dst: Path) -> None:
     """Rewrite a model file (weights inline or in any external files) in the layout above."""
     import onnx

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trtpack.cases import Case
-from trtpack.timing import RunOnce, Timing, measure_interleaved
+from trtpack.timing import RunOnce, Timing, measure_interleaved, spread
 
 ROUNDS = 5  # timed rounds per corner; their spread is the noise
 SECONDS_PER_CORNER = 2.0
@@ -77,8 +77,7 @@ def time_candidates(candidates: Sequence[Candidate], cases: Sequence[Case],
             middle = statistics.median(values)
             c.p50_ms[case.label] = round(middle, 4)
             c.rounds_ms[case.label] = [round(v, 4) for v in values]
-            c.spread[case.label] = round((max(values) - min(values)) / middle, 4) \
-                if middle > 0 else 0.0
+            c.spread[case.label] = round(spread(values), 4)
 
 
 def _call(session: Any, feed: Mapping[str, Any]) -> RunOnce:

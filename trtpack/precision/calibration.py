@@ -131,7 +131,8 @@ def synthetic_feeds(recipe: Recipe, profiles: Sequence[ShapeProfile], samples: i
     i = 0
     while total < samples:
         shapes = corners[i % len(corners)]
-        feed = make_inputs(specs, shapes, tokenizer=None, vocab_size=vocab, seed=seed + 7919 * i)
+        feed = make_inputs(specs, shapes, tokenizer=None, vocab_size=vocab, seed=seed + 7919 * i,
+                           values=recipe.value_rules())
         feeds.append(feed)
         total += next(iter(feed.values())).shape[0] if feed else 1
         i += 1

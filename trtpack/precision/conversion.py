@@ -121,6 +121,7 @@ class Conversion:
         self.conversions = 0
         self.worker = worker  # started ahead of the first conversion
         self.warnings: list[str] = []
+        self.last_result: dict[str, Any] = {}  # the worker's result of the last conversion
         self.check = f"{self.precision}-vs-fp32"
 
     def modelopt(self, job: ModelOptJob, label: str,
@@ -147,12 +148,14 @@ class Conversion:
                               returncode, seconds, worker.head_start, stdout, stderr)
             if returncode != 0 or not output.is_file():
                 lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
-                last = lines[-1] if lines else f"exit code {returncode}"
+                last = (f"its process was killed by signal {-returncode}" if returncode < 0
+                        else lines[-1] if lines else f"exit code {returncode}")
                 raise StageError(self.ctx.stage, f"ModelOpt {self.precision} conversion "
                                  f"({label}) failed: {last}")
             self.conversion_seconds += seconds
             self.conversions += 1
             result = worker.result()
+            self.last_result = result
             self.ctx.log.info("ModelOpt %s result: %s", label, json.dumps(result))
             asked = job.int8.calibration_method if job.int8 is not None else None
             if asked is not None and result.get("calibration_method", asked) != asked:

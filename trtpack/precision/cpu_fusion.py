@@ -78,7 +78,22 @@ def cpu_graph(source: Path, *, config_model_type: str | None, num_heads: int | N
     model = optimized.model
     sources = fuse_dynamo_attention(model, num_heads, mask_input) if num_heads else {}
     fused = fused_counts(model)  # what matched, before the kernel choice below
+    add_missing_opset_imports(model)
     return CpuGraph(model, model_type, fused, sources, split_skip_layer_norms(model))
+
+
+def add_missing_opset_imports(model: Any) -> list[str]:
+    """Declare every operator domain the graph's nodes use (version 1 for a contrib domain):
+    ONNX Runtime's optimizer writes ``com.microsoft`` Gelu into a ViT graph without importing
+    the domain, which ONNX Runtime tolerates and onnx's shape inference (the INT8
+    quantizer's first step) refuses. Returns the domains added."""
+    from onnx import helper
+
+    declared = {o.domain for o in model.opset_import}
+    missing = sorted({n.domain for n in model.graph.node if n.domain not in declared}
+                     - {"", "ai.onnx"})
+    model.opset_import.extend(helper.make_opsetid(domain, 1) for domain in missing)
+    return missing
 
 
 def fuse_dynamo_attention(model: Any, num_heads: int, mask_input: str | None

@@ -5,23 +5,33 @@ FP16 model with the FP32 one) in FP32, more each round."""
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from trtpack.cases import Case
+from trtpack.errors import StageError
 from trtpack.precision.conversion import Attempt, Conversion, ConversionResult, format_metric
 from trtpack.precision.graph import DATA_MOVEMENT
 from trtpack.precision.metrics import FallbackSummary, Fp16Metrics
-from trtpack.precision.modelopt_jobs import Fp16Job, ModelOptJob
+from trtpack.precision.modelopt_jobs import Fp16Job, ModelOptJob, ModelOptWorker
 from trtpack.runtimes.onnxruntime import cpu_session
+from trtpack.shapes import BATCH_AXIS
 
 # Rounds of the FP16 fallback; round r keeps FP16_FIRST_NODES * 2**(r-1) more nodes in FP32.
 MAX_FP16_ROUNDS = 4
 
 FP16_FIRST_NODES = 4
+
+MIN_FP16_SHARE = 0.5
+"""Below this share of Conv/MatMul/Gemm in FP16, the report's header warns."""
+
+CONVERTER_NAMES = {"autocast": "ModelOpt AutoCast",
+                   "float16": "onnxconverter-common float16"}
 
 
 def autocast_reference_inputs(cases: Sequence[Case], recipe: Any) -> dict[str, Any]:
@@ -32,12 +42,16 @@ def autocast_reference_inputs(cases: Sequence[Case], recipe: Any) -> dict[str, A
     variant is verified at every corner afterwards, with the fallback behind that. AutoCast's
     own reference run over every corner kept all their intermediate tensors in memory:
     21 GB on bert-large."""
-    batched = {i.name for i in recipe.input_specs() if i.has_dynamic_batch}
+    # the batch axis of each input that has one, wherever it is (a recurrent state carries
+    # it second: [layers, batch, hidden]); all of them are cut to the same row
+    batch_axis = {i.name: i.axes.index(BATCH_AXIS) for i in recipe.input_specs()
+                  if BATCH_AXIS in i.axes}
     largest = max(cases, key=lambda c: sum(v.size for v in c.inputs.values()))
     mask = next((i.name for i in recipe.inputs if i.kind == "attention_mask"
-                 and i.name in batched and largest.inputs[i.name].ndim == 2), None)
+                 and batch_axis.get(i.name) == 0 and largest.inputs[i.name].ndim == 2), None)
     row = int(largest.inputs[mask].sum(axis=1).argmax()) if mask else 0
-    return {k: (v[row:row + 1] if k in batched else v) for k, v in largest.inputs.items()}
+    return {k: (np.take(v, [row], axis=batch_axis[k]) if k in batch_axis else v)
+            for k, v in largest.inputs.items()}
 
 
 class Fp16Conversion(Conversion):
@@ -53,19 +67,39 @@ class Fp16Conversion(Conversion):
         path = self.range_nodes_file
         return list(json.loads(path.read_text())) if path.is_file() else []
 
+    converter = "autocast"  # or "float16" once AutoCast could not convert this graph
+    autocast_failure: str | None = None
+
+    @property
+    def blocked_by_failure(self) -> dict[str, str]:
+        """Node -> the ONNX Runtime error that kept it in FP32 (the float16 converter)."""
+        blocked = self.last_result.get("blocked_by_failure", {})
+        return dict(blocked) if self.converter == "float16" else {}
+
     def convert(self, label: str, keep_fp32: Sequence[str]) -> Attempt:
         s = self.recipe.precision_options.fp16
         reference = self.work / "reference_input.npz"
         if not reference.is_file():
-            import numpy as np
-
             with open(reference, "wb") as f:
                 np.savez(f, **autocast_reference_inputs(self.cases, self.recipe))
         job = ModelOptJob("fp16", fp16=Fp16Job(
             keep_io_types=s.keep_io_types, nodes_to_exclude=list(keep_fp32),
             op_types_to_exclude=list(s.keep_fp32_op_types), reference_inputs=str(reference),
-            range_nodes_file=str(self.range_nodes_file)))
-        path = self.modelopt(job, label)
+            range_nodes_file=str(self.range_nodes_file), converter=self.converter))
+        if self.converter == "autocast":
+            try:
+                path = self.modelopt(job, label)
+                return Attempt(label, path, list(keep_fp32), self.verify(path))
+            except (StageError, RuntimeError) as e:  # an exception, a crash, a bad model
+                self.autocast_failure = " ".join(str(e).split())[:300]
+                self.converter = "float16"
+                self.ctx.progress("AutoCast could not convert this graph; onnxconverter-common"
+                                  "'s float16 instead")
+                shutil.rmtree(self.work / label, ignore_errors=True)
+                return self.convert(label, keep_fp32)
+        self.worker = self.worker if self.worker is not None and \
+            self.worker.mode == "float16" else ModelOptWorker("float16", self.ctx.stage_dir)
+        path = self.modelopt(replace(job, mode="fp16"), label)
         return Attempt(label, path, list(keep_fp32), self.verify(path))
 
     def run(self) -> ConversionResult:
@@ -98,19 +132,41 @@ class Fp16Conversion(Conversion):
                 {"keep_fp32_nodes": [*s.keep_fp32_nodes, *added]},
                 f"{len(added)} nodes kept in FP32 so that the FP16 model passes its gate")
         stats = self.stats(final.path)
+        converter = CONVERTER_NAMES[self.converter]
         metrics = Fp16Metrics(
             excluded_nodes=[*user_nodes, *added], excluded_by_fallback=added,
             excluded_node_hints=self.hints(added), low_precision=stats,
             before=first.summary(), after=final.summary(),
             fallback=FallbackSummary(self.options.fallback, rounds),
-            keep_io_types=s.keep_io_types, kept_fp32_out_of_range=self.range_nodes())
-        message = (f"fp16: {stats['matmul_gemm_low_precision']}/{stats['matmul_gemm_nodes']} "
-                   f"MatMul/Gemm in FP16, worst metric "
+            keep_io_types=s.keep_io_types, kept_fp32_out_of_range=self.range_nodes(),
+            converter=converter, autocast_failure=self.autocast_failure,
+            kept_fp32_reasons=self.kept_reasons(user_nodes, added))
+        if self.autocast_failure is not None:
+            self.warnings.append(f"ModelOpt AutoCast could not convert this graph "
+                                 f"({self.autocast_failure}); converted with {converter}")
+        if stats["compute_nodes"] and stats["share"] < MIN_FP16_SHARE:
+            self.warnings.append(
+                f"only {stats['low_precision_nodes']}/{stats['compute_nodes']} Conv/MatMul/Gemm"
+                f" nodes run in FP16 ({stats['share']:.0%}); the rest stay FP32 (which and why: "
+                "the report's precision metrics, kept_fp32_reasons)")
+        message = (f"fp16 ({converter}): {stats['low_precision_nodes']}/"
+                   f"{stats['compute_nodes']} Conv/MatMul/Gemm in FP16, worst metric "
                    f"{format_metric(final.worst, final.threshold)}")
         if added:
             message += (f" ({len(added)} nodes kept in FP32 by fallback, was "
                         f"{format_metric(first.worst, first.threshold)})")
         return self.finish(final, metrics, overlay, message)
+
+    def kept_reasons(self, user_nodes: Sequence[str], added: Sequence[str]) -> dict[str, str]:
+        """Each node kept in FP32 and why."""
+        reasons = {n: "precision_options.fp16.keep_fp32_nodes" for n in user_nodes}
+        reasons.update((n, "its values exceed FP16's range on the reference input")
+                       for n in self.range_nodes() if self.converter == "autocast")
+        reasons.update((n, f"ONNX Runtime failed on it in FP16: {why}")
+                       for n, why in self.blocked_by_failure.items())
+        reasons.update((n, "the fallback: it added the most error against the gate")
+                       for n in added)
+        return reasons
 
     def _case_pass(self, attempt: Attempt) -> list[bool]:
         by_case: dict[tuple[int, str], bool] = {}

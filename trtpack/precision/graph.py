@@ -186,7 +186,7 @@ def low_precision_stats(model: onnx.ModelProto, precision: str) -> LowPrecisionS
     """MatMul and Gemm are counted together: onnxsim fuses MatMul+Add into Gemm."""
     low_names = int8_quantized_nodes(model) if precision == "int8" else fp16_nodes(model)
     by_op: dict[str, list[int]] = {}
-    for n in model.graph.node:
+    for n in nodes_with_subgraphs(model.graph):  # a body's nodes count, as FP32 when unsure
         if n.op_type in COMPUTE_OP_TYPES:
             entry = by_op.setdefault(n.op_type, [0, 0])
             entry[0] += n.name in low_names
@@ -197,6 +197,19 @@ def low_precision_stats(model: onnx.ModelProto, precision: str) -> LowPrecisionS
         matmul_gemm_total=sum(v[1] for v in mm), matmul_gemm_low=sum(v[0] for v in mm),
         by_op_type=by_op,
     )
+
+
+def nodes_with_subgraphs(graph: Any) -> list[Any]:
+    """The nodes of ``graph`` and of the bodies of its ``If``/``Loop``/``Scan`` nodes."""
+    nodes = []
+    for node in graph.node:
+        nodes.append(node)
+        for attribute in node.attribute:
+            if attribute.HasField("g"):
+                nodes.extend(nodes_with_subgraphs(attribute.g))
+            for sub in attribute.graphs:
+                nodes.extend(nodes_with_subgraphs(sub))
+    return nodes
 
 
 def node_hint(node: Any, initializer_names: set[str]) -> str:

@@ -134,9 +134,14 @@ class PrecisionMetrics:
 class Fp16Metrics(PrecisionMetrics):
     keep_io_types: bool = True
     kept_fp32_out_of_range: list[str] = field(default_factory=list)
+    converter: str = "ModelOpt AutoCast"  # or onnxconverter-common's, when AutoCast failed
+    autocast_failure: str | None = None  # why AutoCast could not convert the graph
+    kept_fp32_reasons: dict[str, str] = field(default_factory=dict)  # node -> why FP32
 
     def as_dict(self) -> dict[str, Any]:
         return {"precision": "fp16", "keep_io_types": self.keep_io_types,
+                "converter": self.converter, "autocast_failure": self.autocast_failure,
+                "kept_fp32_reasons": self.kept_fp32_reasons,
                 "excluded_nodes": self.excluded_nodes,
                 "excluded_by_fallback": self.excluded_by_fallback,
                 "excluded_node_hints": self.excluded_node_hints,

@@ -52,6 +52,9 @@ class Fp16Job:
     op_types_to_exclude: list[str] = field(default_factory=list)
     reference_inputs: str | None = None
     range_nodes_file: str | None = None
+    # "autocast" (ModelOpt), or "float16": onnxconverter-common's convert_float_to_float16,
+    # the fallback when AutoCast cannot convert a graph (trtpack.precision.fp16_fallback)
+    converter: str = "autocast"
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class ModelOptWorker:
     directory, removed by ``close``."""
 
     def __init__(self, mode: str, parent_dir: Path) -> None:
+        self.mode = mode
         self.cwd = Path(tempfile.mkdtemp(prefix="modelopt-", dir=parent_dir))
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])

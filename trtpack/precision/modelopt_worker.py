@@ -149,6 +149,15 @@ def quantize_int8(quantize: Any, spec: Any, source: Path, tmp_out: Path, method:
 
 
 def run_fp16(job: ModelOptJob, work: Path) -> dict[str, Any]:
+    assert job.fp16 is not None
+    if job.fp16.converter == "float16":
+        from trtpack.precision.fp16_fallback import convert_float16
+
+        return convert_float16(job, work)
+    return run_autocast(job, work)
+
+
+def run_autocast(job: ModelOptJob, work: Path) -> dict[str, Any]:
     import numpy as np
     from modelopt.onnx.autocast import convert_to_mixed_precision
     from modelopt.onnx.autocast.convert import DEFAULT_DATA_MAX
@@ -195,6 +204,16 @@ def run_fp16(job: ModelOptJob, work: Path) -> dict[str, Any]:
             onnx_path.unlink(missing_ok=True)
     pending = restore_weights(model, weights, source.parent)
     save_converted(model, Path(job.output), pending, source.parent)
+    if reference:
+        # AutoCast's model must run where it is verified: a failure (a shape mismatch in a
+        # Cast it inserted, a crash) is this worker's, and the stage falls back
+        from trtpack.precision.fp16_fallback import run_problem
+
+        with np.load(reference) as data:
+            problem = run_problem(Path(job.output), {k: data[k] for k in data.files})
+        if problem is not None:
+            raise RuntimeError(f"AutoCast's FP16 model does not run in ONNX Runtime: "
+                               f"{problem}")
     return {"out_of_range_nodes": range_nodes,
             "weights_outside_autocast": len(weights)}
 
@@ -207,6 +226,8 @@ def preload(mode: str) -> None:
         import modelopt.onnx.utils
     elif mode == "fp16":
         import modelopt.onnx.autocast  # noqa: F401
+    elif mode == "float16":
+        import onnxconverter_common.float16  # noqa: F401
 
 
 def main(argv: list[str]) -> int:

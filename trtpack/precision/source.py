@@ -12,10 +12,14 @@ from trtpack.onnx_tools.files import link_or_copy
 
 
 def external_locations(model: Any) -> set[str]:
+    """The external data files a model refers to: of its initializers and of its nodes'
+    tensor attributes (a ``Constant`` node's weight), subgraphs included."""
     from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
+    from trtpack.onnx_tools.files import all_tensors
+
     found = set()
-    for tensor in model.graph.initializer:
+    for tensor in all_tensors(model.graph):
         if uses_external_data(tensor):
             found.add(ExternalDataInfo(tensor).location)
     return found

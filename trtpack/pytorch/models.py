@@ -311,44 +311,67 @@ def load_model(recipe: Recipe, *, random_weights: bool, seed: int = 0) -> Loaded
         module, _ = torch_source_module(source)
         return LoadedModel(module, load_tokenizer(recipe, None), None, source.torch_kind)
 
-    from transformers import AutoConfig
-
-    cls = _model_class(recipe)
     model_dir = source_directory(source)
     if random_weights:
-        if model_dir is not None:
-            config = AutoConfig.from_pretrained(str(model_dir))
-        elif recipe.config:
-            cfg = dict(recipe.config)
-            model_type = cfg.pop("model_type", None)
-            if model_type is None:
-                raise UserInputError(f"recipe {recipe.name}: config needs 'model_type'")
-            config = AutoConfig.for_model(model_type, **cfg)
-        else:
-            raise UserInputError(
-                f"recipe {recipe.name} has no 'config' to build random weights from"
-            )
-        # Auto classes build from a config with from_config; a concrete class
-        # (ResNetForImageClassification) is constructed from it
-        module = cls.from_config(config) if hasattr(cls, "from_config") else cls(config)
+        config = model_config(recipe)
+        module = model_module(recipe, config)
         weights = "random"
     else:
         location = str(model_dir) if model_dir is not None else source.hf_id
         try:
-            module = cls.from_pretrained(location)
+            module = _model_class(recipe).from_pretrained(location)
         except OSError as e:
             raise MissingEnvironmentError(
                 f"cannot load weights of '{location}' ({str(e).splitlines()[0]})",
                 hint=OFFLINE_HINT) from None
         config = module.config
         weights = "pretrained"
+        module = with_head_and_pooling(recipe, module)
+    module.eval()
+    return LoadedModel(module, load_tokenizer(recipe, model_dir), config, weights)
+
+
+def model_config(recipe: Recipe, from_hub: bool = False) -> Any:
+    """The transformers config of a recipe's model: its local directory's ``config.json``,
+    else the recipe's ``config``, else (``from_hub``) its hub id's, from the local cache."""
+    from transformers import AutoConfig
+
+    model_dir = source_directory(recipe.source)
+    if model_dir is not None:
+        return AutoConfig.from_pretrained(str(model_dir))
+    if recipe.config:
+        cfg = dict(recipe.config)
+        model_type = cfg.pop("model_type", None)
+        if model_type is None:
+            raise UserInputError(f"recipe {recipe.name}: config needs 'model_type'")
+        return AutoConfig.for_model(model_type, **cfg)
+    if from_hub and recipe.source.hf_id:
+        try:
+            return AutoConfig.from_pretrained(recipe.source.hf_id)
+        except OSError as e:
+            raise MissingEnvironmentError(
+                f"cannot load the config of '{recipe.source.hf_id}' "
+                f"({str(e).splitlines()[0]})", hint=OFFLINE_HINT) from None
+    raise UserInputError(f"recipe {recipe.name} has no 'config' to build random weights from")
+
+
+def model_module(recipe: Recipe, config: Any) -> Any:
+    """The recipe's module built from ``config`` (random weights; on the meta device inside
+    ``torch.device("meta")``), with its head's settings and pooling."""
+    cls = _model_class(recipe)
+    # Auto classes build from a config with from_config; a concrete class
+    # (ResNetForImageClassification) is constructed from it
+    module = cls.from_config(config) if hasattr(cls, "from_config") else cls(config)
+    return with_head_and_pooling(recipe, module)
+
+
+def with_head_and_pooling(recipe: Recipe, module: Any) -> Any:
     head = head_for(recipe.task)
     if head is not None and head.logits_only and hasattr(module.config, "use_cache"):
         module.config.use_cache = False  # logits only: no KV-cache outputs
     if recipe.pooling is not None:
         module = _sentence_pooler(module, recipe.pooling.mode, recipe.pooling.normalize)
-    module.eval()
-    return LoadedModel(module, load_tokenizer(recipe, model_dir), config, weights)
+    return module
 
 
 def random_weight_bytes(recipe: Recipe) -> int | None:
@@ -361,7 +384,6 @@ def random_weight_bytes(recipe: Recipe) -> int | None:
 
     cfg = dict(recipe.config)
     config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
-    cls = _model_class(recipe)
     with torch.device("meta"):
-        module = cls.from_config(config) if hasattr(cls, "from_config") else cls(config)
+        module = model_module(recipe, config)
     return sum(p.numel() * p.element_size() for p in module.parameters())

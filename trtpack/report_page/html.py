@@ -17,6 +17,7 @@ import html
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from trtpack.report import REPORT, BuildReport
 from trtpack.report_page.charts import stage_chart
@@ -62,6 +63,7 @@ td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; }
         background:#eef2f4; color:var(--muted); }
 .warn { border-left:4px solid var(--warn); background:#fff8ec; padding:8px 12px;
         margin:6px 0; border-radius:4px; }
+.warn-text { color:var(--warn); font-weight:600; cursor:help; }
 figure.chart { margin:6px 0 10px; } figure.chart svg { max-width:100%; height:auto; }
 figcaption { color:var(--muted); font-size:13px; }
 details summary { cursor:pointer; color:var(--muted); margin:6px 0; }
@@ -77,6 +79,21 @@ def _profiles(profiles: Sequence[str]) -> str:
     return ", ".join(shown)
 
 
+def speedup_cards(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The header's "served vs PyTorch" range, from the corners whose ratio can be trusted
+    (``speedup_unreliable`` empty); the others are counted, never shown as a fact."""
+    served = [r for r in rows if r.get("runtime") == "served" and r.get("speedup_vs_pytorch")]
+    sure = [r["speedup_vs_pytorch"] for r in served if not r.get("speedup_unreliable")]
+    doubtful = len(served) - len(sure)
+    left_out = f" ({doubtful} unstable corner{'s' * (doubtful > 1)} left out)" \
+        if doubtful else ""
+    if sure:
+        return [(f"{min(sure):.2f}–{max(sure):.2f}×", f"served vs PyTorch{left_out}")]
+    if doubtful:
+        return [("unreliable", "served vs PyTorch: the timings were unstable (benchmark)")]
+    return []
+
+
 def render_report_html(report: BuildReport, out: Path) -> str:
     """The page as a string (``write_report_html`` writes it)."""
     status_ok = report.status == "ok"
@@ -87,10 +104,7 @@ def render_report_html(report: BuildReport, out: Path) -> str:
         (f"{sum(gates)}/{len(gates)}", "checks passed"),
     ]
     bench = report.benchmark or {}
-    best = [r["speedup_vs_pytorch"] for r in bench.get("rows", [])
-            if r.get("runtime") == "served" and r.get("speedup_vs_pytorch")]
-    if best:
-        cards.append((f"{min(best):.2f}–{max(best):.2f}×", "served vs PyTorch"))
+    cards += speedup_cards(bench.get("rows", []))
     card_html = "".join(f"<div class='card'><b>{html.escape(v)}</b><span>{k}</span></div>"
                         for v, k in cards)
     warnings = "".join(f'<div class="warn">{html.escape(w)}</div>' for w in report.warnings)

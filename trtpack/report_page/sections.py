@@ -104,9 +104,16 @@ def benchmark_section(bench: dict[str, Any]) -> str:
                 f'<span class="muted">{html.escape(r["reason"])}</span>'
             speed = "" if r.get("speedup_vs_pytorch") is None else \
                 f"{r['speedup_vs_pytorch']:.2f}×"
+            if speed and r.get("speedup_unreliable"):
+                speed = (f'<span class="warn-text" title="'
+                         f'{html.escape(r["speedup_unreliable"])}">{speed}?</span>')
+            p50 = number_cell(r.get("p50_ms"), ".2f")
+            if r.get("spread") is not None:
+                p50 += f' <span class="muted">spread {r["spread"]:.0%}</span>'
+            if r.get("unreliable"):
+                p50 += f' <span class="warn-text" title="{html.escape(r["unreliable"])}">?</span>'
             body.append([html.escape(r["engine"]), f"p{r['profile']} {html.escape(r['corner'])}",
-                         f"<code>{html.escape(short_shape(r['shapes']))}</code>",
-                         number_cell(r.get("p50_ms"), ".2f"),
+                         f"<code>{html.escape(short_shape(r['shapes']))}</code>", p50,
                          number_cell(r.get("p90_ms"), ".2f"),
                          number_cell(r.get("p99_ms"), ".2f"),
                          number_cell(r.get("throughput"), ",.1f"),
@@ -114,6 +121,17 @@ def benchmark_section(bench: dict[str, Any]) -> str:
         parts.append(table_html(["runtime", "corner", "shape", "p50 ms", "p90 ms", "p99 ms",
                              "samples/s", "runs", "vs PyTorch"], body, [3, 4, 5, 6, 7],
                             "benchmark"))
+        if bench.get("thread_policy"):
+            rounds = max(r.get("rounds") or 0 for r in rows)
+            parts.append(f'<p class="muted">p50 and the spread of its {rounds} rounds&#39; '
+                         "medians ((max − min) / median), the runtimes timed in rotation; "
+                         f'threads: {html.escape(bench["thread_policy"])}.</p>')
+        for r in rows:
+            if r.get("status") == "ok" and r.get("unreliable"):
+                parts.append(f'<p class="warn">? p{r["profile"]} {html.escape(r["corner"])} '
+                             f'{html.escape(r["engine"])}: {html.escape(r["unreliable"])}; '
+                             "its figures and every ratio against it are not to be trusted."
+                             "</p>")
         for note in bench.get("notes") or []:
             parts.append(f'<p class="warn">{html.escape(note)}</p>')
     served = bench.get("served")

@@ -16,6 +16,8 @@ HEAD_COUNT_KEYS = ("num_attention_heads", "n_heads", "n_head", "encoder_attentio
 """config.json keys that hold a text model's number of attention heads."""
 POSITION_KEYS = ("max_position_embeddings", "n_positions")
 """config.json keys that hold the longest sequence a text model takes."""
+LAYERS_KEYS = ("num_hidden_layers", "n_layer", "n_layers")
+"""config.json keys that hold a transformer's layers."""
 DEFAULT_HIDDEN_SIZE = 768
 DEFAULT_VOCAB_SIZE = 30522  # BERT's
 DEFAULT_POSITIONS = 512
@@ -64,6 +66,23 @@ def max_positions(config: dict[str, Any]) -> int:
     arch = architecture(str(config.get("model_type", "")))
     keys = (*arch.position_keys, *POSITION_KEYS)
     return int(next((config[k] for k in keys if config.get(k)), DEFAULT_POSITIONS))
+
+
+def attention_heads(config: dict[str, Any]) -> int | None:
+    """A transformer's attention heads (None: the config does not say)."""
+    return next((int(config[k]) for k in HEAD_COUNT_KEYS if config.get(k)), None)
+
+
+def hidden_layers(config: dict[str, Any]) -> int | None:
+    """A transformer's layers (None: the config does not say)."""
+    return next((int(config[k]) for k in LAYERS_KEYS if config.get(k)), None)
+
+
+def config_hidden_size(config: dict[str, Any]) -> int | None:
+    """The hidden size the config states (None: it does not say; ``hidden_size`` guesses)."""
+    arch = architecture(str(config.get("model_type", "")))
+    return next((int(config[k]) for k in (*arch.hidden_size_keys, *HIDDEN_SIZE_KEYS)
+                 if config.get(k)), None)
 
 
 def head_split_problem(config: dict[str, Any]) -> str | None:

@@ -74,10 +74,10 @@ def check_graph(model: Any, path: Path) -> None:
 def external_tensors(model: Any) -> list[Any]:
     import onnx
 
-    tensors = list(model.graph.initializer)
-    for node in model.graph.node:
-        tensors.extend(a.t for a in node.attribute if a.HasField("t"))
-    return [t for t in tensors if t.data_location == onnx.TensorProto.EXTERNAL]
+    from trtpack.onnx_tools.files import all_tensors
+
+    return [t for t in all_tensors(model.graph)
+            if t.data_location == onnx.TensorProto.EXTERNAL]
 
 
 def check_external_data(model: Any, path: Path) -> None:
@@ -148,6 +148,8 @@ def output_metric(name: str, axes: list[str | int], task: str, has_mask: bool) -
             return out.metric
     if len(axes) == 3 and has_mask:
         return "pooled_cosine"
+    if task == "generic" and not has_mask:
+        return "scaled_error"  # boxes, maps, states: trtpack.verify.sample_metrics
     return "cosine"
 
 
@@ -181,6 +183,20 @@ def _task_from_config(folder: Path) -> str | None:
     archs = read_config(folder).get("architectures") or []
     head = head_of_architecture(archs[0]) if archs else None
     return head.task if head is not None else None
+
+
+DATA_DEPENDENT_OPS = ("NonZero", "NonMaxSuppression", "Unique", "Compress")
+"""Operators whose output's shape depends on the values of their input."""
+
+
+def data_dependent_tensors(graph: Any) -> set[str]:
+    """The tensors downstream of a ``DATA_DEPENDENT_OPS`` node (their shapes may depend on
+    the data; conservative: everything computed from one)."""
+    found: set[str] = set()
+    for node in graph.node:  # ONNX graphs are topologically sorted
+        if node.op_type in DATA_DEPENDENT_OPS or found.intersection(node.input):
+            found.update(node.output)
+    return found
 
 
 def _default_profile(inputs: list[dict[str, Any]], max_sequence: int = 128) -> str:
@@ -229,12 +245,14 @@ def recipe_for_onnx(path: Path, task: str | None = None) -> Recipe:
     task = task or _task_from_config(folder) or "generic"
     has_mask = any(i["kind"] == "attention_mask" for i in inputs)
     outputs = []
+    data_dependent = data_dependent_tensors(model.graph)
     for v in model.graph.output:
         axes = [renames.get(a, a) if isinstance(a, str) else a for a in _dims(v, unnamed)]
         if axes and isinstance(axes[0], str) and BATCH in renames.values():
             axes[0] = BATCH
-        outputs.append({"name": v.name, "axes": axes,
-                        "metric": output_metric(v.name, axes, task, has_mask)})
+        metric = "data_dependent" if v.name in data_dependent else \
+            output_metric(v.name, axes, task, has_mask)
+        outputs.append({"name": v.name, "axes": axes, "metric": metric})
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 18)
     vocab: int | None = None
     max_sequence = 128

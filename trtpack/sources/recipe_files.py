@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from trtpack.errors import RecipeError, UserInputError
 from trtpack.shapes import TensorSpec
-from trtpack.sources.inputs import InputDescription, value_rule_problem
+from trtpack.sources.inputs import INTEGER_DTYPES, InputDescription, value_rule_problem
 from trtpack.sources.recipe import Recipe
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"  # trtpack/recipes/
@@ -226,6 +226,22 @@ def apply_input_options(recipe: Recipe, descriptions: Sequence[InputDescription]
     if recipe.origin is not None:
         updated.with_origin(recipe.origin)
     return updated
+
+
+def check_small_integer_inputs(recipe: Recipe) -> None:
+    """A scalar or one-element integer input (a sample rate, a mode, a length) with no value
+    rule is exit 2 naming it and the flag: drawn at random it sends the model down a branch
+    no user takes (``silero_vad``'s ``sr``)."""
+    unruled = [i for i in recipe.inputs if i.value is None and i.kind == "generic"
+               and i.dtype in INTEGER_DTYPES and all(a == 1 for a in i.axes)]
+    if unruled:
+        first = unruled[0]
+        raise UserInputError(
+            f"{', '.join(repr(i.name) for i in unruled)}: a one-element {first.dtype} input "
+            f"with no value rule; trtpack does not guess it",
+            hint=f"give it with --input {first.name}=VALUE (a constant, e.g. "
+                 f"{first.name}=16000) or --input {first.name}=LOW..HIGH (a range), or "
+                 "value: in the recipe's inputs")
 
 
 def _description_problem(declared: TensorSpec, given: TensorSpec) -> str | None:

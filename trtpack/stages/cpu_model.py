@@ -85,9 +85,9 @@ def model_shape(ctx: StageContext) -> tuple[str | None, int | None, int | None]:
     path = ctx.artifacts.get("model_config")
     if path is not None and path.is_file():
         config = {**config, **json.loads(path.read_text())}
-    heads = config.get("num_attention_heads") or config.get("n_head")
-    hidden = config.get("hidden_size") or config.get("n_embd") or config.get("dim")
-    return config.get("model_type"), heads, hidden
+    from trtpack.sources.architectures import attention_heads, config_hidden_size
+
+    return config.get("model_type"), attention_heads(config), config_hidden_size(config)
 
 
 def run(ctx: StageContext) -> StageOutcome:

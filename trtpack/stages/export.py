@@ -26,6 +26,7 @@ from trtpack.pytorch.models import (
 from trtpack.sources.recipe import Recipe
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 from trtpack.stages.torch_export import export_onnx
+from trtpack.verify.sample_files import SampleInputs, file_state
 from trtpack.verify.samples import make_inputs
 
 # Young objects collected 140x less often than Python's default (700, 10, 10) in the
@@ -73,6 +74,7 @@ def fingerprint(options: BuildOptions) -> dict[str, Any]:
         "opset": options.opset, "exporter": r.exporter,
         "profiles": [p.to_dict() for p in options.profiles],
         "random_weights": options.random_weights, "seed": options.seed,
+        "sample_inputs": file_state(options.sample_inputs),
     }
 
 
@@ -121,16 +123,21 @@ def _vocab_size(loaded: LoadedModel, recipe: Recipe) -> int:
     return 30522
 
 
-def build_cases(options: BuildOptions, loaded: LoadedModel) -> list[Case]:
+def build_cases(options: BuildOptions, loaded: LoadedModel) -> tuple[list[Case], list[str]]:
+    """The verification cases, and warnings (corners no --sample-inputs sample fits)."""
     specs = options.recipe.input_specs()
+    samples = SampleInputs.of(options, _vocab_size(loaded, options.recipe))
     cases: list[Case] = []
     for index, profile in enumerate(options.profiles):
         for k, (corner, shapes) in enumerate(profile.corners()):
             inputs = make_inputs(specs, shapes, tokenizer=loaded.tokenizer,
                                  vocab_size=_vocab_size(loaded, options.recipe),
-                                 seed=options.seed + 10 * index + k, offset=5 * k + index)
+                                 seed=options.seed + 10 * index + k, offset=5 * k + index,
+                                 values=options.recipe.value_rules())
+            if not samples.use(inputs, shapes):
+                samples.unfitted.append(f"profile {index} {corner}")
             cases.append(Case(index, corner, inputs))
-    return cases
+    return cases, samples.warnings()
 
 
 def shapes_text(inputs: dict[str, np.ndarray]) -> str:
@@ -179,7 +186,7 @@ def run(ctx: StageContext) -> StageOutcome:
         path = recipe.source.torchscript
         fresh = lambda: output_selector(load_torchscript(path), recipe)  # noqa: E731
     ctx.progress("running PyTorch at every profile corner")
-    cases = build_cases(options, loaded)
+    cases, sample_warnings = build_cases(options, loaded)
     run_torch(wrapper, recipe, cases, fresh)
     reference = ctx.stage_dir / "reference.npz"
     save_cases(reference, cases)
@@ -189,7 +196,7 @@ def run(ctx: StageContext) -> StageOutcome:
     exported = export_onnx(wrapper, options, onnx_path, ctx.log,
                            saved=fresh() if fresh is not None else None)
     summary = graph_summary(onnx_path)
-    warnings_out: list[str] = []
+    warnings_out: list[str] = list(sample_warnings)
     if exported.fallback:
         warnings_out.append(f"{exported.fallback}; exported with the TorchScript exporter "
                             "(dynamo=False) instead, verified against PyTorch the same way")

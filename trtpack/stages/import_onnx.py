@@ -17,11 +17,17 @@ from typing import Any
 
 from trtpack.cases import Case, save_cases, with_outputs
 from trtpack.errors import UserInputError
-from trtpack.onnx_tools.files import LARGE_INITIALIZER_BYTES, data_path, graph_summary
+from trtpack.onnx_tools.files import (
+    LARGE_INITIALIZER_BYTES,
+    all_tensors,
+    data_path,
+    graph_summary,
+)
 from trtpack.options import BuildOptions
 from trtpack.sources.tokenizer_files import has_tokenizer, tokenizer_files
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
-from trtpack.verify.samples import make_inputs
+from trtpack.verify.sample_files import SampleInputs, file_state
+from trtpack.verify.samples import fed_values_text, make_inputs
 
 
 @dataclass
@@ -65,22 +71,36 @@ def fingerprint(options: BuildOptions) -> dict[str, Any]:
         "tokenizer": r.tokenizer, "vocab_size": r.vocab_size,
         "tokenizer_files": [_file_state(p) for p in tokenizer_files(tokenizer_folder(options))],
         "profiles": [p.to_dict() for p in options.profiles], "seed": options.seed,
+        "sample_inputs": file_state(options.sample_inputs),
     }
 
 
 def copy_model(src: Path, dst: Path, axes: dict[str, list[str | int]]) -> bool:
     """``src`` as ``dst`` with every external or large weight in ``dst.data``, copied tensor
     by tensor; the I/O dims named as in ``axes``. True when ``dst.data`` was written."""
+    import io
+
     import onnx
 
     model = onnx.load(str(src), load_external_data=False)
     sidecar = data_path(dst)
     offset = 0
+    top_level = {id(t) for t in model.graph.initializer} | {
+        id(a.t) for n in model.graph.node for a in n.attribute if a.HasField("t")}
     with open(sidecar, "wb") as out:
-        tensors = list(model.graph.initializer)
-        for node in model.graph.node:
-            tensors.extend(a.t for a in node.attribute if a.HasField("t"))
-        for t in tensors:
+        for t in all_tensors(model.graph):  # subgraphs' (If/Loop bodies) included
+            if id(t) not in top_level:
+                # a body's weights stay inline: ONNX Runtime refuses a body's external
+                # data file when it has several hard links, as the stage cache's do
+                if t.data_location == onnx.TensorProto.EXTERNAL:
+                    info = {e.key: e.value for e in t.external_data}
+                    inline = io.BytesIO()
+                    _copy_range(src.parent / info["location"], int(info.get("offset", 0) or 0),
+                                int(info["length"]) if info.get("length") else None, inline)
+                    del t.external_data[:]
+                    t.data_location = onnx.TensorProto.DEFAULT
+                    t.raw_data = inline.getvalue()
+                continue
             pad = (-offset) % 4096  # aligned like onnx's own writer
             if t.data_location == onnx.TensorProto.EXTERNAL:
                 info = {e.key: e.value for e in t.external_data}
@@ -201,7 +221,9 @@ def run(ctx: StageContext) -> StageOutcome:
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from trtpack.verify.compare import run_onnxruntime
+    import numpy as np
+
+    from trtpack.runtimes.onnxruntime import cpu_session, run_session
 
     options = ctx.options
     recipe = options.recipe
@@ -231,19 +253,42 @@ def run(ctx: StageContext) -> StageOutcome:
                             "vocabulary size with --set vocab_size=N, or a tokenizer beside "
                             "the ONNX")
     specs = recipe.input_specs()
+    samples = SampleInputs.of(options, vocab)
     cases: list[Case] = []
     for index, profile in enumerate(options.profiles):
         for k, (corner, shapes) in enumerate(profile.corners()):
             inputs = make_inputs(specs, shapes, tokenizer=tokenizer, vocab_size=vocab or 30522,
-                                 seed=options.seed + 10 * index + k, offset=5 * k + index)
+                                 seed=options.seed + 10 * index + k, offset=5 * k + index,
+                                 values=recipe.value_rules())
+            if not samples.use(inputs, shapes):
+                samples.unfitted.append(f"profile {index} {corner}")
             cases.append(Case(index, corner, inputs))
+    warnings += samples.warnings()
+    dependent = [o.name for o in recipe.outputs if o.metric == "data_dependent"]
+    if dependent:
+        warnings.append(
+            f"{', '.join(repr(n) for n in dependent)}: a shape that depends on the data "
+            "(NonZero, NonMaxSuppression, Unique or Compress upstream): compared per sample "
+            "where the candidate's shape equals the reference's, reported 'not verified' "
+            "where it does not")
     ctx.progress(f"the FP32 ONNX in ONNX Runtime on {len(cases)} cases (the reference)")
     try:
-        outputs = run_onnxruntime(onnx_path, cases)
-    except Exception as e:  # onnxruntime's own errors: the model does not run as given
+        session = cpu_session(onnx_path, few_runs=True)
+    except Exception as e:  # onnxruntime's own errors: the model does not load
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise UserInputError(f"ONNX Runtime cannot run {src.name} at the profile shapes: "
-                             f"{first}") from None
+        raise UserInputError(f"ONNX Runtime cannot load {src.name}: {first}") from None
+    outputs: list[dict[str, Any]] = []
+    for case in cases:
+        try:
+            outputs.extend({k: np.asarray(v) for k, v in out.items()}
+                           for out in run_session(session, [case.inputs]))
+        except Exception as e:  # onnxruntime's own errors: the model does not run as given
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise UserInputError(
+                f"ONNX Runtime cannot run {src.name} on what trtpack fed it at the "
+                f"{case.corner} corner ({fed_values_text(case.inputs, recipe.value_rules())}):"
+                f" {first}", hint="give an input its values with --input NAME=VALUE or "
+                "NAME=LOW..HIGH, or real samples; the shapes with --profile") from None
     reference = ctx.stage_dir / "reference.npz"
     save_cases(reference, with_outputs(cases, outputs))
     artifacts["reference"] = reference

@@ -44,7 +44,8 @@ def _example_inputs(options: BuildOptions) -> dict[str, np.ndarray]:
             for d, axis in enumerate(spec.axes)
         )
     vocab = min(options.recipe.vocab_size or 1000, 1000)
-    return make_inputs(options.recipe.input_specs(), shapes, vocab_size=vocab, seed=1234)
+    return make_inputs(options.recipe.input_specs(), shapes, vocab_size=vocab, seed=1234,
+                       values=options.recipe.value_rules())
 
 
 @dataclass

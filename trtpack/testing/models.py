@@ -1,5 +1,7 @@
 """Synthetic models for tests and benchmarks, built from nothing but a seed.
 
+``conv_onnx`` is a small convolutional ONNX model (an image model, no transformer fields).
+
 ``big_embedding_model`` is the large-model case: its weights (2.46 GB of float32) are past
 protobuf's 2 GiB limit, so its ONNX model has to keep them in an external data file, while
 computing it costs little (an embedding look-up, a masked mean and a small projection).
@@ -7,6 +9,7 @@ computing it costs little (an embedding look-up, a masked mean and a small proje
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -54,3 +57,37 @@ def big_embedding_model() -> torch.nn.Module:
 
     model = BigEmbeddingModel(BIG_VOCAB_SIZE, BIG_HIDDEN_SIZE, BIG_OUTPUT_SIZE, BIG_SEED)
     return model.eval().requires_grad_(False)
+
+
+def conv_onnx(path: Path, channels: tuple[int, int] = (16, 32), seed: int = 0) -> Path:
+    """A small convolutional ONNX model (Conv 3x3 -> Relu -> Conv 3x3 -> global average
+    pool -> ``features`` [batch, channels[1]]) with a dynamic batch and image size, written
+    to ``path``: an image model for checks that must not lean on transformer fields."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    first, second = channels
+    weights = [
+        numpy_helper.from_array(rng.standard_normal((first, 3, 3, 3)).astype(np.float32)
+                                / 5, "conv1.weight"),
+        numpy_helper.from_array(rng.standard_normal((second, first, 3, 3)).astype(np.float32)
+                                / 12, "conv2.weight"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["image", "conv1.weight"], ["conv1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["conv1"], ["relu1"]),
+        helper.make_node("Conv", ["relu1", "conv2.weight"], ["conv2"], pads=[1, 1, 1, 1]),
+        helper.make_node("GlobalAveragePool", ["conv2"], ["pooled"]),
+        helper.make_node("Flatten", ["pooled"], ["features"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "conv",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT,
+                                       ["batch", 3, "height", "width"])],
+        [helper.make_tensor_value_info("features", TensorProto.FLOAT, ["batch", second])],
+        weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, str(path))
+    return path

@@ -21,7 +21,12 @@ import numpy as np
 from trtpack.cases import Case
 from trtpack.report import VerificationRow, shown_metric
 from trtpack.sources.recipe import Recipe, Tolerance
-from trtpack.verify.sample_metrics import TOP1_METRICS, SampleScores, gate_threshold, sample_scores
+from trtpack.verify.sample_metrics import (
+    SampleScores,
+    gate_threshold,
+    metric_label,
+    sample_scores,
+)
 
 
 def _is_loaded_torch_tensor(obj: Any) -> bool:
@@ -102,13 +107,15 @@ def saved_tokenizer_text(folder: Path | None, recipe: Recipe) -> SampleText | No
 def _gate(tol: Tolerance, metric: str, scores: SampleScores | None, max_abs: float,
           within_tolerance: bool) -> tuple[bool, str]:
     reasons = []
-    if (tol.atol is not None or tol.rtol is not None) and not within_tolerance:
+    # a generic output's scaled error is its elementwise check, judged per sample
+    elementwise = metric not in ("scaled_error", "data_dependent")
+    if elementwise and (tol.atol is not None or tol.rtol is not None) and not within_tolerance:
         reasons.append(f"max abs diff {max_abs:.3g} over atol {tol.atol} / rtol {tol.rtol}")
     threshold = gate_threshold(metric, tol)
     if scores is not None and threshold is not None:
         failing = scores.failing(threshold)
         if failing:
-            name = "top-1 agreement" if metric in TOP1_METRICS else "cosine"
+            name = metric_label(metric)
             reasons.append(
                 f"{len(failing)} of {len(scores.values)} samples below {threshold}: worst "
                 f"sample {scores.worst_index} {name} "
@@ -163,6 +170,12 @@ def compare_cases(
                                                 "output missing"))
                     continue
                 out = np.asarray(candidate[name])
+                if out.shape != ref.shape and metric == "data_dependent":
+                    rows.append(VerificationRow(
+                        check, case.profile, case.corner, case.shapes, name, np.nan, np.nan,
+                        metric, None, True, f"not verified: '{name}' has a data-dependent "
+                        f"shape ({out.shape} here, {ref.shape} in the reference)"))
+                    continue
                 if out.shape != ref.shape:
                     rows.append(VerificationRow(
                         check, case.profile, case.corner, case.shapes, name, np.inf, np.inf,

@@ -124,6 +124,27 @@ def span_per_sample(ref: np.ndarray, out: np.ndarray, inputs: Mapping[str, np.nd
     return (r == o).astype(np.float64)
 
 
+def scaled_error_per_sample(ref: np.ndarray, out: np.ndarray,
+                            inputs: Mapping[str, np.ndarray], mask_input: str | None
+                            ) -> np.ndarray:
+    """The gate of a generic output (a detector's boxes in pixels, a probability map, a
+    recurrent state): for each sample, 1 - its largest absolute difference divided by its
+    scale, the reference sample's largest absolute value but at least 1. A probability is
+    judged by its absolute error, a box coordinate in pixels by its error against the image
+    size, and an all-near-zero map (where a cosine means nothing) by how far it moved."""
+    if not _per_sample(ref):
+        a = ref.astype(np.float64).reshape(1, -1)
+        b = out.astype(np.float64).reshape(1, -1)
+    else:
+        a = ref.astype(np.float64).reshape(ref.shape[0], -1)
+        b = out.astype(np.float64).reshape(out.shape[0], -1)
+    if a.shape[1] == 0:
+        return np.ones(a.shape[0])
+    scale = np.maximum(np.abs(a).max(axis=1), 1.0)
+    error = np.abs(a - b).max(axis=1) / scale
+    return np.where(np.isfinite(error), 1.0 - error, -np.inf)
+
+
 # token_top1 is the argmax at every unpadded token (LMs, token classification), which
 # top1_per_sample computes per sample
 SAMPLE_METRICS: dict[str, SampleMetric] = {
@@ -132,6 +153,8 @@ SAMPLE_METRICS: dict[str, SampleMetric] = {
     "top1": top1_per_sample,
     "token_top1": top1_per_sample,
     "span": span_per_sample,
+    "scaled_error": scaled_error_per_sample,
+    "data_dependent": scaled_error_per_sample,  # where the shapes agree (compare_cases)
 }
 
 
@@ -175,7 +198,18 @@ def gate_threshold(metric: str, tol: Tolerance) -> float | None:
         return tol.min_cosine
     if metric in TOP1_METRICS:
         return tol.min_top1
+    if metric in ("scaled_error", "data_dependent") and tol.max_scaled_error is not None:
+        return 1.0 - tol.max_scaled_error
     return None
+
+
+def metric_label(metric: str) -> str:
+    """What a sample's value of ``metric`` is called in a report line."""
+    if metric in TOP1_METRICS:
+        return "top-1 agreement"
+    if metric in ("scaled_error", "data_dependent"):
+        return "1 - scaled max error"
+    return "cosine"
 
 
 def task_metric(metric: str, ref: np.ndarray, out: np.ndarray,

@@ -10,6 +10,10 @@ from typing import Any
 import numpy as np
 
 from trtpack.shapes import Shape, TensorSpec
+from trtpack.sources.inputs import INTEGER_DTYPES, ValueRule
+
+GENERATED_INTEGERS = (0, 100)
+"""[low, high) of a generic integer input that has no value rule."""
 
 SENTENCES: tuple[str, ...] = (
     "The quick brown fox jumps over the lazy dog.",
@@ -96,8 +100,11 @@ def make_inputs(
     vocab_size: int = 30522,
     seed: int = 0,
     offset: int = 0,
+    values: Mapping[str, ValueRule] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Inputs for one case: ``shapes`` maps input names to concrete shapes."""
+    """Inputs for one case: ``shapes`` maps input names to concrete shapes; an input with a
+    value rule (``values``: a recipe's ``value_rules()``) takes its constant or is drawn
+    from its range, the others are made from their kind."""
     rng = np.random.default_rng(seed)
     token_kinds = {"token_ids": "input_ids", "attention_mask": "attention_mask",
                    "token_type_ids": "token_type_ids"}
@@ -105,7 +112,10 @@ def make_inputs(
     feeds: dict[str, np.ndarray] = {}
     for spec in specs:
         shape = tuple(shapes[spec.name])
-        if spec.kind in token_kinds:
+        rule = (values or {}).get(spec.name)
+        if rule is not None:
+            feeds[spec.name] = ruled_values(rule, spec.dtype, shape, rng)
+        elif spec.kind in token_kinds:
             if text is None or text["input_ids"].shape != shape:
                 batch, seq = shape[0], shape[-1]
                 with_pairs = any(s.kind == "token_type_ids" for s in specs)
@@ -119,7 +129,39 @@ def make_inputs(
         elif spec.kind == "image":
             feeds[spec.name] = _image(rng, shape).astype(spec.dtype)
         elif np.issubdtype(np.dtype(spec.dtype), np.integer):
-            feeds[spec.name] = rng.integers(0, 100, size=shape).astype(spec.dtype)
+            feeds[spec.name] = rng.integers(*GENERATED_INTEGERS, size=shape).astype(spec.dtype)
         else:
             feeds[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
     return feeds
+
+
+def ruled_values(rule: ValueRule, dtype: str, shape: Shape, rng: np.random.Generator
+                 ) -> np.ndarray:
+    """An input's values under its rule: the constant everywhere, or uniform in the range
+    (whole numbers, both ends included, for an integer dtype)."""
+    if rule.constant is not None:
+        return np.full(shape, rule.constant, dtype=dtype)
+    assert rule.low is not None and rule.high is not None
+    if dtype in INTEGER_DTYPES:
+        return rng.integers(int(rule.low), int(rule.high), size=shape, endpoint=True
+                            ).astype(dtype)
+    return rng.uniform(float(rule.low), float(rule.high), size=shape).astype(dtype)
+
+
+def fed_values_text(inputs: Mapping[str, np.ndarray], rules: Mapping[str, ValueRule],
+                    limit: int = 4) -> str:
+    """What a case fed its small inputs and how they were chosen, for an error message:
+    ``sr = 37 (drawn from [0, 100))``, ``sr = 16000 (--input)``; only inputs of at most
+    ``limit`` elements, with the shapes of the others."""
+    parts = []
+    for name, value in inputs.items():
+        if value.size > limit:
+            parts.append(f"{name}: {'x'.join(map(str, value.shape))}")
+            continue
+        shown = value.item() if value.size == 1 else value.tolist()
+        rule = rules.get(name)
+        how = (f"from the rule {rule}" if rule is not None else
+               f"drawn from [{GENERATED_INTEGERS[0]}, {GENERATED_INTEGERS[1]})"
+               if np.issubdtype(value.dtype, np.integer) else "generated")
+        parts.append(f"'{name}' = {shown} ({how})")
+    return ", ".join(parts)

@@ -1,0 +1,75 @@
+"""resources: the one definition of activations (``activation_bytes``) and the memory this
+machine still has (``available_memory``: the cgroup's room, else MemAvailable), read from a
+fake /proc and cgroup tree."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trtpack.resources import Op, activation_bytes, available_memory
+
+
+def test_a_chain_holds_at_most_one_input_and_one_output() -> None:
+    # a -> b -> c: while b is written, a is alive; a is freed after its last read
+    ops = [Op(("x",), ("a",)), Op(("a",), ("b",)), Op(("b",), ("c",))]
+    sizes = {"x": 1000, "a": 10, "b": 20, "c": 5}
+    assert activation_bytes(ops, sizes) == 30  # a + b; x is an input, not an activation
+
+
+def test_a_tensor_read_later_stays_alive_and_outputs_stay_to_the_end() -> None:
+    # a residual: a is read again by the last op; b and c come and go beside it
+    ops = [Op(("x",), ("a",)), Op(("a",), ("b",)), Op(("b",), ("c",)), Op(("a", "c"), ("d",))]
+    sizes = {"a": 100, "b": 10, "c": 10, "d": 100}
+    assert activation_bytes(ops, sizes) == 210  # a + c + d at the last op
+    # the first op's output kept as a model output: alive to the end
+    assert activation_bytes(ops[:2], {"a": 100, "b": 10}, kept=["a", "b"]) == 110
+
+
+def test_in_place_writes_and_weights_count_once_or_not_at_all() -> None:
+    ops = [Op(("x", "w"), ("a",)), Op(("a",), ("a",)), Op(("a", "w"), ("b",))]
+    assert activation_bytes(ops, {"a": 8, "b": 8}) == 16  # w has no size: a weight
+
+
+def write_proc(root: Path, cgroup: str, available_kb: int) -> Path:
+    proc = root / "proc"
+    (proc / "self").mkdir(parents=True)
+    (proc / "self" / "cgroup").write_text(cgroup)
+    (proc / "meminfo").write_text(f"MemTotal: 99999999 kB\nMemAvailable: {available_kb} kB\n")
+    return proc
+
+
+def test_cgroup_v2_limit_wins_when_it_is_smaller(tmp_path: Path) -> None:
+    proc = write_proc(tmp_path, "0::/job\n", 16 * 2**20)  # 16 GiB free on the machine
+    job = tmp_path / "cg" / "job"
+    job.mkdir(parents=True)
+    (job / "memory.max").write_text(f"{4 * 2**30}\n")
+    (job / "memory.current").write_text(f"{2**30}\n")
+    (job / "memory.stat").write_text(f"anon 1\ninactive_file {2**29}\n")
+    found = available_memory(proc, tmp_path / "cg")
+    assert found is not None
+    assert found.bytes == 4 * 2**30 - 2**29  # limit - (usage - reclaimable cache)
+    assert "cgroup v2" in found.source and "memory.max" in found.source
+
+
+def test_cgroup_v1_limit_and_no_limit(tmp_path: Path) -> None:
+    proc = write_proc(tmp_path, "4:memory:/box\n0::/\n", 8 * 2**20)
+    box = tmp_path / "cg" / "memory" / "box"
+    box.mkdir(parents=True)
+    (box / "memory.limit_in_bytes").write_text(f"{2**30}\n")
+    (box / "memory.usage_in_bytes").write_text(f"{2**28}\n")
+    found = available_memory(proc, tmp_path / "cg")
+    assert found is not None and found.bytes == 2**30 - 2**28
+    assert "cgroup v1" in found.source
+    (box / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "no limit"
+    found = available_memory(proc, tmp_path / "cg")
+    assert found is not None and found.source == "MemAvailable"
+    assert found.bytes == 8 * 2**30
+
+
+def test_cgroup_v2_max_means_no_limit(tmp_path: Path) -> None:
+    proc = write_proc(tmp_path, "0::/\n", 2**20)
+    (tmp_path / "cg").mkdir()
+    (tmp_path / "cg" / "memory.max").write_text("max\n")
+    (tmp_path / "cg" / "memory.current").write_text("5\n")
+    found = available_memory(proc, tmp_path / "cg")
+    assert found is not None and found.source == "MemAvailable" and found.bytes == 2**30

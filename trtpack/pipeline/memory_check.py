@@ -1,0 +1,243 @@
+"""The memory a build will need at each profile corner, estimated before any stage runs and
+checked against what this machine has (``resources.available_memory``): a profile no stage
+could hold is refused in seconds (exit 2) instead of being found by the kernel's OOM killer
+an hour in. ``--skip-memory-check`` builds anyway.
+
+The estimate works from the model itself, not from architecture fields: from the ONNX graph
+(an ONNX model in), or from one forward pass of the PyTorch module traced on the meta device
+(``pytorch.footprint``). Each stage's process is then its imports, some copies of the
+weights, and a multiple of the activations (``resources.activation_bytes``), by the
+constants of ``STAGE_MEMORY``, calibrated in ``benchmarks/memory_estimate.py``
+(``benchmarks/README.md``: estimate against measured peak per stage).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from trtpack.errors import UserInputError
+from trtpack.onnx_tools.footprint import Footprint
+from trtpack.options import BuildOptions
+from trtpack.processes import run_forked
+from trtpack.resources import AvailableMemory, available_memory
+
+MB = 2**20
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """One stage's process, as the estimate models it: ``base`` bytes of imports and
+    bookkeeping, ``weight_copies`` times the weights, ``activation_factor`` times the
+    activations of the PyTorch module run eagerly (``eager``: export) or of the ONNX graph
+    (``runtime``: ONNX Runtime, whose arena grows past the planned peak)."""
+
+    stage: str
+    base: int
+    weight_copies: float
+    activation_factor: float
+    runs: str  # "eager" (PyTorch) or "runtime" (ONNX Runtime)
+
+
+# calibrated on tiny-bert, minilm and a convolutional ONNX model (benchmarks/README.md)
+STAGE_MEMORY: tuple[StageMemory, ...] = (
+    StageMemory("export", 550 * MB, 1.5, 1.5, "eager"),
+    StageMemory("import", 150 * MB, 1.5, 4.0, "runtime"),
+    StageMemory("verify", 150 * MB, 1.5, 4.0, "runtime"),
+    StageMemory("cpu_model", 200 * MB, 6.0, 1.5, "runtime"),
+)
+
+
+@dataclass(frozen=True)
+class CornerEstimate:
+    """The estimate at one profile corner: the model's footprint there and the bytes each
+    stage of this build would need."""
+
+    profile: int
+    corner: str
+    shapes: dict[str, list[int]]
+    weights: int
+    activations: dict[str, int]  # "eager" / "runtime" -> bytes
+    stages: dict[str, int]  # stage -> estimated peak bytes
+
+    @property
+    def largest(self) -> tuple[str, int]:
+        stage = max(self.stages, key=lambda s: self.stages[s])
+        return stage, self.stages[stage]
+
+    def shapes_text(self) -> str:
+        return ", ".join(f"{n}={'x'.join(str(d) for d in s)}" for n, s in self.shapes.items())
+
+
+def _stages(options: BuildOptions) -> list[StageMemory]:
+    from trtpack.pipeline.stage import STAGES
+
+    applies = {s.name for s in STAGES if s.applies(options) and s.skip_reason(options) is None}
+    return [m for m in STAGE_MEMORY if m.stage in applies]
+
+
+def stage_bytes(model: StageMemory, weights: int, activations: int) -> int:
+    return int(model.base + model.weight_copies * weights
+               + model.activation_factor * activations)
+
+
+def estimate_corners(options: BuildOptions) -> list[CornerEstimate]:
+    """Every corner of every profile of ``options``, estimated (imports torch for a PyTorch
+    model: run it in a process of its own, ``estimate_in_child``)."""
+    corners = [(index, which, shapes) for index, profile in enumerate(options.profiles)
+               for which, shapes in profile.corners()]
+    shape_list = [{n: list(s) for n, s in shapes.items()} for _, _, shapes in corners]
+    footprints: dict[str, list[Footprint]]
+    if options.recipe.source.onnx:
+        from trtpack.onnx_tools.footprint import graph_footprint, load_graph
+
+        graph = load_graph(Path(options.recipe.source.onnx))
+        footprints = {"runtime": [graph_footprint(graph, s) for s in shape_list]}
+    else:
+        from trtpack.pytorch.footprint import recipe_footprints
+
+        footprints = recipe_footprints(options.recipe, shape_list)
+    stages = _stages(options)
+    found = []
+    for k, (index, which, _) in enumerate(corners):
+        acts = {runs: f[k].activations for runs, f in footprints.items()}
+        weights = footprints["runtime"][k].weights
+        found.append(CornerEstimate(
+            index, which, shape_list[k], weights, acts,
+            {m.stage: stage_bytes(m, weights, acts.get(m.runs, acts["runtime"]))
+             for m in stages}))
+    return found
+
+
+def output_bytes(options: BuildOptions, shapes: dict[str, list[int]]) -> int | None:
+    """The bytes of the model's outputs at a corner, from the recipe's declared output axes
+    (a name is the input axis of that name; FP32): they are activations too (kept to the
+    end), so this is a lower bound of the activations known without loading anything. None
+    when an axis is not known at the corner."""
+    dims: dict[str, int] = {}
+    for spec in options.recipe.input_specs():
+        for axis, size in zip(spec.axes, shapes.get(spec.name, ()), strict=False):
+            if isinstance(axis, str):
+                dims.setdefault(axis, size)
+    total = 0
+    for output in options.recipe.outputs:
+        count = 1
+        for axis in output.axes:
+            known = axis if isinstance(axis, int) else dims.get(axis)
+            if known is None or known < 0:
+                return None
+            count *= known
+        total += 4 * count
+    return total
+
+
+def lower_bounds(options: BuildOptions) -> list[CornerEstimate]:
+    """Every corner's estimate with the weights left out and the outputs as the only
+    activations (``output_bytes``): no import, no model loaded."""
+    stages = _stages(options)
+    found = []
+    for index, profile in enumerate(options.profiles):
+        for which, corner in profile.corners():
+            shapes = {n: list(s) for n, s in corner.items()}
+            outputs = output_bytes(options, shapes)
+            if outputs is not None:
+                found.append(CornerEstimate(
+                    index, which, shapes, 0, {"runtime": outputs, "eager": outputs},
+                    {m.stage: stage_bytes(m, 0, outputs) for m in stages}))
+    return found
+
+
+def _estimate_to_file(options: BuildOptions, path: str) -> int:
+    estimates = estimate_corners(options)
+    Path(path).write_text(json.dumps([asdict(e) for e in estimates]))
+    return 0
+
+
+ESTIMATES = "memory"  # the stage cache's folder of stored estimates (files: no cache entry)
+
+
+def stored_estimate(options: BuildOptions) -> Path | None:
+    """Where the estimates of a PyTorch model's build are kept in the stage cache, keyed like
+    its export stage (model files, recipe, profiles) and trtpack's code and packages: a
+    rebuild does not trace the module again. None for an ONNX model (its graph is read in
+    well under a second) or without the cache."""
+    if not options.use_cache or options.recipe.source.onnx:
+        return None
+    from trtpack.pipeline.cache import tool_versions
+    from trtpack.stages.export import fingerprint
+
+    key = hashlib.sha256(json.dumps({"export": fingerprint(options), "versions": tool_versions()},
+                                    sort_keys=True, default=str).encode()).hexdigest()[:24]
+    return options.cache_dir / ESTIMATES / f"{key}.json"
+
+
+def estimate_in_child(options: BuildOptions, timeout: float = 120.0
+                      ) -> list[CornerEstimate] | str:
+    """``estimate_corners`` in a forked process (torch's imports do not stay in the build's
+    own process), or as stored by an earlier build (``stored_estimate``); the estimates, or
+    why there are none (one line)."""
+    stored = stored_estimate(options)
+    if stored is not None and stored.is_file():
+        with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+            return [CornerEstimate(**e) for e in json.loads(stored.read_text())]
+    with tempfile.TemporaryDirectory(prefix="trtpack-memory-") as tmp:
+        result, log = Path(tmp) / "estimate.json", Path(tmp) / "estimate.log"
+        code = run_forked(_estimate_to_file, (options, str(result)), timeout, log)
+        if code != 0 or not result.is_file():
+            lines = [line for line in log.read_text(errors="replace").splitlines()
+                     if line.strip()] if log.is_file() else []
+            why = lines[-1].strip() if lines else f"ran past {timeout:.0f} s" \
+                if code is None else f"exit {code}"
+            return why
+        if stored is not None:
+            with contextlib.suppress(OSError):
+                stored.parent.mkdir(parents=True, exist_ok=True)
+                partial = stored.with_name(f"{stored.name}.tmp-{os.getpid()}")
+                partial.write_text(result.read_text())
+                partial.replace(stored)
+        return [CornerEstimate(**e) for e in json.loads(result.read_text())]
+
+
+def gb(n: float) -> str:
+    if n >= 2**30:
+        return f"{n / 2**30:,.1f} GB"
+    return f"{n / MB:,.0f} MB" if n >= MB else f"{n / 1024:,.0f} KB"
+
+
+def refusal(estimate: CornerEstimate, available: AvailableMemory,
+            lower_bound: bool = False) -> UserInputError:
+    stage, needed = estimate.largest
+    model = next(m for m in STAGE_MEMORY if m.stage == stage)
+    activations = estimate.activations.get(model.runs, estimate.activations["runtime"])
+    what = (f"at least {gb(needed)} in the {stage} stage (its outputs alone are "
+            f"{gb(activations)})" if lower_bound else
+            f"about {gb(needed)} in the {stage} stage (weights {gb(estimate.weights)}, "
+            f"activations {gb(activations)})")
+    return UserInputError(
+        f"profile {estimate.profile} {estimate.corner} ({estimate.shapes_text()}) needs {what},"
+        f" and {gb(available.bytes)} is available ({available.source})",
+        hint="choose a smaller --profile, or add --skip-memory-check to build anyway")
+
+
+def check_build_memory(options: BuildOptions,
+                       available: AvailableMemory | None = None) -> list[str]:
+    """Refuse (``UserInputError``) a build whose estimate at some corner exceeds the memory
+    available, naming the corner; the warnings when nothing could be estimated."""
+    available = available or available_memory()
+    if available is None:
+        return ["memory not checked: this system does not say how much memory is available"]
+    over = [e for e in lower_bounds(options) if e.largest[1] > available.bytes]
+    if over:  # known without loading the model
+        raise refusal(max(over, key=lambda e: e.largest[1]), available, lower_bound=True)
+    estimates = estimate_in_child(options)
+    if isinstance(estimates, str):
+        return [f"memory not estimated ({estimates}); the build goes on unchecked"]
+    over = [e for e in estimates if e.largest[1] > available.bytes]
+    if over:
+        raise refusal(max(over, key=lambda e: e.largest[1]), available)
+    return []
