@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import resource
 import subprocess
 import time
 from dataclasses import dataclass
@@ -19,11 +20,16 @@ class Measured:
     returncode: int
     stdout: str
     stderr: str
+    # user + system CPU seconds of the command's process tree (its reaped descendants): what
+    # load on shared cores inflates far less than wall time
+    cpu_seconds: float = 0.0
 
 
 def run_measured(cmd: list[str], *, env: dict[str, str] | None = None,
                  cwd: str | None = None, interval: float = 0.05) -> Measured:
-    """Wall time and peak RSS (the process and all its children, summed) of a command."""
+    """Wall time, CPU seconds and peak RSS (the process and all its children, summed) of a
+    command (CPU seconds: call it from one thread at a time)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **(env or {})}, cwd=cwd)
@@ -38,7 +44,10 @@ def run_measured(cmd: list[str], *, env: dict[str, str] | None = None,
             pass
         time.sleep(interval)
     stdout, stderr = proc.communicate()
-    return Measured(time.perf_counter() - started, peak, proc.returncode, stdout, stderr)
+    seconds = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return Measured(seconds, peak, proc.returncode, stdout, stderr, round(cpu, 2))
 
 
 def machine() -> dict[str, Any]:

@@ -30,14 +30,14 @@ from _measure import machine, run_measured
 
 
 def build(recipe: str, profile: str, precision: str, out: Path, cache: Path,
-          extra: list[str]) -> tuple[dict, float, float]:
+          extra: list[str]) -> tuple[dict, float, float, float]:
     cmd = [sys.executable, "-m", "trtpack.cli", "build", recipe, "--target", "cpu",
            "--precision", precision, "--out", str(out), "--cache-dir", str(cache), "--json",
            *(["--profile", profile] if profile else []), *extra]
     m = run_measured(cmd)
     if m.returncode != 0:
         raise SystemExit(f"build failed ({m.returncode}):\n{m.stderr[-4000:]}")
-    return json.loads(m.stdout), m.seconds, m.peak_mb
+    return json.loads(m.stdout), m.seconds, m.peak_mb, m.cpu_seconds
 
 
 def main() -> None:
@@ -63,10 +63,10 @@ def main() -> None:
         if args.warm_up:
             build(args.recipe, args.profile, args.precision, Path(tmp) / "warm-up",
                   Path(tmp) / "warm-up-cache", args.extra)
-        cold, cold_s, cold_peak = build(args.recipe, args.profile, args.precision, out, cache,
-                                        args.extra)
-        warm, warm_s, warm_peak = build(args.recipe, args.profile, args.precision, out, cache,
-                                        args.extra)
+        cold, cold_s, cold_peak, cold_cpu = build(args.recipe, args.profile, args.precision,
+                                                  out, cache, args.extra)
+        warm, warm_s, warm_peak, warm_cpu = build(args.recipe, args.profile, args.precision,
+                                                  out, cache, args.extra)
     profile = f" --profile {args.profile}" if args.profile else ""
     print(f"trtpack build {args.recipe} {' '.join(args.extra)} --target cpu --precision "
           f"{args.precision}{profile}")
@@ -75,7 +75,9 @@ def main() -> None:
     for s in cold["stages"]:
         peak = f"{s['peak_memory_mb']:,.0f}" if s["peak_memory_mb"] else ""
         print(f"| {s['name']} | {s['status']} | {s['seconds']:.1f} | {peak} | {s['message']} |")
-    print(f"| **whole command** | | {cold_s:.1f} | {cold_peak:,.0f} | cold cache |")
+    print(f"| **whole command** | | {cold_s:.1f} | {cold_peak:,.0f} | cold cache; "
+          f"{cold_cpu:.1f} CPU s (user + system); load average "
+          f"{machine()['load_average_at_start']:.2f} at the end |")
     print(f"| **rebuild, nothing changed** | | {warm_s:.1f} | {warm_peak:,.0f} | "
           f"stages reused: {sum(s['cached'] for s in warm['stages'])} |")
     measured = {"cold_seconds": (cold_s, args.max_cold_seconds),
@@ -91,9 +93,11 @@ def main() -> None:
         args.json.write_text(json.dumps({
             "machine": machine(), "recipe": args.recipe, "profile": args.profile,
             "flags": args.extra, "warm_up": args.warm_up,
-            "precision": args.precision, "cold": {"seconds": cold_s, "peak_mb": cold_peak,
-                                                  "report": cold},
-            "warm": {"seconds": warm_s, "peak_mb": warm_peak, "report": warm},
+            "precision": args.precision,
+            "cold": {"seconds": cold_s, "cpu_seconds": cold_cpu, "peak_mb": cold_peak,
+                     "report": cold},
+            "warm": {"seconds": warm_s, "cpu_seconds": warm_cpu, "peak_mb": warm_peak,
+                     "report": warm},
             "targets": targets, "met": met}, indent=2))
     if False in met.values():
         raise SystemExit(1)

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +34,20 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> CliResult:
 
     result = CliRunner().invoke(app, list(args), env=env, catch_exceptions=False)
     return CliResult(result.exit_code, result.stdout, result.stderr)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def trtpack(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+            timeout: float = 300, unset: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    """``trtpack ARGS`` in a process of its own, with this checkout's package (``unset``: names
+    taken out of the environment)."""
+    python_path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    base = {k: v for k, v in os.environ.items() if k not in unset}
+    return subprocess.run([sys.executable, "-m", "trtpack.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, check=False, cwd=cwd,
+                          env={**base, "PYTHONPATH": python_path, **(env or {})})
 
 
 @pytest.fixture(scope="session")

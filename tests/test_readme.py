@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.cli.test_cli_contract import ROOT, trtpack
+from tests.conftest import ROOT, trtpack
 
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]
 USAGE = ROOT / "docs" / "cli.md"  # its fenced block is the usage of every command

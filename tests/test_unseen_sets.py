@@ -15,8 +15,14 @@ UNSEEN = REPO / "benchmarks" / "unseen"
 PACKAGE = Path(trtpack.__file__).resolve().parent
 
 
+def normalized(line: str) -> str:
+    """A line as the comparisons see it: lower case, punctuation as spaces, single spaces
+    ("Thanks, anyway!" and "thanks anyway" are the same line)."""
+    return " ".join(re.sub(r"[^\w\s]", " ", line.lower()).split())
+
+
 def _lines(path: Path) -> set[str]:
-    return {s.strip() for s in path.read_text(encoding="utf-8").splitlines() if s.strip()}
+    return {normalized(s) for s in path.read_text(encoding="utf-8").splitlines() if s.strip()}
 
 
 def _unseen_files() -> list[Path]:
@@ -32,6 +38,12 @@ def test_unseen_sets_match_their_published_sha256() -> None:
         row = re.search(rf"`unseen/{re.escape(path.name)}`.*`([0-9a-f]{{64}})`", readme)
         assert row is not None, f"{path.name} is not listed in benchmarks/README.md"
         assert row.group(1) == digest, f"{path.name} changed after it was published"
+
+
+def test_lines_compare_without_case_and_punctuation() -> None:
+    assert normalized("Thank you very much!") == normalized("thank you  very much")
+    assert normalized("Can't wait!") == normalized("can t wait")
+    assert normalized("Thank you very much!") != normalized("Thank you so much!")
 
 
 def test_unseen_sets_are_disjoint_and_hold_short_lines() -> None:

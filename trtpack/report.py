@@ -82,6 +82,8 @@ class StageResult:
     seconds: float = 0.0
     peak_memory_mb: float | None = None
     cached: bool = False
+    # a stage reused from the cache: the seconds it took when it ran (``seconds`` is the reuse)
+    ran_seconds: float | None = None
     message: str = ""
     artifacts: list[Artifact] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)

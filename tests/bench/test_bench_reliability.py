@@ -11,7 +11,6 @@ import multiprocessing
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,22 +18,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import trtpack
 from trtpack.bench.benchmark import BenchRow, add_speedups, timed_row
 from trtpack.bench.timing import BUSY_SHARE, CpuSample, others_cpu_share
 from trtpack.cases import Case
 from trtpack.report_page.html import speedup_cards
 from trtpack.timing import SLICES, Timing, measure_interleaved, spread
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def trtpack(*args: str) -> subprocess.CompletedProcess[str]:
-    """The real command line, in a process of its own."""
-    python_path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    return subprocess.run([sys.executable, "-m", "trtpack.cli", *args], capture_output=True,
-                          text=True, timeout=300, check=False,
-                          env={**env, "PYTHONPATH": python_path, "COLUMNS": "200"})
+def bench_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``trtpack bench ARGS``, wide, with OpenMP's wait policy left to trtpack."""
+    return trtpack("bench", *args, env={"COLUMNS": "200"}, unset=("OMP_WAIT_POLICY",))
 
 
 @pytest.fixture
@@ -110,7 +104,7 @@ def busy_machine() -> Iterator[None]:
 
 
 def test_bench_through_the_cli_says_its_policy_and_spread(tiny_copy: Path) -> None:
-    result = trtpack("bench", str(tiny_copy), "--seconds", "0.5", "--no-pytorch")
+    result = bench_cli(str(tiny_copy), "--seconds", "0.5", "--no-pytorch")
     assert result.returncode == 0, result.stderr
     assert "threads: passive:" in result.stdout and "OMP_WAIT_POLICY=PASSIVE" in result.stdout
     assert "in 5 rounds taken in rotation" in result.stdout and "spread" in result.stdout
@@ -122,7 +116,7 @@ def test_bench_through_the_cli_says_its_policy_and_spread(tiny_copy: Path) -> No
 
 def test_bench_on_a_busy_machine_flags_rows_in_terminal_and_page(
         tiny_copy: Path, busy_machine: None) -> None:
-    result = trtpack("bench", str(tiny_copy), "--seconds", "1", "--threads", "1")
+    result = bench_cli(str(tiny_copy), "--seconds", "1", "--threads", "1")
     assert result.returncode == 0, result.stderr
     bench = json.loads((tiny_copy / "report.json").read_text())["benchmark"]
     flagged = [r for r in bench["rows"] if r["status"] == "ok" and r["unreliable"]]

@@ -6,13 +6,11 @@ rich markup never applied to text with brackets."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.conftest import ROOT, trtpack
 
 # A real model the ONNX exporter cannot trace (Python control flow on a tensor's values):
 # the export stage fails, exit 4. Nothing is injected: this is torch.export's own failure.
@@ -48,15 +46,6 @@ outputs:
 profiles: ["1x8:2x8:4x8"]
 precision: fp32
 '''
-
-
-def trtpack(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
-            timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """``trtpack ARGS`` in a process of its own, with this checkout's package."""
-    python_path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    return subprocess.run([sys.executable, "-m", "trtpack.cli", *args], capture_output=True,
-                          text=True, timeout=timeout, check=False, cwd=cwd,
-                          env={**os.environ, "PYTHONPATH": python_path, **(env or {})})
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.test_cli_contract import ROOT, trtpack
+from tests.conftest import ROOT, trtpack
 
 TINY = ["build", "tiny-bert", "--target", "cpu"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.test_cli_contract import trtpack
+from tests.conftest import trtpack
 from trtpack.report import VerificationRow, shown_metric
 
 

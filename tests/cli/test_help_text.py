@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from tests.cli.test_cli_contract import commands, trtpack
+from tests.cli.test_cli_contract import commands
+from tests.conftest import trtpack
 
 TYPE_PLACEHOLDER = re.compile(r"<(str|int|float|path|bool|list\[[^\]]*\]|[a-z]+\|[a-z|]+)>")
 

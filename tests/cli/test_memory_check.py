@@ -6,28 +6,17 @@ estimate comes from the model itself (a BERT module, a convolutional ONNX graph)
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import trtpack
 from trtpack.api import BuildRequest, resolve_options
 from trtpack.errors import UserInputError
 from trtpack.pipeline.memory_check import check_build_memory
 from trtpack.resources import AvailableMemory
 from trtpack.testing.models import conv_onnx
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def trtpack(*args: str) -> subprocess.CompletedProcess[str]:
-    python_path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    return subprocess.run([sys.executable, "-m", "trtpack.cli", *args], capture_output=True,
-                          text=True, timeout=300, check=False,
-                          env={**os.environ, "PYTHONPATH": python_path})
 
 
 def test_absurd_profile_on_minilm_is_refused_before_any_stage(tmp_path: Path) -> None:

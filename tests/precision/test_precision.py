@@ -334,9 +334,10 @@ def test_cli_int8_with_synthetic_calibration_warns_visibly(tmp_path: Path, cache
     assert "NVML" not in result.output
     report = BuildReport.load(out / "report.json")
     assert any("SYNTHETIC" in w for w in report.warnings)
+    # --target cpu: the CPU form is gated first (no Q/DQ search needed here)
     stage = report.stage("precision")
-    assert stage is not None and stage.metrics["calibration"]["source"] == "synthetic"
-    rows = [r for r in report.verification if r.check == "int8-vs-fp32"]
+    assert stage is not None and stage.status == "skipped"
+    rows = [r for r in report.verification if r.check == "cpu-int8-vs-fp32"]
     assert len(rows) == 6 and all(r.passed for r in rows)
     # an INT8 model is what is served: on a CPU target, ONNX Runtime's integer-kernel form
     # (or the Q/DQ graph when that form fails its gates)
@@ -362,7 +363,8 @@ def test_cli_failed_int8_gate_with_fallback_off_exits_1(tmp_path: Path, cache_di
     recipe.write_text("extends: tiny-bert\nverify:\n  int8: {min_cosine: 0.999999}\n")
     npz = tiny_npz(tmp_path / "calibration.npz")
     profiles = [a for p in TINY_PROFILES for a in ("--profile", p)]
-    result = run_cli("build", str(recipe), "--random-weights", "--target", "cpu",
+    # the Q/DQ model's gate (a GPU target serves it; --no-engine: no TensorRT needed)
+    result = run_cli("build", str(recipe), "--random-weights", "--target", "g5", "--no-engine",
                      "--precision", "int8", "--calibration", str(npz), "--fallback", "off",
                      *profiles, "--out", str(tmp_path / "out"), "--cache-dir", str(cache_dir))
     assert result.exit_code == 1, result.output
@@ -464,8 +466,9 @@ def test_cli_int8_held_out_failure_after_the_search_exits_1(tiny: dict[str, Path
     strict = tmp_path / "strict.yaml"
     strict.write_text(f"extends: tiny-bert\nverify:\n  int8: {{min_cosine: {gate:.8f}}}\n")
     cli_profiles = [a for p in TINY_PROFILES for a in ("--profile", p)]
-    result = run_cli("build", str(strict), "--random-weights", "--target", "cpu",
-                     "--precision", "int8", "--calibration", str(npz), *cli_profiles,
+    result = run_cli("build", str(strict), "--random-weights", "--target", "g5",
+                     "--no-engine", "--precision", "int8", "--calibration", str(npz),
+                     *cli_profiles,
                      "--out", str(tmp_path / "out"), "--cache-dir", str(cache_dir))
     assert result.exit_code == 1, result.output
     report = BuildReport.load(tmp_path / "out.failed" / "report.json")

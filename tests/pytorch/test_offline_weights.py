@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.test_cli_contract import ROOT, trtpack
+from tests.conftest import ROOT, trtpack
 
 
 @pytest.fixture(scope="module")

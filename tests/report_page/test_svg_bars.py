@@ -46,3 +46,18 @@ def test_panels_side_by_side_share_the_rows() -> None:
     rects = {g.get("id"): g.find(f"{NS}rect") for g in root.iter(f"{NS}g")}
     assert rects["t-0"].get("y") == rects["m-0"].get("y")  # type: ignore[union-attr]
     assert float(rects["m-1"].get("x")) > float(rects["t-1"].get("x"))  # type: ignore[union-attr,arg-type]
+
+
+def test_label_column_is_as_wide_as_the_longest_label() -> None:
+    """A long row label (a module path) gets the room it needs left of the bars; the
+    Chromium test of the report page measures the drawn boxes."""
+    from trtpack.report_page.svg_bars import LABEL_SIZE, LABEL_WIDTH, text_width
+
+    long = "encoder.layer.3.attention.output.dense (MatMul)"
+    bars = [Bar(1.0, "1", "#000", "bar-0"), Bar(2.0, "2", "#000", "bar-1")]
+    root = ET.fromstring(hbar_chart(["short", long], [Panel("p", "x", bars)]))
+    x = float(next(g for g in root.iter(f"{NS}g")).find(f"{NS}rect").get("x"))  # type: ignore[union-attr,arg-type]
+    assert x >= text_width(long, LABEL_SIZE) + 8 > LABEL_WIDTH
+    short = ET.fromstring(hbar_chart(["a", "b"], [Panel("p", "x", bars)]))
+    assert float(next(g for g in short.iter(f"{NS}g")).find(f"{NS}rect").get("x")) \
+        == LABEL_WIDTH  # type: ignore[union-attr,arg-type]

@@ -100,8 +100,9 @@ def build(
         "then draws real token ids, and --serve text works.")] = None,
     min_int8_share: Annotated[float, typer.Option(
         metavar="SHARE",
-        help="INT8: ship only when at least this share of MatMul/Gemm nodes stays INT8 "
-        "after the accuracy search (else exit 1 naming the best share that passed).")] = 0.5,
+        help="INT8: ship only when at least this share of the served model's MatMul/Gemm "
+        "runs in INT8, counted as it runs (GPU: MatMul/Gemm with Q/DQ inputs; CPU: weight "
+        "MatMuls on ONNX Runtime's integer kernels), else exit 1 naming the share.")] = 0.5,
     force: Annotated[bool, typer.Option(
         "--force", help="Build into an --out that holds files trtpack did not write: they are "
         "kept (never deleted), the build's files are written beside them.")] = False,

@@ -14,19 +14,28 @@ RECIPE_FILE = "recipe.yaml"
 
 def artifact_records(artifacts: dict[str, Path], stage_dir: Path, root: Path
                      ) -> list[Artifact]:
-    """Artifacts of this stage (files only; a folder lists its files), with sha256."""
+    """Artifacts of this stage (files only; a folder lists its files), with sha256. A file
+    that two artifact names point at (the CPU model's ``cpu_onnx`` is its ``cpu_fp32_onnx``
+    when FP32 is served) is listed once, under the first name."""
     records: list[Artifact] = []
+    listed: set[Path] = set()
+
+    def add(label: str, f: Path) -> None:
+        if f not in listed:
+            listed.add(f)
+            records.append(Artifact.of(label, f, root))
+
     for name, path in artifacts.items():
         if not path.is_relative_to(stage_dir):
             continue
         files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
         for f in files:
             label = name if f == path else f"{name}/{f.relative_to(path)}"
-            records.append(Artifact.of(label, f, root))
+            add(label, f)
             # data files next to an ONNX model are listed with it
             data = data_path(f)
             if f.suffix == ".onnx" and data.is_file() and data not in files:
-                records.append(Artifact.of(f"{label}.data", data, root))
+                add(f"{label}.data", data)
     return records
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trtpack.options import BuildOptions
+from trtpack.precision.cpu_int8 import search_on_demand
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,12 @@ class Stage:
 
 
 def _precision_skip(o: BuildOptions) -> str | None:
-    return "fp32: nothing to convert" if o.precision == "fp32" else None
+    if o.precision == "fp32":
+        return "fp32: nothing to convert"
+    if search_on_demand(o):
+        return ("target cpu: the CPU INT8 form is served; the Q/DQ search runs in cpu_model "
+                "only if that form fails its gates")
+    return None
 
 
 def _engine_skip(o: BuildOptions) -> str | None:

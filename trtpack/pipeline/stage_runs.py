@@ -102,6 +102,7 @@ class StageRuns:
         result = StageResult(**meta["result"])
         result.artifacts = [Artifact(**a) for a in meta["records"]]
         result.cached = True
+        result.ran_seconds = result.seconds  # entries are stored from stages that ran
         result.seconds = time.perf_counter() - started
         result.peak_memory_mb = None
         return (result, [VerificationRow(**r) for r in meta.get("verification", [])]), None

@@ -84,30 +84,34 @@ class CalibrationData:
     check: list[Feed] = field(default_factory=list)
     check_samples: int = 0
     check_texts: list[list[str]] = field(default_factory=list)
-    # short prefixes (1-4 words) of the calibration and search lines: decision samples only
+    # short texts made from the calibration and search lines (``short_samples``):
+    # decision samples only
     prefixes: list[Feed] = field(default_factory=list)
     prefix_texts: list[list[str]] = field(default_factory=list)
 
 
-# Short-input augmentation: at most this many 1-4 word prefixes of calibration lines join
-# the search's decision samples (mean pooling over few tokens is where INT8 error shows).
-MAX_PREFIXES = 32
+# Short-input augmentation: at most this many short texts made from the calibration and
+# search lines join the search's decision samples (mean pooling over few tokens is where
+# INT8 error shows; a file with few short lines left the search blind to them).
+MAX_SHORT_SAMPLES = 32
 
 
-def short_prefixes(texts: Sequence[str], limit: int = MAX_PREFIXES) -> list[str]:
-    """1, 2, 3, 4-word prefixes (in turn) of the lines of five words or more, distinct,
-    at most ``limit``, each ending with the line's own punctuation mark when it has one."""
+def short_samples(texts: Sequence[str], limit: int = MAX_SHORT_SAMPLES) -> list[str]:
+    """Short texts from every line of three words or more: its first 1, 2 or 3 words and
+    its last 2 or 3 words (in turn), each ending with the line's own punctuation mark when
+    it has one; distinct, none a line of ``texts`` itself, at most ``limit``."""
     found: list[str] = []
-    for k, text in enumerate(t for t in texts if len(t.split()) >= 5):
-        words = text.split()[:1 + k % 4]
-        prefix = " ".join(words).rstrip(",;:")
-        if text[-1] in ".!?" and prefix[-1] not in ".!?":
-            prefix += text[-1]
-        if prefix not in found and prefix not in texts:
-            found.append(prefix)
+    for k, text in enumerate(t for t in texts if len(t.split()) >= 3):
+        words = text.split()
+        mark = text[-1] if text[-1] in ".!?" else ""
+        head = " ".join(words[:1 + k % 3]).rstrip(",;:.!?")
+        tail = " ".join(words[-(2 + k % 2):]).rstrip(",;:.!?")
+        for short in (head + mark, tail[:1].upper() + tail[1:] + mark):
+            if short.strip(".!?") and short not in found and short not in texts:
+                found.append(short)
         if len(found) >= limit:
             break
-    return found
+    return found[:limit]
 
 
 def calibration_path(options: Any) -> Path | None:
@@ -199,8 +203,13 @@ def load_calibration(recipe: Recipe, profiles: Sequence[ShapeProfile], path: Pat
     warnings += strata_warnings(path, lengths)
     splits = split_three(lengths, max_samples, seed)
     feeds = text_feeds([texts[i] for i in splits.calibration], tokenizer, recipe, profiles)
-    holdout, holdout_texts = tight_text_feeds(
-        [texts[i] for i in splits.holdout], tokenizer, recipe, profiles) \
+    # short replies of the shipped text, whatever the file: some join the decisions, others
+    # (a disjoint draw) the held-out split, so that its figure covers them too
+    replies = default_short_lines(texts, tokenizer, seed,
+                                  DECISION_SHORT_LINES + HELDOUT_SHORT_LINES) \
+        if path != DEFAULT_TEXT and splits.holdout else []
+    held_lines = [*(texts[i] for i in splits.holdout), *replies[DECISION_SHORT_LINES:]]
+    holdout, holdout_texts = tight_text_feeds(held_lines, tokenizer, recipe, profiles) \
         if splits.holdout else ([], [])
     search, search_texts = tight_text_feeds(
         [texts[i] for i in splits.search], tokenizer, recipe, profiles) \
@@ -208,18 +217,38 @@ def load_calibration(recipe: Recipe, profiles: Sequence[ShapeProfile], path: Pat
     check, check_texts = tight_text_feeds(
         [texts[i] for i in splits.check], tokenizer, recipe, profiles) \
         if splits.check else ([], [])
-    prefix_lines = short_prefixes([texts[i] for i in [*splits.search, *splits.calibration]])
+    prefix_lines = short_samples([texts[i] for i in [*splits.search, *splits.calibration]])
+    prefix_lines += replies[:DECISION_SHORT_LINES]
     prefixes, prefix_texts = tight_text_feeds(prefix_lines, tokenizer, recipe, profiles) \
         if prefix_lines and splits.holdout else ([], [])
     source: CalibrationSource = "default text" if path == DEFAULT_TEXT else "text"
     return CalibrationData(feeds, holdout, source, path, len(splits.calibration),
-                           len(splits.holdout), warnings, search, len(splits.search),
+                           len(held_lines), warnings, search, len(splits.search),
                            holdout_texts, search_texts, strata_counts(lengths, splits),
                            check, len(splits.check), check_texts, prefixes, prefix_texts)
 
 
 # Short lines of the default text added to a calibration file that has none.
 DEFAULT_SHORT_LINES = 40
+
+# Short lines of the default text the search also decides on, whatever the file (the
+# search and calibration splits of a questions-only file held no "Thanks!" or "Sure.", and
+# its Q/DQ model fell to 0.986 on such replies while its decisions said 0.998).
+DECISION_SHORT_LINES = 48
+
+# ... and this many others (never decided on) join the held-out split.
+HELDOUT_SHORT_LINES = 16
+
+
+def default_short_lines(texts: Sequence[str], tokenizer: Any, seed: int, count: int
+                        ) -> list[str]:
+    """Up to ``count`` short lines (<= ``SHORT_TOKENS`` tokens) of the default text that are
+    not in ``texts``, drawn with ``seed``."""
+    lines = [t for t in read_text_samples(DEFAULT_TEXT) if t not in texts]
+    counts = token_counts(lines, tokenizer, SHORT_TOKENS + 1)
+    short = [t for t, n in zip(lines, counts, strict=True) if stratum(n) == "short"]
+    rng = np.random.default_rng(seed)
+    return [short[i] for i in sorted(rng.permutation(len(short))[:count].tolist())]
 
 
 def with_default_short_lines(texts: list[str], lengths: list[int], tokenizer: Any,
@@ -229,12 +258,7 @@ def with_default_short_lines(texts: list[str], lengths: list[int], tokenizer: An
     short inputs out of the search's decisions and out of the held-out figure alike, and
     on MiniLM a search calibrated on long sentences alone kept a model at 0.963 on
     "Sure thing." while its held-out split said 0.998."""
-    lines = [t for t in read_text_samples(DEFAULT_TEXT) if t not in texts]
-    counts = token_counts(lines, tokenizer, SHORT_TOKENS + 1)
-    short = [t for t, n in zip(lines, counts, strict=True) if stratum(n) == "short"]
-    rng = np.random.default_rng(seed)
-    chosen = sorted(rng.permutation(len(short))[:DEFAULT_SHORT_LINES].tolist())
-    added = [short[i] for i in chosen]
+    added = default_short_lines(texts, tokenizer, seed, DEFAULT_SHORT_LINES)
     new_counts = token_counts(added, tokenizer, SHORT_TOKENS + 1)
     return [*texts, *added], [*lengths, *new_counts], len(added)
 

@@ -186,9 +186,12 @@ class Conversion:
         if folder is None:
             return None
         if self._tokenizer is None:
+            from trtpack.precision.text_batches import json_tokenizer
             from trtpack.pytorch.models import load_tokenizer
 
-            self._tokenizer = load_tokenizer(self.recipe, folder)
+            # tokenizers alone where the saved tokenizer allows: no transformers import
+            self._tokenizer = json_tokenizer(folder) if self.recipe.tokenizer else None
+            self._tokenizer = self._tokenizer or load_tokenizer(self.recipe, folder)
         return self._tokenizer
 
     def sample_text(self) -> Any:

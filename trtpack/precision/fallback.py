@@ -93,6 +93,21 @@ def first_samples(cases: Sequence[Case], samples: int) -> list[Case]:
     return taken
 
 
+def conservative_share(ranked: Sequence[Any], quantized: Any, min_share: float) -> set[str]:
+    """The fewest of the least sensitive groups' nodes (``ranked``, least damaging first)
+    that keep ``min_share`` of the quantized model's MatMul/Gemm nodes INT8."""
+    from trtpack.precision.graph import low_precision_stats
+
+    total = low_precision_stats(quantized, "int8").matmul_gemm_total
+    compute = {n.name for n in quantized.graph.node if n.op_type in ("MatMul", "Gemm")}
+    chosen: set[str] = set()
+    for row in ranked:
+        if total and sum(n in compute for n in chosen) >= min_share * total:
+            break
+        chosen.update(row.group.nodes)
+    return chosen
+
+
 def int8_fallback(conv: FallbackHost, first: Attempt, user_excluded: list[str],
                   op_types: list[str], consultations: int = 0,
                   check_failed: Sequence[Case] = ()) -> tuple[Attempt, FallbackSummary]:
@@ -181,6 +196,30 @@ def int8_fallback(conv: FallbackHost, first: Attempt, user_excluded: list[str],
         allowed = [r for r in allowed if id(r.group) in kept]
         decision = [*failing, *decision]
         margin = 1.0 - (1.0 - margin) / 2
+    else:
+        # every round failed its verification or the check split: the most conservative
+        # configuration that still meets --min-int8-share (the least sensitive groups
+        # only), judged like any round, before the build gives up on INT8
+        quantized_nodes = conservative_share(ranked, quantized, conv.ctx.options.min_int8_share)
+        label = "conservative"
+        excluded = [*user_excluded, *(n for r in ranked for n in r.group.nodes
+                                      if n not in quantized_nodes)]
+        if quantized_nodes and tuple(sorted(excluded)) not in tried:
+            conv.ctx.progress(f"fallback: no round passed; the most conservative choice: "
+                              f"{len(quantized_nodes)} nodes quantized (--min-int8-share)")
+            if s.high_precision == "fp32":
+                out_dir = conv.work / label
+                out_dir.mkdir()
+                save_model(builder.build(excluded), out_dir / "model.onnx")
+                last = conv.judge(label, out_dir / "model.onnx", excluded)
+            else:
+                last = conv.convert(label, op_types, excluded, s.high_precision)
+            failing = conv.check_failures(last) if last.passed and conv.check_cases else []
+            consultations += int(last.passed and bool(conv.check_cases))
+            history.append(SearchRound(rounds + 1, 1.0, len(quantized_nodes), len(excluded),
+                                       last.summary(), not failing if last.passed else None))
+            if last.passed and not failing:
+                final = last
     sensitivity = [SensitivityRow(r.group.hints, r.group.nodes, float(f"{r.damage:.3g}"),
                                   None if r.worst is None else round(r.worst, 6),
                                   r.group in selection.quantized_groups) for r in ranked]

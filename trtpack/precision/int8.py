@@ -36,8 +36,9 @@ class Int8Conversion(Conversion):
     precision = "int8"
 
     def __init__(self, ctx: ConversionContext, work: Path, source: Path,
-                 worker: ModelOptWorker | None = None) -> None:
+                 worker: ModelOptWorker | None = None, share_gate: bool = True) -> None:
         super().__init__(ctx, work, source, worker)
+        self.share_gate = share_gate  # --min-int8-share on this Q/DQ model (it is served)
         self.settings = self.recipe.precision_options.int8
         self.calibration: CalibrationData | None = None
         self.holdout: list[Case] = []  # the certifying part: judged once, by no decision
@@ -250,7 +251,7 @@ class Int8Conversion(Conversion):
             ("int8-calibration", self.calibration_cases), ("int8-check", self.check_cases))
         final.session = first.session = None  # closes them
         stats = self.stats(final.path)
-        if auto and final.passed:
+        if auto and final.passed and self.share_gate:
             check_int8_share(stats, self.options.min_int8_share)
         if stats["compute_nodes"] and stats["low_precision_nodes"] == 0:
             self.warnings.append("no MatMul/Gemm/Conv node is quantized: this INT8 model "

@@ -161,3 +161,68 @@ def token_counts(texts: Sequence[str], tokenizer: Any, longest: int) -> list[int
     pairs = [t.split("\t", 1) for t in texts]
     return [len(tokenizer(p[0], p[1] if len(p) == 2 else None, truncation=True,
                           max_length=longest)["input_ids"]) for p in pairs]
+
+
+class JsonTokenizer:
+    """A saved ``tokenizer.json`` read with ``tokenizers`` alone, called as a transformers
+    tokenizer is called here (one text or a list, an optional pair, ``padding="max_length"``,
+    ``truncation``, ``max_length``, ``return_tensors="np"``): calibration without importing
+    transformers (and torch), seconds of a CPU INT8 build. ``token_text`` decodes with it."""
+
+    def __init__(self, path: Any, pad_token: str) -> None:
+        from tokenizers import Tokenizer
+
+        self.tokenizer = Tokenizer.from_file(str(path))
+        self.pad_token = pad_token
+        self.pad_id = self.tokenizer.token_to_id(pad_token)
+
+    def __call__(self, text: str | Sequence[str], text_pair: Any = None, padding: Any = False,
+                 truncation: bool = False, max_length: int | None = None,
+                 return_tensors: str | None = None) -> dict[str, Any]:
+        single = isinstance(text, str)
+        texts = [text] if single else list(text)
+        # transformers reads an empty pair of a single text as no pair (not in a batch)
+        pairs = None if text_pair is None or (single and not text_pair) \
+            else [text_pair] if single else list(text_pair)
+        tok = self.tokenizer
+        if truncation and max_length:
+            tok.enable_truncation(max_length)
+        else:
+            tok.no_truncation()
+        if padding == "max_length" and max_length:
+            tok.enable_padding(length=max_length, pad_id=self.pad_id, pad_token=self.pad_token)
+        else:
+            tok.no_padding()
+        encoded = tok.encode_batch(list(zip(texts, pairs, strict=True)) if pairs else texts)
+        found: dict[str, Any] = {
+            "input_ids": [e.ids for e in encoded],
+            "attention_mask": [e.attention_mask for e in encoded],
+            "token_type_ids": [e.type_ids for e in encoded]}
+        if return_tensors == "np":
+            return {k: np.asarray(v, dtype=np.int64) for k, v in found.items()}
+        return {k: v[0] for k, v in found.items()} if single else found
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+
+def json_tokenizer(folder: Any) -> JsonTokenizer | None:
+    """The tokenizer saved in ``folder`` as a ``JsonTokenizer``, or None where it needs
+    transformers (no tokenizer.json, no pad token in tokenizer_config.json, left padding)."""
+    import json
+    from pathlib import Path
+
+    if folder is None:
+        return None
+    folder = Path(folder)
+    config_path = folder / "tokenizer_config.json"
+    if not (folder / "tokenizer.json").is_file() or not config_path.is_file():
+        return None
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    pad = config.get("pad_token")
+    pad = pad.get("content") if isinstance(pad, dict) else pad
+    if not isinstance(pad, str) or config.get("padding_side", "right") != "right" \
+            or config.get("truncation_side", "right") != "right":
+        return None
+    tokenizer = JsonTokenizer(folder / "tokenizer.json", pad)
+    return tokenizer if tokenizer.pad_id is not None else None

@@ -65,11 +65,13 @@ def stage_chart(report: BuildReport) -> str:
                         "in all. Cached stages are reused from the stage cache.")
 
 
-def _group_label(row: dict[str, Any]) -> str:
-    """A sensitivity row's name: its layers' module paths, else its first node."""
-    layers = row.get("layers") or []
-    return ", ".join(str(x) for x in layers) if layers else str(row.get("hint") or
-                                                                 row["nodes"][0])
+def _group_label(row: dict[str, Any], limit: int = 60) -> str:
+    """A sensitivity row's name: its first layer's module path (and how many more), else its
+    hint or first node; at most ``limit`` characters, a cut marked with an ellipsis."""
+    layers = [str(x) for x in row.get("layers") or []]
+    label = (layers[0] + (f" and {len(layers) - 1} more" if len(layers) > 1 else "")
+             if layers else str(row.get("hint") or row["nodes"][0]))
+    return label if len(label) <= limit else label[:limit - 1] + "…"
 
 
 def sensitivity_chart(search: dict[str, Any], kept: set[str]) -> str:
@@ -85,7 +87,7 @@ def sensitivity_chart(search: dict[str, Any], kept: set[str]) -> str:
         bars.append(Bar(damage, f"{damage:.2g}", COLORS["kept"] if is_kept
                         else COLORS["quantized"],
                         f"bar-sensitivity-{i}-{'kept' if is_kept else 'int8'}"))
-    svg = hbar_chart([_group_label(r)[:48] for r in ranked],
+    svg = hbar_chart([_group_label(r) for r in ranked],
                      [Panel("damage per group", "damage when quantized alone "
                             "(1 − worst cosine), log scale", bars, width=520,
                             log_scale=True)],
@@ -123,10 +125,12 @@ def benchmark_chart(rows: Sequence[dict[str, Any]]) -> str:
     shapes = {f"p{r['profile']} {r['corner']}": r["shapes"] for r in measured}
     ax.set_xticks(range(len(corners)), [f"{c}\n{short_shape(shapes[c])}" for c in corners])
     ax.set_yscale("log")
-    ax.set_ylabel("latency per request, ms (p50, line to p90; log)")
-    ax.legend(frameon=False, loc="upper left")
-    return _svg(fig, "chart-benchmark", "Latency per profile corner: the served model in its "
-                "runtime, the FP32 ONNX in ONNX Runtime and PyTorch eager, same inputs.")
+    ax.set_ylabel("ms per request: p50, line to p90")
+    # above the axes, not over the bars and their figures
+    fig.legend(frameon=False, loc="outside upper center", ncol=min(len(runtimes), 2))
+    return _svg(fig, "chart-benchmark", "Latency per profile corner (log scale): the served "
+                "model in its runtime, the FP32 ONNX in ONNX Runtime and PyTorch eager, same "
+                "inputs.")
 
 
 def served_chart(served: dict[str, Any]) -> str:

@@ -43,6 +43,7 @@ body { margin:0; font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu
 header { background:#1d2a33; color:#fff; padding:28px max(40px, calc((100% - 1100px) / 2)) 22px; }
 header h1 { margin:0 0 4px; font-size:26px; font-weight:600; }
 header .sub { color:#b8c4cc; }
+header #cache-note { margin-top:12px; }
 main { max-width:1180px; margin:0 auto; padding:8px 40px 60px; }
 section { background:#fff; border:1px solid var(--line); border-radius:10px; margin:22px 0;
           padding:18px 24px; overflow-x:auto; }
@@ -54,8 +55,9 @@ h3 { font-size:15px; margin:18px 0 8px; color:var(--muted); }
 table { border-collapse:collapse; width:100%; font-size:13.5px; }
 th, td { text-align:left; padding:5px 10px; white-space:nowrap; border-bottom:1px solid var(--line);
          vertical-align:top; }
-th { color:var(--muted); font-weight:600; background:#fafbfc; }
-td:last-child { white-space:normal; }
+th { color:var(--muted); font-weight:600; background:#fafbfc; white-space:normal;
+     vertical-align:bottom; }
+td:last-child, td.wrap { white-space:normal; } .nowrap { white-space:nowrap; }
 td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; }
 .pass { color:var(--ok); font-weight:600; } .fail { color:var(--bad); font-weight:600; }
 .muted { color:var(--muted); } code { font-size:12.5px; }
@@ -98,15 +100,27 @@ def render_report_html(report: BuildReport, out: Path) -> str:
     """The page as a string (``write_report_html`` writes it)."""
     status_ok = report.status == "ok"
     gates = [r.passed for r in report.verification]
+    done = [s for s in report.stages if s.status != "skipped"]
+    reused = [s.name for s in done if s.cached]
+    ran = [s.ran_seconds for s in done if s.cached and s.ran_seconds is not None]
+    this_run = " (this run)" if reused else ""
     cards = [
-        (report.status, "status"), (f"{report.total_seconds:.1f} s", "build time"),
-        (f"{report.peak_memory_mb:,.0f} MB" if report.peak_memory_mb else "–", "peak memory"),
+        (report.status, "status"), (f"{report.total_seconds:.1f} s", "build time" + this_run),
+        (f"{report.peak_memory_mb:,.0f} MB" if report.peak_memory_mb else "–",
+         "peak memory" + this_run),
         (f"{sum(gates)}/{len(gates)}", "checks passed"),
     ]
+    if reused:
+        cards.append((f"{len(reused)} of {len(done)}", "stages from the cache"))
     bench = report.benchmark or {}
     cards += speedup_cards(bench.get("rows", []))
     card_html = "".join(f"<div class='card'><b>{html.escape(v)}</b><span>{k}</span></div>"
                         for v, k in cards)
+    took = f", {sum(ran):.1f} s when they ran" if len(ran) == len(reused) else ""
+    cache_note = (f'<div class="sub" id="cache-note">{len(reused)} of {len(done)} stages reused '
+                  f"from the stage cache ({html.escape(', '.join(reused))}{took}): the build "
+                  "time and peak memory cover only the work done in this run.</div>"
+                  if reused else "")
     warnings = "".join(f'<div class="warn">{html.escape(w)}</div>' for w in report.warnings)
     error = f'<div class="warn"><b>error:</b> {html.escape(report.error)}</div>' \
         if report.error else ""
@@ -115,6 +129,8 @@ def render_report_html(report: BuildReport, out: Path) -> str:
                    f"{s.seconds:.1f}", number_cell(s.peak_memory_mb, ",.0f"),
                    html.escape(s.message)]
                   for s in report.stages]
+    held_out = " and on held-out data" if any(r.profile < 0 for r in report.verification) \
+        else ""
     bench_html = benchmark_section(bench) if bench else (
         '<p class="muted">Not measured yet: run <code>trtpack bench '
         f'{html.escape(report.out_dir)}</code> (or build with <code>--bench</code>).</p>')
@@ -129,11 +145,11 @@ def render_report_html(report: BuildReport, out: Path) -> str:
 <div class="sub">profiles {html.escape(_profiles(report.profiles))} · trtpack
 {html.escape(str(report.versions.get("trtpack", "")))} ·
 <span class="{"pass" if status_ok else "fail"}">{html.escape(report.status)}</span></div>
-<div class="cards">{card_html}</div></header>
+<div class="cards">{card_html}</div>{cache_note}</header>
 <main>{error}{warnings}
 <section id="stages"><h2>Stages</h2>{stage_chart(report)}
 {table_html(["stage", "status", "seconds", "peak MB", "details"], stage_rows, [2, 3])}</section>
-<section id="verification-section"><h2>Verification at every profile corner</h2>
+<section id="verification-section"><h2>Verification at every profile corner{held_out}</h2>
 {verification_table(report)}</section>
 {int8_section(report)}
 {cpu_model_section(report)}

@@ -22,22 +22,27 @@ from trtpack.report_page.charts import (
 )
 
 KNOWN_ROW_KEYS = ("check", "profile", "corner", "shapes", "output", "max_abs_diff",
-                  "max_rel_diff", "metric", "metric_value", "passed", "reason", "threshold")
+                  "max_rel_diff", "metric", "metric_value", "passed", "reason", "metric_mean",
+                  "samples", "worst_sample", "worst_text", "threshold")
 
 
 # --- tables ----------------------------------------------------------------------------------
 
 def table_html(headers: Sequence[str], rows: Iterable[Sequence[Any]],
-               numeric: Iterable[int] = (), table_id: str = "") -> str:
-    """A ``<table>``; the columns at ``numeric`` right-aligned."""
-    num = set(numeric)
-    head = "".join(f'<th class="num">{html.escape(h)}</th>' if i in num
-                   else f"<th>{html.escape(h)}</th>" for i, h in enumerate(headers))
+               numeric: Iterable[int] = (), table_id: str = "",
+               wrapped: Iterable[int] = ()) -> str:
+    """A ``<table>``; the columns at ``numeric`` right-aligned, those at ``wrapped`` (text of
+    any length) wrapped at the page's width (the last column always is)."""
+    classes = {i: "num" for i in numeric} | {i: "wrap" for i in wrapped}
+
+    def cell(tag: str, i: int, content: Any) -> str:
+        return (f'<{tag} class="{classes[i]}">{content}</{tag}>' if i in classes
+                else f"<{tag}>{content}</{tag}>")
+
+    head = "".join(cell("th", i, html.escape(h)) for i, h in enumerate(headers))
     body = []
     for row in rows:
-        cells = "".join(f'<td class="num">{c}</td>' if i in num else f"<td>{c}</td>"
-                        for i, c in enumerate(row))
-        body.append(f"<tr>{cells}</tr>")
+        body.append(f"<tr>{''.join(cell('td', i, c) for i, c in enumerate(row))}</tr>")
     attr = f' id="{table_id}"' if table_id else ""
     return f"<table{attr}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
@@ -60,28 +65,86 @@ def size_text(n: int) -> str:
     return str(n)
 
 
+def corner_text(profile: int, corner: str) -> str:
+    """A case's place: ``p0 max`` at a profile corner; a case outside the profiles (profile
+    -1: the INT8 build's held-out, search or check batches, named ``heldout3``) by its
+    split and batch, ``held-out 3``."""
+    if profile >= 0:
+        return f"p{profile} {corner}"
+    split = corner.rstrip("0123456789")
+    number = corner[len(split):]
+    name = {"heldout": "held-out", "check": "check split", "search": "search split"}.get(
+        split, split)
+    return f"{name} {number}".strip()
+
+
+GATE_NOTE = (
+    "A row passes on its metric: each sample's {metrics} against the reference, and the worst "
+    "sample must reach the threshold beside it (the recipe's "
+    "<code>verify.&lt;precision&gt;.min_cosine</code>, or <code>min_top1</code> for top-1 "
+    "agreement). Max abs and rel diff are element-wise "
+    "statistics shown beside it; they gate only where the recipe sets <code>atol</code> / "
+    "<code>rtol</code>. <span class='muted'>†</span> The relative diff divides by each "
+    "reference element, so elements near zero, which every hidden state has, give large "
+    "ratios (tens or thousands) while the output as a whole matches: read the metric, not the "
+    "rel diff.")
+NEAR_ZERO_MARK = ('<a class="muted" href="#verification-gate" title="a ratio over 1 on a '
+                  'passing row: reference elements near zero (see the note above)">†</a>')
+
+
 def verification_table(report: BuildReport) -> str:
+    """One row per check, case and output: where (profile corner or held-out batch) and at
+    which shape, the metric that gates (worst sample, mean, samples), the element-wise
+    diffs, the result and the worst sample's text; fields added to the rows later get columns
+    of their own."""
     rows = [dict(vars(r)) for r in report.verification]  # fields added later included
     if not rows:
         return '<p class="muted">No verification rows.</p>'
     extra = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in KNOWN_ROW_KEYS]
-    headers = ["check", "profile", "corner", "shape", "output", "max abs diff",
-               "max rel diff", "metric", *[k.replace("_", " ") for k in extra], "result"]
+    metrics = list(dict.fromkeys(r["metric"] for r in rows if r["metric_value"] is not None))
+    one_metric = metrics[0] if len(metrics) == 1 else None
+    worst_header = f"{one_metric.replace('_', ' ')}, worst sample" if one_metric \
+        else "metric, worst sample"
+    headers = ["check", "where", "output", worst_header, "mean", "samples", "max abs diff",
+               "max rel diff", *[k.replace("_", " ") for k in extra], "result"]
+    with_text = any(r.get("worst_text") for r in rows)
+    if with_text:
+        headers.append("worst sample's text")
     body = []
     for r in rows:
-        metric = "" if r["metric_value"] is None else \
-            f"{r['metric']} {shown_metric(r['metric_value'], r.get('threshold'), digits=6)}"
+        metric = ""
+        if r["metric_value"] is not None:
+            threshold = r.get("threshold")
+            metric = f"<b>{shown_metric(r['metric_value'], threshold, digits=6)}</b>"
+            if threshold is not None:
+                relation = "<" if r["metric_value"] < threshold else "≥"
+                metric += f'<br><span class="muted">{relation}&nbsp;{threshold:g}</span>'
+            if not one_metric:
+                metric = f"{html.escape(r['metric'])} {metric}"
         result = ('<span class="pass">pass</span>' if r["passed"] else
                   f'<span class="fail">FAIL</span> {html.escape(r["reason"])}')
-        body.append([html.escape(r["check"]), r["profile"], html.escape(r["corner"]),
-                     f"<code title=\"{html.escape(r['shapes'])}\">"
-                     f"{html.escape(short_shape(r['shapes']))}</code>",
-                     html.escape(r["output"]),
-                     number_cell(r["max_abs_diff"]), number_cell(r["max_rel_diff"]), metric,
+        text = ""
+        if r.get("worst_text"):
+            sample = "" if r.get("worst_sample") is None else f"#{r['worst_sample']} "
+            text = f'<span class="muted">{sample}“{html.escape(r["worst_text"])}”</span>'
+        where = (f'<span class="nowrap">{html.escape(corner_text(r["profile"], r["corner"]))}'
+                 "</span> "
+                 f"<code title=\"{html.escape(r['shapes'])}\">"
+                 f"{html.escape(short_shape(r['shapes']))}</code>")
+        body.append([html.escape(r["check"]), where, html.escape(r["output"]), metric,
+                     "" if r.get("metric_mean") is None else f"{r['metric_mean']:.6f}",
+                     number_cell(r.get("samples"), "d"),
+                     number_cell(r["max_abs_diff"]),
+                     number_cell(r["max_rel_diff"]) + (
+                         f" {NEAR_ZERO_MARK}" if r["passed"] and r["max_rel_diff"] > 1 else ""),
                      *[number_cell(r.get(k), ".6g") if not isinstance(r.get(k), (list, dict))
-                       else html.escape(json.dumps(r.get(k))[:80]) for k in extra], result])
-    numeric = [5, 6, *range(8, 8 + len(extra))]
-    return table_html(headers, body, numeric, "verification")
+                       else html.escape(json.dumps(r.get(k))[:80]) for k in extra],
+                     result, *([text] if with_text else [])])
+    numeric = [3, 4, 5, 6, 7, *range(8, 8 + len(extra))]
+    wrapped = [1, 8 + len(extra), 9 + len(extra)]  # where, result, text: wrap when needed
+    shown = " / ".join(m.replace("_", " ") for m in metrics) or "task metric"
+    note = f'<p class="muted" id="verification-gate">{GATE_NOTE.format(metrics=shown)}</p>'
+    return note + table_html(headers, body, numeric, "verification", wrapped)
 
 
 def benchmark_section(bench: dict[str, Any]) -> str:
@@ -147,11 +210,24 @@ def benchmark_section(bench: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-def int8_section(report: BuildReport) -> str:
+def int8_search_metrics(report: BuildReport) -> dict[str, Any] | None:
+    """The Q/DQ search's metrics: the precision stage's, or (``--target cpu``, where it runs
+    only when the first CPU INT8 form fails) the CPU model stage's; None where it did not
+    run."""
     stage = report.stage("precision")
-    if stage is None or stage.status == "skipped" or stage.metrics.get("precision") != "int8":
+    if stage is not None and stage.status != "skipped" \
+            and stage.metrics.get("precision") == "int8":
+        return stage.metrics
+    cpu = report.stage("cpu_model")
+    search = cpu.metrics.get("search") if cpu is not None and cpu.status != "skipped" \
+        else None
+    return search if isinstance(search, dict) and search.get("precision") == "int8" else None
+
+
+def int8_section(report: BuildReport) -> str:
+    m = int8_search_metrics(report)
+    if m is None:
         return ""
-    m = stage.metrics
     kept = list(m.get("excluded_by_fallback") or [])
     hints = m.get("excluded_node_hints") or {}
     low = m.get("low_precision") or {}
@@ -161,9 +237,7 @@ def int8_section(report: BuildReport) -> str:
         parts.append(f"<p>{low.get('matmul_gemm_low_precision')}/{low.get('matmul_gemm_nodes')}"
                      f" MatMul/Gemm nodes run in INT8 ({low.get('matmul_gemm_share', 0):.0%}); "
                      f"{len(kept)} kept in {html.escape(str(m.get('high_precision')))} by the "
-                     "fallback search. Worst metric before / after: "
-                     f"{number_cell((m.get('before') or {}).get('worst'), '.4f')} / "
-                     f"{number_cell((m.get('after') or {}).get('worst'), '.4f')}.</p>")
+                     f"fallback search. {_before_after(m)}</p>")
     splits = {k: v for k, v in (m.get("splits") or {}).items() if v}
     if splits:
         parts.append(table_html(
@@ -172,7 +246,7 @@ def int8_section(report: BuildReport) -> str:
               number_cell(v.get("mean"), ".4f"), html.escape(str(v.get("worst_text") or "")),
               '<span class="pass">pass</span>' if v.get("passed") else
               '<span class="fail">FAIL</span>'] for name, v in splits.items()],
-            [1, 2, 3], "int8-splits"))
+            [1, 2, 3], "int8-splits", wrapped=[4]))
     parts.append(sensitivity_chart(search, set(kept)))
     if kept:
         parts.append(table_html(["kept node", "what it is"],
@@ -180,6 +254,20 @@ def int8_section(report: BuildReport) -> str:
                              for n in kept], table_id="kept-layers"))
     parts.append("</section>")
     return "".join(parts)
+
+
+def _before_after(m: dict[str, Any]) -> str:
+    """The worst sample before and after the fallback search (the precision stage's
+    ``AttemptSummary`` of each: at the profile corners, and on the search split)."""
+    before, after = m.get("before") or {}, m.get("after") or {}
+    text = ("Worst sample at the profile corners before / after the fallback search: "
+            f"<b id='worst-before'>{number_cell(before.get('worst_metric'), '.4f')}</b> / "
+            f"<b id='worst-after'>{number_cell(after.get('worst_metric'), '.4f')}</b>")
+    if before.get("search_worst_metric") is not None or \
+            after.get("search_worst_metric") is not None:
+        text += (f" (search split {number_cell(before.get('search_worst_metric'), '.4f')} / "
+                 f"{number_cell(after.get('search_worst_metric'), '.4f')})")
+    return text + "."
 
 
 def cpu_model_section(report: BuildReport) -> str:
@@ -224,9 +312,15 @@ def cpu_model_section(report: BuildReport) -> str:
 
 
 def artifacts_table(report: BuildReport) -> str:
+    """Each stage's files, each file once (report.json of builds before the artifact records
+    were made unique lists a file two artifact names share twice)."""
     rows = []
+    listed: set[str] = set()
     for s in report.stages:
         for a in s.artifacts:
+            if a.path in listed:
+                continue
+            listed.add(a.path)
             rows.append([html.escape(s.name), f"<code>{html.escape(a.path)}</code>",
                          size_text(a.size), f'<code title="{a.sha256}">{a.sha256[:16]}…</code>'])
     return table_html(["stage", "file", "size", "sha256"], rows, [2], "artifacts")

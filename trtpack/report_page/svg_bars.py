@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 FONT = "font-family:sans-serif"
 ROW = 24  # px per bar
-LABEL_WIDTH = 230  # px for the row labels on the left
+LABEL_WIDTH = 120  # px for the row labels on the left, at least (wider for longer labels)
+LABEL_SIZE = 11  # px, the row labels' font size
+EM_PER_CHAR = 0.64  # a sans-serif character's width at most on average (DejaVu Sans: ~0.6)
 TITLE = 26  # px above the bars
 AXIS = 30  # px below the bars (axis label)
 TEXT = "#1d2a33"
@@ -80,30 +82,40 @@ def _panel_svg(panel: Panel, left: float) -> list[str]:
     return parts
 
 
+def text_width(text: str, size: float) -> float:
+    """How wide ``text`` is drawn at ``size`` px, at most (an estimate: no fonts are read;
+    the report page's Chromium test measures the real boxes)."""
+    return len(text) * size * EM_PER_CHAR
+
+
 def hbar_chart(labels: Sequence[str], panels: Sequence[Panel],
                legend: Sequence[tuple[str, str]] = ()) -> str:
     """An ``<svg>`` with one row per label and one panel of bars per ``panels`` side by
-    side; ``legend`` is (color, text) pairs under the chart."""
+    side; ``legend`` is (color, text) pairs under the chart. The label column is as wide as
+    the longest label, so no label is cut at the chart's left edge."""
     rows = len(labels)
-    width = LABEL_WIDTH + sum(p.width + 20 for p in panels)
+    label_width = max(LABEL_WIDTH, round(max((text_width(t, LABEL_SIZE) for t in labels),
+                                             default=0.0)) + 16)
+    legend_width = sum(24 + text_width(text, 11) for _, text in legend)
+    width = label_width + max(sum(p.width + 20 for p in panels), round(legend_width))
     height = TITLE + ROW * rows + AXIS + (22 if legend else 6)
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              f'viewBox="0 0 {width} {height}">']
     for i, label in enumerate(labels):
         y = TITLE + ROW * i + ROW / 2 + 4
-        parts.append(f'<text x="{LABEL_WIDTH - 8}" y="{y}" text-anchor="end" '
-                     f'style="{FONT};font-size:11px" fill="{TEXT}">'
+        parts.append(f'<text x="{label_width - 8}" y="{y}" text-anchor="end" '
+                     f'style="{FONT};font-size:{LABEL_SIZE}px" fill="{TEXT}">'
                      f"{html.escape(label)}</text>")
-    left = float(LABEL_WIDTH)
+    left = float(label_width)
     for panel in panels:
         parts += _panel_svg(panel, left)
         left += panel.width + 20
-    x = float(LABEL_WIDTH)
+    x = float(label_width)
     for color, text in legend:
         y = height - 10
         parts.append(f'<rect x="{x}" y="{y - 9}" width="10" height="10" fill="{color}"/>')
         parts.append(f'<text x="{x + 14}" y="{y}" style="{FONT};font-size:11px" '
                      f'fill="{TEXT}">{html.escape(text)}</text>')
-        x += 24 + 7 * len(text)
+        x += 24 + text_width(text, 11)
     parts.append("</svg>")
     return "".join(parts)

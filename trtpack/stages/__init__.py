@@ -1,6 +1,6 @@
 """Pipeline stages (run by ``trtpack.pipeline``, which they never import). Each stage's module
-(``pipeline.stage.STAGES`` names them; ``base`` and ``torch_export`` are helpers) defines two
-functions and imports heavy packages inside them:
+(``pipeline.stage.STAGES`` names them; ``base``, ``torch_export`` and ``cpu_int8_serving``
+are helpers) defines two functions and imports heavy packages inside them:
 
     def fingerprint(options: BuildOptions) -> dict[str, Any]
         The options this stage's output depends on (JSON-able). Together with the keys of
@@ -26,13 +26,17 @@ Artifacts by name (what each stage adds to ``ctx.artifacts``):
     simplify   onnx          the simplified model, weight matrices in model.onnx.data (or
                              export's, when onnxsim failed; a process of its own too)
     verify     fp32_outputs  fp32_outputs.npz: the same cases with ONNX Runtime FP32 outputs
-    precision  precision_onnx  the FP16 / INT8 ONNX (skipped for fp32)
+    precision  precision_onnx  the FP16 / INT8 ONNX (skipped for fp32, and for INT8 with
+                             --target cpu: see cpu_model)
                recipe_overlay  recipe overlay with the nodes kept in high precision
     cpu_model  cpu_fp32_onnx  fp32/model.onnx: the FP32 graph fused for ONNX Runtime (--target
                              cpu and --fallback-cpu only)
                cpu_onnx      what ONNX Runtime serves on the CPU: that, int8/model.onnx (the
                              integer-kernel INT8 form) or, when that fails its gates, the
                              precision_onnx
+               precision_onnx, recipe_overlay  (INT8, --target cpu) in search/, only when
+                             the first CPU INT8 form failed and the Q/DQ search ran here
+                             (``cpu_int8_serving``)
     engine     engine        model.plan;  engine_provenance  model.plan.json;
                engine_trtexec  the equivalent trtexec command
     package    model_repository  model_repository/ (Triton), written last

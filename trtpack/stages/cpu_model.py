@@ -21,14 +21,20 @@ from typing import Any
 from trtpack.cases import Case, load_cases
 from trtpack.onnx_tools.files import save_model
 from trtpack.options import BuildOptions
+from trtpack.precision.cpu_int8 import search_on_demand
 from trtpack.report import VerificationRow
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
+from trtpack.stages.cpu_int8_serving import (
+    CHECK_INT8_HELDOUT,
+    QDQ_FORM,
+    ServedInt8,
+    serve_int8,
+    verify_rows,
+)
 
 # Bump when the fusion or the quantization changes what this stage writes (cache key).
-CPU_FORM_VERSION = 7
+CPU_FORM_VERSION = 8
 CHECK_FP32 = "cpu-fp32-vs-fp32"
-CHECK_INT8 = "cpu-int8-vs-fp32"
-CHECK_INT8_HELDOUT = "cpu-int8-heldout"
 
 
 @dataclass
@@ -54,6 +60,9 @@ class CpuModelMetrics(StageMetrics):
     outlier_channels: dict[str, list[int]] = field(default_factory=dict)
     skip_layer_norms_split: int = 0  # SkipLayerNormalization run as Sum + LayerNormalization
     auto: dict[str, Any] | None = None  # --precision auto: candidates, timings, why
+    heldout_worst: float | None = None  # the served INT8 model's, on the held-out split
+    # the Q/DQ search's metrics, where it ran in this stage (--target cpu, first form failed)
+    search: dict[str, Any] | None = None
 
 
 def fingerprint(options: BuildOptions) -> dict[str, Any]:
@@ -61,6 +70,7 @@ def fingerprint(options: BuildOptions) -> dict[str, Any]:
 
     from trtpack.precision.calibration import calibration_path
     from trtpack.precision.calibration_files import file_sha256
+    from trtpack.stages.precision import fingerprint as precision_fingerprint
 
     r = options.recipe
     path = calibration_path(options) if options.precision == "int8" else None
@@ -75,6 +85,8 @@ def fingerprint(options: BuildOptions) -> dict[str, Any]:
         "int8": r.precision_options.int8.model_dump(),
         "seed": options.seed,
         "auto_precision": options.auto_precision,
+        # --target cpu: the Q/DQ search may run here (only when the first form fails)
+        "search": precision_fingerprint(options) if search_on_demand(options) else None,
     }
 
 
@@ -107,6 +119,7 @@ def run(ctx: StageContext) -> StageOutcome:
             shutil.copy2(data, work / data.name)
         ctx.progress("fusing the transformer graph for ONNX Runtime on the CPU")
         warnings: list[str] = []
+        search_note = ""
         try:
             graph = cpu_graph(source, config_model_type=model_type, num_heads=heads,
                               hidden_size=hidden, mask_input=mask)
@@ -122,7 +135,7 @@ def run(ctx: StageContext) -> StageOutcome:
         fp32_path = fp32_dir / "model.onnx"
         save_model(graph.model, fp32_path)
         cases = load_cases(ctx.artifact("fp32_outputs"))
-        rows = _verify(ctx, fp32_path, cases, CHECK_FP32, "fp32")
+        rows = verify_rows(ctx, fp32_path, cases, CHECK_FP32, "fp32")
         metrics = CpuModelMetrics(
             form="fp32, fused for ONNX Runtime" if graph.fused else "fp32 (no fusion matched)",
             optimizer_model_type=graph.model_type, fused_operators=graph.fused,
@@ -132,28 +145,31 @@ def run(ctx: StageContext) -> StageOutcome:
             warnings.append(f"ONNX Runtime's {graph.model_type} optimizer fused nothing: the "
                             "CPU model is the plain FP32 graph")
         artifacts = {"cpu_fp32_onnx": fp32_path, "cpu_onnx": fp32_path}
-        if ctx.options.precision == "int8" and "precision_onnx" in ctx.artifacts \
-                and all(r.passed for r in rows):
-            int8_path, int8_rows = _int8_form(ctx, work, source, (model_type, heads, hidden,
-                                                                  mask), cases, metrics)
-            if metrics.int8_passed:
-                rows += int8_rows  # a failed CPU INT8 form is not served: not a gate
+        if ctx.options.precision == "int8" and all(r.passed for r in rows):
+            served = serve_int8(ctx, work, source, {
+                "config_model_type": model_type, "num_heads": heads, "hidden_size": hidden,
+                "mask_input": mask}, cases)
+            describe_served(metrics, served)
+            metrics.smoothquant = recipe.precision_options.int8.smoothquant
+            warnings += served.warnings
+            if served.search is not None:  # the Q/DQ search ran here: its files too
+                artifacts.update(served.search.artifacts)
+                search_note = served.search.message
             if ctx.options.auto_precision:
-                chosen = _choose_precision(ctx, fp32_path, int8_path, cases, rows, int8_rows,
-                                           metrics)
+                chosen = _choose_precision(ctx, fp32_path, served, cases, rows, metrics)
                 artifacts["cpu_onnx"] = chosen
                 if chosen == fp32_path:
                     metrics.form = "fp32, fused for ONNX Runtime (--precision auto)"
-            elif metrics.int8_passed:
-                artifacts["cpu_onnx"] = int8_path
+                elif served.passed:
+                    rows += served.rows
             else:
-                # the Q/DQ model passed its own gates: serve it (slow on CPU, but accurate)
-                artifacts["cpu_onnx"] = ctx.artifact("precision_onnx")
-                metrics.form = "int8 Q/DQ (the CPU INT8 form failed its gates)"
-                warnings.append("the CPU INT8 form (ONNX Runtime dynamic quantization) failed "
-                                "its per-sample gates (" + "; ".join(metrics.int8_failures[:2])
-                                + "); the CPU model is the Q/DQ graph, which ONNX Runtime "
-                                "runs mostly in FP32")
+                artifacts["cpu_onnx"] = served.path
+                rows += served.rows  # what is served is gated
+                if served.form == QDQ_FORM:
+                    warnings.append("the CPU INT8 forms (ONNX Runtime dynamic quantization) "
+                                    "failed their gates (" + "; ".join(served.failures[:2])
+                                    + "); the CPU model is the Q/DQ graph, which ONNX Runtime "
+                                    "runs mostly in FP32")
         elif ctx.options.precision == "fp16":
             # ONNX Runtime's CPU kernels are FP32: the CPU model of an FP16 build is FP32
             warnings.append("fp16 build: the CPU model is the fused FP32 graph")
@@ -172,15 +188,21 @@ def run(ctx: StageContext) -> StageOutcome:
             channels = sum(len(c) for c in metrics.outlier_channels.values())
             message += (f", {channels} outlier channels of {len(metrics.outlier_channels)} "
                         "feed-forward layers in FP32")
+        if metrics.kept_fp32_layers:
+            message += f", {len(metrics.kept_fp32_layers)} layers kept in FP32"
+        if metrics.heldout_worst is not None:
+            message += f", held-out worst {metrics.heldout_worst:.4f}"
+    if search_note:
+        message += f"; the first CPU form failed, so the Q/DQ search ran: {search_note}"
     if metrics.auto is not None:
         message += f"; auto: {metrics.auto['winner']} ({metrics.auto['reason']})"
     return StageOutcome(artifacts=artifacts, metrics=metrics, verification=rows,
                         warnings=warnings, message=message)
 
 
-def _choose_precision(ctx: StageContext, fp32_path: Path, int8_path: Path, cases: list[Case],
-                      rows: list[VerificationRow], int8_rows: list[VerificationRow],
-                      metrics: CpuModelMetrics) -> Path:
+def _choose_precision(ctx: StageContext, fp32_path: Path, served: ServedInt8,
+                      cases: list[Case], rows: list[VerificationRow], metrics: CpuModelMetrics
+                      ) -> Path:
     """--precision auto: both forms timed at the profile corners, in rotation; the choice
     (``trtpack.precision.auto_choice``) in the metrics and the message."""
     from trtpack.precision.auto_choice import Candidate, choose, time_candidates
@@ -188,10 +210,10 @@ def _choose_precision(ctx: StageContext, fp32_path: Path, int8_path: Path, cases
     from trtpack.runtimes.onnxruntime import cpu_session
 
     fp32_rows = [r for r in rows if r.check == CHECK_FP32]
-    held = [r for r in int8_rows if r.check == CHECK_INT8_HELDOUT] or int8_rows
+    held = [r for r in served.rows if r.check == CHECK_INT8_HELDOUT] or served.rows
     candidates = [Candidate("fp32", fp32_path, all(r.passed for r in fp32_rows),
                             worst_metric(fp32_rows)),
-                  Candidate("int8", int8_path, bool(metrics.int8_passed), worst_metric(held))]
+                  Candidate("int8", served.path, served.passed, worst_metric(held))]
     ctx.progress("--precision auto: timing fp32 and int8 at every profile corner")
     sessions = {c.name: cpu_session(c.path, spinning=False) for c in candidates}
     time_candidates(candidates, cases, sessions)
@@ -200,98 +222,25 @@ def _choose_precision(ctx: StageContext, fp32_path: Path, int8_path: Path, cases
     return next(c.path for c in candidates if c.name == choice.winner)
 
 
-def _verify(ctx: StageContext, path: Path, cases: list[Case], check: str, precision: str
-            ) -> list[VerificationRow]:
-    from trtpack.verify.compare import compare_cases, run_onnxruntime, saved_tokenizer_text
+def describe_served(metrics: CpuModelMetrics, served: ServedInt8) -> None:
+    """The served INT8 CPU model in the stage's metrics (and the Q/DQ search's, where it
+    ran in this stage)."""
+    from trtpack.precision.conversion import worst_metric
 
-    recipe = ctx.options.recipe
-    return compare_cases(check, recipe, precision, cases, run_onnxruntime(path, cases),
-                         saved_tokenizer_text(ctx.artifacts.get("tokenizer"), recipe))
-
-
-def _int8_form(ctx: StageContext, work: Path, source: Path, shape: tuple[Any, ...],
-               cases: list[Case], metrics: CpuModelMetrics
-               ) -> tuple[Path, list[VerificationRow]]:
-    """The CPU INT8 forms (``trtpack.precision.cpu_int8``), tried in order: every weight
-    MatMul INT8 with the feed-forward outlier channels FP32, then the INT8 search's FP32
-    layers kept FP32. Each is judged at the corners and on the held-out split; the first
-    that passes is served (the last tried is returned if none does)."""
-    import onnx
-
-    from trtpack.precision.cpu_int8 import (
-        CPU_INT8_FORM,
-        EVERY_LAYER,
-        EVERY_LAYER_SMOOTHED,
-        INTEGER_KERNELS,
-        SEARCH_LAYERS,
-        form_layer_names,
-        fp32_weight_matmuls,
-        heldout_cases,
-        heldout_rows,
-        make_cpu_int8,
-        runtime_op_counts,
-        weight_matmul_share,
-    )
-
-    model_type, heads, hidden, mask = shape
-    graph_shape = {"config_model_type": model_type, "num_heads": heads,
-                   "hidden_size": hidden, "mask_input": mask}
-    settings = ctx.options.recipe.precision_options.int8
-    cal, tokenizer = _calibration(ctx)
-    search_kept = fp32_weight_matmuls(ctx.artifact("precision_onnx"))
-    held = heldout_cases(ctx.artifact("onnx"), cal)
-    candidates = [(EVERY_LAYER, EVERY_LAYER_SMOOTHED, []),
-                  (SEARCH_LAYERS, settings.smoothquant_producers or None, search_kept)]
-    for index, (name, producers, kept) in enumerate(candidates):
-        ctx.progress(f"CPU INT8 form {index + 1}/{len(candidates)}: {name}")
-        form = make_cpu_int8(name, source, work / f"int8-{index}",
-                             ctx.stage_dir / f"int8-{index}" / "model.onnx", graph_shape,
-                             cal.feeds, settings.smoothquant, producers, kept)
-        rows = _verify(ctx, form.path, cases, CHECK_INT8, "int8")
-        rows += heldout_rows(CHECK_INT8_HELDOUT, ctx.options.recipe, held, form.path, cal,
-                             tokenizer)
-        failures = [f"{r.check} {r.corner}: {r.reason}" for r in rows if not r.passed][:5]
-        if metrics.int8_forms_tried:  # a later form replaced the one before: not a failure
-            metrics.int8_forms_tried[-1]["status"] = "superseded"
-        metrics.int8_forms_tried.append({"form": name, "passed": not failures,
-                                         "failures": failures,
-                                         "status": "failed" if failures else "served"})
-        if not failures or index == len(candidates) - 1:
-            break
-    served = ctx.stage_dir / "int8" / "model.onnx"
-    form.path.parent.rename(served.parent)
-    for other in ctx.stage_dir.glob("int8-*"):
-        shutil.rmtree(other)
-    quantized, total = weight_matmul_share(onnx.load(str(served), load_external_data=False))
-    counts = runtime_op_counts(served, work)
-    metrics.int8_form = f"{CPU_INT8_FORM}; {form.name}"
-    metrics.integer_kernels = {op: counts[op] for op in INTEGER_KERNELS if counts.get(op)}
+    quantized, total = served.share
+    metrics.int8_form = served.form.removeprefix("int8, ")
+    metrics.integer_kernels = served.integer_kernels
     metrics.int8_weight_matmuls = f"{quantized}/{total}"
     metrics.int8_share = round(quantized / total, 4) if total else 0.0
-    metrics.kept_fp32_nodes = form.excluded
-    metrics.kept_fp32_layers, metrics.outlier_channels = form_layer_names(ctx.artifact("onnx"),
-                                                                          form)
-    metrics.int8_passed = not failures
-    metrics.int8_failures = failures
-    metrics.smoothquant = settings.smoothquant if cal.feeds else None
-    if metrics.int8_passed:
-        metrics.form = "int8, " + metrics.int8_form
-    return served, rows
-
-
-def _calibration(ctx: StageContext) -> tuple[Any, Any]:
-    """The INT8 build's calibration data (the same file, seed and splits as the precision
-    stage's) and the tokenizer it was read with."""
-    from trtpack.precision.calibration import calibration_path, load_calibration
-
-    options, recipe = ctx.options, ctx.options.recipe
-    path = calibration_path(options)
-    tokenizer = None
-    if path is not None and path.suffix.lower() != ".npz" and "tokenizer" in ctx.artifacts:
-        from trtpack.pytorch.models import load_tokenizer
-
-        tokenizer = load_tokenizer(recipe, ctx.artifacts["tokenizer"])
-    cal = load_calibration(recipe, options.profiles, path, tokenizer=tokenizer,
-                           max_samples=recipe.precision_options.int8.max_calibration_samples,
-                           seed=options.seed)
-    return cal, tokenizer
+    metrics.kept_fp32_nodes = served.kept_nodes
+    metrics.kept_fp32_layers = served.kept_layers
+    metrics.outlier_channels = served.outlier_channels
+    metrics.int8_passed = served.passed
+    metrics.int8_failures = served.failures
+    metrics.int8_forms_tried = served.tried
+    metrics.heldout_worst = worst_metric(
+        [r for r in served.rows if r.check.endswith("heldout")])
+    if served.search is not None:
+        metrics.search = served.search.metrics.as_dict()
+    if served.passed:
+        metrics.form = served.form

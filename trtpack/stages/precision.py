@@ -14,6 +14,7 @@ from trtpack.errors import UserInputError
 from trtpack.options import BuildOptions
 from trtpack.precision.calibration import DEFAULT_TEXT, calibration_path
 from trtpack.precision.calibration_files import file_sha256
+from trtpack.precision.conversion import ConversionResult
 from trtpack.precision.fallback import (
     FALLBACK_QUANTIZE_OP_TYPES,
     GREEDY_FAILURES,
@@ -30,7 +31,7 @@ from trtpack.precision.source import prepare_source
 from trtpack.stages.base import StageContext, StageOutcome
 
 # Bump when the conversion or the search changes what this stage produces (cache key).
-ALGORITHM_VERSION = 4
+ALGORITHM_VERSION = 5
 
 
 def fingerprint(options: BuildOptions) -> dict[str, Any]:
@@ -72,16 +73,24 @@ def run(ctx: StageContext) -> StageOutcome:
     precision = ctx.options.precision
     if precision not in ("fp16", "int8"):
         raise UserInputError(f"the precision stage converts to fp16 or int8, not {precision}")
+    result = convert(ctx, precision)
+    return StageOutcome(artifacts=result.artifacts, metrics=result.metrics.as_dict(),
+                        verification=result.verification, warnings=result.warnings,
+                        message=result.message)
+
+
+def convert(ctx: StageContext, precision: str, share_gate: bool = True) -> ConversionResult:
+    """The FP16 or INT8 conversion of the FP32 ONNX into ``ctx.stage_dir`` (the CPU model
+    stage runs the INT8 one itself, only when its first CPU form fails; ``share_gate``
+    False: ``--min-int8-share`` is judged on the model served instead)."""
     work = Path(tempfile.mkdtemp(prefix=".work-", dir=ctx.stage_dir))
     # the first conversion's worker imports ModelOpt while its job is prepared here
     worker = _EARLY_WORKERS.pop(precision, None) or ModelOptWorker(precision, ctx.stage_dir)
     try:
         source = prepare_source(ctx.artifact("onnx"), work / "source")
-        conversion = Fp16Conversion if precision == "fp16" else Int8Conversion
-        result = conversion(ctx, work, source, worker).run()
+        if precision == "fp16":
+            return Fp16Conversion(ctx, work, source, worker).run()
+        return Int8Conversion(ctx, work, source, worker, share_gate=share_gate).run()
     finally:
         worker.close()
         shutil.rmtree(work, ignore_errors=True)
-    return StageOutcome(artifacts=result.artifacts, metrics=result.metrics.as_dict(),
-                        verification=result.verification, warnings=result.warnings,
-                        message=result.message)
