@@ -79,6 +79,12 @@ NOT_ON_THIS_MACHINE = {
     "trtpack engine BUILD_DIR --target T --out OUT": "a TensorRT engine for a GPU family",
     "trtpack merge out/minilm-g4dn out/minilm-g5 --out out/minilm-fleet":
         "merges engine builds for two GPU families (CPU builds are refused)",
+    # PyTorch sources: the files they name are made by docs/any-model.md's Python blocks,
+    # which build these same sources through trtpack.build (tests/test_docs_python.py)
+    "trtpack build make.py:make_model --target cpu": "make.py: a Python block",
+    "trtpack build mixer.pt2 --profile 1:4:32 --target cpu": "mixer.pt2: a Python block",
+    "trtpack build counter.pt --input x=float32[batch,8] --input step=2 --target cpu":
+        "counter.pt: a Python block",
 }
 # Inline options of other tools the README mentions (benchmark scripts, tritonserver).
 OTHER_TOOLS_OPTIONS = {

@@ -3,12 +3,12 @@ place a build's flags are validated."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import cast, get_args
+from typing import Any, cast, get_args
 
-from trtpack.errors import RecipeError, UserInputError, require_modules
+from trtpack.errors import RecipeError, TrtpackError, UserInputError, require_modules
 from trtpack.machine.packages import required_modules
 from trtpack.machine.targets import AUTO, CPU, Target, engine_support_problem, resolve_target
 from trtpack.options import BuildOptions, Fallback, Serve, default_cache_dir
@@ -32,8 +32,8 @@ from trtpack.stages.base import ProgressCallback
 class BuildRequest:
     """What the user asked for, before resolution (CLI flags map 1:1 onto this)."""
 
-    model: str
-    profiles: Sequence[str] = ()
+    model: str | Path
+    profiles: str | Sequence[str] = ()  # one profile string, or several
     precision: str | None = None
     target: str = AUTO
     opset: int | None = None
@@ -54,7 +54,21 @@ class BuildRequest:
     tokenizer: Path | None = None  # --tokenizer: a tokenizer folder (or one of its files)
     min_int8_share: float = 0.5  # --min-int8-share
     force: bool = False  # --force: build beside files in --out that trtpack did not write
-    inputs: Sequence[str] = ()  # --input, the input grammar (trtpack.sources.inputs)
+    inputs: str | Sequence[str] = ()  # --input: input descriptions and constants
+
+    def __post_init__(self) -> None:
+        """Paths given as ``str`` (Python callers) become ``Path``s; one profile or input
+        string is a list of one."""
+        for name in ("out", "calibration", "cache_dir", "timing_cache", "tokenizer"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                setattr(self, name, Path(value))
+        for name in ("profiles", "inputs", "overrides"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                setattr(self, name, [value])
+        if isinstance(self.model, Path):
+            self.model = str(self.model)
     skip_memory_check: bool = False  # --skip-memory-check: build past the memory estimate
     sample_inputs: Path | None = None  # --sample-inputs FILE.npz
 
@@ -108,12 +122,15 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
     if request.serve is not None and request.serve not in get_args(Serve):
         raise UserInputError(f"--serve must be tensor or text, not '{request.serve}'")
     fallback = cast(Fallback, request.fallback)
-    recipe: Recipe = apply_overrides(resolve_model(request.model, request.task),
-                                     list(request.overrides))
+    cache_dir = request.cache_dir or default_cache_dir()
+    resolved, source_files = resolve_recipe(request, cache_dir)
+    recipe: Recipe = apply_overrides(resolved, list(request.overrides))
     problem = head_split_problem(recipe.config)
     if problem is not None:  # else transformers refuses it inside the export stage (exit 4)
         raise RecipeError(f"recipe '{recipe.name}': {problem}")
-    recipe = apply_input_options(recipe, parse_input_options(request.inputs))
+    recipe = apply_input_options(recipe, [
+        d for d in parse_input_options(request.inputs)
+        if d.name not in recipe.source.arguments])  # those are folded into the graph
     check_small_integer_inputs(recipe)
     if request.tokenizer is not None:
         recipe = with_tokenizer(recipe, request.tokenizer)
@@ -226,7 +243,7 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
         calibration=request.calibration or (request.sample_inputs if precision == "int8"
                                             else None),
         fallback=fallback, serve=serve, sample_inputs=request.sample_inputs,
-        fallback_cpu=fallback_cpu, cache_dir=request.cache_dir or default_cache_dir(),
+        fallback_cpu=fallback_cpu, cache_dir=cache_dir, source_files=source_files,
         use_cache=request.use_cache, timing_cache=_timing_cache_dir(request.timing_cache),
         calibration_method=request.calibration_method,
         min_int8_share=request.min_int8_share,
@@ -234,6 +251,68 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
         auto_precision=auto_precision,
     )
     return options, warnings
+
+
+def resolve_recipe(request: BuildRequest, cache_dir: Path) -> tuple[Recipe, str | None]:
+    """The recipe for ``request.model``, and for a PyTorch source the key of its files: a
+    factory, ``.pt2`` or TorchScript file is described by loading it once in a process of its
+    own (``trtpack.pytorch.describe``), and the description is reused until its files
+    change; anything else resolves as before (``sources.resolve``)."""
+    from trtpack.sources.torch_sources import recipe_for_torch, torch_source
+
+    model = str(request.model)
+    source = torch_source(model)
+    if source is None:
+        recipe = resolve_model(model, request.task)
+        if recipe.source.torch_kind is None:
+            return recipe, None
+        try:
+            described = describe_torch(recipe.source.model_dump(exclude_defaults=True),
+                                       request, cache_dir, recipe)
+        except TrtpackError:  # the export stage loads it again and reports it, in its log
+            return recipe, None
+        return recipe, str(described["source_files"])
+    described = describe_torch(source, request, cache_dir)
+    if described["kind"] == "folder":  # a factory returning a model folder: a package
+        from trtpack.sources.hf_recipe import recipe_for_hf_dir
+        from trtpack.sources.recipe import Source
+
+        folder = Path(described["folder"])
+        recipe = recipe_for_hf_dir(folder, request.task).model_copy(
+            update={"source": Source(package=source["factory"])})
+        return recipe.with_origin(folder), str(described["source_files"])
+    ref = source.get("factory") or model
+    stem = Path(ref.rpartition(":")[0] if "factory" in source else ref).stem
+    name = stem.rpartition(".")[2] if "factory" in source else stem
+    recipe = recipe_for_torch(source, described, name=name, task=request.task,
+                              profiles=list(request.profiles))
+    return recipe, str(described["source_files"])
+
+
+def describe_torch(source: Mapping[str, Any], request: BuildRequest, cache_dir: Path,
+                   recipe: Recipe | None = None) -> dict[str, Any]:
+    """The description of a PyTorch source (``trtpack.pytorch.describe``) with the user's
+    ``--input`` descriptions and constants (or a recipe's inputs)."""
+    from trtpack.pytorch.describe import describe_in_process
+
+    inputs: dict[str, dict[str, Any]] = {}
+    arguments: dict[str, Any] = {}
+    if recipe is not None:
+        inputs = {i.name: {"dtype": i.dtype, "axes": list(i.axes)} for i in recipe.inputs}
+        arguments = dict(recipe.source.arguments)
+    # NAME=DTYPE[...] describes a tensor input; NAME=VALUE alone gives a non-tensor argument
+    # (sr=16000), folded into the graph; a tensor input's values (=LOW..HIGH) apply later
+    for described in parse_input_options(request.inputs):
+        if described.spec is not None:
+            inputs[described.name] = {"dtype": described.spec.dtype,
+                                      "axes": list(described.spec.axes)}
+        elif described.value is not None and described.value.is_constant:
+            arguments[described.name] = described.value.constant
+    from trtpack.pipeline.cache import source_digest
+
+    request_data = {"source": source, "inputs": inputs, "arguments": arguments,
+                    "trtpack": source_digest()}  # a description is trtpack's reading
+    return describe_in_process(request_data, cache_dir)
 
 
 def _refuse_auto_precision_on_gpu(target_name: str) -> None:

@@ -48,6 +48,8 @@ class BuildOptions:
     # forms and serves the fastest that passes (trtpack.precision.auto_choice)
     auto_precision: bool = False
     sample_inputs: Path | None = None  # --sample-inputs FILE.npz: real inputs for verification
+    # a PyTorch source's identity: its files' contents (``sources.torch_sources.SourceFiles``)
+    source_files: str | None = None
 
     @property
     def name(self) -> str:

@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                    "trtpack.report_page")),
     ("stages", ("trtpack.stages",)),
     ("pipeline", ("trtpack.pipeline",)),
-    ("api", ("trtpack.api", "trtpack.bench", "trtpack.diagnostics")),
+    ("api", ("trtpack.api", "trtpack.python_api", "trtpack.bench", "trtpack.diagnostics")),
     ("cli", ("trtpack.cli", "trtpack.testing")),
 )
 

@@ -39,9 +39,10 @@ def module_file(parts: list[str]) -> Path | None:
 
 
 def dotted_name_exists(name: str) -> bool:
-    """``trtpack.a.b`` is a module, or ``trtpack.a`` a module that mentions ``b``."""
+    """``trtpack.a.b`` is a module, or ``trtpack.a`` a module that mentions ``b`` (``trtpack.b``:
+    the package itself, whose ``__init__`` exposes ``build`` and the like)."""
     parts = name.split(".")
-    for end in range(len(parts), 1, -1):
+    for end in range(len(parts), 0, -1):
         source = module_file(parts[:end])
         if source is not None:
             if end == len(parts):

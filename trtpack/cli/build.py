@@ -22,8 +22,9 @@ def build(
     model: Annotated[str, typer.Argument(
         metavar="MODEL",
         help="A recipe name (trtpack recipes list), a recipe YAML file, an ONNX file, a "
-        "local Hugging Face model directory, or an org/name id in the local Hugging Face "
-        "cache.")],
+        "local Hugging Face model directory, an org/name id in the local Hugging Face "
+        "cache, a PyTorch factory (path/to/file.py:make_model or my_pkg.models:make_model), "
+        "a torch.export file (model.pt2) or a TorchScript file (model.pt, model.jit).")],
     profile: Annotated[list[str] | None, typer.Option(
         "--profile", "-p", metavar="MIN:OPT:MAX",
         help="Shape profile MIN:OPT:MAX over the dynamic axes, e.g. 1x128:16x128:128x128 "

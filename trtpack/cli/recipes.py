@@ -30,17 +30,26 @@ def recipes_list() -> None:
 @handle_errors
 def recipes_show(
     name: Annotated[str, typer.Argument(
-        help="Recipe name or YAML file, or an ONNX file, model directory or hub id (the "
-        "recipe trtpack infers for it: save it, edit it, build it).")],
+        help="Recipe name or YAML file, or an ONNX file, model directory, hub id or PyTorch "
+        "model (file.py:make_model, model.pt2, model.pt): the recipe trtpack infers for "
+        "it (save it, edit it, build it).")],
     task: Annotated[str | None, typer.Option(
         metavar="TASK", help="The head, as for build --task.")] = None,
+    inputs: Annotated[list[str] | None, typer.Option(
+        "--input", metavar="NAME=...", help="As for build --input.")] = None,
+    profile: Annotated[list[str] | None, typer.Option(
+        "--profile", "-p", help="As for build --profile.")] = None,
 ) -> None:
     """Show a recipe with every default filled in (as YAML)."""
     import yaml
 
-    from trtpack.sources.resolve import resolve_model
+    from trtpack.api import BuildRequest, resolve_recipe
+    from trtpack.options import default_cache_dir
 
-    recipe = resolve_model(name, task)
+    recipe, _ = resolve_recipe(BuildRequest(model=name, task=task, inputs=inputs or [],
+                                            profiles=profile or []), default_cache_dir())
+    data = recipe.model_dump(mode="json")
+    data["source"] = recipe.source.model_dump(mode="json", exclude_defaults=True)
     # plain text, never wrapped to the terminal: the output is saved and edited as a file
-    sys.stdout.write(yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
+    sys.stdout.write(yaml.safe_dump(data, sort_keys=False))
 

@@ -69,12 +69,33 @@ class LoadedModel:
     weights: str  # "pretrained" or "random"
 
 
+def _import_file(path: Path) -> Any:
+    """The module in ``path``, imported with its folder first on ``sys.path`` (so it imports
+    its sibling modules as it would when run from there)."""
+    import importlib.util
+    import sys
+
+    folder = str(path.parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    name = path.stem if path.stem.isidentifier() else "trtpack_factory"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise UserInputError(f"cannot import '{path}' as Python")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def _call(ref: str, what: str) -> Any:
-    module_name, _, func_name = ref.partition(":")
+    module_name, _, func_name = ref.rpartition(":")
     if not module_name or not func_name:
-        raise UserInputError(f"{what} '{ref}' must be 'package.module:function'")
+        raise UserInputError(f"{what} '{ref}' must be 'package.module:function' or "
+                             "'path/to/file.py:function'")
     try:
-        module = importlib.import_module(module_name)
+        module = _import_file(Path(module_name)) if module_name.endswith(".py") else \
+            importlib.import_module(module_name)
     except ImportError as e:
         raise MissingEnvironmentError(
             f"{what} '{ref}': cannot import '{module_name}' ({e})",
@@ -84,6 +105,83 @@ def _call(ref: str, what: str) -> Any:
     if func is None or not callable(func):
         raise UserInputError(f"{what} '{ref}': '{module_name}' has no function '{func_name}'")
     return func()
+
+
+def call_factory(ref: str) -> Any:
+    """What the factory ``ref`` returns: a module, a (module, example inputs) pair, or a model
+    directory (a package that ships weights)."""
+    return _call(ref, "model factory")
+
+
+def load_torchscript(path: str) -> Any:
+    """A TorchScript module in eval mode (``torch.jit.load``: TorchScript only, nothing is
+    unpickled as Python objects)."""
+    import torch
+
+    try:
+        return torch.jit.load(path, map_location="cpu").eval()
+    except RuntimeError as e:
+        first = (str(e).strip().splitlines() or ["unreadable"])[0]
+        raise UserInputError(f"'{path}' is not a loadable TorchScript model: {first}") from None
+
+
+def load_exported_program(path: str) -> Any:
+    """A saved ExportedProgram (``torch.export.load``). A program whose inputs or outputs
+    are classes registered with pytree (a Hugging Face ``ModelOutput``) loads only once
+    their modules are imported: those named in its signature are imported first."""
+    import warnings
+
+    import torch
+
+    for module in pytree_modules(Path(path)):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise UserInputError(f"'{path}' returns a type from '{module}', which is not "
+                                 "installed here", hint=f"install the package of {module}"
+                                 ) from None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return torch.export.load(path)
+        except Exception as e:  # torch raises several kinds for a damaged or foreign archive
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise UserInputError(f"'{path}' is not a loadable ExportedProgram: {first}"
+                                 ) from None
+
+
+def pytree_modules(path: Path) -> list[str]:
+    """The modules of the classes a ``.pt2``'s input and output specs name (outside Python,
+    collections and torch): what must be imported before ``torch.export.load``."""
+    import re
+    import zipfile
+
+    names: set[str] = set()
+    with zipfile.ZipFile(path) as archive:
+        for member in archive.namelist():
+            parts = member.split("/")
+            if len(parts) >= 3 and parts[1] == "models" and member.endswith(".json"):
+                text = archive.read(member).decode("utf-8", errors="replace")
+                names |= set(re.findall(r'\\"type\\": \\"([A-Za-z_][\w]*(?:\.\w+)+)\\"',
+                                        text))
+    modules = {n.rpartition(".")[0] for n in names}
+    return sorted(m for m in modules
+                  if m.split(".")[0] not in ("builtins", "collections", "torch", "typing"))
+
+
+
+
+def split_factory_result(made: Any, ref: str) -> tuple[Any, Any]:
+    """A factory's module and its example inputs (None when it gave none)."""
+    import torch
+
+    if isinstance(made, torch.nn.Module):
+        return made, None
+    if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module):
+        return made
+    raise UserInputError(f"factory '{ref}' returned {type(made).__name__}; return a "
+                         "torch.nn.Module, a (module, example inputs) pair, or a model "
+                         "directory")
 
 
 def source_directory(source: Source) -> Path | None:
@@ -96,6 +194,32 @@ def source_directory(source: Source) -> Path | None:
     if source.package:
         return Path(_call(source.package, "model package"))
     return None
+
+
+def call_program_module(module: Any, named: dict[str, Any]) -> Any:
+    """Call an ExportedProgram's module (``program.module()``) with inputs by name: it takes
+    them as the program was exported, positional or keyword (its ``_in_spec``)."""
+    spec = getattr(module, "_in_spec", None)
+    keywords: list[str] = []
+    if spec is not None and len(spec.children_specs) == 2:
+        keywords = [str(k) for k in (spec.children_specs[1].context or [])]
+    args = [v for n, v in named.items() if n not in keywords]
+    return module(*args, **{n: v for n, v in named.items() if n in keywords})
+
+
+def torch_source_module(source: Source) -> tuple[Any, Any]:
+    """The module of a PyTorch source, in eval mode, and what the exporter takes: the
+    ExportedProgram itself for a ``.pt2``, else the module."""
+    if source.exported_program:
+        program = load_exported_program(source.exported_program)
+        return program.module(), program
+    if source.torchscript:
+        module = load_torchscript(source.torchscript)
+        return module, module
+    assert source.factory is not None
+    module, _ = split_factory_result(call_factory(source.factory), source.factory)
+    module.eval()
+    return module, module
 
 
 def _model_class(recipe: Recipe) -> Any:
@@ -183,12 +307,9 @@ def load_model(recipe: Recipe, *, random_weights: bool, seed: int = 0) -> Loaded
     torch.manual_seed(seed)
     source = recipe.source
     random_weights = random_weights or source.random_weights  # a recipe without weights
-    if source.factory:
-        module = _call(source.factory, "model factory")
-        if not isinstance(module, torch.nn.Module):
-            raise UserInputError(
-                f"model factory '{source.factory}' did not return a torch.nn.Module")
-        return LoadedModel(module.eval(), load_tokenizer(recipe, None), None, "factory")
+    if source.torch_kind is not None:
+        module, _ = torch_source_module(source)
+        return LoadedModel(module, load_tokenizer(recipe, None), None, source.torch_kind)
 
     model_dir = source_directory(source)
     if random_weights:

@@ -125,7 +125,7 @@ def _dims(value: Any, unnamed: list[int]) -> list[str | int]:
     return axes
 
 
-def _input_kind(name: str, dtype: str, rank: int) -> str:
+def input_kind(name: str, dtype: str, rank: int) -> str:
     lowered = name.lower()
     if dtype.startswith("int"):
         if "mask" in lowered:
@@ -139,7 +139,7 @@ def _input_kind(name: str, dtype: str, rank: int) -> str:
     return "generic"
 
 
-def _output_metric(name: str, axes: list[str | int], task: str, has_mask: bool) -> str:
+def output_metric(name: str, axes: list[str | int], task: str, has_mask: bool) -> str:
     from trtpack.sources.heads import head_for
 
     head = head_for(task)
@@ -237,7 +237,7 @@ def recipe_for_onnx(path: Path, task: str | None = None) -> Recipe:
                                  "trtpack takes int64, int32, float32 and float16 inputs")
         axes = _dims(value, unnamed)
         inputs.append({"name": value.name, "dtype": dtype, "axes": axes,
-                       "kind": _input_kind(value.name, dtype, len(axes))})
+                       "kind": input_kind(value.name, dtype, len(axes))})
     if not inputs:
         raise UserInputError(f"'{path}' has no inputs to feed")
     renames = _shared_axes(inputs)
@@ -251,7 +251,7 @@ def recipe_for_onnx(path: Path, task: str | None = None) -> Recipe:
         if axes and isinstance(axes[0], str) and BATCH in renames.values():
             axes[0] = BATCH
         metric = "data_dependent" if v.name in data_dependent else \
-            _output_metric(v.name, axes, task, has_mask)
+            output_metric(v.name, axes, task, has_mask)
         outputs.append({"name": v.name, "axes": axes, "metric": metric})
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 18)
     vocab: int | None = None

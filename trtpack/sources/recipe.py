@@ -62,7 +62,16 @@ class Source(_Strict):
         "package that ships weights)"
     )
     path: str | None = Field(None, description="local Hugging Face model directory")
-    factory: str | None = Field(None, description="'module:function' returning a torch.nn.Module")
+    factory: str | None = Field(
+        None, description="'module:function' or 'path/to/file.py:function' returning a "
+        "torch.nn.Module (or a module and example inputs)")
+    exported_program: str | None = Field(
+        None, description="a torch.export ExportedProgram saved with torch.export.save (.pt2)")
+    torchscript: str | None = Field(
+        None, description="a TorchScript file saved with torch.jit.save (.pt, .jit)")
+    arguments: dict[str, int | float | bool | str] = Field(
+        default_factory=dict, description="non-tensor arguments of the model's forward, "
+        "given as constants and folded into the graph (--input NAME=VALUE)")
     onnx: str | None = Field(
         None, description="an ONNX file (its external data beside it): no export, the FP32 "
         "ONNX in ONNX Runtime is the reference")
@@ -72,11 +81,39 @@ class Source(_Strict):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Source:
-        kinds = ("hf_id", "package", "path", "factory", "onnx", "random_weights")
+        kinds = ("hf_id", "package", "path", "factory", "exported_program", "torchscript",
+                 "onnx", "random_weights")
         given = [k for k in kinds if getattr(self, k)]
         if len(given) != 1:
             raise ValueError(f"give exactly one of {', '.join(kinds)}")
         return self
+
+    @property
+    def torch_kind(self) -> str | None:
+        """``factory``, ``exported_program`` or ``torchscript``: a source given as PyTorch
+        code or a PyTorch file (its identity is its files: ``sources.torch_sources``)."""
+        for kind in ("factory", "exported_program", "torchscript"):
+            if getattr(self, kind):
+                return kind
+        return None
+
+    def describe(self) -> str:
+        """The source in words, for the report: ``TorchScript silero_vad.jit``."""
+        if self.factory:
+            return f"factory {self.factory}"
+        if self.exported_program:
+            return f"ExportedProgram {Path(self.exported_program).name}"
+        if self.torchscript:
+            return f"TorchScript {Path(self.torchscript).name}"
+        if self.onnx:
+            return f"ONNX {Path(self.onnx).name}"
+        if self.package:
+            return f"package {self.package}"
+        if self.path:
+            return f"model directory {self.path}"
+        if self.hf_id:
+            return f"Hugging Face {self.hf_id}"
+        return "random weights (the recipe's config)"
 
 
 class InputSpec(_Strict):
@@ -294,6 +331,15 @@ class Recipe(_Strict):
     def with_origin(self, origin: Path) -> Recipe:
         self._origin = origin.resolve()
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _task_given(cls, data: Any) -> Any:
+        """A recipe without ``task:`` names the choices (not just "Field required")."""
+        if isinstance(data, dict) and "task" not in data:
+            raise ValueError("task: is required; choose one of " + ", ".join(tasks()) +
+                             " (generic: any model, outputs compared by cosine per row)")
+        return data
 
     @field_validator("task")
     @classmethod

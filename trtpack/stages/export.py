@@ -17,7 +17,12 @@ from trtpack.cases import Case, save_cases
 from trtpack.errors import UserInputError
 from trtpack.onnx_tools.files import graph_summary
 from trtpack.options import BuildOptions
-from trtpack.pytorch.models import LoadedModel, load_model, source_directory
+from trtpack.pytorch.models import (
+    LoadedModel,
+    call_program_module,
+    load_model,
+    source_directory,
+)
 from trtpack.sources.recipe import Recipe
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 from trtpack.stages.torch_export import export_onnx
@@ -36,6 +41,7 @@ class ExportMetrics(StageMetrics):
     weights: str  # "pretrained" or "random"
     nodes: int
     opset: int | None
+    source: str  # what the model came from, in words ("TorchScript silero_vad.jit")
     exporter: str  # the exporter that wrote the model: "dynamo" or "legacy" (TorchScript)
     exporter_fallback: str  # why the TorchScript exporter wrote it instead ("" when it did not)
     external_data: bool  # weights in model.onnx.data
@@ -57,6 +63,7 @@ def fingerprint(options: BuildOptions) -> dict[str, Any]:
     r = options.recipe
     return {
         "source": r.source.model_dump(),
+        "source_files": options.source_files,  # a PyTorch source's files (their contents)
         "files": _directory_fingerprint(source_directory(r.source)),
         "task": r.task, "model_class": r.model_class, "config": r.config,
         "tokenizer": r.tokenizer, "pooling": r.pooling.model_dump() if r.pooling else None,
@@ -76,6 +83,8 @@ def output_selector(model: Any, recipe: Recipe) -> Any:
 
     input_names = [i.name for i in recipe.inputs]
     output_names = [o.name for o in recipe.outputs]
+    constants = dict(recipe.source.arguments)
+    positional = recipe.source.exported_program is not None  # as it was exported
 
     class OutputSelector(torch.nn.Module):
         """Positional inputs in the recipe's order, a tuple of the recipe's outputs."""
@@ -85,7 +94,9 @@ def output_selector(model: Any, recipe: Recipe) -> Any:
             self.model = model
 
         def forward(self, *args: Any) -> tuple[Any, ...]:
-            out = self.model(**dict(zip(input_names, args, strict=True)))
+            named = dict(zip(input_names, args, strict=True))
+            out = call_program_module(self.model, named) if positional else \
+                self.model(**named, **constants)
             if isinstance(out, torch.Tensor):
                 return (out,)
             if isinstance(out, dict) or hasattr(out, "keys"):
@@ -97,10 +108,14 @@ def output_selector(model: Any, recipe: Recipe) -> Any:
                 return tuple(out[n] for n in output_names)
             return tuple(out[: len(output_names)])
 
-    return OutputSelector().eval()
+    selector = OutputSelector()
+    selector.training = False  # the model is in eval mode already (an unlifted
+    return selector            # ExportedProgram's module refuses .eval())
 
 
-def _vocab_size(loaded: LoadedModel) -> int:
+def _vocab_size(loaded: LoadedModel, recipe: Recipe) -> int:
+    if recipe.vocab_size:
+        return recipe.vocab_size
     for obj in (loaded.config, loaded.tokenizer):
         size = getattr(obj, "vocab_size", None)
         if isinstance(size, int) and size > 0:
@@ -111,12 +126,12 @@ def _vocab_size(loaded: LoadedModel) -> int:
 def build_cases(options: BuildOptions, loaded: LoadedModel) -> tuple[list[Case], list[str]]:
     """The verification cases, and warnings (corners no --sample-inputs sample fits)."""
     specs = options.recipe.input_specs()
-    samples = SampleInputs.of(options, _vocab_size(loaded))
+    samples = SampleInputs.of(options, _vocab_size(loaded, options.recipe))
     cases: list[Case] = []
     for index, profile in enumerate(options.profiles):
         for k, (corner, shapes) in enumerate(profile.corners()):
             inputs = make_inputs(specs, shapes, tokenizer=loaded.tokenizer,
-                                 vocab_size=_vocab_size(loaded),
+                                 vocab_size=_vocab_size(loaded, options.recipe),
                                  seed=options.seed + 10 * index + k, offset=5 * k + index,
                                  values=options.recipe.value_rules())
             if not samples.use(inputs, shapes):
@@ -130,14 +145,19 @@ def shapes_text(inputs: dict[str, np.ndarray]) -> str:
     return ", ".join(f"{n}={'x'.join(str(d) for d in a.shape)}" for n, a in inputs.items())
 
 
-def run_torch(wrapper: Any, recipe: Recipe, cases: list[Case]) -> None:
+def run_torch(wrapper: Any, recipe: Recipe, cases: list[Case],
+              fresh: Any = None) -> None:
     """The PyTorch outputs of every case. A forward that fails is the model's own failure at
-    the profile's shapes: a ``UserInputError`` naming the corner and the shapes."""
+    the profile's shapes: a ``UserInputError`` naming the corner and the shapes. ``fresh``
+    (a TorchScript model that keeps state between calls) makes a new wrapper per case: each
+    case runs from the saved state, as the exported graph does."""
     import torch
 
     names = [i.name for i in recipe.inputs]
     with torch.inference_mode():
         for case in cases:
+            if fresh is not None:
+                wrapper = fresh()
             try:
                 outs = wrapper(*[torch.from_numpy(case.inputs[n]) for n in names])
             except UserInputError:
@@ -159,14 +179,22 @@ def run(ctx: StageContext) -> StageOutcome:
     ctx.progress("loading the model" + (" (random weights)" if options.random_weights else ""))
     loaded = load_model(recipe, random_weights=options.random_weights, seed=options.seed)
     wrapper = output_selector(loaded.module, recipe)
+    fresh = None
+    if recipe.source.torchscript:
+        from trtpack.pytorch.models import load_torchscript
+
+        path = recipe.source.torchscript
+        fresh = lambda: output_selector(load_torchscript(path), recipe)  # noqa: E731
     ctx.progress("running PyTorch at every profile corner")
     cases, sample_warnings = build_cases(options, loaded)
-    run_torch(wrapper, recipe, cases)
+    run_torch(wrapper, recipe, cases, fresh)
     reference = ctx.stage_dir / "reference.npz"
     save_cases(reference, cases)
-    ctx.progress(f"exporting to ONNX (opset {options.opset}, {recipe.exporter} exporter)")
+    exporter = "legacy" if recipe.source.torchscript else recipe.exporter
+    ctx.progress(f"exporting to ONNX (opset {options.opset}, {exporter} exporter)")
     onnx_path = ctx.stage_dir / "model.onnx"
-    exported = export_onnx(wrapper, options, onnx_path, ctx.log)
+    exported = export_onnx(wrapper, options, onnx_path, ctx.log,
+                           saved=fresh() if fresh is not None else None)
     summary = graph_summary(onnx_path)
     warnings_out: list[str] = list(sample_warnings)
     if exported.fallback:
@@ -188,12 +216,14 @@ def run(ctx: StageContext) -> StageOutcome:
         artifacts=artifacts,
         metrics=ExportMetrics(
             parameters=params, weights=loaded.weights, nodes=summary["nodes"],
+            source=recipe.source.describe(),
             opset=summary["opset"], exporter=exported.exporter,
             exporter_fallback=exported.fallback, external_data=exported.external_data,
             decomposition=exported.decomposition, cases=len(cases),
             op_types=summary["op_types"]),
         warnings=warnings_out,
-        message=f"{summary['nodes']} nodes, opset {summary['opset']}, {exported.exporter} "
+        message=f"{recipe.source.describe()}: {summary['nodes']} nodes, opset "
+                f"{summary['opset']}, {exported.exporter} "
                 f"exporter{' (fallback)' if exported.fallback else ''}, "
                 f"{params / 1e6:.1f}M parameters ({loaded.weights} weights)",
     )

@@ -58,10 +58,13 @@ class Exported:
     decomposition: str
 
 
-def export_onnx(wrapper: Any, options: BuildOptions, path: Path, log: Any) -> Exported:
+def export_onnx(wrapper: Any, options: BuildOptions, path: Path, log: Any,
+                saved: Any = None) -> Exported:
     """Export with the recipe's exporter. When the dynamo exporter fails, retry with the
     TorchScript exporter (``dynamo=False``, as Hugging Face Optimum does); the verify stage
-    checks either model against PyTorch at every profile corner."""
+    checks either model against PyTorch at every profile corner. A TorchScript source always
+    goes through the TorchScript exporter, traced with its state folded from ``saved`` (an
+    untouched copy of ``wrapper``: ``trtpack.pytorch.torchscript``)."""
     import torch
 
     recipe = options.recipe
@@ -79,7 +82,7 @@ def export_onnx(wrapper: Any, options: BuildOptions, path: Path, log: Any) -> Ex
     scratch = path.parent / "export-tmp"
     scratch.mkdir()
     captured = io.StringIO()
-    exporter, fallback = recipe.exporter, ""
+    exporter, fallback = ("legacy" if saved is not None else recipe.exporter), ""
     with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured), \
             warnings.catch_warnings(), torch_logs_to(log):
         warnings.simplefilter("ignore")
@@ -106,6 +109,10 @@ def export_onnx(wrapper: Any, options: BuildOptions, path: Path, log: Any) -> Ex
                 shutil.rmtree(scratch)
                 scratch.mkdir()
         if exporter == "legacy":
+            if saved is not None:
+                from trtpack.pytorch.torchscript import traced_for_export
+
+                wrapper = traced_for_export(wrapper, saved, args)
             torch.onnx.export(wrapper, args, str(scratch / path.name), input_names=input_names,
                               output_names=output_names, dynamic_axes=dynamic_axes,
                               opset_version=options.opset, dynamo=False)

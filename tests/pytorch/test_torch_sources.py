@@ -1,0 +1,134 @@
+"""PyTorch sources told apart without torch (``trtpack.sources.torch_sources``), their
+identity by files, the errors a user meets, and ``import trtpack`` / ``BuildRequest`` from
+Python. Builds of real models are in ``test_torch_models.py``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.cli.test_cli_contract import ROOT, trtpack
+from trtpack.api import BuildRequest
+from trtpack.errors import UserInputError
+from trtpack.sources.torch_sources import SourceFiles, torch_file_kind, torch_source
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A small module saved every way a user saves one."""
+    import torch
+
+    class Small(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x)
+
+    root = tmp_path_factory.mktemp("saved")
+    module = Small().eval()
+    example = (torch.randn(3, 4),)
+    files = {"pt2": root / "small.pt2", "script": root / "small.pt",
+             "weights": root / "weights.pt", "pickle": root / "module.pth",
+             "unbounded": root / "unbounded.pt2"}
+    torch.export.save(torch.export.export(module, example, dynamic_shapes=(
+        {0: torch.export.Dim("batch", max=16)},)), str(files["pt2"]))
+    torch.export.save(torch.export.export(module, example, dynamic_shapes=(
+        {0: torch.export.Dim("b")},)), str(files["unbounded"]))
+    torch.jit.save(torch.jit.script(module), str(files["script"]))
+    torch.save(module.state_dict(), files["weights"])
+    torch.save(module.state_dict(), files["pickle"], _use_new_zipfile_serialization=False)
+    return files
+
+
+def test_files_are_told_apart_by_content(saved: dict[str, Path], tmp_path: Path) -> None:
+    assert torch_file_kind(saved["pt2"]) == "exported_program"
+    assert torch_file_kind(saved["script"]) == "torchscript"
+    renamed = tmp_path / "model.bin"  # a TorchScript archive named otherwise still is one
+    renamed.write_bytes(saved["script"].read_bytes())
+    assert torch_file_kind(renamed) == "torchscript"
+    for pickle in (saved["weights"], saved["pickle"]):  # zip and legacy torch.save
+        with pytest.raises(UserInputError, match=r"torch\.save pickle") as caught:
+            torch_file_kind(pickle)
+        assert "torch.export.save" in (caught.value.hint or "")
+    text = tmp_path / "notes.pt"
+    text.write_text("not a model")
+    with pytest.raises(UserInputError, match="named like a PyTorch model"):
+        torch_file_kind(text)
+    other_zip = tmp_path / "other.pt2"
+    with zipfile.ZipFile(other_zip, "w") as z:
+        z.writestr("a/readme.txt", "hello")
+    with pytest.raises(UserInputError, match=r"neither a torch\.export"):
+        torch_file_kind(other_zip)
+
+
+def test_model_strings(tmp_path: Path, saved: dict[str, Path]) -> None:
+    factory = tmp_path / "make.py"
+    factory.write_text("def make_model():\n    return None\n")
+    assert torch_source(f"{factory}:make_model") == {"factory": f"{factory.resolve()}:make_model"}
+    assert torch_source("my_pkg.models:make_model") == {"factory": "my_pkg.models:make_model"}
+    assert torch_source(str(saved["pt2"])) == {"exported_program": str(saved["pt2"].resolve())}
+    assert torch_source("minilm") is None and torch_source("org/name") is None
+    with pytest.raises(UserInputError, match="does not exist"):
+        torch_source(str(tmp_path / "absent.py") + ":make_model")
+    with pytest.raises(UserInputError, match="does not exist"):
+        torch_source(str(tmp_path / "absent.pt2"))
+
+
+def test_source_files_follow_edits(tmp_path: Path) -> None:
+    code, weights = tmp_path / "model.py", tmp_path / "weights.bin"
+    code.write_text("A = 1\n")
+    weights.write_bytes(b"\x00" * 64)
+    recorded = SourceFiles.of([str(code), str(weights)])
+    same = recorded.current()
+    assert same is not None and same.key() == recorded.key()
+    os.utime(code, ns=(1, 1))  # touched, content unchanged: still the same source
+    touched = recorded.current()
+    assert touched is not None and touched.key() == recorded.key()
+    weights.write_bytes(b"\x01" + b"\x00" * 63)
+    assert recorded.current() is None
+    assert SourceFiles.of([str(code), str(weights)]).key() != recorded.key()
+
+
+def test_build_request_from_python() -> None:
+    request = BuildRequest(model=Path("model.pt2"), out="/tmp/x", profiles="1x4:2x8:4x16",
+                           inputs="sr=16000", cache_dir="cache")
+    assert request.out == Path("/tmp/x") and request.cache_dir == Path("cache")
+    assert request.profiles == ["1x4:2x8:4x16"] and request.inputs == ["sr=16000"]
+    assert request.model == "model.pt2"
+
+
+def test_import_trtpack_is_light() -> None:
+    code = ("import sys, trtpack; trtpack.BuildRequest; trtpack.build; trtpack.BuiltModel; "
+            "print(sorted(m for m in ('torch', 'onnx', 'onnxruntime') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.stdout.strip() == "[]"
+
+
+def _one_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 2, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    return result.stderr
+
+
+def test_user_errors_name_what_is_missing(saved: dict[str, Path], tmp_path: Path) -> None:
+    cache = ["--cache-dir", str(tmp_path / "cache"), "--target", "cpu",
+             "--out", str(tmp_path / "out")]
+    stderr = _one_error(trtpack("build", str(saved["weights"]), *cache))
+    assert "torch.save pickle" in stderr and "hint:" in stderr
+    stderr = _one_error(trtpack("build", str(saved["unbounded"]), *cache))
+    assert "batch" in stderr and "--profile" in stderr
+    stderr = _one_error(trtpack("build", str(saved["script"]), *cache))
+    assert "input 'x'" in stderr and "--input x=" in stderr
+    stderr = _one_error(trtpack("build", str(saved["script"]), "--input",
+                                "y=float32[batch,4]", *cache))
+    assert "no argument 'y'" in stderr and "x" in stderr
+    assert not (tmp_path / "out").exists()

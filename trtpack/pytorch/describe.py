@@ -1,0 +1,417 @@
+"""What a PyTorch source is, read by loading it once: its inputs (names, dtypes, axes and the
+ranges of its dynamic dims), the non-tensor arguments given as constants, its outputs (named
+from what the module returns: a tensor, a tuple or a dict) and the files it came from (a
+factory's source, the user's modules it imported, the files it read: weights).
+
+It runs in a process of its own (``python -m trtpack.pytorch.describe REQUEST RESULT``):
+importing torch and the user's code never touches the build's process, and the result is kept
+beside the stage cache (``sources.torch_sources``) until one of those files changes.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from trtpack.errors import TrtpackError, UserInputError
+from trtpack.shapes import BATCH_AXIS, TensorSpec
+
+DEFAULT_SIZES = {BATCH_AXIS: 2}  # an example size per axis when none is described
+DEFAULT_SIZE = 16
+TORCH_DTYPES = {"float32": "float32", "float16": "float16", "int64": "int64", "int32": "int32",
+                "uint8": "uint8", "bool": "bool", "bfloat16": "float32", "float64": "float32"}
+
+
+def _dtype_name(dtype: Any) -> str:
+    name = str(dtype).removeprefix("torch.")
+    if name not in TORCH_DTYPES:
+        raise UserInputError(f"input dtype {name} is not one trtpack feeds (float32, float16, "
+                             "int64, int32, uint8, bool)")
+    return TORCH_DTYPES[name]
+
+
+def observed_files(opened: set[str], before: set[str]) -> list[str]:
+    """The user's own files among those opened, and the user's modules imported since
+    ``before``: not the Python installation's (stdlib, site-packages) nor trtpack's."""
+    skip = {str(Path(p).resolve()) for p in {sys.prefix, sys.base_prefix, sys.exec_prefix}}
+    skip.add(str(Path(__file__).resolve().parents[1]))  # trtpack itself
+    found = set(opened)
+    for name, module in list(sys.modules.items()):
+        if name not in before:
+            found.add(getattr(module, "__file__", None) or "")
+    keep = []
+    for name in found:
+        if not name or name.endswith(".pyc") or name.startswith(("/proc", "/dev", "/sys")):
+            continue
+        path = Path(name).resolve()
+        if not path.is_file() or any(str(path).startswith(s + os.sep) for s in skip):
+            continue
+        if "site-packages" in path.parts or "dist-packages" in path.parts:
+            continue
+        keep.append(str(path))
+    return sorted(set(keep))
+
+
+class FileWatch:
+    """Every file opened while it is active (``sys.addaudithook``: imports and reads)."""
+
+    def __init__(self) -> None:
+        self.opened: set[str] = set()
+        self.active = False
+        sys.addaudithook(self._hook)
+
+    def _hook(self, event: str, args: tuple[Any, ...]) -> None:
+        if self.active and event == "open" and args and isinstance(args[0], str | Path):
+            self.opened.add(str(args[0]))
+
+
+def describe(request: dict[str, Any]) -> dict[str, Any]:
+    """The description of ``request["source"]`` (a recipe ``source:``), with the user's input
+    descriptions ``request["inputs"]`` (name -> {dtype, axes}) and constants
+    ``request["arguments"]`` (name -> value); ``request["sizes"]`` gives example sizes per
+    axis (the first profile's opt)."""
+    from trtpack.pytorch.models import (
+        call_factory,
+        load_exported_program,
+        load_torchscript,
+        split_factory_result,
+    )
+
+    watch = FileWatch()
+    source = request["source"]
+    before = set(sys.modules)
+    example: Any = None
+    files: list[str] = []
+    if source.get("exported_program"):
+        files = [source["exported_program"]]
+        return {**describe_program(load_exported_program(source["exported_program"]),
+                                   request), "files": files}
+    if source.get("torchscript"):
+        files = [source["torchscript"]]
+        module = load_torchscript(source["torchscript"])
+    else:
+        watch.active = True
+        made = call_factory(source["factory"])
+        watch.active = False
+        files = observed_files(watch.opened, before)
+        if isinstance(made, str | Path):
+            if not Path(made).is_dir():
+                raise UserInputError(f"factory '{source['factory']}' returned '{made}', which "
+                                     "is not a model directory")
+            return {"kind": "folder", "folder": str(Path(made).resolve()), "files": files}
+        module, example = split_factory_result(made, source["factory"])
+    return {**describe_module(module, example, request), "files": files}
+
+
+def forward_parameters(module: Any) -> list[tuple[str, str, bool]]:
+    """(name, kind, required) of each argument of ``module.forward``: kind is ``tensor``,
+    ``constant`` (an int, float, bool or str: TorchScript says which) or ``any``."""
+    import torch
+
+    if isinstance(module, torch.jit.ScriptModule):
+        params = []
+        for arg in module.forward.schema.arguments[1:]:  # type: ignore[attr-defined]
+            text = str(arg.type)
+            kind = "tensor" if text.startswith(("Tensor", "Optional[Tensor]")) else \
+                "constant" if text in ("int", "float", "bool", "str") else "any"
+            params.append((arg.name, kind, arg.default_value is None))
+        return params
+    params = []
+    for p in inspect.signature(module.forward).parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        params.append((p.name, "any", p.default is p.empty))
+    return params
+
+
+def _example_dict(module: Any, example: Any) -> dict[str, Any]:
+    names = [n for n, _, _ in forward_parameters(module)]
+    if isinstance(example, dict):
+        return dict(example)
+    if not isinstance(example, tuple | list):
+        example = (example,)
+    if len(example) > len(names):
+        raise UserInputError(f"the example inputs give {len(example)} values; forward takes "
+                             f"{len(names)} ({', '.join(names)})")
+    return dict(zip(names, example, strict=False))
+
+
+def describe_module(module: Any, example: Any, request: dict[str, Any]) -> dict[str, Any]:
+    """Inputs from ``forward``'s arguments: the user's descriptions first, then the factory's
+    example inputs; every required argument needs one of them (or a constant)."""
+    import torch
+
+    described: dict[str, dict[str, Any]] = request.get("inputs", {})
+    constants: dict[str, Any] = dict(request.get("arguments", {}))
+    examples = _example_dict(module, example) if example is not None else {}
+    unknown = sorted((set(described) | set(constants))
+                     - {n for n, _, _ in forward_parameters(module)})
+    if unknown:
+        raise UserInputError(
+            f"--input {unknown[0]}: the model's forward has no argument '{unknown[0]}'; its "
+            f"arguments are {', '.join(n for n, _, _ in forward_parameters(module)) or 'none'}")
+    inputs: list[dict[str, Any]] = []
+    for name, kind, required in forward_parameters(module):
+        if name in constants:
+            continue
+        if name in described:
+            inputs.append({"name": name, **described[name]})
+        elif name in examples and isinstance(examples[name], torch.Tensor):
+            value = examples[name]
+            axes: list[str | int] = [BATCH_AXIS if d == 0 else int(s)
+                                     for d, s in enumerate(value.shape)]
+            inputs.append({"name": name, "dtype": _dtype_name(value.dtype), "axes": axes})
+        elif name in examples:
+            constants[name] = examples[name]
+        elif required:
+            hint = (f"--input {name}=VALUE" if kind == "constant" else
+                    f"--input {name}=float32[batch,16] (its dtype and dims; a name is a "
+                    "dynamic dim)")
+            raise UserInputError(
+                f"input '{name}' of the model's forward is not described: trtpack cannot "
+                "read its dtype and shape from the module", hint=f"give it: {hint}")
+    if not inputs:
+        raise UserInputError("the model's forward takes no tensor input to feed")
+    outputs = output_axes(module, inputs, constants, request.get("sizes", {}))
+    vocab = getattr(getattr(module, "config", None), "vocab_size", None)
+    return {"kind": "module", "inputs": inputs, "arguments": constants, "outputs": outputs,
+            "ranges": {}, "vocab_size": vocab if isinstance(vocab, int) else None}
+
+
+def example_feeds(inputs: list[dict[str, Any]], sizes: dict[str, int], seed: int = 0,
+                  grow: str | None = None) -> dict[str, Any]:
+    """Realistic tensors for ``inputs`` at ``sizes`` per axis (``grow``: one axis +1)."""
+    import torch
+
+    from trtpack.verify.samples import make_inputs
+
+    specs = [TensorSpec(i["name"], i["dtype"], tuple(i["axes"]), i.get("kind", "generic"))
+             for i in inputs]
+
+    def size(axis: str) -> int:
+        base = sizes.get(axis, DEFAULT_SIZES.get(axis, DEFAULT_SIZE))
+        return base + 1 if axis == grow else base
+
+    shapes = {s.name: tuple(a if isinstance(a, int) else size(a) for a in s.axes)
+              for s in specs}
+    feeds = make_inputs(specs, shapes, vocab_size=100, seed=seed)
+    return {n: torch.from_numpy(v) for n, v in feeds.items()}
+
+
+def returned_tensors(out: Any) -> dict[str, Any]:
+    """The tensors a forward returned, named: ``output`` for one tensor, ``output_K`` for a
+    tuple's, the keys of a dict (or a Hugging Face ``ModelOutput``)."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return {"output": out}
+    if isinstance(out, dict) or hasattr(out, "keys"):
+        return {str(k): v for k, v in out.items() if isinstance(v, torch.Tensor)}
+    if isinstance(out, tuple | list):
+        return {f"output_{k}": v for k, v in enumerate(out) if isinstance(v, torch.Tensor)}
+    raise UserInputError(f"the model returns {type(out).__name__}; trtpack serves a tensor, "
+                         "a tuple of tensors or a dict of tensors")
+
+
+def output_axes(module: Any, inputs: list[dict[str, Any]], constants: dict[str, Any],
+                sizes: dict[str, int]) -> list[dict[str, Any]]:
+    """Each output's name and axes: a dim that follows an input axis when that axis grows by
+    one is named after it; the others are static."""
+    import torch
+
+    axes_names = sorted({a for i in inputs for a in i["axes"] if isinstance(a, str)})
+    with torch.inference_mode():
+        try:
+            base = returned_tensors(module(**example_feeds(inputs, sizes), **constants))
+            grown = {a: returned_tensors(module(**example_feeds(inputs, sizes, grow=a),
+                                                **constants)) for a in axes_names}
+        except UserInputError:
+            raise
+        except Exception as e:  # the user's model, whatever it raises
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            shapes = ", ".join(f"{i['name']}={i['dtype']}{list(i['axes'])}" for i in inputs)
+            raise UserInputError(f"the model's forward fails on inputs described as {shapes}: "
+                                 f"{type(e).__name__}: {first}",
+                                 hint="describe the inputs it takes with --input "
+                                 "NAME=DTYPE[DIM,...] and size their dims with --profile"
+                                 ) from None
+    outputs = []
+    for name, tensor in base.items():
+        axes: list[str | int] = []
+        for d, size in enumerate(tensor.shape):
+            follows = [a for a in axes_names if name in grown[a]
+                       and grown[a][name].dim() == tensor.dim()
+                       and grown[a][name].shape[d] != size]
+            axes.append(follows[0] if follows else int(size))
+        outputs.append({"name": name, "axes": axes})
+    return outputs
+
+
+def describe_program(program: Any, request: dict[str, Any]) -> dict[str, Any]:
+    """An ExportedProgram's user inputs (their dtypes and symbolic dims), the ranges
+    torch.export recorded for those dims, and its outputs named from its return."""
+    import torch
+
+    signature = program.graph_signature
+    user_inputs = list(signature.user_inputs)
+    symbols: dict[str, str] = {}
+    nodes = {n.name: n for n in program.graph.nodes}
+    inputs: list[dict[str, Any]] = []
+    first_dims: set[str] = set()
+    for name in user_inputs:
+        value = nodes[name].meta.get("val")
+        if not isinstance(value, torch.Tensor):
+            continue
+        if value.dim() and not isinstance(value.shape[0], int):
+            first_dims.add(str(value.shape[0]))
+    batch = next(iter(first_dims)) if len(first_dims) == 1 and len(user_inputs) == len(
+        [n for n in user_inputs if isinstance(nodes[n].meta.get("val"), torch.Tensor)]) \
+        else None
+
+    def axis(dim: Any) -> str | int:
+        if isinstance(dim, int):
+            return dim
+        text = str(dim)
+        if text == batch:
+            return BATCH_AXIS
+        return symbols.setdefault(text, f"dim_{len(symbols)}")
+
+    constants: dict[str, Any] = {}
+    for name in user_inputs:
+        value = nodes[name].meta.get("val")
+        if isinstance(value, torch.Tensor):
+            inputs.append({"name": name, "dtype": _dtype_name(value.dtype),
+                           "axes": [axis(d) for d in value.shape]})
+        else:
+            constants[name] = value
+    ranges: dict[str, list[int | None]] = {}
+    for symbol, rng in program.range_constraints.items():
+        name = BATCH_AXIS if str(symbol) == batch else symbols.get(str(symbol))
+        if name is None:
+            continue
+        ranges[name] = [max(1, _bound(rng.lower) or 1), _bound(rng.upper)]
+    out_node = next(n for n in program.graph.nodes if n.op == "output")
+    out_vals = [a.meta.get("val") for a in out_node.args[0]]
+    spec = program.module_call_graph[0].signature.out_spec if program.module_call_graph \
+        else None
+    context = getattr(spec, "context", None)
+    if isinstance(context, list | tuple) and len(context) == len(out_vals) and \
+            all(isinstance(k, str) for k in context):  # a dict, a Hugging Face ModelOutput
+        names = [str(k) for k in context]
+    elif len(out_vals) == 1 and (spec is None or spec.type is None):
+        names = ["output"]
+    else:
+        names = [f"output_{k}" for k in range(len(out_vals))]
+    if len(names) != len(out_vals):
+        names = [f"output_{k}" for k in range(len(out_vals))]
+    outputs = [{"name": n, "axes": [axis(d) for d in v.shape]}
+               for n, v in zip(names, out_vals, strict=True) if isinstance(v, torch.Tensor)]
+    ranges = _lowest_that_runs(program, inputs, ranges, request.get("sizes", {}))
+    return {"kind": "module", "inputs": inputs, "arguments": constants, "outputs": outputs,
+            "ranges": ranges}
+
+
+def _bound(value: Any) -> int | None:
+    """A sympy bound as an int; None for infinity (torch's ``int_oo``: unbounded)."""
+    if str(value) in ("oo", "int_oo", "-oo", "-int_oo"):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError, AttributeError, OverflowError):
+        return None
+
+
+def _lowest_that_runs(program: Any, inputs: list[dict[str, Any]],
+                      ranges: dict[str, list[int | None]], sizes: dict[str, int]
+                      ) -> dict[str, list[int | None]]:
+    """torch.export reports dynamic dims from 0 or 2 (it specializes sizes 0 and 1): a dim
+    whose program runs at size 1 has min 1, otherwise 2."""
+    import torch
+
+    from trtpack.pytorch.models import call_program_module
+
+    module = program.module()
+    for name, (low, high) in ranges.items():
+        trial = dict(sizes)
+        for other, (other_low, _) in ranges.items():
+            if other != name:
+                trial.setdefault(other, max(2, other_low or 2))
+        trial[name] = 1
+        try:
+            with torch.inference_mode():
+                call_program_module(module, example_feeds(inputs, trial))
+            ranges[name] = [1, high]
+        except Exception:  # the program refuses size 1 (a guard or the model's own code)
+            ranges[name] = [max(2, low or 2), high]
+    return ranges
+
+
+DESCRIBE_TIMEOUT_S = 900
+
+
+def describe_in_process(request: dict[str, Any], cache_dir: Path) -> dict[str, Any]:
+    """``describe(request)`` in a fresh Python process (torch and the user's code stay out
+    of the caller's), recorded with its files beside the stage cache; a recorded
+    description whose files are unchanged is returned without starting anything."""
+    import subprocess
+    import tempfile
+
+    from trtpack.errors import MissingEnvironmentError, StageError
+    from trtpack.sources.torch_sources import SourceFiles, memo_path, read_memo, write_memo
+
+    memo = memo_path(cache_dir, request)
+    recorded = read_memo(memo)
+    if recorded is not None:
+        description, files = recorded
+        return {**description, "source_files": files.key()}
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="trtpack-describe-") as tmp:
+        request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        request_path.write_text(json.dumps(request), encoding="utf-8")
+        log = memo.with_suffix(".log")
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+        with open(log, "wb") as out:
+            done = subprocess.run(
+                [sys.executable, "-m", "trtpack.pytorch.describe", str(request_path),
+                 str(result_path)], stdout=out, stderr=subprocess.STDOUT, env=env,
+                timeout=DESCRIBE_TIMEOUT_S, check=False)
+        if not result_path.is_file():
+            tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+            raise StageError("describe", f"loading the PyTorch model failed (exit "
+                             f"{done.returncode}): {tail[-1] if tail else 'no output'}",
+                             log_path=log)
+        result = json.loads(result_path.read_text(encoding="utf-8"))
+    if "error" in result:
+        missing = result.get("exit_code") == MissingEnvironmentError.exit_code
+        raise (MissingEnvironmentError if missing else UserInputError)(
+            result["error"], hint=result.get("hint"))
+    description = result["ok"]
+    files = SourceFiles.of(description.pop("files"))
+    write_memo(memo, description, files)
+    return {**description, "source_files": files.key()}
+
+
+def main() -> None:
+    request_path, result_path = sys.argv[1], sys.argv[2]
+    request = json.loads(Path(request_path).read_text(encoding="utf-8"))
+    try:
+        result: dict[str, Any] = {"ok": describe(request)}
+    except TrtpackError as e:  # the user's to fix: the same error in the build's process
+        result = {"error": str(e), "hint": e.hint, "exit_code": e.exit_code}
+    Path(result_path).write_text(json.dumps(result, default=_constant), encoding="utf-8")
+
+
+def _constant(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)
+
+
+if __name__ == "__main__":
+    main()
