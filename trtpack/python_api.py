@@ -79,6 +79,7 @@ def build(model: Any, *, profile: str | Sequence[str] | None = None,
           no_cache: bool = False, timing_cache: str | Path | None = None,
           calibration_method: str | None = None, tokenizer: str | Path | None = None,
           min_int8_share: float = 0.5, force: bool = False,
+          sample_inputs: str | Path | None = None, skip_memory_check: bool = False,
           progress: ProgressCallback | None = None,
           on_warning: Callable[[str], None] | None = None) -> BuiltModel:
     """Build ``model`` as ``trtpack build`` does (module docstring). ``example_inputs`` (a
@@ -107,7 +108,9 @@ def build(model: Any, *, profile: str | Sequence[str] | None = None,
         timing_cache=Path(timing_cache) if timing_cache else None, task=task,
         calibration_method=calibration_method,
         tokenizer=Path(tokenizer) if tokenizer else None, min_int8_share=min_int8_share,
-        force=force, inputs=inputs)
+        force=force, inputs=inputs,
+        sample_inputs=Path(sample_inputs) if sample_inputs is not None else None,
+        skip_memory_check=skip_memory_check)
     built = run_build(request, progress, on_warning)
     repository = built.out_dir / REPOSITORY
     served = next(repository.glob("*/1/model.*"), repository)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.cli.test_cli_contract import trtpack
+from tests.conftest import trtpack
 
 BLOCKS = '''
 import torch

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.test_cli_contract import ROOT, trtpack
+from tests.conftest import ROOT, trtpack
 from trtpack.api import BuildRequest
 from trtpack.errors import UserInputError
 from trtpack.sources.torch_sources import SourceFiles, torch_file_kind, torch_source
@@ -132,3 +132,38 @@ def test_user_errors_name_what_is_missing(saved: dict[str, Path], tmp_path: Path
                                 "y=float32[batch,4]", *cache))
     assert "no argument 'y'" in stderr and "x" in stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_python_build_takes_every_build_option_of_the_cli() -> None:
+    """``trtpack.build``'s keywords are ``trtpack build``'s option names (issue 30): an option
+    added to the command and not to the API fails here. ``--bench`` and ``--json`` are about
+    the terminal run, not the build."""
+    import inspect
+
+    import typer.main
+
+    from trtpack.cli.app import app
+    from trtpack.python_api import build
+
+    command = typer.main.get_command(app).commands["build"]  # type: ignore[attr-defined]
+    options = {o.lstrip("-").replace("-", "_") for p in command.params for o in p.opts
+               if o.startswith("--") and o != "--help"}
+    keywords = set(inspect.signature(build).parameters)
+    assert options - {"bench", "json"} <= keywords, sorted(options - keywords)
+
+
+
+def test_python_build_of_a_recipe_name_serves_what_the_cli_serves(tmp_path: Path) -> None:
+    """A built-in recipe by name through ``trtpack.build`` (as ``trtpack build tiny-bert``);
+    ``run`` on the served model answers as the PyTorch reference the export recorded."""
+    import numpy as np
+
+    import trtpack as api
+    from trtpack.cases import load_cases
+
+    built = api.build("tiny-bert", random_weights=True, target="cpu", profile="1x4:2x8:4x16",
+                      out=tmp_path / "out", cache_dir=tmp_path / "cache")
+    case = load_cases(tmp_path / "out" / "artifacts" / "export" / "reference.npz")[-1]
+    outputs = built.run(case.inputs)
+    for name, want in case.outputs.items():
+        np.testing.assert_allclose(outputs[name], want, atol=1e-4, err_msg=name)
