@@ -76,6 +76,13 @@ class Fp16Conversion(Conversion):
         blocked = self.last_result.get("blocked_by_failure", {})
         return dict(blocked) if self.converter == "float16" else {}
 
+    @property
+    def bodies_kept_fp32(self) -> dict[str, str]:
+        """Control-flow body (``node/attribute``) -> why the float16 converter left it FP32
+        (the others are converted as graphs of their own, FP32 at their boundaries)."""
+        kept = self.last_result.get("kept_fp32", {})
+        return dict(kept) if self.converter == "float16" else {}
+
     def convert(self, label: str, keep_fp32: Sequence[str]) -> Attempt:
         s = self.recipe.precision_options.fp16
         reference = self.work / "reference_input.npz"
@@ -164,6 +171,8 @@ class Fp16Conversion(Conversion):
                        for n in self.range_nodes() if self.converter == "autocast")
         reasons.update((n, f"ONNX Runtime failed on it in FP16: {why}")
                        for n, why in self.blocked_by_failure.items())
+        reasons.update((body, f"a control-flow body kept FP32 whole: {why}")
+                       for body, why in self.bodies_kept_fp32.items())
         reasons.update((n, "the fallback: it added the most error against the gate")
                        for n in added)
         return reasons

@@ -100,11 +100,12 @@ def prune(nodes: list[Any], outputs: set[str]) -> list[Any]:
 
 
 def fp16_nodes(model: onnx.ModelProto) -> set[str]:
-    """MatMul/Gemm/Conv nodes that compute in float16 (their first operand is float16)."""
+    """MatMul/Gemm/Conv nodes, control-flow bodies included, that compute in float16 (their
+    first operand is float16)."""
     import onnx
 
     types = tensor_types(model)
-    return {n.name for n in model.graph.node if n.op_type in COMPUTE_OP_TYPES
+    return {n.name for n in nodes_with_subgraphs(model.graph) if n.op_type in COMPUTE_OP_TYPES
             and types.get(n.input[0]) == onnx.TensorProto.FLOAT16}
 
 
@@ -125,12 +126,15 @@ def tensor_types(model: onnx.ModelProto) -> dict[str, int]:
     with contextlib.suppress(Exception):
         light = onnx.shape_inference.infer_shapes(light, strict_mode=False)
     types: dict[str, int] = {}
-    for vi in [*light.graph.input, *light.graph.value_info, *light.graph.output]:
-        if vi.type.HasField("tensor_type"):
+    bodies = [light.graph, *(g for n in nodes_with_subgraphs(light.graph)
+                             for a in n.attribute
+                             for g in ([a.g] if a.HasField("g") else []) + list(a.graphs))]
+    for vi in (v for g in bodies for v in [*g.input, *g.value_info, *g.output]):
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
             types[vi.name] = vi.type.tensor_type.elem_type
     for init in model.graph.initializer:
         types[init.name] = init.data_type
-    for node in model.graph.node:
+    for node in nodes_with_subgraphs(model.graph):
         if node.op_type == "Cast":
             to = next((a.i for a in node.attribute if a.name == "to"), None)
             if to is not None:
