@@ -126,7 +126,7 @@ def convert_graph(source: Any, feed: dict[str, Any], spec: Any, blocked: dict[st
     floats = {v.name for v in outer_inputs(source, [r for n in source.graph.node
                                                      for _, g in subgraphs(n)
                                                      for r in outer_reads(g)])
-              if v.type.tensor_type.elem_type == TensorProto.FLOAT}
+              if v.type.tensor_type.elem_type == TensorProto.FLOAT} if control else set()
     while True:
         converted = float16.convert_float_to_float16(
             source.__class__.FromString(source.SerializeToString()),
