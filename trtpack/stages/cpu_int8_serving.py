@@ -80,6 +80,7 @@ def serve_int8(ctx: StageContext, work: Path, source: Path, graph_shape: dict[st
     served: ServedInt8 | None = None
     tried: list[dict[str, Any]] = []
     search = None
+    form_failures: list[str] = []
     qdq = ctx.artifacts.get("precision_onnx")
     for index, name in enumerate((EVERY_LAYER, SEARCH_LAYERS)):
         if name == SEARCH_LAYERS and qdq is None:
@@ -91,22 +92,33 @@ def serve_int8(ctx: StageContext, work: Path, source: Path, graph_shape: dict[st
         producers = EVERY_LAYER_SMOOTHED if name == EVERY_LAYER \
             else settings.smoothquant_producers or None
         ctx.progress(f"CPU INT8 form {index + 1}/2: {name}")
-        form = make_cpu_int8(name, source, work / f"int8-{index}",
-                             ctx.stage_dir / f"int8-{index}" / "model.onnx", graph_shape,
-                             cal.feeds, settings.smoothquant, producers, kept)
+        try:
+            form = make_cpu_int8(name, source, work / f"int8-{index}",
+                                 ctx.stage_dir / f"int8-{index}" / "model.onnx", graph_shape,
+                                 cal.feeds, settings.smoothquant, producers, kept)
+        except Exception as e:  # ONNX Runtime's optimizer or quantizer on a graph it cannot
+            # take (GPT-2's fusion on a Gemm without bias): a form not built is a failed form
+            reason = f"{name} could not be built: {type(e).__name__}: {e}"[:300]
+            if tried:
+                tried[-1]["status"] = "superseded"
+            tried.append({"form": name, "passed": False, "failures": [reason],
+                          "status": "failed"})
+            form_failures = [reason]
+            continue
         rows = verify_rows(ctx, form.path, cases, CHECK_INT8, "int8")
         rows += heldout_rows(CHECK_INT8_HELDOUT, ctx.options.recipe, held, form.path, cal,
                              tokenizer)
         served = describe_form(ctx, form, rows, work)
+        form_failures = served.failures
         if tried:  # a later form replaced the one before: not a failure
             tried[-1]["status"] = "superseded"
         tried.append({"form": name, "passed": served.passed, "failures": served.failures,
                       "status": "served" if served.passed else "failed"})
         if served.passed:
             break
-    assert served is not None
-    if not served.passed and qdq is not None:
-        served = describe_qdq(ctx, qdq, search, served, work)
+    if (served is None or not served.passed) and qdq is not None:
+        served = describe_qdq(ctx, qdq, search, form_failures, work)
+    assert served is not None, "the Q/DQ search ran when no CPU form passed"
     for index in range(2):
         if ctx.stage_dir / f"int8-{index}" / "model.onnx" != served.path:
             shutil.rmtree(ctx.stage_dir / f"int8-{index}", ignore_errors=True)
@@ -135,7 +147,7 @@ def describe_form(ctx: StageContext, form: Any, rows: list[VerificationRow],
                       failures=failures)
 
 
-def describe_qdq(ctx: StageContext, qdq: Path, search: Any, failed: ServedInt8,
+def describe_qdq(ctx: StageContext, qdq: Path, search: Any, form_failures: list[str],
                  work: Path) -> ServedInt8:
     """The Q/DQ graph served on the CPU: its gates are the search's (its corners and the
     held-out split; beside a GPU engine the precision stage gated them), then
@@ -149,10 +161,10 @@ def describe_qdq(ctx: StageContext, qdq: Path, search: Any, failed: ServedInt8,
     if passed and failures:
         raise AccuracyError(
             "int8: no INT8 model for the CPU passes its gates: the CPU INT8 forms failed ("
-            + "; ".join(failed.failures[:2]) + ") and the searched Q/DQ graph runs "
+            + "; ".join(form_failures[:2]) + ") and the searched Q/DQ graph runs "
             + failures[0])
     return ServedInt8(qdq, rows, passed, QDQ_FORM, share, kernels,
-                      fp32_weight_matmuls(qdq), failures=failed.failures)
+                      fp32_weight_matmuls(qdq), failures=form_failures)
 
 
 def served_share(path: Path, work: Path) -> tuple[tuple[int, int], dict[str, int]]:
