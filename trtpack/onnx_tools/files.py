@@ -92,16 +92,27 @@ def all_tensors(graph: Any) -> Iterator[Any]:
     """Every tensor a graph stores: its initializers and its nodes' tensor attributes
     (``Constant`` values: some exporters keep every weight there), in it and in its
     subgraphs."""
-    yield from graph.initializer
+    for tensor, _ in placed_tensors(graph):
+        yield tensor
+
+
+def placed_tensors(graph: Any, in_body: bool = False) -> Iterator[tuple[Any, bool]]:
+    """``all_tensors`` with where each one is: (tensor, True) for one inside a subgraph (an
+    If/Loop body) or in a list attribute, (tensor, False) for an initializer or a tensor
+    attribute of the graph itself. (Told by position: protobuf's Python wrappers are made
+    anew on each access, so their ``id`` says nothing.)"""
+    for tensor in graph.initializer:
+        yield tensor, in_body
     for node in graph.node:
         for attribute in node.attribute:
             if attribute.HasField("t"):
-                yield attribute.t
-            yield from attribute.tensors
+                yield attribute.t, in_body
+            for tensor in attribute.tensors:
+                yield tensor, True
             if attribute.HasField("g"):
-                yield from all_tensors(attribute.g)
+                yield from placed_tensors(attribute.g, True)
             for sub in attribute.graphs:
-                yield from all_tensors(sub)
+                yield from placed_tensors(sub, True)
 
 
 def resave_with_sidecar(src: Path, dst: Path) -> None:

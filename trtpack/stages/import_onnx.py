@@ -19,9 +19,9 @@ from trtpack.cases import Case, save_cases, with_outputs
 from trtpack.errors import UserInputError
 from trtpack.onnx_tools.files import (
     LARGE_INITIALIZER_BYTES,
-    all_tensors,
     data_path,
     graph_summary,
+    placed_tensors,
 )
 from trtpack.onnx_tools.vocab import vocab_from_graph
 from trtpack.options import BuildOptions
@@ -86,11 +86,9 @@ def copy_model(src: Path, dst: Path, axes: dict[str, list[str | int]]) -> bool:
     model = onnx.load(str(src), load_external_data=False)
     sidecar = data_path(dst)
     offset = 0
-    top_level = {id(t) for t in model.graph.initializer} | {
-        id(a.t) for n in model.graph.node for a in n.attribute if a.HasField("t")}
     with open(sidecar, "wb") as out:
-        for t in all_tensors(model.graph):  # subgraphs' (If/Loop bodies) included
-            if id(t) not in top_level:
+        for t, in_body in placed_tensors(model.graph):  # If/Loop bodies' included
+            if in_body:
                 # a body's weights stay inline: ONNX Runtime refuses a body's external
                 # data file when it has several hard links, as the stage cache's do
                 if t.data_location == onnx.TensorProto.EXTERNAL:
