@@ -261,8 +261,7 @@ def heldout_rows(check: str, recipe: Recipe, held: list[Case], path: Path, cal: 
         return []
     outputs = run_session(cpu_session(path, few_runs=True), cal.holdout)
     texts = {id(f): rows for f, rows in zip(cal.holdout, cal.holdout_texts, strict=False)}
-    ids = next((i.name for i in recipe.inputs if i.kind == "token_ids"), None)
-    mask = next((i.name for i in recipe.inputs if i.kind == "attention_mask"), None)
+    ids, mask = recipe.input_name("token_ids"), recipe.input_name("attention_mask")
     decode = token_text(tokenizer, ids, mask) if tokenizer is not None and ids else None
 
     def describe(inputs: Any, index: int) -> str | None:

@@ -18,13 +18,14 @@ from typing import Any, Protocol
 
 from trtpack.cases import Case
 from trtpack.precision.conversion import Attempt, ConversionContext, format_metric
+from trtpack.precision.graph import COMPUTE_OP_TYPES
 from trtpack.precision.metrics import FallbackSummary, SearchRound, SensitivityRow
 from trtpack.sources.recipe import Int8Settings, Recipe
 
 # Op types INT8 quantizes when the recipe's quantize_op_types is empty, with or without the
 # fallback (ModelOpt's default also quantizes Add inputs, which costs MiniLM the most
 # accuracy, measured one node group at a time).
-FALLBACK_QUANTIZE_OP_TYPES = ["MatMul", "Gemm", "Conv"]
+FALLBACK_QUANTIZE_OP_TYPES = list(COMPUTE_OP_TYPES)
 
 # The search aims this share of (1 - min_cosine) above the gate, so that its choice, made
 # on the decision samples (short prefixes included) and the profile corners, holds on

@@ -19,6 +19,7 @@ from typing import Any
 
 from trtpack.errors import TrtpackError, UserInputError
 from trtpack.shapes import BATCH_AXIS, TensorSpec
+from trtpack.sources.torch_sources import DescribeRequest, Description
 
 DEFAULT_SIZES = {BATCH_AXIS: 2}  # an example size per axis when none is described
 DEFAULT_SIZE = 16
@@ -353,7 +354,7 @@ def _lowest_that_runs(program: Any, inputs: list[dict[str, Any]],
 DESCRIBE_TIMEOUT_S = 900
 
 
-def describe_in_process(request: dict[str, Any], cache_dir: Path) -> dict[str, Any]:
+def describe_in_process(request: DescribeRequest, cache_dir: Path) -> Description:
     """``describe(request)`` in a fresh Python process (torch and the user's code stay out
     of the caller's), recorded with its files beside the stage cache; a recorded
     description whose files are unchanged is returned without starting anything."""

@@ -198,7 +198,7 @@ def run(ctx: StageContext) -> StageOutcome:
     if (src.parent / "config.json").is_file():
         shutil.copyfile(src.parent / "config.json", ctx.stage_dir / "config.json")
         artifacts["model_config"] = ctx.stage_dir / "config.json"
-    token_input = next((i.name for i in recipe.inputs if i.kind == "token_ids"), None)
+    token_input = recipe.input_name("token_ids")
     warnings: list[str] = []
     vocab = recipe.vocab_size or (len(tokenizer) if tokenizer is not None else None)
     if vocab is None and token_input is not None:
