@@ -15,7 +15,7 @@ import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from trtpack.cases import load_cases
 from trtpack.errors import StageError
@@ -25,6 +25,9 @@ from trtpack.precision.metrics import AttemptSummary, Fp16Metrics, Int8Metrics
 from trtpack.precision.modelopt_jobs import ModelOptJob, ModelOptWorker
 from trtpack.precision.source import resolve_node_patterns
 from trtpack.report import VerificationRow, shown_metric
+
+if TYPE_CHECKING:
+    from trtpack.precision.graph import LowPrecisionCounts
 
 WORKER_TIMEOUT_SECONDS = 4 * 3600
 
@@ -223,7 +226,7 @@ class Conversion:
                 "export?")
         return matched
 
-    def stats(self, path: Path) -> dict[str, Any]:
+    def stats(self, path: Path) -> LowPrecisionCounts:
         import onnx
 
         from trtpack.precision.graph import low_precision_stats

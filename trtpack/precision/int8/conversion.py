@@ -7,8 +7,9 @@ the held-out split, judged once on the final model, gates the build."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtpack.cases import Case
 from trtpack.precision.calibration.data import (
@@ -25,12 +26,24 @@ from trtpack.precision.conversion import (
     ConversionResult,
     worst_metric,
 )
-from trtpack.precision.int8.fallback import FALLBACK_QUANTIZE_OP_TYPES, int8_fallback
+from trtpack.precision.int8.fallback import (
+    FALLBACK_QUANTIZE_OP_TYPES,
+    SearchInputs,
+    int8_fallback,
+)
 from trtpack.precision.int8.search import evaluation_workers
 from trtpack.precision.int8.summary import calibration_summary, check_int8_share, int8_message
-from trtpack.precision.metrics import FallbackSummary, Int8Metrics, SplitSummary
+from trtpack.precision.metrics import (
+    FallbackSummary,
+    Int8Metrics,
+    SmoothQuantSummary,
+    SplitSummary,
+)
 from trtpack.precision.modelopt_jobs import Int8Job, ModelOptJob, ModelOptWorker
 from trtpack.report import VerificationRow
+
+if TYPE_CHECKING:
+    import onnx
 
 
 class Int8Conversion(Conversion):
@@ -144,7 +157,45 @@ class Int8Conversion(Conversion):
             self.percentile_ranges(path)
         return self.judge(label, path, excluded)
 
-    def smooth(self) -> dict[str, Any]:
+    def search_inputs(self) -> SearchInputs:
+        """What the fallback search decides on (``trtpack.precision.int8.fallback``)."""
+        if self.fp32_model is None:
+            import onnx
+
+            self.fp32_model = onnx.load(str(self.quantize_source))
+        return SearchInputs(self.recipe, self.fp32_model, self.cases, self.decision_cases(),
+                            bool(self.check_cases), self.settings.high_precision,
+                            self.options.min_int8_share, self.workers,
+                            {n: self.display(n) for n in self.module_paths}, self.ctx.progress)
+
+    def attempt_with(self, op_types: Sequence[str], label: str, excluded: list[str],
+                     surrogate: Callable[[], onnx.ModelProto]) -> Attempt:
+        """A choice of the search made real and judged: with FP32 kept nodes the surrogate
+        is the model ModelOpt would build (saved, no conversion); else a ModelOpt conversion
+        with ``excluded`` kept in the recipe's high precision."""
+        high_precision = self.settings.high_precision
+        if high_precision != "fp32":
+            return self.convert(label, op_types, excluded, high_precision)
+        from trtpack.onnx_tools.files import save_model
+
+        out_dir = self.work / label
+        out_dir.mkdir()
+        save_model(surrogate(), out_dir / "model.onnx")
+        return self.judge(label, out_dir / "model.onnx", excluded)
+
+    def searched(self, first: Attempt, user_excluded: list[str], op_types: Sequence[str]
+                 ) -> tuple[Attempt, FallbackSummary]:
+        """``--fallback auto``: the fallback search from ``first`` (quantized with FP32 kept
+        nodes), or ``first`` itself, converted anew when kept nodes are not FP32."""
+        final, search = int8_fallback(self.search_inputs(), first, user_excluded,
+                                      partial(self.attempt_with, op_types),
+                                      self.check_failures)
+        if not search.rounds and self.settings.high_precision != "fp32":
+            final = self.convert("final", op_types, user_excluded,
+                                 self.settings.high_precision)
+        return final, search
+
+    def smooth(self) -> SmoothQuantSummary:
         """SmoothQuant (``trtpack.precision.smoothquant``): ModelOpt quantizes a smoothed
         copy of the FP32 model; the references stay the original's."""
         import onnx
@@ -164,7 +215,7 @@ class Int8Conversion(Conversion):
         self.fp32_model = model
         self.ctx.log.info("SmoothQuant: %d activations smoothed: %s", len(smoothed),
                           ", ".join(smoothed))
-        return {"alpha": self.settings.smoothquant, "activations": len(smoothed)}
+        return SmoothQuantSummary(self.settings.smoothquant, len(smoothed))
 
     def percentile_ranges(self, path: Path) -> None:
         """ModelOpt's max model with its activation ranges set to a percentile
@@ -230,16 +281,8 @@ class Int8Conversion(Conversion):
         op_types = list(s.quantize_op_types) or list(FALLBACK_QUANTIZE_OP_TYPES)
         first = self.convert("quantize", op_types, user_excluded,
                              "fp32" if auto else s.high_precision, self.while_quantizing)
-        final = first
-        search = FallbackSummary(self.options.fallback, 0)
-        check_failed = self.check_failures(first) if auto and first.passed and self.check_cases \
-            else []
-        search.check_consultations = int(auto and first.passed and bool(self.check_cases))
-        if auto and (not first.passed or check_failed):
-            final, search = int8_fallback(self, first, user_excluded, op_types,
-                                          search.check_consultations, check_failed)
-        elif auto and s.high_precision != "fp32":
-            final = self.convert("final", op_types, user_excluded, s.high_precision)
+        final, search = self.searched(first, user_excluded, op_types) if auto \
+            else (first, FallbackSummary(self.options.fallback, 0))
         added = [n for n in final.excluded if n not in user_excluded]
         overlay = None
         changed_types = op_types != list(s.quantize_op_types)
