@@ -65,7 +65,7 @@ class CalibrationSummary:
     samples: int
     batches: int
     search_samples: int
-    holdout_samples: int
+    holdout_samples: int  # report.json's key (the held-out split's samples)
     strata: dict[str, dict[str, int]]
     method: str
     smoothquant: SmoothQuantSummary | None  # when smoothed

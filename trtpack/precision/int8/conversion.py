@@ -6,10 +6,10 @@ the held-out split, judged once on the final model, gates the build."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from trtpack.cases import Case
 from trtpack.precision.calibration.data import (
@@ -43,7 +43,11 @@ from trtpack.precision.modelopt_jobs import Int8Job, ModelOptJob, ModelOptWorker
 from trtpack.report import VerificationRow
 
 if TYPE_CHECKING:
+    import numpy as np
     import onnx
+    from onnxruntime import InferenceSession
+
+    from trtpack.verify.compare import SampleText
 
 
 class Int8Conversion(Conversion):
@@ -55,13 +59,13 @@ class Int8Conversion(Conversion):
         self.share_gate = share_gate  # --min-int8-share on this Q/DQ model (it is served)
         self.settings = self.recipe.precision_options.int8
         self.calibration: CalibrationData | None = None
-        self.holdout: list[Case] = []  # the certifying part: judged once, by no decision
+        self.held_out: list[Case] = []  # the certifying part: judged once, by no decision
         self.check_cases: list[Case] = []  # consulted by the search after each round
         self.prefixes: list[Case] = []  # short prefixes of calibration lines (decisions)
         self.search: list[Case] = []
         self.calibration_cases: list[Case] = []
         self.texts: dict[int, list[str]] = {}  # id(case inputs) -> the text of each row
-        self.fp32_model: Any = None  # what ModelOpt quantizes, in memory (the search's)
+        self.fp32_model: onnx.ModelProto | None = None  # what ModelOpt quantizes, in memory
         self.workers = evaluation_workers()  # ONNX Runtime runs at a time, one thread each
 
     @property
@@ -88,18 +92,18 @@ class Int8Conversion(Conversion):
 
         cal = self.calibration
         assert cal is not None
-        parts = (("heldout", cal.holdout), ("check", cal.check), ("search", cal.search),
+        parts = (("heldout", cal.held_out), ("check", cal.check), ("search", cal.search),
                  ("prefix", cal.prefixes), ("calibration", cal.feeds))
         feeds = [f for _, part in parts for f in part]
         refs = run_model(self.source, feeds) if feeds else []
-        texts = [*cal.holdout_texts, *cal.check_texts, *cal.search_texts, *cal.prefix_texts]
+        texts = [*cal.held_out_texts, *cal.check_texts, *cal.search_texts, *cal.prefix_texts]
         for feed, rows in zip(feeds, texts, strict=False):
             self.texts[id(feed)] = rows
         together = iter(zip(feeds, refs, strict=True))
         cases = {name: [Case(-1, f"{name}{i}", f, o)
                         for i, (f, o) in zip(range(len(part)), together, strict=False)]
                  for name, part in parts}
-        self.holdout, self.check_cases, self.search = (
+        self.held_out, self.check_cases, self.search = (
             cases["heldout"], cases["check"], cases["search"])
         self.prefixes, self.calibration_cases = cases["prefix"], cases["calibration"]
 
@@ -128,15 +132,15 @@ class Int8Conversion(Conversion):
 
             self.fp32_model = onnx.load(str(self.quantize_source))
 
-    def split_text(self) -> Any:
+    def split_text(self) -> SampleText:
         """Sample texts for the split cases: the calibration file's own lines."""
         decode = self.sample_text()
 
-        def describe(inputs: Any, index: int) -> str | None:
+        def describe(inputs: Mapping[str, np.ndarray], index: int) -> str | None:
             rows = self.texts.get(id(inputs))
             if rows is not None and index < len(rows):
                 return rows[index]
-            return decode(inputs, index)  # type: ignore[no-any-return]
+            return decode(inputs, index)
 
         return describe
 
@@ -236,7 +240,7 @@ class Int8Conversion(Conversion):
         self.ctx.log.info("percentile calibration: %d activation ranges set to the %s "
                           "percentile", changed, DEFAULT_PERCENTILE)
 
-    def split_rows(self, session: Any, *splits: tuple[str, Sequence[Case]]
+    def split_rows(self, session: InferenceSession | None, *splits: tuple[str, Sequence[Case]]
                    ) -> list[list[VerificationRow]]:
         """The rows of each split's cases, run in ``session``."""
         from trtpack.runtimes.onnxruntime import run_session
@@ -254,16 +258,16 @@ class Int8Conversion(Conversion):
 
     def judge(self, label: str, path: Path, excluded: Sequence[str]) -> Attempt:
         """Verified at the profile corners and on the search split (what the search may
-        look at); the held-out split is judged once, on the final model (``heldout_gate``).
+        look at); the held-out split is judged once, on the final model (in ``run``).
         The attempt keeps its ONNX Runtime session for that."""
         from trtpack.runtimes.onnxruntime import cpu_session
 
         session = cpu_session(path, threads=1 if self.workers > 1 else None)
         attempt = Attempt(label, path, list(excluded), self.verify(path, session, self.workers))
         (search_rows,) = self.split_rows(session, ("int8-search", self.search))
-        attempt.holdout_worst = worst_metric(search_rows)
-        attempt.holdout_passed = all(r.passed for r in search_rows)
-        attempt.holdout_reasons = [f"{r.corner}: {r.reason}" for r in search_rows
+        attempt.search_worst = worst_metric(search_rows)
+        attempt.search_passed = all(r.passed for r in search_rows)
+        attempt.search_reasons = [f"{r.corner}: {r.reason}" for r in search_rows
                                    if not r.passed][:5]
         attempt.split_rows = search_rows
         attempt.session = session
@@ -287,15 +291,15 @@ class Int8Conversion(Conversion):
         overlay = None
         changed_types = op_types != list(s.quantize_op_types)
         if final.passed and (added or changed_types):
-            section: dict[str, Any] = {}
+            section: dict[str, list[str]] = {}
             if changed_types:
                 section["quantize_op_types"] = op_types
             section["exclude_nodes"] = [*s.exclude_nodes, *added]
             overlay = self.write_overlay(
                 section, f"{len(added)} nodes kept in {s.high_precision} after a measured "
                 "per-node-group search so that the INT8 model passes its gate")
-        heldout_rows, calibration_rows, check_rows = self.split_rows(
-            final.session, ("int8-heldout", self.holdout),
+        held_out_rows, calibration_rows, check_rows = self.split_rows(
+            final.session, ("int8-heldout", self.held_out),
             ("int8-calibration", self.calibration_cases), ("int8-check", self.check_cases))
         final.session = first.session = None  # closes them
         stats = self.stats(final.path)
@@ -306,7 +310,7 @@ class Int8Conversion(Conversion):
                                  f"computes in {s.high_precision}")
         assert self.calibration is not None
         cal = self.calibration
-        held = SplitSummary.of(heldout_rows)
+        held = SplitSummary.of(held_out_rows)
         metrics = Int8Metrics(
             excluded_nodes=final.excluded, excluded_by_fallback=added,
             excluded_node_hints=self.hints(added), low_precision=stats,
@@ -323,13 +327,13 @@ class Int8Conversion(Conversion):
                                final.threshold)
         rows = list(final.rows)
         if auto:
-            rows += heldout_rows  # the held-out split gates the build
-        elif heldout_rows and not all(r.passed for r in heldout_rows):
+            rows += held_out_rows  # the held-out split gates the build
+        elif held_out_rows and not all(r.passed for r in held_out_rows):
             self.warnings.append(
                 "--fallback off: the INT8 model fails on the held-out calibration samples "
-                "(not gated): " + "; ".join(r.reason for r in heldout_rows if not r.passed))
-        if not final.passed and final.holdout_reasons and all(r.passed for r in final.rows):
+                "(not gated): " + "; ".join(r.reason for r in held_out_rows if not r.passed))
+        if not final.passed and final.search_reasons and all(r.passed for r in final.rows):
             self.warnings.append("INT8 model passes at the profile corners but not on the "
-                                 "search split: " + "; ".join(final.holdout_reasons))
+                                 "search split: " + "; ".join(final.search_reasons))
         final.rows = rows
         return self.finish(final, metrics, overlay, message)

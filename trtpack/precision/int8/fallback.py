@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from trtpack.cases import Case
 from trtpack.precision.conversion import Attempt, format_metric
@@ -24,6 +24,8 @@ from trtpack.sources.recipe import Recipe
 
 if TYPE_CHECKING:
     import onnx
+
+    from trtpack.precision.int8.search import Sensitivity
 
 # Op types INT8 quantizes when the recipe's quantize_op_types is empty, with or without the
 # fallback (ModelOpt's default also quantizes Add inputs, which costs MiniLM the most
@@ -95,7 +97,8 @@ def first_samples(cases: Sequence[Case], samples: int) -> list[Case]:
     return taken
 
 
-def conservative_share(ranked: Sequence[Any], quantized: Any, min_share: float) -> set[str]:
+def conservative_share(ranked: Sequence[Sensitivity], quantized: onnx.ModelProto, min_share: float
+                       ) -> set[str]:
     """The fewest of the least sensitive groups' nodes (``ranked``, least damaging first)
     that keep ``min_share`` of the quantized model's MatMul/Gemm nodes INT8."""
     from trtpack.precision.graph import low_precision_stats

@@ -16,7 +16,7 @@ def calibration_summary(cal: CalibrationData, method: str,
     return CalibrationSummary(
         source=cal.source, path=str(cal.path) if cal.path else None,
         samples=cal.samples, batches=len(cal.feeds), search_samples=cal.search_samples,
-        holdout_samples=cal.holdout_samples, strata=cal.strata, method=method,
+        holdout_samples=cal.held_out_samples, strata=cal.strata, method=method,
         smoothquant=smoothed, check_samples=cal.check_samples,
         prefix_samples=sum(len(t) for t in cal.prefix_texts))
 
