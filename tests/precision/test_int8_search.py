@@ -1,4 +1,4 @@
-"""Issue 23: INT8 that holds out of sample. The default calibration text is real and shipped
+"""INT8 that holds out of sample. The default calibration text is real and shipped
 inside the package; a text file for a model without a tokenizer is refused before any stage
 runs; the search decides on calibration + search + short prefixes, consults the check split
 (counted) and goes on more conservatively when it fails; the held-out (certifying) split is
