@@ -27,9 +27,8 @@ from trtpack.precision.source import resolve_node_patterns
 from trtpack.report import VerificationRow, shown_metric
 
 if TYPE_CHECKING:
-    from onnxruntime import InferenceSession
-
     from trtpack.precision.graph import LowPrecisionCounts
+    from trtpack.runtimes.onnxruntime import CpuSession
     from trtpack.verify.compare import SampleText
     from trtpack.verify.samples import Tokenizer
 
@@ -75,7 +74,7 @@ class Attempt:
     search_passed: bool = True
     search_reasons: list[str] = field(default_factory=list)
     split_rows: list[VerificationRow] = field(default_factory=list)
-    session: InferenceSession | None = field(default=None, repr=False)  # while it is needed
+    session: CpuSession | None = field(default=None, repr=False)  # while it is needed
 
     @property
     def passed(self) -> bool:
@@ -175,7 +174,7 @@ class Conversion:
         finally:
             worker.close()
 
-    def verify(self, path: Path, session: InferenceSession | None = None, workers: int = 1
+    def verify(self, path: Path, session: CpuSession | None = None, workers: int = 1
                ) -> list[VerificationRow]:
         """Rows of the profile corners (``session``: one already open on ``path``, run
         from ``workers`` threads; None: one made for these few runs)."""

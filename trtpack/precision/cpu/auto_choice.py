@@ -22,9 +22,9 @@ from trtpack.timing import RunOnce, Timing, measure_interleaved, spread
 
 if TYPE_CHECKING:
     import numpy as np
-    from onnxruntime import InferenceSession
-    
+
     from trtpack.precision.metrics import JsonValue
+    from trtpack.runtimes.onnxruntime import CpuSession
 
 ROUNDS = 5  # timed rounds per corner; their spread is the noise
 SECONDS_PER_CORNER = 2.0
@@ -62,7 +62,7 @@ class AutoChoice:
 
 
 def time_candidates(candidates: Sequence[Candidate], cases: Sequence[Case],
-                    sessions: Mapping[str, InferenceSession], *,
+                    sessions: Mapping[str, CpuSession], *,
                     seconds: float = SECONDS_PER_CORNER, rounds: int = ROUNDS,
                     measure: Measure = measure_interleaved) -> None:
     """Each candidate's p50 at each case (a profile corner) and the spread of that p50 over
@@ -87,7 +87,7 @@ def time_candidates(candidates: Sequence[Candidate], cases: Sequence[Case],
             c.spread[case.label] = round(spread(values), 4)
 
 
-def _call(session: InferenceSession, feed: Mapping[str, np.ndarray]) -> RunOnce:
+def _call(session: CpuSession, feed: Mapping[str, np.ndarray]) -> RunOnce:
     return lambda: session.run(None, dict(feed))
 
 

@@ -45,8 +45,8 @@ from trtpack.report import VerificationRow
 if TYPE_CHECKING:
     import numpy as np
     import onnx
-    from onnxruntime import InferenceSession
 
+    from trtpack.runtimes.onnxruntime import CpuSession
     from trtpack.verify.compare import SampleText
 
 
@@ -240,7 +240,7 @@ class Int8Conversion(Conversion):
         self.ctx.log.info("percentile calibration: %d activation ranges set to the %s "
                           "percentile", changed, DEFAULT_PERCENTILE)
 
-    def split_rows(self, session: InferenceSession | None, *splits: tuple[str, Sequence[Case]]
+    def split_rows(self, session: CpuSession, *splits: tuple[str, Sequence[Case]]
                    ) -> list[list[VerificationRow]]:
         """The rows of each split's cases, run in ``session``."""
         from trtpack.runtimes.onnxruntime import run_session
@@ -298,6 +298,7 @@ class Int8Conversion(Conversion):
             overlay = self.write_overlay(
                 section, f"{len(added)} nodes kept in {s.high_precision} after a measured "
                 "per-node-group search so that the INT8 model passes its gate")
+        assert final.session is not None  # every judged attempt keeps its session
         held_out_rows, calibration_rows, check_rows = self.split_rows(
             final.session, ("int8-heldout", self.held_out),
             ("int8-calibration", self.calibration_cases), ("int8-check", self.check_cases))

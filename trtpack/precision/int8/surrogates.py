@@ -25,7 +25,8 @@ from trtpack.runtimes.onnxruntime import cpu_session, run_session
 
 if TYPE_CHECKING:
     import onnx
-    from onnxruntime import InferenceSession
+
+    from trtpack.runtimes.onnxruntime import CpuSession
 
 
 @dataclass
@@ -175,7 +176,7 @@ class ToggledSurrogates:
 class ModelCandidate:
     """A candidate that is a whole model, in its own ONNX Runtime session."""
 
-    session: InferenceSession
+    session: CpuSession
 
     def run(self, feeds: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
         return run_session(self.session, feeds)
