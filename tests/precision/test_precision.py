@@ -44,6 +44,7 @@ from trtpack.precision.source import prepare_source, resolve_node_patterns
 from trtpack.report import BuildReport
 from trtpack.sources.recipe_files import load_recipe_file
 from trtpack.stages import precision
+from trtpack.stages.precision import ConversionView
 from trtpack.verify.sample_metrics import pooled_cosine_per_sample
 from trtpack.verify.samples import make_inputs
 
@@ -272,7 +273,7 @@ def test_surrogates_equal_modelopt_conversions_with_those_nodes_excluded(
     work = tmp_path / "work"
     work.mkdir()
     source = prepare_source(tiny["onnx"], work / "source")
-    conv = Int8Conversion(ctx, work, source)
+    conv = Int8Conversion(ConversionView(ctx), work, source)
     cal = load_calibration(options.recipe, options.profiles, tiny_npz(tmp_path / "c.npz"),
                            tokenizer=None, max_samples=64, seed=0)
     save_feeds(work / "calibration.npz", cal.feeds)
@@ -306,7 +307,7 @@ def test_worker_failure_is_a_stage_error_with_the_reason(tiny: dict[str, Path], 
     ctx, _, log = make_context(options, tiny, tmp_path / "stage")
     work = tmp_path / "work"
     work.mkdir()
-    conv = Fp16Conversion(ctx, work, prepare_source(tiny["onnx"], work / "src"))
+    conv = Fp16Conversion(ConversionView(ctx), work, prepare_source(tiny["onnx"], work / "src"))
     with pytest.raises(StageError, match=r"ModelOpt fp16 conversion \(broken\) failed: "
                                          r"unknown mode 'nonsense'"):
         conv.modelopt(ModelOptJob("nonsense"), "broken")
