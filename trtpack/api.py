@@ -3,10 +3,10 @@ place a build's flags are validated."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import cast, get_args
+from typing import Any, cast, get_args
 
 from trtpack.errors import RecipeError, TrtpackError, UserInputError, require_modules
 from trtpack.machine.packages import required_modules
@@ -47,12 +47,6 @@ from trtpack.sources.recipe_files import (
     check_small_integer_inputs,
 )
 from trtpack.sources.resolve import resolve_model
-from trtpack.sources.torch_sources import (
-    Argument,
-    DescribeRequest,
-    Description,
-    TensorDescription,
-)
 from trtpack.stages.base import ProgressCallback
 
 CPU_FP16_NOTE = (
@@ -243,11 +237,11 @@ def check_plan(plan: BuildPlan) -> None:
         vocab = recipe.vocab_size or (vocab_size(recipe.config) if recipe.config else None)
         read_sample_inputs(plan.sample_inputs, recipe, vocab)
     if plan.calibration is not None and plan.calibration != plan.sample_inputs:
-        from trtpack.precision.calibration_files import check_calibration_path
+        from trtpack.precision.calibration.files import check_calibration_path
 
         check_calibration_path(plan.calibration)
     if plan.precision == "int8":
-        from trtpack.precision.calibration_files import check_calibration_input
+        from trtpack.precision.calibration.files import check_calibration_input
 
         int8 = recipe.precision_options.int8
         configured = plan.calibration or (Path(int8.calibration) if int8.calibration else None)
@@ -295,14 +289,14 @@ def resolve_recipe(request: BuildRequest, cache_dir: Path) -> tuple[Recipe, str 
     return recipe, str(described["source_files"])
 
 
-def describe_torch(source: dict[str, str], request: BuildRequest, cache_dir: Path,
-                   recipe: Recipe | None = None) -> Description:
+def describe_torch(source: Mapping[str, Any], request: BuildRequest, cache_dir: Path,
+                   recipe: Recipe | None = None) -> dict[str, Any]:
     """The description of a PyTorch source (``trtpack.pytorch.describe``) with the user's
     ``--input`` descriptions and constants (or a recipe's inputs)."""
     from trtpack.pytorch.describe import describe_in_process
 
-    inputs: dict[str, TensorDescription] = {}
-    arguments: dict[str, Argument] = {}
+    inputs: dict[str, dict[str, Any]] = {}
+    arguments: dict[str, Any] = {}
     if recipe is not None:
         inputs = {i.name: {"dtype": i.dtype, "axes": list(i.axes)} for i in recipe.inputs}
         arguments = dict(recipe.source.arguments)
@@ -316,9 +310,8 @@ def describe_torch(source: dict[str, str], request: BuildRequest, cache_dir: Pat
             arguments[described.name] = described.value.constant
     from trtpack.pipeline.cache import source_digest
 
-    request_data: DescribeRequest = {
-        "source": source, "inputs": inputs, "arguments": arguments,
-        "trtpack": source_digest()}  # a description is trtpack's reading
+    request_data = {"source": source, "inputs": inputs, "arguments": arguments,
+                    "trtpack": source_digest()}  # a description is trtpack's reading
     return describe_in_process(request_data, cache_dir)
 
 

@@ -251,7 +251,7 @@ class FixedPrecision:
 @dataclass(frozen=True)
 class AutoPrecision:
     """``--precision auto``: the candidates are built, timed where ``timed_on`` says (ONNX
-    Runtime on this CPU, ``trtpack.precision.auto_choice``) and the fastest that passes is
+    Runtime on this CPU, ``trtpack.precision.cpu.auto_choice``) and the fastest that passes is
     served; the precision stages build ``built``, the candidate beside the FP32 model."""
 
     candidates: tuple[Precision, ...] = ("fp32", "int8")
@@ -303,7 +303,7 @@ class BuildPlan:
     @property
     def auto_precision(self) -> bool:
         """``--precision auto`` (CPU): the CPU model stage times the FP32 and INT8 forms and
-        serves the fastest that passes (``trtpack.precision.auto_choice``)."""
+        serves the fastest that passes (``trtpack.precision.cpu.auto_choice``)."""
         return isinstance(self.precision_choice, AutoPrecision)
 
 

@@ -36,7 +36,7 @@ from trtpack.options import (
     option_spec,
     request_from_keywords,
 )
-from trtpack.pipeline.build_folder import REPOSITORY
+from trtpack.out_files import REPOSITORY
 from trtpack.report import BuildReport
 from trtpack.shapes import BATCH_AXIS, TensorSpec, parse_profiles
 from trtpack.sources.recipe import safe_name

@@ -24,10 +24,9 @@ import json
 import os
 import re
 import zipfile
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -40,48 +39,6 @@ _MODULE_REF = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_]\w*$")
 SAVE_HINT = ("save the model itself: torch.export.save(torch.export.export(model, args), "
              "'model.pt2'), or torch.jit.save(torch.jit.script(model), 'model.pt'); or give "
              "the function that builds it: trtpack build path/to/file.py:make_model")
-
-
-Argument = int | float | bool | str
-"""A non-tensor argument of a model's forward, given as a constant (``--input sr=16000``)."""
-
-
-class TensorDescription(TypedDict):
-    """A tensor's dtype and axes (an ``--input NAME=DTYPE[DIM,...]``)."""
-
-    dtype: str
-    axes: list[str | int]
-
-
-class DescribedTensor(TensorDescription):
-    """An input or output of a described PyTorch source."""
-
-    name: str
-
-
-class Description(TypedDict, total=False):
-    """A PyTorch source as ``trtpack.pytorch.describe`` reads it in a process of its own:
-    its inputs and outputs, each dynamic dim's range, its constants, the key of its files;
-    a factory that returns a model folder is ``kind: folder``."""
-
-    kind: str
-    folder: str
-    source_files: str
-    inputs: list[DescribedTensor]
-    outputs: list[DescribedTensor]
-    ranges: dict[str, list[int | None]]
-    arguments: dict[str, Argument]
-    vocab_size: int | None
-
-
-class DescribeRequest(TypedDict):
-    """What is described: the source, its inputs' descriptions and constants, and the
-    trtpack that reads it (a description is trtpack's reading)."""
-
-    source: dict[str, str]
-    inputs: dict[str, TensorDescription]
-    arguments: dict[str, Argument]
-    trtpack: str
 
 
 def torch_source(model: str) -> dict[str, str] | None:
@@ -195,13 +152,13 @@ class SourceFiles:
         return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 
-def memo_path(cache_dir: Path, request: DescribeRequest) -> Path:
+def memo_path(cache_dir: Path, request: dict[str, Any]) -> Path:
     """Where a description of ``request`` (the source and the input descriptions) is kept."""
     text = json.dumps({**request, "cwd": os.getcwd()}, sort_keys=True, default=str)
     return cache_dir / "sources" / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.json"
 
 
-def read_memo(path: Path) -> tuple[Description, SourceFiles] | None:
+def read_memo(path: Path) -> tuple[dict[str, Any], SourceFiles] | None:
     """A recorded description whose files are all unchanged, or None."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -215,7 +172,7 @@ def read_memo(path: Path) -> tuple[Description, SourceFiles] | None:
     return data["description"], now
 
 
-def write_memo(path: Path, description: Description, files: SourceFiles) -> None:
+def write_memo(path: Path, description: dict[str, Any], files: SourceFiles) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"description": description,
@@ -224,7 +181,7 @@ def write_memo(path: Path, description: Description, files: SourceFiles) -> None
     os.replace(tmp, path)
 
 
-def default_profile(inputs: Sequence[DescribedTensor], ranges: dict[str, list[int | None]],
+def default_profile(inputs: list[dict[str, Any]], ranges: dict[str, list[int | None]],
                     bounded: bool) -> str | None:
     """Sizes per dynamic axis in order: the batch 1:4:8 within its range; another axis (or a
     batch without a bound, when ``bounded``: an ExportedProgram's) has no default (None:
@@ -247,7 +204,7 @@ def default_profile(inputs: Sequence[DescribedTensor], ranges: dict[str, list[in
     return ":".join("x".join(str(v[i]) for v in sizes.values()) for i in range(3))
 
 
-def unsized_axes(inputs: Sequence[DescribedTensor], ranges: dict[str, list[int | None]]
+def unsized_axes(inputs: list[dict[str, Any]], ranges: dict[str, list[int | None]]
                  ) -> list[str]:
     """Dynamic axes with no default size: what --profile must give."""
     from trtpack.shapes import BATCH_AXIS
@@ -261,16 +218,16 @@ def unsized_axes(inputs: Sequence[DescribedTensor], ranges: dict[str, list[int |
     return names
 
 
-def recipe_for_torch(source: dict[str, str], description: Description, *, name: str,
+def recipe_for_torch(source: dict[str, Any], description: dict[str, Any], *, name: str,
                      task: str | None, profiles: list[str]) -> Recipe:
     """The recipe of a described PyTorch source (``trtpack.pytorch.describe``): inputs and
     outputs as described, the generic task unless ``--task`` names a head, and a profile
     from the dims' ranges unless ``profiles`` (``--profile``) are given."""
-    from trtpack.sources.onnx_recipe import GraphInput, input_kind, output_metric
+    from trtpack.sources.onnx_recipe import input_kind, output_metric
     from trtpack.sources.recipe import safe_name
 
     task = task or "generic"
-    inputs: list[GraphInput] = [{"name": i["name"], "dtype": i["dtype"], "axes": list(i["axes"]),
+    inputs = [{"name": i["name"], "dtype": i["dtype"], "axes": list(i["axes"]),
                "kind": input_kind(i["name"], i["dtype"], len(i["axes"]))}
               for i in description["inputs"]]
     has_mask = any(i["kind"] == "attention_mask" for i in inputs)
@@ -309,19 +266,19 @@ def recipe_for_torch(source: dict[str, str], description: Description, *, name: 
                              ) from None
 
 
-def _axis_order(inputs: Sequence[DescribedTensor]) -> list[str]:
+def _axis_order(inputs: list[dict[str, Any]]) -> list[str]:
     names: list[str] = []
     for spec in inputs:
         names.extend(a for a in spec["axes"] if isinstance(a, str) and a not in names)
     return names
 
 
-def _example_sizes(inputs: Sequence[DescribedTensor], corner: int) -> list[int]:
+def _example_sizes(inputs: list[dict[str, Any]], corner: int) -> list[int]:
     from trtpack.shapes import BATCH_AXIS
 
     return [(1, 4, 8)[corner] if a == BATCH_AXIS else (16, 64, 128)[corner]
             for a in _axis_order(inputs)]
 
 
-def source_words(source: dict[str, str]) -> str:
+def source_words(source: dict[str, Any]) -> str:
     return Source.model_validate(source).describe()
