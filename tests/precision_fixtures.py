@@ -18,7 +18,8 @@ from trtpack.stages.base import StageContext
 
 REPO = Path(__file__).resolve().parents[1]
 CALIBRATION_TEXT = REPO / "data" / "calibration" / "sentences.txt"
-HELDOUT_TEXT = REPO / "data" / "calibration" / "heldout.txt"
+HELD_OUT_TEXT = REPO / "data" / "calibration" / "heldout.txt"
+TINY_PROFILES = ["1x4:2x8:4x16", "2x16:4x32:8x64"]  # those of conftest's tiny_build
 
 
 def fp32_artifacts(build_dir: Path) -> dict[str, Path]:
@@ -50,6 +51,14 @@ def with_recipe(options: BuildOptions, **recipe_changes: Any) -> BuildOptions:
     data = options.recipe.model_dump()
     data.update(recipe_changes)
     return dataclasses.replace(options, recipe=Recipe.model_validate(data))
+
+
+def strict_gate(options: BuildOptions, precision: str, **tolerance: float) -> BuildOptions:
+    """``options`` with the recipe's ``precision`` gate replaced by ``tolerance``
+    (``min_cosine``, ``atol``, ...)."""
+    verify = options.recipe.verify.model_dump()
+    verify[precision] = tolerance
+    return with_recipe(options, verify=verify)
 
 
 def make_context(options: BuildOptions, artifacts: dict[str, Path], stage_dir: Path

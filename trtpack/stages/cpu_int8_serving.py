@@ -69,14 +69,14 @@ def serve_int8(ctx: StageContext, work: Path, source: Path, graph_shape: dict[st
         EVERY_LAYER_SMOOTHED,
         SEARCH_LAYERS,
         fp32_weight_matmuls,
-        heldout_cases,
-        heldout_rows,
+        held_out_cases,
+        held_out_rows,
         make_cpu_int8,
     )
 
     settings = ctx.options.recipe.precision_options.int8
     cal, tokenizer = calibration(ctx)
-    held = heldout_cases(ctx.needs(ctx.artifacts.onnx, "onnx"), cal)
+    held = held_out_cases(ctx.needs(ctx.artifacts.onnx, "onnx"), cal)
     served: ServedInt8 | None = None
     tried: list[dict[str, Any]] = []
     search = None
@@ -106,7 +106,7 @@ def serve_int8(ctx: StageContext, work: Path, source: Path, graph_shape: dict[st
             form_failures = [reason]
             continue
         rows = verify_rows(ctx, form.path, cases, CHECK_INT8, "int8")
-        rows += heldout_rows(CHECK_INT8_HELDOUT, ctx.options.recipe, held, form.path, cal,
+        rows += held_out_rows(CHECK_INT8_HELDOUT, ctx.options.recipe, held, form.path, cal,
                              tokenizer)
         served = describe_form(ctx, form, rows, work)
         form_failures = served.failures
