@@ -35,10 +35,10 @@ from trtpack.out_files import (
     stale_siblings,
     write_manifest,
 )
+from trtpack.pipeline.build_folder import write_recipe, write_report_page
 from trtpack.pipeline.cache import tool_versions
 from trtpack.pipeline.faults import disk_full_error
 from trtpack.pipeline.isolate import StageProcess
-from trtpack.pipeline.outputs import write_recipe, write_report_page
 from trtpack.pipeline.stage import STAGES
 from trtpack.pipeline.stage_runs import StageRuns
 from trtpack.report import REPORT, BuildReport, StageResult, VerificationRow
