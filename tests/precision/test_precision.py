@@ -26,19 +26,19 @@ from tests.precision_fixtures import (
     with_recipe,
 )
 from trtpack.errors import StageError, UserInputError
-from trtpack.precision.cpu_int8 import INTEGER_KERNELS
-from trtpack.precision.fp16 import Fp16Conversion
+from trtpack.precision.cpu.int8 import INTEGER_KERNELS
+from trtpack.precision.fp16.conversion import Fp16Conversion
 from trtpack.precision.graph import (
     fp16_nodes,
     int8_quantized_nodes,
     low_precision_stats,
     producers,
 )
-from trtpack.precision.int8 import Int8Conversion
+from trtpack.precision.int8.conversion import Int8Conversion
+from trtpack.precision.int8.search import run_model
+from trtpack.precision.int8.surrogates import SurrogateBuilder, node_groups
 from trtpack.precision.modelopt_jobs import ModelOptJob
-from trtpack.precision.search import run_model
 from trtpack.precision.source import prepare_source, resolve_node_patterns
-from trtpack.precision.surrogates import SurrogateBuilder, node_groups
 from trtpack.report import BuildReport
 from trtpack.sources.recipe_files import load_recipe_file
 from trtpack.stages import precision
@@ -270,7 +270,7 @@ def test_int8_fallback_off_reports_the_failed_gate(tiny: dict[str, Path], tmp_pa
 def test_surrogates_equal_modelopt_conversions_with_those_nodes_excluded(
         tiny: dict[str, Path], tmp_path: Path) -> None:
     """What the search evaluates is what ModelOpt builds for the exclusions it picks."""
-    from trtpack.precision.calibration import load_calibration, save_feeds
+    from trtpack.precision.calibration.data import load_calibration, save_feeds
 
     options = build_options("tiny-bert", "int8", tmp_path / "out", TINY_PROFILES)
     ctx, _, _ = make_context(options, tiny, tmp_path / "stage")
@@ -408,8 +408,8 @@ def test_precision_modules_import_without_heavy_packages() -> None:
     from tests.architecture.test_import_pure import run_blocked
 
     proc = run_blocked(
-        "import trtpack.stages.precision, trtpack.precision.calibration\n"
-        "import trtpack.precision.search, trtpack.precision.modelopt_worker\n"
+        "import trtpack.stages.precision, trtpack.precision.calibration.data\n"
+        "import trtpack.precision.int8.search, trtpack.precision.modelopt_worker\n"
         "heavy = [m for m in sys.modules if m.split('.')[0] in HEAVY]\n"
         "assert not heavy, heavy\n"
         "print('ok')\n"
@@ -425,8 +425,8 @@ def test_cli_int8_held_out_failure_after_the_search_exits_1(tiny: dict[str, Path
     token) lands in the held-out split, with a gate between what that sample scores and
     what the corners and the search split score. The calibration and search samples pass,
     so the build keeps the model and the held-out gate fails it: exit 1, the sample named."""
-    from trtpack.precision.calibration_files import npz_lengths
-    from trtpack.precision.splits import split_three
+    from trtpack.precision.calibration.files import npz_lengths
+    from trtpack.precision.calibration.splits import split_three
     from trtpack.sources.resolve import resolve_model
 
     recipe = resolve_model("tiny-bert")
@@ -484,12 +484,12 @@ def test_int8_percentile_calibration_sets_activation_ranges(tiny: dict[str, Path
     the 99.99th percentile of |x| over the calibration split / 127 (weights untouched)."""
     from onnx import numpy_helper
 
-    from trtpack.precision.activation_ranges import (
+    from trtpack.precision.calibration.data import load_calibration
+    from trtpack.precision.int8.activation_ranges import (
         DEFAULT_PERCENTILE,
         activation_quantizers,
         percentile_ranges,
     )
-    from trtpack.precision.calibration import load_calibration
 
     npz = tiny_npz(tmp_path / "calibration.npz")
     options = build_options("tiny-bert", "int8", tmp_path / "out", TINY_PROFILES,

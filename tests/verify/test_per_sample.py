@@ -11,8 +11,8 @@ import pytest
 from tests.conftest import run_cli
 from trtpack.cases import Case
 from trtpack.errors import UserInputError
-from trtpack.precision.calibration_files import check_calibration_input
-from trtpack.precision.splits import STRATA, split_three, stratum
+from trtpack.precision.calibration.files import check_calibration_input
+from trtpack.precision.calibration.splits import STRATA, split_three, stratum
 from trtpack.shapes import parse_profiles
 from trtpack.sources.resolve import resolve_model
 from trtpack.verify.compare import compare_cases

@@ -88,9 +88,10 @@ def check_onnx_model(path: Path, gpu_instances: bool, has_gpu: bool) -> OnnxChec
         return OnnxCheck(str(path), False,
                          ("its instances are KIND_GPU and this machine has no NVIDIA GPU",))
     try:
-        from trtpack.runtimes.onnxruntime import cpu_session
+        from trtpack.runtimes.onnxruntime import OnnxRuntimeRunner
 
-        cpu_session(path, threads=1, few_runs=True)
+        with OnnxRuntimeRunner(path, threads=1, few_runs=True):
+            pass  # the session loads
     except ImportError as e:
         return OnnxCheck(str(path), False, (f"ONNX Runtime is not installed ({e})",))
     except Exception as e:  # onnxruntime's own error kinds: the model does not load here

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trtpack.options import BuildOptions
-from trtpack.precision.cpu_int8 import search_on_demand
+from trtpack.precision.cpu.int8 import search_on_demand
 
 
 @dataclass(frozen=True)

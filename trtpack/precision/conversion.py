@@ -186,7 +186,7 @@ class Conversion:
         if folder is None:
             return None
         if self._tokenizer is None:
-            from trtpack.precision.text_batches import json_tokenizer
+            from trtpack.precision.calibration.text_batches import json_tokenizer
             from trtpack.pytorch.models import load_tokenizer
 
             # tokenizers alone where the saved tokenizer allows: no transformers import

@@ -53,7 +53,8 @@ class Fp16Job:
     reference_inputs: str | None = None
     range_nodes_file: str | None = None
     # "autocast" (ModelOpt), or "float16": onnxconverter-common's convert_float_to_float16,
-    # the fallback when AutoCast cannot convert a graph (trtpack.precision.fp16_fallback)
+    # the fallback when AutoCast cannot convert a graph
+    # (trtpack.precision.fp16.onnxconverter_fallback)
     converter: str = "autocast"
 
 

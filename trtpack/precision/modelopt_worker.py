@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trtpack.onnx_tools.files import save_model
-from trtpack.precision.autocast_weights import (
+from trtpack.precision.fp16.autocast_weights import (
     out_of_range_nodes,
     restore_weights,
     save_converted,
@@ -36,7 +36,7 @@ def exact(names: list[str]) -> list[str]:
 def _calibration_reader(feeds_path: str) -> Any:
     from onnxruntime.quantization.calibrate import CalibrationDataReader
 
-    from trtpack.precision.calibration import load_feeds
+    from trtpack.precision.calibration.data import load_feeds
 
     feeds = load_feeds(Path(feeds_path))
 
@@ -151,7 +151,7 @@ def quantize_int8(quantize: Any, spec: Any, source: Path, tmp_out: Path, method:
 def run_fp16(job: ModelOptJob, work: Path) -> dict[str, Any]:
     assert job.fp16 is not None
     if job.fp16.converter == "float16":
-        from trtpack.precision.fp16_fallback import convert_float16
+        from trtpack.precision.fp16.onnxconverter_fallback import convert_float16
 
         return convert_float16(job, work)
     return run_autocast(job, work)
@@ -207,7 +207,7 @@ def run_autocast(job: ModelOptJob, work: Path) -> dict[str, Any]:
     if reference:
         # AutoCast's model must run where it is verified: a failure (a shape mismatch in a
         # Cast it inserted, a crash) is this worker's, and the stage falls back
-        from trtpack.precision.fp16_fallback import run_problem
+        from trtpack.precision.fp16.onnxconverter_fallback import run_problem
 
         with np.load(reference) as data:
             problem = run_problem(Path(job.output), {k: data[k] for k in data.files})

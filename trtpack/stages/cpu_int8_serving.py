@@ -2,8 +2,8 @@
 corners and the held-out split before it is served:
 
   1. every weight MatMul INT8 on the integer kernels, the feed-forward outlier channels FP32;
-  2. the Q/DQ search (``trtpack.precision.int8``) only if 1 fails, then the same form with
-     the layers the search kept in FP32 kept FP32;
+  2. the Q/DQ search (``trtpack.precision.int8.conversion``) only if 1 fails, then the same form
+     with the layers the search kept in FP32 kept FP32;
   3. the searched Q/DQ graph itself (ONNX Runtime runs most of it in FP32).
 
 For ``--target cpu`` the precision stage does not run: the search runs here, and only when
@@ -64,7 +64,7 @@ def serve_int8(ctx: StageContext, work: Path, source: Path, graph_shape: dict[st
                cases: list[Case]) -> ServedInt8:
     """The first CPU INT8 form that passes its gates (``--min-int8-share`` among them),
     else the searched Q/DQ graph (see the module docstring)."""
-    from trtpack.precision.cpu_int8 import (
+    from trtpack.precision.cpu.int8 import (
         EVERY_LAYER,
         EVERY_LAYER_SMOOTHED,
         SEARCH_LAYERS,
@@ -136,7 +136,7 @@ def serve_int8(ctx: StageContext, work: Path, source: Path, graph_shape: dict[st
 def describe_form(ctx: StageContext, form: Any, rows: list[VerificationRow],
                   work: Path) -> ServedInt8:
     """A CPU INT8 form with its gates: the per-sample rows and ``--min-int8-share``."""
-    from trtpack.precision.cpu_int8 import CPU_INT8_FORM, form_layer_names
+    from trtpack.precision.cpu.int8 import CPU_INT8_FORM, form_layer_names
 
     share, kernels = served_share(form.path, work)
     failures = [f"{r.check} {r.corner}: {r.reason}" for r in rows if not r.passed][:5]
@@ -152,7 +152,7 @@ def describe_qdq(ctx: StageContext, qdq: Path, search: Any, form_failures: list[
     """The Q/DQ graph served on the CPU: its gates are the search's (its corners and the
     held-out split; beside a GPU engine the precision stage gated them), then
     ``--min-int8-share`` as ONNX Runtime runs it."""
-    from trtpack.precision.cpu_int8 import fp32_weight_matmuls
+    from trtpack.precision.cpu.int8 import fp32_weight_matmuls
 
     rows = list(search.verification) if search is not None else []
     share, kernels = served_share(qdq, work)
@@ -173,7 +173,7 @@ def served_share(path: Path, work: Path) -> tuple[tuple[int, int], dict[str, int
     kernels it runs."""
     import onnx
 
-    from trtpack.precision.cpu_int8 import INTEGER_KERNELS, runtime_op_counts, weight_matmul_share
+    from trtpack.precision.cpu.int8 import INTEGER_KERNELS, runtime_op_counts, weight_matmul_share
 
     counts = runtime_op_counts(path, work)
     kernels = {op: counts[op] for op in INTEGER_KERNELS if counts.get(op)}
@@ -225,7 +225,7 @@ def run_search(ctx: StageContext) -> Any:
 def calibration(ctx: StageContext) -> tuple[Any, Any]:
     """The INT8 build's calibration data (the same file, seed and splits as the precision
     stage's) and the tokenizer it was read with."""
-    from trtpack.precision.calibration import (
+    from trtpack.precision.calibration.data import (
         calibration_path,
         graph_vocab_size,
         load_calibration,
@@ -237,7 +237,7 @@ def calibration(ctx: StageContext) -> tuple[Any, Any]:
     # no file: a model with a tokenizer calibrates on the shipped default text (as the
     # precision stage does), not on synthetic inputs
     if (path is None or path.suffix.lower() != ".npz") and "tokenizer" in ctx.artifacts:
-        from trtpack.precision.text_batches import json_tokenizer
+        from trtpack.precision.calibration.text_batches import json_tokenizer
         from trtpack.pytorch.models import load_tokenizer
 
         # as the precision stage reads it (Conversion.tokenizer): the same splits

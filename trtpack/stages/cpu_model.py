@@ -1,9 +1,9 @@
 """CPU model: the model ONNX Runtime serves on the CPU (``--target cpu``, and the
 ``--fallback-cpu`` model beside a GPU engine), shaped for ONNX Runtime rather than TensorRT.
 
-FP32: the transformer fusions (``trtpack.precision.cpu_fusion``), checked per sample against
+FP32: the transformer fusions (``trtpack.precision.cpu.fusion``), checked per sample against
 the FP32 outputs. INT8 builds: that graph dynamically quantized on ONNX Runtime's integer
-kernels (``trtpack.precision.cpu_int8``), with the layers the INT8 search kept in FP32 kept
+kernels (``trtpack.precision.cpu.int8``), with the layers the INT8 search kept in FP32 kept
 in FP32, gated on the profile corners and the held-out split with the INT8 tolerances; if it
 fails, the searched Q/DQ model is served instead (a warning says so). The graph is saved as
 fused operators only: ONNX Runtime's own (instruction-set specific) optimizations run when
@@ -21,7 +21,7 @@ from typing import Any
 from trtpack.cases import Case, load_cases
 from trtpack.onnx_tools.files import save_model
 from trtpack.options import BuildOptions
-from trtpack.precision.cpu_int8 import search_on_demand
+from trtpack.precision.cpu.int8 import search_on_demand
 from trtpack.report import VerificationRow
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 from trtpack.stages.cpu_int8_serving import (
@@ -68,8 +68,8 @@ class CpuModelMetrics(StageMetrics):
 def fingerprint(options: BuildOptions) -> dict[str, Any]:
     import importlib.metadata
 
-    from trtpack.precision.calibration import calibration_path
-    from trtpack.precision.calibration_files import file_sha256
+    from trtpack.precision.calibration.data import calibration_path
+    from trtpack.precision.calibration.files import file_sha256
     from trtpack.stages.precision import fingerprint as precision_fingerprint
 
     r = options.recipe
@@ -104,7 +104,7 @@ def model_shape(ctx: StageContext) -> tuple[str | None, int | None, int | None]:
 
 def run(ctx: StageContext) -> StageOutcome:
     from trtpack.onnx_tools.files import graph_summary
-    from trtpack.precision.cpu_fusion import CpuGraph, cpu_graph
+    from trtpack.precision.cpu.fusion import CpuGraph, cpu_graph
 
     recipe = ctx.options.recipe
     mask = next((i.name for i in recipe.inputs if i.kind == "attention_mask"), None)
@@ -204,9 +204,9 @@ def _choose_precision(ctx: StageContext, fp32_path: Path, served: ServedInt8,
                       cases: list[Case], rows: list[VerificationRow], metrics: CpuModelMetrics
                       ) -> Path:
     """--precision auto: both forms timed at the profile corners, in rotation; the choice
-    (``trtpack.precision.auto_choice``) in the metrics and the message."""
-    from trtpack.precision.auto_choice import Candidate, choose, time_candidates
+    (``trtpack.precision.cpu.auto_choice``) in the metrics and the message."""
     from trtpack.precision.conversion import worst_metric
+    from trtpack.precision.cpu.auto_choice import Candidate, choose, time_candidates
     from trtpack.runtimes.onnxruntime import cpu_session
 
     fp32_rows = [r for r in rows if r.check == CHECK_FP32]

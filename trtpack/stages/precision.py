@@ -12,10 +12,12 @@ from typing import Any
 
 from trtpack.errors import UserInputError
 from trtpack.options import BuildOptions
-from trtpack.precision.calibration import DEFAULT_TEXT, calibration_path
-from trtpack.precision.calibration_files import file_sha256
+from trtpack.precision.calibration.data import DEFAULT_TEXT, calibration_path
+from trtpack.precision.calibration.files import file_sha256
 from trtpack.precision.conversion import ConversionResult
-from trtpack.precision.fallback import (
+from trtpack.precision.fp16.conversion import FP16_FIRST_NODES, MAX_FP16_ROUNDS, Fp16Conversion
+from trtpack.precision.int8.conversion import Int8Conversion
+from trtpack.precision.int8.fallback import (
     FALLBACK_QUANTIZE_OP_TYPES,
     GREEDY_FAILURES,
     MAX_INT8_ROUNDS,
@@ -24,8 +26,6 @@ from trtpack.precision.fallback import (
     SEARCH_PER_NODE,
     SENSITIVITY_SAMPLES,
 )
-from trtpack.precision.fp16 import FP16_FIRST_NODES, MAX_FP16_ROUNDS, Fp16Conversion
-from trtpack.precision.int8 import Int8Conversion
 from trtpack.precision.modelopt_jobs import ModelOptWorker
 from trtpack.precision.source import prepare_source
 from trtpack.stages.base import StageContext, StageOutcome

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtpack.precision.cpu_kernels import MS_DOMAIN, split_skip_layer_norms
+from trtpack.precision.cpu.kernels import MS_DOMAIN, split_skip_layer_norms
 
 # ONNX Runtime's contrib operators that mark a fused transformer graph (report counts)
 FUSED_OPERATORS = ("Attention", "MultiHeadAttention", "SkipLayerNormalization",

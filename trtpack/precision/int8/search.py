@@ -1,7 +1,7 @@
 """The INT8 fallback search: which node groups may stay quantized, measured on the model and
 its data (on MiniLM, keeping whole op types such as Softmax, LayerNorm or Add in FP32 did
 not help, and which MatMuls hurt most differed by layer). Candidates are surrogates
-(``trtpack.precision.surrogates``): one ONNX Runtime run each, not a ModelOpt conversion.
+(``trtpack.precision.int8.surrogates``): one ONNX Runtime run each, not a ModelOpt conversion.
 
   1. sensitivity: quantize one group alone, measure the damage (1 - worst cosine);
   2. rank the groups from least to most damaging and find, by bisection, the longest
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trtpack.cases import Case
-from trtpack.precision.surrogates import (
+from trtpack.precision.int8.surrogates import (
     ModelCandidate,
     NodeGroup,
     SurrogateBuilder,

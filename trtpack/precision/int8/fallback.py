@@ -1,5 +1,5 @@
 """The INT8 fallback: the measured search for the node groups to keep in high precision
-(``trtpack.precision.search``), run on surrogates of the first quantized model.
+(``trtpack.precision.int8.search``), run on surrogates of the first quantized model.
 
 The search decides on every sample that is neither check nor held-out (calibration and
 search splits, plus 1-4 word prefixes of their lines): sensitivity and selection alike.
@@ -55,7 +55,7 @@ SENSITIVITY_SAMPLES = 64
 
 class FallbackHost(Protocol):
     """What the search needs of the INT8 conversion it serves
-    (``trtpack.precision.int8.Int8Conversion`` is one): its samples, its settings, and a
+    (``trtpack.precision.int8.conversion.Int8Conversion`` is one): its samples, its settings, and a
     way to convert (or judge a surrogate) with given nodes kept in high precision."""
 
     ctx: ConversionContext
@@ -111,7 +111,7 @@ def conservative_share(ranked: Sequence[Any], quantized: Any, min_share: float) 
 def int8_fallback(conv: FallbackHost, first: Attempt, user_excluded: list[str],
                   op_types: list[str], consultations: int = 0,
                   check_failed: Sequence[Case] = ()) -> tuple[Attempt, FallbackSummary]:
-    """The measured search (``trtpack.precision.search``) for the node groups to keep in
+    """The measured search (``trtpack.precision.int8.search``) for the node groups to keep in
     high precision, on surrogates of ``first``; up to ``MAX_INT8_ROUNDS`` rounds, each more
     conservative than the last when its choice fails its verification or the check split.
     ``consultations`` / ``check_failed``: the check split already consulted on ``first``."""
@@ -119,8 +119,8 @@ def int8_fallback(conv: FallbackHost, first: Attempt, user_excluded: list[str],
 
     from trtpack.onnx_tools.files import save_model
     from trtpack.precision.graph import int8_quantized_nodes
-    from trtpack.precision.search import Evaluator, measure_sensitivity, select_groups
-    from trtpack.precision.surrogates import SurrogateBuilder, ToggledSurrogates, node_groups
+    from trtpack.precision.int8.search import Evaluator, measure_sensitivity, select_groups
+    from trtpack.precision.int8.surrogates import SurrogateBuilder, ToggledSurrogates, node_groups
 
     s = conv.settings
     started = time.perf_counter()

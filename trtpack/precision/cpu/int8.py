@@ -3,7 +3,7 @@
 The TensorRT-shaped Q/DQ graph (signed int8, Q nodes feeding several consumers) runs on x86
 ONNX Runtime as DequantizeLinear -> FP32 MatMul: its QDQ fusions need u8 activations and
 single-consumer Q nodes. ONNX Runtime's dynamic quantization of the fused CPU graph
-(``trtpack.precision.cpu_fusion``) becomes ``DynamicQuantizeMatMul`` / ``MatMulIntegerToFloat``
+(``trtpack.precision.cpu.fusion``) becomes ``DynamicQuantizeMatMul`` / ``MatMulIntegerToFloat``
 and ``QAttention`` (u8 activations quantized per batch, s8 per-channel weights): what its
 docs recommend for transformers on CPU. The layers the INT8 search kept in FP32 (read off the
 searched Q/DQ model: its MatMuls without a DequantizeLinear weight) stay FP32 here too."""
@@ -20,7 +20,7 @@ from trtpack.report import VerificationRow
 from trtpack.sources.recipe import Recipe
 
 if TYPE_CHECKING:
-    from trtpack.precision.outlier_channels import OutlierSplit
+    from trtpack.precision.cpu.outlier_channels import OutlierSplit
 
 # ONNX Runtime's integer kernels, counted in the graph it runs (report)
 INTEGER_KERNELS = ("MatMulInteger", "QLinearMatMul", "MatMulIntegerToFloat",
@@ -67,9 +67,9 @@ def make_cpu_int8(name: str, source: Path, work: Path, out: Path, shape: Mapping
     import onnx
 
     from trtpack.onnx_tools.files import save_model
-    from trtpack.precision.cpu_fusion import cpu_graph
-    from trtpack.precision.cpu_kernels import split_bias_gelus
-    from trtpack.precision.outlier_channels import split_outlier_channels
+    from trtpack.precision.cpu.fusion import cpu_graph
+    from trtpack.precision.cpu.kernels import split_bias_gelus
+    from trtpack.precision.cpu.outlier_channels import split_outlier_channels
 
     work.mkdir(parents=True)
     int8_source = source
@@ -147,7 +147,7 @@ def weight_matmul_share(model: Any) -> tuple[int, int]:
     """(quantized, all) weight projections of a served CPU graph: a MatMul/Gemm with a
     constant weight counts 1, an Attention 3 (its packed Q, K, V); the FP32 branch of a
     layer's outlier channels is part of that layer, not one more."""
-    from trtpack.precision.outlier_channels import SUFFIX
+    from trtpack.precision.cpu.outlier_channels import SUFFIX
 
     inits = {i.name for i in model.graph.initializer}
     quantized = total = 0

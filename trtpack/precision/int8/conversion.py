@@ -1,7 +1,7 @@
 """INT8: ModelOpt PTQ (Q/DQ) calibrated on the calibration split (optionally on a
 SmoothQuant-smoothed copy, or with percentile ranges), judged per sample at the profile
 corners and on the search split; with ``--fallback auto`` the measured search
-(``trtpack.precision.fallback``) keeps node groups in high precision until it passes, and
+(``trtpack.precision.int8.fallback``) keeps node groups in high precision until it passes, and
 the held-out split, judged once on the final model, gates the build."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from trtpack.cases import Case
-from trtpack.precision.calibration import (
+from trtpack.precision.calibration.data import (
     CalibrationData,
     calibration_path,
     graph_vocab_size,
@@ -25,11 +25,11 @@ from trtpack.precision.conversion import (
     ConversionResult,
     worst_metric,
 )
-from trtpack.precision.fallback import FALLBACK_QUANTIZE_OP_TYPES, int8_fallback
-from trtpack.precision.int8_summary import calibration_summary, check_int8_share, int8_message
+from trtpack.precision.int8.fallback import FALLBACK_QUANTIZE_OP_TYPES, int8_fallback
+from trtpack.precision.int8.search import evaluation_workers
+from trtpack.precision.int8.summary import calibration_summary, check_int8_share, int8_message
 from trtpack.precision.metrics import FallbackSummary, Int8Metrics, SplitSummary
 from trtpack.precision.modelopt_jobs import Int8Job, ModelOptJob, ModelOptWorker
-from trtpack.precision.search import evaluation_workers
 from trtpack.report import VerificationRow
 
 
@@ -71,7 +71,7 @@ class Int8Conversion(Conversion):
 
     def split_references(self) -> None:
         """The FP32 outputs of the three splits (one ONNX Runtime session)."""
-        from trtpack.precision.search import run_model
+        from trtpack.precision.int8.search import run_model
 
         cal = self.calibration
         assert cal is not None
@@ -98,7 +98,7 @@ class Int8Conversion(Conversion):
     def check_failures(self, attempt: Attempt) -> list[Case]:
         """The check split's cases that ``attempt`` fails (one consultation of the check
         split; the held-out split is never consulted here)."""
-        from trtpack.precision.search import score_outputs
+        from trtpack.precision.int8.search import score_outputs
         from trtpack.runtimes.onnxruntime import run_session
 
         assert attempt.session is not None
@@ -168,11 +168,14 @@ class Int8Conversion(Conversion):
 
     def percentile_ranges(self, path: Path) -> None:
         """ModelOpt's max model with its activation ranges set to a percentile
-        (``trtpack.precision.activation_ranges``)."""
+        (``trtpack.precision.int8.activation_ranges``)."""
         import onnx
 
         from trtpack.onnx_tools.files import save_model
-        from trtpack.precision.activation_ranges import DEFAULT_PERCENTILE, apply_percentile_ranges
+        from trtpack.precision.int8.activation_ranges import (
+            DEFAULT_PERCENTILE,
+            apply_percentile_ranges,
+        )
 
         assert self.calibration is not None
         model = onnx.load(str(path))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from trtpack.errors import AccuracyError
-from trtpack.precision.calibration import CalibrationData
+from trtpack.precision.calibration.data import CalibrationData
 from trtpack.precision.conversion import format_metric
 from trtpack.precision.metrics import CalibrationSummary, SplitSummary
 

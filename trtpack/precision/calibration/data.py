@@ -1,10 +1,10 @@
 """INT8 calibration data: batches of model inputs ("feeds") from a text file, a ``.npz`` or,
 only when neither is given, synthetic inputs (with a warning that accuracy is unknown).
 
-A text file holds one sample a line (``trtpack.precision.text_batches`` tokenizes and
+A text file holds one sample a line (``trtpack.precision.calibration.text_batches`` tokenizes and
 batches it); a ``.npz`` holds one array per model input, samples along the first axis
 (ModelOpt's own calibration format). The samples are split three ways
-(``trtpack.precision.splits``): calibration, search and held-out.
+(``trtpack.precision.calibration.splits``): calibration, search and held-out.
 """
 
 from __future__ import annotations
@@ -17,20 +17,20 @@ from typing import Any, Literal
 import numpy as np
 
 from trtpack.errors import UserInputError
-from trtpack.precision.calibration_files import (
+from trtpack.precision.calibration.files import (
     npz_feeds,
     npz_lengths,
     read_npz_samples,
     read_text_samples,
 )
-from trtpack.precision.splits import (
+from trtpack.precision.calibration.splits import (
     SHORT_TOKENS,
     split_three,
     strata_counts,
     strata_warnings,
     stratum,
 )
-from trtpack.precision.text_batches import (
+from trtpack.precision.calibration.text_batches import (
     Feed,
     sequence_buckets,
     text_feeds,
@@ -48,7 +48,7 @@ CalibrationSource = Literal["text", "default text", "npz", "synthetic"]
 # Real text shipped inside the package (written for trtpack: chat and 1-4 word replies,
 # questions, news, reviews, technical prose, long passages): what a text model with a
 # tokenizer calibrates, searches and is gated on when no calibration file is given.
-DEFAULT_TEXT = Path(__file__).resolve().parents[1] / "data" / "calibration-text.txt"
+DEFAULT_TEXT = Path(__file__).resolve().parents[2] / "data" / "calibration-text.txt"
 
 CALIBRATION_METHODS = ("max", "entropy", "percentile")
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from trtpack.precision.cpu_kernels import MS_DOMAIN
+from trtpack.precision.cpu.kernels import MS_DOMAIN
 
 OUTLIER_RATIO = 3.0
 MAX_OUTLIER_CHANNELS = 8
@@ -63,7 +63,7 @@ def feed_forward_blocks(model: Any) -> list[tuple[Any, Any, Any]]:
 
 def _residual_sum(readers: Mapping[str, list[Any]], output: str) -> Any | None:
     """The ``Sum`` that adds ``output``, through its one bias ``Add``, to the residual
-    (``trtpack.precision.cpu_kernels``' form of a split SkipLayerNormalization), or None."""
+    (``trtpack.precision.cpu.kernels``' form of a split SkipLayerNormalization), or None."""
     bias = readers.get(output, [])
     if len(bias) != 1 or bias[0].op_type != "Add":
         return None
