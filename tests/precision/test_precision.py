@@ -18,10 +18,12 @@ import yaml
 
 from tests.conftest import run_cli
 from tests.precision_fixtures import (
+    TINY_PROFILES,
     build_options,
     fp32_artifacts,
     make_context,
     run_stage,
+    strict_gate,
     tiny_npz,
     with_recipe,
 )
@@ -42,22 +44,16 @@ from trtpack.precision.source import prepare_source, resolve_node_patterns
 from trtpack.report import BuildReport
 from trtpack.sources.recipe_files import load_recipe_file
 from trtpack.stages import precision
+from trtpack.stages.precision import ConversionView
 from trtpack.verify.sample_metrics import pooled_cosine_per_sample
 from trtpack.verify.samples import make_inputs
 
-TINY_PROFILES = ["1x4:2x8:4x16", "2x16:4x32:8x64"]  # those of conftest's tiny_build
 MODELOPT_LEFTOVERS = ("sym_shape_infer_temp.onnx", "augmented_model.onnx")
 
 
 @pytest.fixture(scope="module")
 def tiny(tiny_build: Path) -> dict[str, Path]:
     return fp32_artifacts(tiny_build)
-
-
-def _strict(options, precision_name: str, **tolerance):  # type: ignore[no-untyped-def]
-    verify = options.recipe.verify.model_dump()
-    verify[precision_name] = tolerance
-    return with_recipe(options, verify=verify)
 
 
 def _fresh_inputs(shape: tuple[int, int], seed: int = 11) -> dict[str, np.ndarray]:
@@ -144,7 +140,7 @@ def test_fp16_recipe_keeps_nodes_and_op_types_in_fp32(tiny: dict[str, Path], tmp
 def test_fp16_fallback_keeps_the_worst_nodes_in_fp32_and_writes_an_overlay(
         tiny: dict[str, Path], tmp_path: Path) -> None:
     options = build_options("tiny-bert", "fp16", tmp_path / "out", TINY_PROFILES)
-    options = _strict(options, "fp16", atol=1e-3, min_cosine=0.999)
+    options = strict_gate(options, "fp16", atol=1e-3, min_cosine=0.999)
     outcome, messages, _ = run_stage(options, tiny, tmp_path / "precision")
     m = outcome.metrics
     assert not m["before"]["passed"] and m["after"]["passed"]
@@ -200,7 +196,7 @@ def test_int8_fallback_search_keeps_groups_in_fp32_and_the_overlay_reproduces_it
     npz = tiny_npz(tmp_path / "calibration.npz")
     options = build_options("tiny-bert", "int8", tmp_path / "out", TINY_PROFILES,
                             calibration=npz)
-    options = _strict(options, "int8", min_cosine=0.99999)
+    options = strict_gate(options, "int8", min_cosine=0.99999)
     outcome, messages, log = run_stage(options, tiny, tmp_path / "first")
     m = outcome.metrics
     # every MatMul/Gemm/Conv quantized fails this gate; the search finds what to keep in FP32
@@ -234,7 +230,7 @@ def test_int8_fallback_search_keeps_groups_in_fp32_and_the_overlay_reproduces_it
         "quantize_op_types": ["MatMul", "Gemm", "Conv"], "exclude_nodes": excluded}
     recipe = load_recipe_file(overlay_path)
     assert recipe.name == "tiny-bert" and recipe.precision_options.int8.exclude_nodes == excluded
-    again = _strict(options.__class__(**{**options.__dict__, "recipe": recipe}), "int8",
+    again = strict_gate(options.__class__(**{**options.__dict__, "recipe": recipe}), "int8",
                     min_cosine=0.99999)
     second, _, _ = run_stage(again, tiny, tmp_path / "second")
     assert second.metrics["before"]["passed"] and second.metrics["fallback"]["rounds"] == 0
@@ -257,7 +253,7 @@ def test_int8_fallback_off_reports_the_failed_gate(tiny: dict[str, Path], tmp_pa
     npz = tiny_npz(tmp_path / "calibration.npz")
     options = build_options("tiny-bert", "int8", tmp_path / "out", TINY_PROFILES,
                             calibration=npz, fallback="off")
-    options = _strict(options, "int8", min_cosine=0.99999)
+    options = strict_gate(options, "int8", min_cosine=0.99999)
     outcome, _, _ = run_stage(options, tiny, tmp_path / "precision")
     failed = [r for r in outcome.verification if not r.passed]
     assert failed and all("cosine" in r.reason for r in failed)
@@ -277,7 +273,7 @@ def test_surrogates_equal_modelopt_conversions_with_those_nodes_excluded(
     work = tmp_path / "work"
     work.mkdir()
     source = prepare_source(tiny["onnx"], work / "source")
-    conv = Int8Conversion(ctx, work, source)
+    conv = Int8Conversion(ConversionView(ctx), work, source)
     cal = load_calibration(options.recipe, options.profiles, tiny_npz(tmp_path / "c.npz"),
                            tokenizer=None, max_samples=64, seed=0)
     save_feeds(work / "calibration.npz", cal.feeds)
@@ -311,7 +307,7 @@ def test_worker_failure_is_a_stage_error_with_the_reason(tiny: dict[str, Path], 
     ctx, _, log = make_context(options, tiny, tmp_path / "stage")
     work = tmp_path / "work"
     work.mkdir()
-    conv = Fp16Conversion(ctx, work, prepare_source(tiny["onnx"], work / "src"))
+    conv = Fp16Conversion(ConversionView(ctx), work, prepare_source(tiny["onnx"], work / "src"))
     with pytest.raises(StageError, match=r"ModelOpt fp16 conversion \(broken\) failed: "
                                          r"unknown mode 'nonsense'"):
         conv.modelopt(ModelOptJob("nonsense"), "broken")
@@ -437,7 +433,7 @@ def test_cli_int8_held_out_failure_after_the_search_exits_1(tiny: dict[str, Path
     feeds["attention_mask"][n, 1:] = 0
     feeds["input_ids"][n, 1:] = 0
     splits = split_three(npz_lengths(feeds, recipe), 128, 0)
-    assert n in splits.holdout  # the only short sample
+    assert n in splits.held_out  # the only short sample
     npz = tmp_path / "calibration.npz"
     np.savez(npz, **feeds)  # type: ignore[arg-type]
     # the model the build below makes: its first attempt (every MatMul/Gemm quantized)

@@ -325,6 +325,8 @@ def test_auto_on_cpu_builds_both_times_both_and_serves_the_winner(
     for c in auto["candidates"]:
         assert len(c["p50_ms"]) == 3 and all(v > 0 for v in c["p50_ms"].values())
     assert auto["reason"] and f"auto: {auto['winner']}" in stage["message"]
+    report = json.loads((out / "report.json").read_text())
+    assert report["precision"] == auto["winner"]  # the title names what is served
     served = out / "model_repository" / "tiny-bert" / "1" / "model.onnx"
     integer = bool(_op_types(served) & {"MatMulInteger", "DynamicQuantizeLinear"})
     assert integer == (auto["winner"] == "int8")
@@ -378,6 +380,7 @@ def test_an_optimizer_crash_serves_the_plain_graph_with_a_warning(
     from trtpack.api import BuildRequest, resolve_options
     from trtpack.precision.cpu import fusion as cpu_fusion
     from trtpack.stages import cpu_model
+    from trtpack.stages.artifacts import Artifacts
     from trtpack.stages.base import StageContext
 
     def crash(*args: object, **kwargs: object) -> object:
@@ -389,11 +392,12 @@ def test_an_optimizer_crash_serves_the_plain_graph_with_a_warning(
         random_weights=True, out=tmp_path / "out", cache_dir=tmp_path / "cache"))
     stage_dir = tmp_path / "stage"
     stage_dir.mkdir()
-    artifacts = {"onnx": tiny_build / "artifacts" / "simplify" / "model.onnx",
-                 "fp32_outputs": tiny_build / "artifacts" / "verify" / "fp32_outputs.npz"}
+    artifacts = Artifacts(onnx=tiny_build / "artifacts" / "simplify" / "model.onnx",
+                          fp32_outputs=tiny_build / "artifacts" / "verify" / "fp32_outputs.npz")
     ctx = StageContext(options, "cpu_model", stage_dir, tmp_path, artifacts,
                        logging.getLogger("test"), lambda event: None)
     outcome = cpu_model.run(ctx)
     assert any("optimizer failed (RuntimeError: no pattern" in w for w in outcome.warnings)
-    assert not _op_types(outcome.artifacts["cpu_onnx"]) & FUSED
+    assert outcome.artifacts.cpu_onnx is not None
+    assert not _op_types(outcome.artifacts.cpu_onnx) & FUSED
     assert outcome.verification and all(r.passed for r in outcome.verification)

@@ -12,11 +12,12 @@ import pytest
 from trtpack.errors import MissingEnvironmentError
 from trtpack.machine import gpus, packages
 from trtpack.machine.targets import resolve_target
-from trtpack.options import BuildOptions
+from trtpack.options import BuildOptions, FixedPrecision
 from trtpack.pipeline.stage import STAGES
 from trtpack.shapes import parse_profiles
 from trtpack.sources.resolve import resolve_model
 from trtpack.stages import engine as engine_stage
+from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import StageContext
 
 needs_no_gpu = pytest.mark.skipif(
@@ -29,7 +30,8 @@ def _options(tmp_path: Path, **changes: object) -> BuildOptions:
     recipe = resolve_model("minilm")
     options = BuildOptions(
         recipe=recipe, profiles=tuple(parse_profiles(recipe.profiles, recipe.input_specs())),
-        precision="fp16", target=resolve_target("g5"), out_dir=tmp_path / "out", opset=18,
+        precision_choice=FixedPrecision("fp16"), target=resolve_target("g5"),
+        out_dir=tmp_path / "out", opset=18,
         cache_dir=tmp_path / "cache",
     )
     return replace(options, **changes)  # type: ignore[arg-type]
@@ -39,7 +41,7 @@ def _context(options: BuildOptions, tmp_path: Path) -> StageContext:
     stage_dir = tmp_path / "build" / "artifacts" / "engine"
     stage_dir.mkdir(parents=True)
     return StageContext(options=options, stage="engine", stage_dir=stage_dir,
-                        build_dir=tmp_path / "build", artifacts={},
+                        build_dir=tmp_path / "build", artifacts=Artifacts(),
                         log=logging.getLogger("test-engine"), on_progress=lambda e: None)
 
 
@@ -66,7 +68,7 @@ def test_fingerprint_is_json_and_tracks_engine_inputs(tmp_path: Path) -> None:
         update={"engine": base.recipe.engine.model_copy(update={"optimization_level": 5})})
     changed = [
         _options(tmp_path, target=resolve_target("g6")),
-        _options(tmp_path, precision="int8"),
+        _options(tmp_path, precision_choice=FixedPrecision("int8")),
         _options(tmp_path, recipe=recipe),
         _options(tmp_path, profiles=tuple(parse_profiles(["1x8:2x16:4x32"],
                                                          base.recipe.input_specs()))),
@@ -95,9 +97,9 @@ def test_final_path_maps_into_the_output_folder(tmp_path: Path) -> None:
 
 def test_engine_onnx_prefers_the_precision_onnx(tmp_path: Path) -> None:
     ctx = _context(_options(tmp_path), tmp_path)
-    ctx.artifacts.update({"onnx": Path("simplified.onnx")})
+    ctx.artifacts = Artifacts(onnx=Path("simplified.onnx"))
     assert engine_stage.engine_onnx(ctx) == Path("simplified.onnx")
-    ctx.artifacts["precision_onnx"] = Path("fp16.onnx")
+    ctx.artifacts = Artifacts(onnx=Path("simplified.onnx"), precision_onnx=Path("fp16.onnx"))
     assert engine_stage.engine_onnx(ctx) == Path("fp16.onnx")
 
 

@@ -96,9 +96,9 @@ def test_three_splits_are_stratified_fixed_and_disjoint() -> None:
     first = split_three(lengths, 128, seed=0)
     assert first == split_three(lengths, 128, seed=0)
     assert first != split_three(lengths, 128, seed=1)
-    rows = [*first.calibration, *first.search, *first.check, *first.holdout]
+    rows = [*first.calibration, *first.search, *first.check, *first.held_out]
     assert sorted(rows) == list(range(len(lengths)))
-    for split in (first.calibration, first.search, first.check, first.holdout):
+    for split in (first.calibration, first.search, first.check, first.held_out):
         assert {stratum(lengths[i]) for i in split} == set(STRATA)
 
 

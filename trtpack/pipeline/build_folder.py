@@ -1,23 +1,72 @@
-"""A finished ``trtpack build`` output folder, as ``trtpack bench`` and ``trtpack report``
-read it: its report, the served model, the FP32 ONNX and the recorded inputs."""
+"""A ``trtpack build`` output folder: what a build writes beside its stages' folders (the
+artifact records of report.json with sha256, ``recipe.yaml``, ``report.html``), and a
+finished one as ``trtpack bench`` and ``trtpack report`` read it back (its report, the
+served model, the FP32 ONNX and the recorded inputs). The folder's names, which of its files
+are trtpack's and putting a build at OUT are ``trtpack.out_files``'."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from trtpack.engine.provenance import PLAN_FILENAME
 from trtpack.errors import UserInputError
-from trtpack.pipeline.outputs import RECIPE_FILE
-from trtpack.report import REPORT, BuildReport
-from trtpack.serving.layout import REPOSITORY
+from trtpack.onnx_tools.files import data_path
+from trtpack.out_files import RECIPE_FILE, REPOSITORY
+from trtpack.report import REPORT, Artifact, BuildReport, StageResult
+from trtpack.serving.config import ONNX_FILENAME
+from trtpack.serving.layout import VERSION
+from trtpack.sources.recipe import Recipe
+from trtpack.stages.artifacts import Artifacts
 
-# the recorded inputs: the export stage's, or the import stage's for an ONNX file given as MODEL
-REFERENCES = (Path("artifacts") / "export" / "reference.npz",
-              Path("artifacts") / "import" / "reference.npz")
-FP32_ONNX = Path("artifacts") / "simplify" / "model.onnx"
-# the FP32 graph fused for ONNX Runtime on the CPU (trtpack.stages.cpu_model), when built
-CPU_FP32_ONNX = Path("artifacts") / "cpu_model" / "fp32" / "model.onnx"
+
+def artifact_records(artifacts: Artifacts, stage_dir: Path, root: Path
+                     ) -> list[Artifact]:
+    """Artifacts of this stage (files only; a folder lists its files), with sha256. A file
+    that two artifact names point at (the CPU model's ``cpu_onnx`` is its ``cpu_fp32_onnx``
+    when FP32 is served) is listed once, under the first name."""
+    records: list[Artifact] = []
+    listed: set[Path] = set()
+
+    def add(label: str, f: Path) -> None:
+        if f not in listed:
+            listed.add(f)
+            records.append(Artifact.of(label, f, root))
+
+    for name, path in artifacts.named().items():
+        if not path.is_relative_to(stage_dir):
+            continue
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        for f in files:
+            label = name if f == path else f"{name}/{f.relative_to(path)}"
+            add(label, f)
+            # data files next to an ONNX model are listed with it
+            data = data_path(f)
+            if f.suffix == ".onnx" and data.is_file() and data not in files:
+                add(f"{label}.data", data)
+    return records
+
+
+def write_recipe(path: Path, recipe: Recipe) -> None:
+    """The recipe the build used, overrides applied (``trtpack bench`` loads the model
+    from it)."""
+    import yaml
+
+    path.write_text("# the recipe of this build, every default and --set applied\n"
+                    + yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False),
+                    encoding="utf-8")
+
+
+def write_report_page(out: Path, report: BuildReport) -> None:
+    """``OUT/report.html``; a page that cannot be drawn never fails the build (the reason
+    goes into the report's warnings)."""
+    from trtpack.report_page.html import write_report_html
+
+    try:
+        write_report_html(out, report)
+    except Exception as e:  # matplotlib missing or a chart it cannot draw
+        report.warnings.append(f"report.html not written: {type(e).__name__}: {e}")
+        report.save(out / REPORT)
 
 
 @dataclass(frozen=True)
@@ -28,12 +77,9 @@ class BuildFolder:
     report: BuildReport
     served_model: Path  # model.onnx or model.plan in the repository
     fp32_onnx: Path
-    reference: Path
-
-    @property
-    def cpu_fp32_onnx(self) -> Path | None:
-        path = self.root / CPU_FP32_ONNX
-        return path if path.is_file() else None
+    reference: Path  # the recorded inputs (the export's, or the import's for an ONNX MODEL)
+    # the FP32 graph fused for ONNX Runtime on the CPU (trtpack.stages.cpu_model), when built
+    cpu_fp32_onnx: Path | None = None
 
     @property
     def is_engine(self) -> bool:
@@ -63,31 +109,58 @@ def open_build(out: Path) -> BuildFolder:
     report = load_build_report(out)
     if report.status != "ok":
         raise UserInputError(f"'{out}' is a build that did not finish ({report.status})")
-    reference = next((out / p for p in REFERENCES if (out / p).is_file()), None)
-    missing = [str(p) for p in (FP32_ONNX,) if not (out / p).is_file()]
-    if reference is None:
-        missing.append(f"{REFERENCES[0]} (or {REFERENCES[1]})")
-    repo = out / REPOSITORY / report.model / "1"
-    served = next((repo / f for f in ("model.plan", "model.onnx") if (repo / f).is_file()), None)
-    if served is None:
-        missing.append(f"{REPOSITORY}/{report.model}/1/model.onnx or model.plan")
+    artifacts = recorded_artifacts(report, out)
+    fp32_onnx, reference = artifacts.onnx, artifacts.reference
+    missing = [] if fp32_onnx is not None and fp32_onnx.is_file() else ["the FP32 ONNX"]
+    if reference is None or not reference.is_file():
+        missing.append("the recorded inputs (reference.npz)")
+    served = None
+    if fp32_onnx is not None:  # its copy in the repository
+        model = artifacts.served_model(gpu=report.target != "cpu")
+        served = out / REPOSITORY / report.model / VERSION / (
+            PLAN_FILENAME if model.suffix == ".plan" else ONNX_FILENAME)
+    if served is None or not served.is_file():
+        missing.append(f"{REPOSITORY}/{report.model}/{VERSION}/{ONNX_FILENAME} or {PLAN_FILENAME}")
     if missing:
         raise UserInputError(f"'{out}' is not a complete trtpack build: missing "
                              + ", ".join(missing))
-    assert served is not None and reference is not None
-    return BuildFolder(out, report, served, out / FP32_ONNX, reference)
+    assert served is not None and fp32_onnx is not None and reference is not None
+    cpu = artifacts.cpu_fp32_onnx
+    return BuildFolder(out, report, served, fp32_onnx, reference,
+                       cpu if cpu is not None and cpu.is_file() else None)
 
 
-def load_build_recipe(build: BuildFolder) -> Any:
+def recorded_artifacts(report: BuildReport, root: Path) -> Artifacts:
+    """The artifacts the stages of the build at ``root`` handed on, from its report."""
+    artifacts = Artifacts()
+    for result in report.stages:
+        artifacts = artifacts.merged(stage_artifacts(result, root))
+    return artifacts
+
+
+def stage_artifacts(result: StageResult, root: Path) -> Artifacts:
+    """The artifacts one stage handed on, from its report's records (a folder's files are
+    recorded as ``name/relative path``, an ONNX's weights as ``name.data`` beside it)."""
+    names = {a.name for a in result.artifacts}
+    paths: dict[str, Path] = {}
+    for record in result.artifacts:
+        if record.name.endswith(".data") and record.name.removesuffix(".data") in names:
+            continue  # the weights beside an ONNX: the ONNX's name stands for both
+        name, _, inside = record.name.partition("/")
+        path = root / record.path
+        paths[name] = Path(str(path).removesuffix("/" + inside)) if inside else path
+    return Artifacts.from_named(paths)
+
+
+def load_build_recipe(build: BuildFolder) -> Recipe:
     """The recipe the build used (``recipe.yaml``, written with its overrides applied)."""
     return load_recipe_of(build.root, build.report.model)
 
 
-def load_recipe_of(root: Path, model: str) -> Any:
+def load_recipe_of(root: Path, model: str) -> Recipe:
     """The recipe of the build folder ``root`` (``recipe.yaml``), else ``model``'s."""
     import yaml
 
-    from trtpack.sources.recipe import Recipe
     from trtpack.sources.resolve import resolve_model
 
     if (root / RECIPE_FILE).is_file():

@@ -15,32 +15,39 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from types import ModuleType
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from trtpack.cases import Case
 from trtpack.model_io import EngineTensor, numpy_dtype
 from trtpack.onnx_tools.files import sha256_file
-from trtpack.runtimes.polygraphy_setup import polygraphy_logging, polygraphy_profiles
+from trtpack.runtimes.polygraphy_setup import (
+    ConfigKwargs,
+    NetworkKwargs,
+    polygraphy_logging,
+    polygraphy_profiles,
+)
 from trtpack.runtimes.runner import InactiveRunnerError, ModelRunner
 from trtpack.shapes import TrtProfile
 
 if TYPE_CHECKING:  # for annotations only (tests read them: TensorRT names this module uses)
-    import tensorrt as trt
+    import tensorrt as trt  # no stubs: mypy cannot see it; tests/runtimes checks the names
+    from polygraphy.backend.trt import CreateConfig, NetworkFromOnnxPath
 
 class BuilderSettings(Protocol):
     """The builder options of one build (``engine.builder.BuilderSettings``): keyword
     arguments for polygraphy's ``CreateConfig`` and network loader, TensorRT enums by name."""
 
-    def config_kwargs(self) -> dict[str, Any]: ...
+    def config_kwargs(self) -> ConfigKwargs: ...
 
-    def network_kwargs(self) -> dict[str, Any]: ...
+    def network_kwargs(self) -> NetworkKwargs: ...
 
-    def to_dict(self) -> dict[str, Any]: ...
+    def to_dict(self) -> Mapping[str, object]: ...
 
 
 def tensorrt_version() -> str:
@@ -49,27 +56,29 @@ def tensorrt_version() -> str:
     return str(trt.__version__)
 
 
-def _enum(trt: Any, enum_name: str, member: str) -> Any:
+def _enum(trt: ModuleType, enum_name: str, member: str) -> object:
+    """The member ``member`` of TensorRT's enum ``enum_name`` (passed on to polygraphy)."""
     enum = getattr(trt, enum_name, None)
     if enum is None or not hasattr(enum, member):
         raise RuntimeError(f"this TensorRT ({trt.__version__}) has no {enum_name}.{member}")
     return getattr(enum, member)
 
 
-def resolve_config_kwargs(trt: Any, kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """Replace TensorRT enum member names in ``BuilderSettings.config_kwargs()`` by members."""
-    resolved = dict(kwargs)
-    if "memory_pool_limits" in resolved:
+def resolve_config_kwargs(trt: ModuleType, kwargs: ConfigKwargs) -> dict[str, object]:
+    """Replace TensorRT enum member names in ``BuilderSettings.config_kwargs()`` by members
+    (the keyword arguments polygraphy's ``CreateConfig`` is called with)."""
+    resolved: dict[str, object] = dict(kwargs)
+    if "memory_pool_limits" in kwargs:
         resolved["memory_pool_limits"] = {
             _enum(trt, "MemoryPoolType", pool): size
-            for pool, size in resolved["memory_pool_limits"].items()
+            for pool, size in kwargs["memory_pool_limits"].items()
         }
-    if "hardware_compatibility_level" in resolved:
+    if "hardware_compatibility_level" in kwargs:
         resolved["hardware_compatibility_level"] = _enum(
-            trt, "HardwareCompatibilityLevel", resolved["hardware_compatibility_level"])
-    if "tiling_optimization_level" in resolved:
+            trt, "HardwareCompatibilityLevel", kwargs["hardware_compatibility_level"])
+    if "tiling_optimization_level" in kwargs:
         resolved["tiling_optimization_level"] = _enum(
-            trt, "TilingOptimizationLevel", resolved["tiling_optimization_level"])
+            trt, "TilingOptimizationLevel", kwargs["tiling_optimization_level"])
     return resolved
 
 
@@ -94,13 +103,16 @@ class ConfigWithTimingCache:
     the new cache with ``ignore_mismatch=True``, so one file ends up mixing devices. Here a
     refused cache is reported (``accepted`` False) and replaced by the build's own."""
 
-    def __init__(self, create_config: Any, cache: bytes | None) -> None:
+    def __init__(self, create_config: Callable[[trt.Builder, trt.INetworkDefinition],
+                                               trt.IBuilderConfig],
+                 cache: bytes | None) -> None:
         self.create_config = create_config
         self.cache = cache
-        self.config: Any = None
+        self.config: trt.IBuilderConfig | None = None  # once built
         self.accepted: bool | None = None  # None: no cache was offered
 
-    def __call__(self, builder: Any, network: Any) -> Any:
+    def __call__(self, builder: trt.Builder, network: trt.INetworkDefinition
+                 ) -> trt.IBuilderConfig:
         config = self.create_config(builder, network)
         self.config = config
         if self.cache:
@@ -112,12 +124,14 @@ class ConfigWithTimingCache:
 
     def serialized(self) -> bytes:
         """The timing cache after the build (the accepted file's entries and the new ones)."""
+        if self.config is None:
+            raise RuntimeError("the timing cache is read after the build")
         with self.config.get_timing_cache().serialize() as buffer:
             return bytes(buffer)
 
 
 def engine_loaders(onnx: Path, profiles: Sequence[TrtProfile], settings: BuilderSettings
-                   ) -> tuple[Any, Any]:
+                   ) -> tuple[NetworkFromOnnxPath, CreateConfig]:
     """polygraphy's network loader and ``CreateConfig`` for one build (nothing runs yet; the
     timing cache is ``ConfigWithTimingCache``'s).
 

@@ -24,7 +24,7 @@ from trtpack.cases import Case
 from trtpack.errors import AccuracyError
 from trtpack.options import BuildOptions
 from trtpack.report import VerificationRow
-from trtpack.stages.base import StageContext
+from trtpack.stages.base import StageContext, StageOutcome
 
 CHECK_INT8 = "cpu-int8-vs-fp32"
 CHECK_INT8_HELDOUT = "cpu-int8-heldout"
@@ -46,7 +46,7 @@ class ServedInt8:
     outlier_channels: dict[str, list[int]] = field(default_factory=dict)
     tried: list[dict[str, Any]] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
-    search: Any = None  # the Q/DQ search's ConversionResult, where it ran here
+    search: StageOutcome | None = None  # the Q/DQ search's outcome, where it ran here
     warnings: list[str] = field(default_factory=list)
 
 
@@ -57,7 +57,7 @@ def verify_rows(ctx: StageContext, path: Path, cases: list[Case], check: str, pr
 
     recipe = ctx.options.recipe
     return compare_cases(check, recipe, precision, cases, run_onnxruntime(path, cases),
-                         saved_tokenizer_text(ctx.artifacts.get("tokenizer"), recipe))
+                         saved_tokenizer_text(ctx.artifacts.tokenizer, recipe))
 
 
 def serve_int8(ctx: StageContext, work: Path, source: Path, graph_shape: dict[str, Any],
@@ -69,25 +69,25 @@ def serve_int8(ctx: StageContext, work: Path, source: Path, graph_shape: dict[st
         EVERY_LAYER_SMOOTHED,
         SEARCH_LAYERS,
         fp32_weight_matmuls,
-        heldout_cases,
-        heldout_rows,
+        held_out_cases,
+        held_out_rows,
         make_cpu_int8,
     )
 
     settings = ctx.options.recipe.precision_options.int8
     cal, tokenizer = calibration(ctx)
-    held = heldout_cases(ctx.artifact("onnx"), cal)
+    held = held_out_cases(ctx.needs(ctx.artifacts.onnx, "onnx"), cal)
     served: ServedInt8 | None = None
     tried: list[dict[str, Any]] = []
     search = None
     form_failures: list[str] = []
-    qdq = ctx.artifacts.get("precision_onnx")
+    qdq = ctx.artifacts.precision_onnx
     for index, name in enumerate((EVERY_LAYER, SEARCH_LAYERS)):
         if name == SEARCH_LAYERS and qdq is None:
             ctx.progress("the first CPU INT8 form failed its gates: searching the layers to "
                          "keep in FP32 (Q/DQ search)")
             search = run_search(ctx)
-            qdq = search.artifacts["precision_onnx"]
+            qdq = search.artifacts.precision_onnx
         kept = [] if name == EVERY_LAYER else fp32_weight_matmuls(qdq) if qdq else []
         producers = EVERY_LAYER_SMOOTHED if name == EVERY_LAYER \
             else settings.smoothquant_producers or None
@@ -106,7 +106,7 @@ def serve_int8(ctx: StageContext, work: Path, source: Path, graph_shape: dict[st
             form_failures = [reason]
             continue
         rows = verify_rows(ctx, form.path, cases, CHECK_INT8, "int8")
-        rows += heldout_rows(CHECK_INT8_HELDOUT, ctx.options.recipe, held, form.path, cal,
+        rows += held_out_rows(CHECK_INT8_HELDOUT, ctx.options.recipe, held, form.path, cal,
                              tokenizer)
         served = describe_form(ctx, form, rows, work)
         form_failures = served.failures
@@ -141,14 +141,14 @@ def describe_form(ctx: StageContext, form: Any, rows: list[VerificationRow],
     share, kernels = served_share(form.path, work)
     failures = [f"{r.check} {r.corner}: {r.reason}" for r in rows if not r.passed][:5]
     failures += share_failures(ctx.options, share)
-    kept_layers, outliers = form_layer_names(ctx.artifact("onnx"), form)
+    kept_layers, outliers = form_layer_names(ctx.needs(ctx.artifacts.onnx, "onnx"), form)
     return ServedInt8(form.path, rows, not failures, f"int8, {CPU_INT8_FORM}; {form.name}",
                       share, kernels, form.excluded, kept_layers, outliers,
                       failures=failures)
 
 
-def describe_qdq(ctx: StageContext, qdq: Path, search: Any, form_failures: list[str],
-                 work: Path) -> ServedInt8:
+def describe_qdq(ctx: StageContext, qdq: Path, search: StageOutcome | None,
+                 form_failures: list[str], work: Path) -> ServedInt8:
     """The Q/DQ graph served on the CPU: its gates are the search's (its corners and the
     held-out split; beside a GPU engine the precision stage gated them), then
     ``--min-int8-share`` as ONNX Runtime runs it."""
@@ -212,7 +212,7 @@ def share_failures(options: BuildOptions, share: tuple[int, int]) -> list[str]:
             f"({quantized / total:.0%}), under --min-int8-share {options.min_int8_share:.0%}"]
 
 
-def run_search(ctx: StageContext) -> Any:
+def run_search(ctx: StageContext) -> StageOutcome:
     """The precision stage's INT8 conversion (the Q/DQ search), run here into
     ``<stage>/search`` (``--min-int8-share`` is judged on the model served instead)."""
     from trtpack.stages.precision import convert
@@ -232,19 +232,21 @@ def calibration(ctx: StageContext) -> tuple[Any, Any]:
     )
 
     options, recipe = ctx.options, ctx.options.recipe
+    onnx = ctx.needs(ctx.artifacts.onnx, "onnx")
     path = calibration_path(options)
     tokenizer = None
     # no file: a model with a tokenizer calibrates on the shipped default text (as the
     # precision stage does), not on synthetic inputs
-    if (path is None or path.suffix.lower() != ".npz") and "tokenizer" in ctx.artifacts:
+    if (path is None or path.suffix.lower() != ".npz") and ctx.artifacts.tokenizer is not None:
         from trtpack.precision.calibration.text_batches import json_tokenizer
         from trtpack.pytorch.models import load_tokenizer
 
         # as the precision stage reads it (Conversion.tokenizer): the same splits
-        tokenizer = json_tokenizer(ctx.artifacts["tokenizer"]) if recipe.tokenizer else None
-        tokenizer = tokenizer or load_tokenizer(recipe, ctx.artifacts["tokenizer"])
+        folder = ctx.artifacts.tokenizer
+        tokenizer = json_tokenizer(folder) if recipe.tokenizer else None
+        tokenizer = tokenizer or load_tokenizer(recipe, folder)
     cal = load_calibration(recipe, options.profiles, path, tokenizer=tokenizer,
                            max_samples=recipe.precision_options.int8.max_calibration_samples,
                            seed=options.seed,
-                           vocab_size=graph_vocab_size(ctx.artifact("onnx"), recipe))
+                           vocab_size=graph_vocab_size(onnx, recipe))
     return cal, tokenizer

@@ -5,12 +5,36 @@ statistics. Never all zeros or all ones: verification on such inputs proves litt
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Protocol
 
 import numpy as np
 
 from trtpack.shapes import Shape, TensorSpec
 from trtpack.sources.inputs import INTEGER_DTYPES, ValueRule
+from trtpack.sources.recipe import TOKENIZER_OUTPUTS
+
+# What a tokenizer gives for each of its outputs: an array with ``return_tensors="np"``,
+# else the ids of one text (or of each text of a batch).
+TokenIds = np.ndarray | list[int] | list[list[int]]
+
+
+class TokenDecoder(Protocol):
+    """A tokenizer as a report reads it: token ids back to text (``tokenizers.Tokenizer``,
+    a transformers tokenizer, ``JsonTokenizer``)."""
+
+    def decode(self, ids: list[int], /, skip_special_tokens: bool = ...) -> str | list[str]: ...
+
+
+class Tokenizer(TokenDecoder, Protocol):
+    """A tokenizer as trtpack calls it to make inputs: as transformers' tokenizers are
+    called (one text or a batch, an optional pair, padding, truncation), or a
+    ``trtpack.precision.calibration.text_batches.JsonTokenizer``."""
+
+    def __call__(self, text: str | Sequence[str],
+                 text_pair: str | Sequence[str] | None = ..., *,
+                 padding: bool | str = ..., truncation: bool = ...,
+                 max_length: int | None = ..., return_tensors: str | None = ...
+                 ) -> Mapping[str, TokenIds]: ...
 
 GENERATED_INTEGERS = (0, 100)
 """[low, high) of a generic integer input that has no value rule."""
@@ -50,7 +74,7 @@ TEXT_PAIRS: tuple[str, ...] = (
 )
 
 
-def _text_batch(tokenizer: Any, batch: int, seq: int, with_pairs: bool, offset: int
+def _text_batch(tokenizer: Tokenizer, batch: int, seq: int, with_pairs: bool, offset: int
                 ) -> dict[str, np.ndarray]:
     texts = [SENTENCES[(offset + i) % len(SENTENCES)] for i in range(batch)]
     # Vary the lengths so a batch mixes padded and full rows.
@@ -96,7 +120,7 @@ def make_inputs(
     specs: Sequence[TensorSpec],
     shapes: Mapping[str, Shape],
     *,
-    tokenizer: Any = None,
+    tokenizer: Tokenizer | None = None,
     vocab_size: int = 30522,
     seed: int = 0,
     offset: int = 0,
@@ -106,8 +130,6 @@ def make_inputs(
     value rule (``values``: a recipe's ``value_rules()``) takes its constant or is drawn
     from its range, the others are made from their kind."""
     rng = np.random.default_rng(seed)
-    token_kinds = {"token_ids": "input_ids", "attention_mask": "attention_mask",
-                   "token_type_ids": "token_type_ids"}
     text: dict[str, np.ndarray] | None = None
     feeds: dict[str, np.ndarray] = {}
     for spec in specs:
@@ -115,14 +137,14 @@ def make_inputs(
         rule = (values or {}).get(spec.name)
         if rule is not None:
             feeds[spec.name] = ruled_values(rule, spec.dtype, shape, rng)
-        elif spec.kind in token_kinds:
+        elif spec.kind in TOKENIZER_OUTPUTS:
             if text is None or text["input_ids"].shape != shape:
                 batch, seq = shape[0], shape[-1]
                 with_pairs = any(s.kind == "token_type_ids" for s in specs)
                 text = (_text_batch(tokenizer, batch, seq, with_pairs, offset)
                         if tokenizer is not None else
                         _synthetic_tokens(rng, batch, seq, vocab_size))
-            value = text.get(token_kinds[spec.kind])
+            value = text.get(TOKENIZER_OUTPUTS[spec.kind])
             if value is None:  # tokenizer without token types
                 value = np.zeros(shape, dtype=np.int64)
             feeds[spec.name] = value.reshape(shape).astype(spec.dtype)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
@@ -69,7 +69,7 @@ def score_outputs(recipe: Recipe, precision: str, cases: Sequence[Case],
     """The recipe's gate on many cases, fast (the search's judge; the stage's verification
     rows come from polygraphy's comparator in ``compare_cases``)."""
     metric_of = {o.name: o.metric for o in recipe.outputs}
-    mask_input = next((i.name for i in recipe.inputs if i.kind == "attention_mask"), None)
+    mask_input = recipe.input_name("attention_mask")
     damage = 0.0
     worst: float | None = None
     reasons: list[str] = []
@@ -171,6 +171,15 @@ class Evaluator:
                      [r for sc in scores for r in sc.reasons])
 
 
+class Trial(TypedDict):
+    """One surrogate the selection judged."""
+
+    quantized_groups: int
+    worst: float | None
+    damage: float
+    passed: bool
+
+
 @dataclass
 class Sensitivity:
     group: NodeGroup
@@ -183,7 +192,7 @@ class Selection:
     quantized_groups: list[NodeGroup]
     excluded: list[str]  # node names kept in high precision
     score: Score | None
-    history: list[dict[str, Any]] = field(default_factory=list)
+    history: list[Trial] = field(default_factory=list)
 
 
 Progress = Callable[[str], None]
@@ -215,7 +224,7 @@ def select_groups(builder: SurrogateBuilder | ToggledSurrogates, ranked: Sequenc
     """The most groups (least damaging first) whose combined surrogate passes ``evaluate``."""
     order = [s.group for s in ranked]
     all_nodes = [n for g in order for n in g.nodes]
-    history: list[dict[str, Any]] = []
+    history: list[Trial] = []
     budget = [max_evaluations]
 
     def trial(quantized: Sequence[NodeGroup]) -> Score:
