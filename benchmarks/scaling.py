@@ -68,7 +68,9 @@ def build_row(model: str, precision: str, target: str, profile: str | None,
         "load_average": machine()["load_average_at_start"],
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     if measured.returncode != 0:
-        row["error"] = measured.stderr.strip().splitlines()[-1:] or ["(no output)"]
+        lines = measured.stderr.strip().splitlines()
+        row["error"] = [line for line in lines if line.startswith("error:")][:1] \
+            or lines[-1:] or ["(no output)"]
         return row
     report = json.loads(measured.stdout)
     row.update(footprint(model, precision, target, profile))
