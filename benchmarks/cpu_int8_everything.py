@@ -44,8 +44,8 @@ def main() -> int:
     from transformers import AutoTokenizer
 
     from trtpack.onnx_tools.files import save_model
-    from trtpack.precision.cpu_fusion import cpu_graph
-    from trtpack.precision.cpu_int8 import (
+    from trtpack.precision.cpu.fusion import cpu_graph
+    from trtpack.precision.cpu.int8 import (
         EVERY_LAYER,
         EVERY_LAYER_SMOOTHED,
         make_cpu_int8,

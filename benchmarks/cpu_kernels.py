@@ -1,6 +1,6 @@
 """ONNX Runtime's CPU kernels for one transformer block's normalization, fused and unfused:
 why the CPU model writes SkipLayerNormalization back as Sum + LayerNormalization
-(``trtpack.precision.cpu_kernels``); and its fused Attention on a padded batch with ONNX
+(``trtpack.precision.cpu.kernels``); and its fused Attention on a padded batch with ONNX
 Runtime's default mask value and with trtpack's (``cpu_fusion.MASK_FILTER_VALUE``).
 
     python benchmarks/cpu_kernels.py benchmarks/results/cpu-kernels.json [--hidden 384]
@@ -83,7 +83,7 @@ def attention_rows(hidden: int, heads: int = 12) -> list[dict[str, object]]:
     sentences is) and unpadded, per mask value; its outputs on real tokens compared."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from trtpack.precision.cpu_fusion import MASK_FILTER_VALUE
+    from trtpack.precision.cpu.fusion import MASK_FILTER_VALUE
 
     rng = np.random.default_rng(1)
     inits = [numpy_helper.from_array(rng.normal(0, 0.05, (hidden, 3 * hidden)).astype(np.float32),

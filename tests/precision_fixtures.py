@@ -11,12 +11,15 @@ from typing import Any
 import numpy as np
 
 from trtpack.options import BuildOptions
+from trtpack.report import VerificationRow
 from trtpack.sources.recipe import Recipe
-from trtpack.stages.base import StageContext, StageOutcome
+from trtpack.stages.artifacts import Artifacts
+from trtpack.stages.base import StageContext
 
 REPO = Path(__file__).resolve().parents[1]
 CALIBRATION_TEXT = REPO / "data" / "calibration" / "sentences.txt"
-HELDOUT_TEXT = REPO / "data" / "calibration" / "heldout.txt"
+HELD_OUT_TEXT = REPO / "data" / "calibration" / "heldout.txt"
+TINY_PROFILES = ["1x4:2x8:4x16", "2x16:4x32:8x64"]  # those of conftest's tiny_build
 
 
 def fp32_artifacts(build_dir: Path) -> dict[str, Path]:
@@ -50,6 +53,14 @@ def with_recipe(options: BuildOptions, **recipe_changes: Any) -> BuildOptions:
     return dataclasses.replace(options, recipe=Recipe.model_validate(data))
 
 
+def strict_gate(options: BuildOptions, precision: str, **tolerance: float) -> BuildOptions:
+    """``options`` with the recipe's ``precision`` gate replaced by ``tolerance``
+    (``min_cosine``, ``atol``, ...)."""
+    verify = options.recipe.verify.model_dump()
+    verify[precision] = tolerance
+    return with_recipe(options, verify=verify)
+
+
 def make_context(options: BuildOptions, artifacts: dict[str, Path], stage_dir: Path
                  ) -> tuple[StageContext, list[str], Path]:
     """A precision StageContext logging to a file; (context, progress messages, log path)."""
@@ -62,7 +73,7 @@ def make_context(options: BuildOptions, artifacts: dict[str, Path], stage_dir: P
     messages: list[str] = []
     kwargs: dict[str, Any] = {
         "options": options, "stage": "precision", "stage_dir": stage_dir,
-        "artifacts": dict(artifacts), "log": logger,
+        "artifacts": Artifacts.from_named(artifacts), "log": logger,
         "on_progress": lambda event: messages.append(event.message),
     }
     if "build_dir" in {f.name for f in dataclasses.fields(StageContext)}:
@@ -70,8 +81,20 @@ def make_context(options: BuildOptions, artifacts: dict[str, Path], stage_dir: P
     return StageContext(**kwargs), messages, log_path
 
 
+@dataclasses.dataclass
+class PrecisionRun:
+    """The precision stage's outcome as report.json and the stage cache record it: its
+    artifacts by name, its metrics as a dict."""
+
+    artifacts: dict[str, Path]
+    metrics: dict[str, Any]
+    verification: list[VerificationRow]
+    warnings: list[str]
+    message: str
+
+
 def run_stage(options: BuildOptions, artifacts: dict[str, Path], stage_dir: Path
-              ) -> tuple[StageOutcome, list[str], Path]:
+              ) -> tuple[PrecisionRun, list[str], Path]:
     """Run the precision stage once; (outcome, progress messages, log file)."""
     from trtpack.stages import precision
 
@@ -82,7 +105,9 @@ def run_stage(options: BuildOptions, artifacts: dict[str, Path], stage_dir: Path
         for handler in list(ctx.log.handlers):
             ctx.log.removeHandler(handler)
             handler.close()
-    return outcome, messages, log_path
+    return PrecisionRun(outcome.artifacts.named(), outcome.metrics.to_dict(),
+                        outcome.verification, outcome.warnings, outcome.message
+                        ), messages, log_path
 
 
 def tiny_npz(path: Path, samples: int = 48, seq: int = 16, seed: int = 3) -> Path:

@@ -245,7 +245,7 @@ def onnx_nodes(path: Path) -> int:
 
 
 def test_gpu_target_without_gpu_names_what_is_missing(tmp_path: Path) -> None:
-    """Issue 4's CPU check: `trtpack build minilm --target g5` on this machine."""
+    """`trtpack build minilm --target g5` on a machine without a GPU names what is missing."""
     if os.path.exists("/dev/nvidia0"):
         pytest.skip("this machine has an NVIDIA GPU")
     out = tmp_path / "out"

@@ -168,13 +168,13 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
         vocab = recipe.vocab_size or (vocab_size(recipe.config) if recipe.config else None)
         read_sample_inputs(request.sample_inputs, recipe, vocab)  # exit 2 before any work
     if request.calibration is not None:
-        from trtpack.precision.calibration_files import check_calibration_path
+        from trtpack.precision.calibration.files import check_calibration_path
 
         check_calibration_path(request.calibration)
     if request.calibration is not None and precision != "int8":
         raise UserInputError("--calibration is only used with --precision int8")
     if request.calibration_method is not None:
-        from trtpack.precision.calibration import CALIBRATION_METHODS
+        from trtpack.precision.calibration.data import CALIBRATION_METHODS
 
         if request.calibration_method not in CALIBRATION_METHODS:
             raise UserInputError(
@@ -185,7 +185,7 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
     if not 0.0 <= request.min_int8_share <= 1.0:
         raise UserInputError(f"--min-int8-share {request.min_int8_share} is outside 0..1")
     if precision == "int8":
-        from trtpack.precision.calibration_files import check_calibration_input
+        from trtpack.precision.calibration.files import check_calibration_input
 
         configured = request.calibration or request.sample_inputs or (
             Path(recipe.precision_options.int8.calibration)

@@ -45,7 +45,7 @@ class BuildOptions:
     min_int8_share: float = 0.5  # INT8 ships only when this share of MatMul/Gemm stays INT8
     force: bool = False  # --force: build into an --out that holds files trtpack did not write
     # --precision auto (CPU): built as int8, then the CPU model stage times the FP32 and INT8
-    # forms and serves the fastest that passes (trtpack.precision.auto_choice)
+    # forms and serves the fastest that passes (trtpack.precision.cpu.auto_choice)
     auto_precision: bool = False
     sample_inputs: Path | None = None  # --sample-inputs FILE.npz: real inputs for verification
     # a PyTorch source's identity: its files' contents (``sources.torch_sources.SourceFiles``)

@@ -1,5 +1,5 @@
-"""Which files of an output folder are trtpack's, and the lock that lets one build at a time
-write it.
+"""The output folder OUT: the names a build writes there, which of its files are trtpack's,
+putting a finished build there, and the lock that lets one build at a time write it.
 
 A build's ``OUT/.trtpack-manifest.json`` lists every file trtpack wrote there (the build's own,
 and what ``package``/``bench`` added later): a rebuild replaces exactly those, and never
@@ -15,12 +15,21 @@ import fcntl
 import json
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator
+import shutil
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 from trtpack.errors import UserInputError
 
 MANIFEST = ".trtpack-manifest.json"
+# what a build writes in OUT, beside report.json (``trtpack.report.REPORT``)
+ARTIFACTS = "artifacts"  # one folder per stage: ARTIFACTS/<stage>/
+LOGS = "logs"  # one log per stage: LOGS/<stage>.log
+REPOSITORY = "model_repository"  # the Triton model repository
+TUNING = "tuning"  # perf_analyzer and Model Analyzer files
+RECIPE_FILE = "recipe.yaml"  # the recipe as built
+REPORT_PAGE = "report.html"
+SAGEMAKER = "sagemaker"  # ``trtpack package --format sagemaker``'s default destination
 
 
 def manifest_files(out: Path) -> list[str] | None:
@@ -37,8 +46,8 @@ def manifest_files(out: Path) -> list[str] | None:
 
 
 # what builds made before the manifest existed wrote (``package`` wrote sagemaker/)
-_LEGACY = ("artifacts", "logs", "model_repository", "tuning", "sagemaker", "report.json",
-           "report.html", "recipe.yaml")
+_LEGACY = (ARTIFACTS, LOGS, REPOSITORY, TUNING, SAGEMAKER, "report.json", REPORT_PAGE,
+           RECIPE_FILE)
 
 
 def build_files(out: Path) -> list[str] | None:
@@ -93,12 +102,55 @@ def record_files(out: Path, paths: Iterable[Path]) -> None:
         write_manifest(out, [*known, *added])
 
 
-def unknown_files(out: Path) -> list[str]:
-    """Files in ``out`` that trtpack did not write (all of them when it has no manifest)."""
-    if not out.is_dir():
-        return []
-    ours = set(manifest_files(out) or [])
-    return [f for f in files_under(out) if f not in ours]
+def replace_out(work: Path, out: Path) -> str | None:
+    """Put the finished build at ``out``: trtpack's files of an earlier build there are
+    replaced, nobody else's are touched. One rename when ``out`` holds only trtpack's
+    files (or nothing); else file by file. What was replaced, as one line (or None)."""
+    new_files = files_under(work)
+    write_manifest(work, new_files)
+    if not out.exists():
+        work.rename(out)
+        return None
+    earlier = build_files(out) or []
+    theirs = [f for f in files_under(out) if f not in set(earlier)]
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    shutil.rmtree(old, ignore_errors=True)
+    overwritten = sorted(set(theirs) & set(new_files))
+    if not theirs:
+        out.rename(old)
+        work.rename(out)
+    else:
+        for rel in [*earlier, *overwritten, MANIFEST]:
+            src = out / rel
+            if src.is_file() or src.is_symlink():
+                (old / rel).parent.mkdir(parents=True, exist_ok=True)
+                src.rename(old / rel)
+        for rel in [*new_files, MANIFEST]:
+            (out / rel).parent.mkdir(parents=True, exist_ok=True)
+            (work / rel).rename(out / rel)
+        for rel in earlier:  # folders the earlier build made and nothing holds now
+            folder = (out / rel).parent
+            while folder != out and folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+                folder = folder.parent
+        shutil.rmtree(work, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
+    if not earlier and not overwritten:
+        return None
+    line = (f"replaced the earlier build in {out}: {len(earlier)} files "
+            f"({', '.join(top_level(earlier))})")
+    if overwritten:
+        line += f"; overwrote {len(overwritten)} of yours ({', '.join(overwritten[:3])})"
+    kept = len(theirs) - len(overwritten)
+    if kept:
+        line += f"; kept {kept} file{'s' * (kept != 1)} trtpack did not write"
+    return line
+
+
+def top_level(files: Sequence[str]) -> list[str]:
+    """``artifacts/export/model.onnx``, ``report.json`` -> ``artifacts/``, ``report.json``."""
+    names = {f.split("/", 1)[0] + ("/" if "/" in f else "") for f in files}
+    return sorted(names)
 
 
 def pid_is_live_build(pid: int) -> bool:

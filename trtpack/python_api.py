@@ -28,7 +28,7 @@ from trtpack.api import BuildRequest
 from trtpack.api import build as run_build
 from trtpack.errors import UserInputError
 from trtpack.options import default_cache_dir
-from trtpack.pipeline.build_folder import REPOSITORY
+from trtpack.out_files import REPOSITORY
 from trtpack.report import BuildReport
 from trtpack.shapes import BATCH_AXIS, TensorSpec, parse_profiles
 from trtpack.sources.recipe import safe_name

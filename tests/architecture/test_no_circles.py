@@ -1,7 +1,8 @@
 """No import circle between trtpack's modules: the dependency graph (every import, at module
 level, in a function or under ``TYPE_CHECKING``) has no cycle. A module that needs another's
 shape for typing takes a Protocol of its own instead of importing the class (as
-``precision.fallback.FallbackHost`` does)."""
+``precision.conversion.ConversionContext`` does), and a lower module that needs a higher one's
+work takes it as a callback (as ``precision.int8.fallback.search_groups`` does)."""
 
 from __future__ import annotations
 

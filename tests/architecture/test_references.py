@@ -1,6 +1,6 @@
 """Docstrings, comments and docs name only modules and tests that exist: every
 ``trtpack/…py``, ``tests/…py`` or ``benchmarks/…py`` path, and every dotted ``trtpack.x``
-name written in backticks (``trtpack.precision.search``, ``trtpack.engine.builder.x``),
+name written in backticks (``trtpack.precision.int8.search``, ``trtpack.engine.builder.x``),
 resolves to a file (and, for ``module.name``, to a name that module mentions). A rename that
 leaves a reference behind fails here."""
 
@@ -61,12 +61,12 @@ def stale_references(path: Path, text: str) -> list[str]:
 
 
 def test_a_stale_reference_is_found() -> None:
-    text = ("see ``trtpack.precision.search`` and trtpack/precision/int8.py, not\n"
+    text = ("see ``trtpack.precision.int8.search`` and trtpack/precision/int8/conversion.py, not\n"
             "``trtpack.engine.no_such_module``, tests/test_engine_tensorrt_names.py or\n"
-            "``trtpack.precision.search.no_such_function``")
+            "``trtpack.precision.int8.search.no_such_function``")
     assert stale_references(Path("x.py"), text) == [
         "x.py: tests/test_engine_tensorrt_names.py", "x.py: trtpack.engine.no_such_module",
-        "x.py: trtpack.precision.search.no_such_function"]
+        "x.py: trtpack.precision.int8.search.no_such_function"]
 
 
 def test_every_named_module_and_test_exists() -> None:

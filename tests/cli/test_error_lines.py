@@ -175,7 +175,7 @@ def test_serve_text_without_a_tokenizer_suggests_tokenizer(tmp_path: Path) -> No
 
 def test_a_jsonl_calibration_file_is_read_by_its_text_field(tmp_path: Path) -> None:
     from trtpack.errors import UserInputError
-    from trtpack.precision.calibration_files import read_text_samples
+    from trtpack.precision.calibration.files import read_text_samples
 
     good = tmp_path / "cal.jsonl"
     good.write_text('{"text": "hello world", "label": 1}\n\n{"text": "another line"}\n')

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from tests.fuzz.mutations import Counter, damaged_bytes, edited_text, fuzz_settings
 from trtpack.errors import UserInputError
-from trtpack.precision.calibration import load_calibration
-from trtpack.precision.calibration_files import check_calibration_input
+from trtpack.precision.calibration.data import load_calibration
+from trtpack.precision.calibration.files import check_calibration_input
 from trtpack.shapes import parse_profiles
 from trtpack.sources.resolve import resolve_model
 

@@ -176,7 +176,7 @@ def test_range_rule_matches_every_tensor_taken_out_and_measured(tmp_path: Path) 
     """The I/O range rule's nodes (the graph computes each tensor's largest absolute value)
     equal those found by making every tensor an output and measuring it here, at
     thresholds that split the model's nodes, on inputs with large values."""
-    from trtpack.precision.autocast_weights import out_of_range_nodes
+    from trtpack.precision.fp16.autocast_weights import out_of_range_nodes
 
     src = tmp_path / "model.onnx"
     _model(src)

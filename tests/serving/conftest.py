@@ -8,17 +8,18 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.serving.tritonserver import TritonServer, missing_reason, start_tritonserver
 from trtpack.serving.layout import ModelRepository
-from trtpack.serving.repository import write_model_repository
+from trtpack.serving.repository import RepositoryPlan, write_model_repository
 from trtpack.shapes import ShapeProfile, parse_profiles
 from trtpack.sources.hf_recipe import recipe_for_hf_dir
-from trtpack.sources.recipe import Recipe
+from trtpack.sources.recipe import Recipe, TritonSettings
 from trtpack.sources.recipe_files import RECIPES_DIR, load_recipe_file
 from trtpack.sources.tokenizer_files import TOKENIZER_FILES
 
@@ -37,13 +38,16 @@ class BuiltModel:
     onnx: Path
     hf_dir: Path
 
-    def write(self, dest: Path, **kwargs: object) -> ModelRepository:
-        args: dict[str, object] = {
-            "recipe": self.recipe, "profiles": self.profiles, "model_path": self.onnx,
-            "tokenizer_dir": self.hf_dir, "model_config_json": self.hf_dir / "config.json",
-        }
-        args.update(kwargs)
-        return write_model_repository(dest, **args)  # type: ignore[arg-type]
+    def write(self, dest: Path, *, settings: TritonSettings | None = None,
+              name: str | None = None, **changes: Any) -> ModelRepository:
+        """The repository of this model; ``settings`` and ``name`` replace the recipe's,
+        ``changes`` the plan's fields."""
+        update = {k: v for k, v in (("triton", settings), ("name", name)) if v is not None}
+        plan = RepositoryPlan(
+            recipe=self.recipe.model_copy(update=update), profiles=self.profiles,
+            model_path=self.onnx, tokenizer_dir=self.hf_dir,
+            model_config_json=self.hf_dir / "config.json")
+        return write_model_repository(dest, replace(plan, **changes))
 
 
 def export_onnx(model: object, names: tuple[str, ...], output: str, path: Path,

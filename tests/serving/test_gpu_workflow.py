@@ -125,8 +125,8 @@ def test_the_workflow_profiles_are_ones_triton_can_serve() -> None:
 GPU_PATH_FILES = ("pyproject.toml", "Makefile", "mk/triton.mk", "Dockerfile.ngc",
                   ".github/workflows/gpu.yml", "trtpack/runtimes/polygraphy_setup.py",
                   "trtpack/serving/triton_rules.py", "trtpack/serving/merge.py",
-                  "trtpack/serving/engine_builds.py", "trtpack/precision/fp16.py",
-                  "trtpack/precision/int8.py", "trtpack/pipeline/engine_from_build.py",
+                  "trtpack/serving/engine_builds.py", "trtpack/precision/fp16/conversion.py",
+                  "trtpack/precision/int8/conversion.py", "trtpack/pipeline/engine_from_build.py",
                   "tests/gpu/test_engine_gpu.py")
 """The files issue 32 (item H) named, and what ``trtpack engine`` added."""
 ENGINE_ROOMS = ("trtpack.engine", "trtpack.runtimes.tensorrt", "trtpack.runtimes.polygraphy_setup")

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import run_cli
 from tests.hf_models import TEXT_MODELS, VISION_MODELS, make_model_dir
-from trtpack.precision.cpu_fusion import optimizer_model_type
+from trtpack.precision.cpu.fusion import optimizer_model_type
 from trtpack.sources.architectures import hidden_layers
 from trtpack.sources.recipe_files import builtin_recipe_names
 from trtpack.sources.resolve import resolve_model

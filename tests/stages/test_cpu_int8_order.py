@@ -11,7 +11,7 @@ from typing import Any
 
 from tests.conftest import run_cli
 from tests.precision_fixtures import build_options, tiny_npz
-from trtpack.precision.cpu_int8 import EVERY_LAYER, SEARCH_LAYERS, search_on_demand
+from trtpack.precision.cpu.int8 import EVERY_LAYER, SEARCH_LAYERS, search_on_demand
 from trtpack.stages.cpu_int8_serving import share_failures
 
 TINY_PROFILES = ["1x4:2x8:4x16", "2x16:4x32:8x64"]

@@ -85,7 +85,7 @@ def test_fused_attention_matches_the_plain_graph_on_padded_batches(
     # denormal that slows the softmax of a padded batch)
     import onnx
 
-    from trtpack.precision.cpu_fusion import MASK_FILTER_VALUE
+    from trtpack.precision.cpu.fusion import MASK_FILTER_VALUE
 
     attentions = [n for n in onnx.load(str(fused), load_external_data=False).graph.node
                   if n.op_type == "Attention"]
@@ -99,7 +99,7 @@ def test_a_graph_without_the_patterns_is_left_as_it_is(tmp_path: Path) -> None:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from trtpack.precision.cpu_fusion import cpu_graph
+    from trtpack.precision.cpu.fusion import cpu_graph
 
     rng = np.random.default_rng(0)
     weight = numpy_helper.from_array(rng.normal(size=(8, 8)).astype(np.float32), "w")
@@ -168,7 +168,7 @@ def _qdq_graph(tmp_path: Path) -> Path:
 def test_the_kept_fp32_layers_are_read_off_the_searched_qdq_model(tmp_path: Path) -> None:
     import onnx
 
-    from trtpack.precision.cpu_int8 import excluded_in_cpu_graph, fp32_weight_matmuls
+    from trtpack.precision.cpu.int8 import excluded_in_cpu_graph, fp32_weight_matmuls
 
     kept = fp32_weight_matmuls(_qdq_graph(tmp_path))
     assert kept == ["kept_mm"]
@@ -234,7 +234,7 @@ class _Session:
 
 
 def _candidates(tiny_build: Path, int8_passed: bool = True) -> list:  # type: ignore[type-arg]
-    from trtpack.precision.auto_choice import Candidate
+    from trtpack.precision.cpu.auto_choice import Candidate
 
     path = tiny_build / "artifacts" / "cpu_model" / "fp32" / "model.onnx"
     return [Candidate("fp32", path, True, 1.0), Candidate("int8", path, int8_passed, 0.995)]
@@ -243,7 +243,7 @@ def _candidates(tiny_build: Path, int8_passed: bool = True) -> list:  # type: ig
 def _timed(tiny_build: Path, fp32_ms: list[float], int8_ms: list[float],
            int8_passed: bool = True) -> object:
     from trtpack.cases import load_cases
-    from trtpack.precision.auto_choice import choose, time_candidates
+    from trtpack.precision.cpu.auto_choice import choose, time_candidates
 
     cases = load_cases(tiny_build / "artifacts" / "verify" / "fp32_outputs.npz")[:1]
     candidates = _candidates(tiny_build, int8_passed)
@@ -340,7 +340,7 @@ def test_smoothing_is_undone_where_every_reader_stays_fp32(tmp_path: Path) -> No
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from trtpack.precision.cpu_int8 import unsmooth_kept
+    from trtpack.precision.cpu.int8 import unsmooth_kept
     from trtpack.precision.smoothquant import SMOOTH_PREFIX, smooth_model
     from trtpack.runtimes.onnxruntime import cpu_session
 
@@ -376,8 +376,9 @@ def test_an_optimizer_crash_serves_the_plain_graph_with_a_warning(
     import logging
 
     from trtpack.api import BuildRequest, resolve_options
-    from trtpack.precision import cpu_fusion
+    from trtpack.precision.cpu import fusion as cpu_fusion
     from trtpack.stages import cpu_model
+    from trtpack.stages.artifacts import Artifacts
     from trtpack.stages.base import StageContext
 
     def crash(*args: object, **kwargs: object) -> object:
@@ -389,11 +390,12 @@ def test_an_optimizer_crash_serves_the_plain_graph_with_a_warning(
         random_weights=True, out=tmp_path / "out", cache_dir=tmp_path / "cache"))
     stage_dir = tmp_path / "stage"
     stage_dir.mkdir()
-    artifacts = {"onnx": tiny_build / "artifacts" / "simplify" / "model.onnx",
-                 "fp32_outputs": tiny_build / "artifacts" / "verify" / "fp32_outputs.npz"}
+    artifacts = Artifacts(onnx=tiny_build / "artifacts" / "simplify" / "model.onnx",
+                          fp32_outputs=tiny_build / "artifacts" / "verify" / "fp32_outputs.npz")
     ctx = StageContext(options, "cpu_model", stage_dir, tmp_path, artifacts,
                        logging.getLogger("test"), lambda event: None)
     outcome = cpu_model.run(ctx)
     assert any("optimizer failed (RuntimeError: no pattern" in w for w in outcome.warnings)
-    assert not _op_types(outcome.artifacts["cpu_onnx"]) & FUSED
+    assert outcome.artifacts.cpu_onnx is not None
+    assert not _op_types(outcome.artifacts.cpu_onnx) & FUSED
     assert outcome.verification and all(r.passed for r in outcome.verification)

@@ -17,6 +17,7 @@ from trtpack.pipeline.stage import STAGES
 from trtpack.shapes import parse_profiles
 from trtpack.sources.resolve import resolve_model
 from trtpack.stages import engine as engine_stage
+from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import StageContext
 
 needs_no_gpu = pytest.mark.skipif(
@@ -39,7 +40,7 @@ def _context(options: BuildOptions, tmp_path: Path) -> StageContext:
     stage_dir = tmp_path / "build" / "artifacts" / "engine"
     stage_dir.mkdir(parents=True)
     return StageContext(options=options, stage="engine", stage_dir=stage_dir,
-                        build_dir=tmp_path / "build", artifacts={},
+                        build_dir=tmp_path / "build", artifacts=Artifacts(),
                         log=logging.getLogger("test-engine"), on_progress=lambda e: None)
 
 
@@ -95,9 +96,9 @@ def test_final_path_maps_into_the_output_folder(tmp_path: Path) -> None:
 
 def test_engine_onnx_prefers_the_precision_onnx(tmp_path: Path) -> None:
     ctx = _context(_options(tmp_path), tmp_path)
-    ctx.artifacts.update({"onnx": Path("simplified.onnx")})
+    ctx.artifacts = Artifacts(onnx=Path("simplified.onnx"))
     assert engine_stage.engine_onnx(ctx) == Path("simplified.onnx")
-    ctx.artifacts["precision_onnx"] = Path("fp16.onnx")
+    ctx.artifacts = Artifacts(onnx=Path("simplified.onnx"), precision_onnx=Path("fp16.onnx"))
     assert engine_stage.engine_onnx(ctx) == Path("fp16.onnx")
 
 

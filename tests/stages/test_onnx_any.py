@@ -282,7 +282,7 @@ def test_the_float16_fallback_converts_an_if_body_as_a_graph_of_its_own(tmp_path
     take (and so no sample checks) stays FP32, with the reason."""
     import onnx
 
-    from trtpack.precision.fp16_fallback import convert_graph
+    from trtpack.precision.fp16.onnxconverter_fallback import convert_graph
     from trtpack.precision.graph import fp16_nodes
     from trtpack.precision.modelopt_jobs import Fp16Job
     from trtpack.runtimes.onnxruntime import cpu_session

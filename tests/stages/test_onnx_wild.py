@@ -220,8 +220,8 @@ def test_sentence_transformers_export_with_extra_outputs(tmp_path: Path) -> None
 
 def test_sentence_transformers_export_serves_text_without_unused_ensemble_tensors(
         tmp_path: Path) -> None:
-    """Issue 32, item A, on the model it was measured on: with --task sentence-embedding
-    --serve text, post-processing reads 'output' alone, so the ensemble maps no other model
+    """A sentence-transformers export with --task sentence-embedding --serve text:
+    post-processing reads 'output' alone, so the ensemble maps no other model
     output (Triton core ``model_config_utils.cc`` refuses "ensemble tensor '461' is unused";
     the bundled tritonserver's own check of a two-output model is in
     tests/serving/test_ensemble_unused_outputs.py)."""

@@ -11,8 +11,8 @@ import pytest
 from tests.conftest import run_cli
 from trtpack.cases import Case
 from trtpack.errors import UserInputError
-from trtpack.precision.calibration_files import check_calibration_input
-from trtpack.precision.splits import STRATA, split_three, stratum
+from trtpack.precision.calibration.files import check_calibration_input
+from trtpack.precision.calibration.splits import STRATA, split_three, stratum
 from trtpack.shapes import parse_profiles
 from trtpack.sources.resolve import resolve_model
 from trtpack.verify.compare import compare_cases
@@ -96,9 +96,9 @@ def test_three_splits_are_stratified_fixed_and_disjoint() -> None:
     first = split_three(lengths, 128, seed=0)
     assert first == split_three(lengths, 128, seed=0)
     assert first != split_three(lengths, 128, seed=1)
-    rows = [*first.calibration, *first.search, *first.check, *first.holdout]
+    rows = [*first.calibration, *first.search, *first.check, *first.held_out]
     assert sorted(rows) == list(range(len(lengths)))
-    for split in (first.calibration, first.search, first.check, first.holdout):
+    for split in (first.calibration, first.search, first.check, first.held_out):
         assert {stratum(lengths[i]) for i in split} == set(STRATA)
 
 

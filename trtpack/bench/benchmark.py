@@ -2,7 +2,7 @@
 
 For each profile's min/opt/max shape, on the inputs the export stage recorded (real tokenized
 text when the recipe has a tokenizer), three runtimes are timed the same way (warm-up, then
-as many runs as fit in a fixed time budget; ``trtpack.bench.timing``):
+as many runs as fit in a fixed time budget; ``trtpack.timing``):
 
 * ``served``: the served model in its own runtime: ONNX Runtime for ``--target cpu``, the
   TensorRT engine (through ``trtpack.runtimes.tensorrt``, as the engine stage runs it) on a
@@ -42,9 +42,7 @@ from trtpack.bench.timing import (
     CpuSample,
     ProgressFn,
     Runner,
-    Timing,
     machine_info,
-    measure_interleaved,
     others_cpu_share,
     passive_threads,
 )
@@ -53,6 +51,7 @@ from trtpack.errors import UserInputError
 from trtpack.out_files import record_files
 from trtpack.pipeline.build_folder import open_build
 from trtpack.report import REPORT, BuildReport
+from trtpack.timing import Timing, measure_interleaved
 
 SERVED, ONNX_FP32, CPU_FP32, PYTORCH = "served", "onnx-fp32", "cpu-fp32", "pytorch"
 DEFAULT_SECONDS = 2.0

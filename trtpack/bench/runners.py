@@ -8,11 +8,12 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from trtpack.bench.timing import ProgressFn, Runner, RunOnce
+from trtpack.bench.timing import ProgressFn, Runner
 from trtpack.cases import Case
 from trtpack.errors import MissingEnvironmentError, UserInputError, require_modules
 from trtpack.machine.targets import HardwareCompatibility, Target
 from trtpack.pipeline.build_folder import BuildFolder, load_build_recipe
+from trtpack.timing import RunOnce
 
 if TYPE_CHECKING:
     from trtpack.engine.provenance import EngineProvenance

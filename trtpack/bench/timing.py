@@ -1,5 +1,6 @@
-"""How ``trtpack bench`` times: warm-up, then runtimes in rotation within a time budget;
-and the machine the numbers were taken on."""
+"""What ``trtpack bench`` adds to the core timing (``trtpack.timing``: warm-up, then runtimes
+in rotation within a time budget): when a ratio is not to be trusted, and the machine the
+numbers were taken on."""
 
 from __future__ import annotations
 
@@ -13,10 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trtpack.cases import Case
-from trtpack.timing import RunOnce, Timing, measure_interleaved, warm_up
-
-__all__ = ["ProgressFn", "RunOnce", "Runner", "Timing", "machine_info", "measure_interleaved",
-           "warm_up"]
+from trtpack.timing import RunOnce
 
 # A ratio against a row is not to be trusted when that row's median moved more than this
 # between the rounds (``Timing.spread``), or when other processes used more than this share

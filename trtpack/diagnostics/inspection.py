@@ -10,9 +10,10 @@ deserialized when TensorRT is installed here.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtpack.diagnostics.model_files import (
     BuildRecord,
@@ -26,6 +27,9 @@ from trtpack.diagnostics.model_files import (
 from trtpack.engine.provenance import EngineProvenance, provenance_path, runs_here
 from trtpack.errors import UserInputError
 from trtpack.model_io import ModelIO
+
+if TYPE_CHECKING:
+    from tritonclient.grpc.model_config_pb2 import ModelInput, ModelOutput
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,7 @@ class ModelInspection:
     path: str
     platform: str
     max_batch_size: int
-    inputs: list[dict[str, Any]]
+    inputs: list[dict[str, Any]]  # {name, data_type, dims} as config.pbtxt declares them
     outputs: list[dict[str, Any]]
     instance_kind: str
     profiles: list[str]
@@ -169,7 +173,7 @@ def inspect_engine(plan: Path, machine: MachineFacts) -> EngineInspection:
     return EngineInspection(str(plan), prov, prov.model_io(), ok, reasons)
 
 
-def _dims(tensors: Any) -> list[dict[str, Any]]:
+def _dims(tensors: Iterable[ModelInput | ModelOutput]) -> list[dict[str, Any]]:
     from tritonclient.grpc import model_config_pb2 as pb
 
     return [{"name": t.name, "data_type": pb.DataType.Name(t.data_type), "dims": list(t.dims)}

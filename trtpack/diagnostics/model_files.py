@@ -8,10 +8,14 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from trtpack.errors import UserInputError
 from trtpack.model_io import ONNX_ELEM_TO_NUMPY
+
+if TYPE_CHECKING:
+    import onnx
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 # operators that run (or mark) integer arithmetic: an INT8 model has some
 INTEGER_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
@@ -88,9 +92,10 @@ def check_onnx_model(path: Path, gpu_instances: bool, has_gpu: bool) -> OnnxChec
         return OnnxCheck(str(path), False,
                          ("its instances are KIND_GPU and this machine has no NVIDIA GPU",))
     try:
-        from trtpack.runtimes.onnxruntime import cpu_session
+        from trtpack.runtimes.onnxruntime import OnnxRuntimeRunner
 
-        cpu_session(path, threads=1, few_runs=True)
+        with OnnxRuntimeRunner(path, threads=1, few_runs=True):
+            pass  # the session loads
     except ImportError as e:
         return OnnxCheck(str(path), False, (f"ONNX Runtime is not installed ({e})",))
     except Exception as e:  # onnxruntime's own error kinds: the model does not load here
@@ -99,7 +104,7 @@ def check_onnx_model(path: Path, gpu_instances: bool, has_gpu: bool) -> OnnxChec
     return OnnxCheck(str(path), True)
 
 
-def load_onnx_graph(path: Path) -> Any:
+def load_onnx_graph(path: Path) -> onnx.ModelProto:
     """The model's graph (weights not loaded); ``UserInputError`` when the file is not one."""
     import onnx
 
@@ -114,7 +119,7 @@ def load_onnx_graph(path: Path) -> Any:
     return model
 
 
-def onnx_precision(model: Any) -> str:
+def onnx_precision(model: onnx.ModelProto) -> str:
     """``int8`` when integer operators run in the graph (how many MatMul/Gemm they feed
     aside), ``fp16`` when its weights are half precision, else ``fp32``."""
     ops = [n.op_type for n in model.graph.node]
@@ -127,7 +132,8 @@ def onnx_precision(model: Any) -> str:
     return "fp32"
 
 
-def served_precision(config: Any, version: Path, engine_precision: str | None) -> str | None:
+def served_precision(config: ModelConfig, version: Path, engine_precision: str | None
+                     ) -> str | None:
     """The precision a Triton model's version folder serves: its engine's (from the
     provenance, ``engine_precision``), or read from its ONNX file's operators and weights;
     None when unknown (another backend, a missing or unreadable file)."""
@@ -142,7 +148,7 @@ def served_precision(config: Any, version: Path, engine_precision: str | None) -
         return None
 
 
-def _tensor(value: Any) -> TensorInfo:
+def _tensor(value: onnx.ValueInfoProto) -> TensorInfo:
     ttype = value.type.tensor_type
     dims: list[int | str] = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?")
                              for d in ttype.shape.dim]

@@ -12,9 +12,10 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from trtpack.errors import UserInputError
+from trtpack.runtimes.polygraphy_setup import ConfigKwargs, NetworkKwargs
 from trtpack.shapes import Shape, ShapeProfile, TrtProfile
 from trtpack.sources.recipe import EngineSettings
 
@@ -51,6 +52,20 @@ def tensorrt_profiles(profiles: Sequence[ShapeProfile],
     return result
 
 
+class BuilderOptions(TypedDict):
+    """The builder settings as recorded (the log, the engine's provenance)."""
+
+    tensorrt_version: str
+    strongly_typed: bool
+    strongly_typed_flag: bool
+    optimization_level: int
+    workspace_bytes: int | None
+    hardware_compatibility: str
+    version_compatible: bool
+    tiling_level: str | None
+    tf32: bool
+
+
 @dataclass(frozen=True)
 class BuilderSettings:
     """The builder options of one build, resolved for one TensorRT version.
@@ -73,14 +88,14 @@ class BuilderSettings:
         TensorRT 10; in 11 every network is strongly typed and the flag is not needed."""
         return not self.tensorrt_version or self.tensorrt_version[0] < 11
 
-    def network_kwargs(self) -> dict[str, Any]:
+    def network_kwargs(self) -> NetworkKwargs:
         """Keyword arguments for polygraphy's ``NetworkFromOnnxPath`` (besides the path)."""
         return {"strongly_typed": True} if self.strongly_typed_flag else {}
 
-    def config_kwargs(self) -> dict[str, Any]:
+    def config_kwargs(self) -> ConfigKwargs:
         """Keyword arguments for polygraphy's ``CreateConfig`` (besides profiles and the
         timing cache), with TensorRT enums given by member name (``"AMPERE_PLUS"``)."""
-        kwargs: dict[str, Any] = {
+        kwargs: ConfigKwargs = {
             "tf32": self.tf32,
             "builder_optimization_level": self.optimization_level,
         }
@@ -95,7 +110,7 @@ class BuilderSettings:
             kwargs["tiling_optimization_level"] = TILING_ENUM[self.tiling_level]
         return kwargs
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> BuilderOptions:
         return {
             "tensorrt_version": ".".join(map(str, self.tensorrt_version)),
             "strongly_typed": True,

@@ -13,9 +13,15 @@ import json
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from types import UnionType
-from typing import Any, Union, get_args, get_origin, get_type_hints
+from typing import Any, TypedDict, Union, get_args, get_origin, get_type_hints, is_typeddict
 
-from trtpack.engine.triton_release import TritonServing, tensorrt_loads, triton_serving
+from trtpack.engine.builder import BuilderOptions
+from trtpack.engine.triton_release import (
+    TritonServing,
+    TritonServingRecord,
+    tensorrt_loads,
+    triton_serving,
+)
 from trtpack.machine.targets import AMPERE
 from trtpack.model_io import ModelIO, TensorIO
 from trtpack.onnx_tools.files import data_path, sha256_file
@@ -33,6 +39,15 @@ the output paths in the trtexec command and the machine's driver may differ. Eve
 field is the same for the same inputs; ``trtpack merge`` compares those."""
 
 
+class TensorRecord(TypedDict):
+    """One engine I/O tensor as recorded (``TensorIO``)."""
+
+    name: str
+    dtype: str
+    shape: list[int]
+    batch: bool
+
+
 def provenance_path(plan: Path) -> Path:
     """``model.plan`` -> ``model.plan.json``."""
     return plan.with_name(plan.name + ".json")
@@ -47,12 +62,12 @@ class EngineProvenance:
     target: str
     precision: str
     profiles: list[dict[str, dict[str, list[int]]]]  # ShapeProfile.to_dict() per profile
-    build_options: dict[str, Any]
+    build_options: BuilderOptions
     onnx_sha256: str
     plan_sha256: str
     plan_bytes: int
-    inputs: list[dict[str, Any]] = field(default_factory=list)  # {name, dtype, shape, batch}
-    outputs: list[dict[str, Any]] = field(default_factory=list)
+    inputs: list[TensorRecord] = field(default_factory=list)
+    outputs: list[TensorRecord] = field(default_factory=list)
     cuda_runtime_version: str | None = None
     cuda_driver_version: str | None = None
     driver_version: str | None = None
@@ -60,10 +75,10 @@ class EngineProvenance:
     onnx_data_sha256: str | None = None
     built_at: str = ""
     build_seconds: float | None = None
-    timing_cache: dict[str, Any] = field(default_factory=dict)
+    timing_cache: dict[str, Any] = field(default_factory=dict)  # the engine stage's record
     trtexec: str = ""
-    # which Triton serves it (triton_release.TritonServing.to_dict(), at build time)
-    triton: dict[str, Any] = field(default_factory=dict)
+    # which Triton serves it (at build time; {} in files written before it was recorded)
+    triton: TritonServingRecord = field(default_factory=TritonServingRecord)
     schema: int = PROVENANCE_SCHEMA
     varies_between_builds: list[str] = field(default_factory=lambda: list(VARIES_BETWEEN_BUILDS))
 
@@ -91,7 +106,7 @@ class EngineProvenance:
     def model_io(self) -> ModelIO:
         """The engine's I/O as recorded at build time."""
 
-        def tensor(d: Any, where: str) -> TensorIO:
+        def tensor(d: object, where: str) -> TensorIO:  # as read from the file: checked
             if not isinstance(d, dict) or not isinstance(d.get("name"), str) \
                     or not isinstance(d.get("dtype"), str) \
                     or not isinstance(d.get("shape"), list) \
@@ -102,14 +117,14 @@ class EngineProvenance:
         return ModelIO(tuple(tensor(t, f"inputs[{i}]") for i, t in enumerate(self.inputs)),
                        tuple(tensor(t, f"outputs[{i}]") for i, t in enumerate(self.outputs)))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
 
     @classmethod
-    def from_dict(cls, data: Any) -> EngineProvenance:
+    def from_dict(cls, data: object) -> EngineProvenance:
         """The provenance in ``data`` (a parsed JSON object); a ``ValueError`` naming the
         field when one is missing or of the wrong JSON type (unknown fields are ignored)."""
         if not isinstance(data, dict):
@@ -132,9 +147,10 @@ class EngineProvenance:
         return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
 
 
-def json_type_matches(value: Any, hint: Any) -> bool:
+def json_type_matches(value: object, hint: object) -> bool:
     """Whether a parsed JSON value fits a field's type hint at the top level (``str``,
-    ``int``, ``float``, ``list[...]``, ``dict[...]``, ``Any``, ``X | None``)."""
+    ``int``, ``float``, ``list[...]``, ``dict[...]``, a ``TypedDict``, ``Any``,
+    ``X | None``)."""
     if hint is Any:
         return True
     origin = get_origin(hint)
@@ -147,11 +163,13 @@ def json_type_matches(value: Any, hint: Any) -> bool:
         return type(value) in (int, float)
     if kind is int:
         return type(value) is int
-    return isinstance(value, kind)
+    if is_typeddict(kind):
+        return isinstance(value, dict)
+    return isinstance(kind, type) and isinstance(value, kind)
 
 
-def io_records(io: ModelIO) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    def record(t: TensorIO) -> dict[str, Any]:
+def io_records(io: ModelIO) -> tuple[list[TensorRecord], list[TensorRecord]]:
+    def record(t: TensorIO) -> TensorRecord:
         return {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "batch": t.batch_dynamic}
 
     return [record(t) for t in io.inputs], [record(t) for t in io.outputs]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from trtpack.machine.packages import parse_version
 
@@ -119,6 +119,18 @@ def tensorrt_loads(built: str, runtime: str, version_compatible: bool) -> bool:
                                      or majors in VERSION_COMPATIBLE_ACROSS_MAJORS)
 
 
+class TritonServingRecord(TypedDict, total=False):
+    """``TritonServing`` as an engine's provenance records it (empty in a file written
+    before it was recorded)."""
+
+    tensorrt_needed: str
+    triton_release: str | None
+    triton_image: str | None
+    triton_releases: list[str]
+    backend_config: list[str]
+    summary: str
+
+
 @dataclass(frozen=True)
 class TritonServing:
     """What serves one engine in Triton."""
@@ -160,7 +172,7 @@ class TritonServing:
             else ""
         return f"served by a Triton with {self.tensorrt_needed}: {self.release_text()}{flags}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> TritonServingRecord:
         first = self.minimum_release
         return {
             "tensorrt_needed": self.tensorrt_needed,

@@ -72,7 +72,8 @@ PACKAGES: tuple[Package, ...] = (
     Package("ml_dtypes", "ml_dtypes", "modelopt", shown=False, recorded=False),
     Package("lief", "lief", "modelopt", shown=False, recorded=False),
     Package("cppimport", "cppimport", "modelopt", shown=False, recorded=False),
-    # the FP16 conversion when AutoCast cannot convert a graph (trtpack.precision.fp16_fallback)
+    # the FP16 conversion when AutoCast cannot convert a graph
+    # (trtpack.precision.fp16.onnxconverter_fallback)
     Package("onnxconverter-common", "onnxconverter_common", "modelopt", shown=False),
     Package("tokenizers", "tokenizers", "report", shown=False),
     Package("tensorrt", "tensorrt", "engine",

@@ -15,7 +15,10 @@ import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:
+    import onnx
 
 DATA_SUFFIX = ".data"  # model.onnx -> model.onnx.data
 # Initializers at least this large (64 KiB: every weight matrix, no bias) live in the sidecar.
@@ -35,7 +38,7 @@ def model_bytes(onnx_path: Path) -> int:
     return onnx_path.stat().st_size + (data.stat().st_size if data.is_file() else 0)
 
 
-def tensor_bytes(tensor: Any) -> int:
+def tensor_bytes(tensor: onnx.TensorProto) -> int:
     """An initializer's size in bytes, whether its data is inline or external."""
     import numpy as np
     from onnx import helper
@@ -49,7 +52,7 @@ def tensor_bytes(tensor: Any) -> int:
     return count * np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
 
 
-def fits_in_protobuf(model: Any) -> bool:
+def fits_in_protobuf(model: onnx.ModelProto) -> bool:
     """Whether an in-memory model serializes to one protobuf (weights well below 2 GiB)."""
     total = 0
     for init in model.graph.initializer:
@@ -59,7 +62,7 @@ def fits_in_protobuf(model: Any) -> bool:
     return True
 
 
-def save_model(model: Any, path: Path) -> None:
+def save_model(model: onnx.ModelProto, path: Path) -> None:
     """Save an in-memory ONNX model in the layout above (an old sidecar is replaced)."""
     import onnx
     from onnx.external_data_helper import set_external_data
@@ -77,7 +80,7 @@ def save_model(model: Any, path: Path) -> None:
     onnx.save_model(model, str(path))
 
 
-def _initializers(graph: Any) -> Iterator[Any]:
+def _initializers(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
     """The initializers of ``graph`` and of the subgraphs in its nodes' attributes."""
     yield from graph.initializer
     for node in graph.node:
@@ -88,7 +91,7 @@ def _initializers(graph: Any) -> Iterator[Any]:
                 yield from _initializers(sub)
 
 
-def all_tensors(graph: Any) -> Iterator[Any]:
+def all_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
     """Every tensor a graph stores: its initializers and its nodes' tensor attributes
     (``Constant`` values: some exporters keep every weight there), in it and in its
     subgraphs."""
@@ -96,7 +99,8 @@ def all_tensors(graph: Any) -> Iterator[Any]:
         yield tensor
 
 
-def placed_tensors(graph: Any, in_body: bool = False) -> Iterator[tuple[Any, bool]]:
+def placed_tensors(graph: onnx.GraphProto, in_body: bool = False
+                   ) -> Iterator[tuple[onnx.TensorProto, bool]]:
     """``all_tensors`` with where each one is: (tensor, True) for one inside a subgraph (an
     If/Loop body) or in a list attribute, (tensor, False) for an initializer or a tensor
     attribute of the graph itself. (Told by position: protobuf's Python wrappers are made
@@ -157,7 +161,13 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def graph_summary(path: Path) -> dict[str, Any]:
+class GraphSummary(TypedDict):
+    nodes: int
+    opset: int | None
+    op_types: dict[str, int]
+
+
+def graph_summary(path: Path) -> GraphSummary:
     """Node count, opset and op-type counts of a model file (weights not loaded)."""
     import onnx
 

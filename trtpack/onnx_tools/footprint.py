@@ -7,9 +7,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from trtpack.resources import Op, activation_bytes
+
+if TYPE_CHECKING:
+    import onnx
 
 Shape = Sequence[int]
 
@@ -25,7 +28,7 @@ class Footprint:
     unsized: int = 0
 
 
-def initializer_bytes(model: Any) -> int:
+def initializer_bytes(model: onnx.ModelProto) -> int:
     """The bytes of a model's weights (its initializers, inline or external: read from their
     dims, nothing loaded)."""
     from trtpack.onnx_tools.files import tensor_bytes
@@ -43,7 +46,7 @@ def _elem_bytes(elem_type: int) -> int:
         return 4
 
 
-def _with_shapes(model: Any, shapes: Mapping[str, Shape]) -> Any:
+def _with_shapes(model: onnx.ModelProto, shapes: Mapping[str, Shape]) -> onnx.ModelProto:
     """A copy of the graph (no weights) with its inputs fixed to ``shapes`` and every value's
     shape inferred (ONNX's inference, propagating shape computations)."""
     import onnx
@@ -65,14 +68,14 @@ def _with_shapes(model: Any, shapes: Mapping[str, Shape]) -> Any:
         return fixed
 
 
-def load_graph(path: Path) -> Any:
+def load_graph(path: Path) -> onnx.ModelProto:
     """The model's graph without its weights' data (their dims are kept)."""
     import onnx
 
     return onnx.load(str(path), load_external_data=False)
 
 
-def graph_footprint(model: Any, shapes: Mapping[str, Shape]) -> Footprint:
+def graph_footprint(model: onnx.ModelProto, shapes: Mapping[str, Shape]) -> Footprint:
     """``model``'s weights and activations when its inputs have ``shapes`` (name -> dims)."""
     inferred = _with_shapes(model, shapes)
     graph = inferred.graph

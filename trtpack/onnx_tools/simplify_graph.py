@@ -26,14 +26,18 @@ import json
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 # Initializers of LARGE_INITIALIZER_BYTES or more are taken out of the graph onnxsim sees and
 # kept in the model's data file (the layout of every stage's model: trtpack.onnx_tools.files).
 from trtpack.onnx_tools.files import DATA_SUFFIX, LARGE_INITIALIZER_BYTES, data_path, tensor_bytes
 
+if TYPE_CHECKING:
+    import onnx
 
-def unfoldable_large_initializers(graph: Any, min_bytes: int = LARGE_INITIALIZER_BYTES
+
+def unfoldable_large_initializers(graph: onnx.GraphProto, min_bytes: int = LARGE_INITIALIZER_BYTES
                                   ) -> list[str]:
     """Names of initializers of at least ``min_bytes`` that constant folding cannot reach:
     every node reading one also reads a tensor that is not a constant."""
@@ -41,7 +45,7 @@ def unfoldable_large_initializers(graph: Any, min_bytes: int = LARGE_INITIALIZER
     for node in graph.node:  # topologically sorted: propagate constness forward
         if all(i in constant for i in node.input if i):
             constant.update(o for o in node.output if o)
-    readers: dict[str, list[Any]] = {}
+    readers: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
         for name in node.input:
             readers.setdefault(name, []).append(node)
@@ -55,7 +59,7 @@ def unfoldable_large_initializers(graph: Any, min_bytes: int = LARGE_INITIALIZER
     return found
 
 
-def import_onnxsim() -> Any:
+def import_onnxsim() -> ModuleType:
     """onnxsim, imported without torch. Its package tries torch only for a bridge to PPQ,
     which also needs the ``ppq`` package (not a dependency of trtpack, which never uses the
     bridge): that try costs the simplify stage's process a torch import, in time and in
@@ -115,7 +119,7 @@ def simplify_file(src: str, dst: str, result_path: str) -> int:
     write_external_data_tensors(model, str(dst_path.parent))
     # fresh copies (now only names, shapes and file offsets) so the loaded model's memory
     # is released with it
-    weights: dict[str, Any] = {}
+    weights: dict[str, onnx.TensorProto] = {}
     for t in model.graph.initializer:
         if t.name in stripped:
             weights[t.name] = onnx.TensorProto()
@@ -154,7 +158,7 @@ def simplify_file(src: str, dst: str, result_path: str) -> int:
     return 0
 
 
-def node_metadata_by_output(model: Any) -> dict[str, list[tuple[str, str]]]:
+def node_metadata_by_output(model: onnx.ModelProto) -> dict[str, list[tuple[str, str]]]:
     """{output tensor: the producing node's metadata_props (key, value)}, for nodes that
     have any."""
     found: dict[str, list[tuple[str, str]]] = {}
@@ -167,7 +171,8 @@ def node_metadata_by_output(model: Any) -> dict[str, list[tuple[str, str]]]:
     return found
 
 
-def reattach_node_metadata(model: Any, carried: dict[str, list[tuple[str, str]]]) -> int:
+def reattach_node_metadata(model: onnx.ModelProto, carried: dict[str, list[tuple[str, str]]]
+                           ) -> int:
     """Give each node without metadata_props those recorded for its first output found in
     ``carried``; returns how many nodes got them."""
     count = 0
@@ -184,7 +189,7 @@ def reattach_node_metadata(model: Any, carried: dict[str, list[tuple[str, str]]]
     return count
 
 
-def uses_any_external(model: Any) -> bool:
+def uses_any_external(model: onnx.ModelProto) -> bool:
     from onnx.external_data_helper import uses_external_data
 
     return any(uses_external_data(t) for t in model.graph.initializer)

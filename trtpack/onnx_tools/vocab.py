@@ -4,7 +4,10 @@ indexes, read from the graph without its weights (onnx is imported inside the fu
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import onnx
 
 TABLE_PASSTHROUGH = ("Cast", "Identity", "Mul", "DequantizeLinear")
 
@@ -30,7 +33,7 @@ def vocab_from_graph(path: Path, token_input: str) -> int | None:
     return None
 
 
-def table_rows(name: str, sizes: dict[str, list[int]], producers: dict[str, Any],
+def table_rows(name: str, sizes: dict[str, list[int]], producers: dict[str, onnx.NodeProto],
                depth: int = 4) -> int | None:
     """The first dimension of the 2-D table ``name`` is, followed back through
     ``TABLE_PASSTHROUGH`` ops to an initializer (a scale of shape [rows, 1] or [1] is not the

@@ -5,19 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from trtpack.engine.provenance import PLAN_FILENAME
 from trtpack.errors import UserInputError
-from trtpack.pipeline.outputs import RECIPE_FILE
-from trtpack.report import REPORT, BuildReport
-from trtpack.serving.layout import REPOSITORY
-
-# the recorded inputs: the export stage's, or the import stage's for an ONNX file given as MODEL
-REFERENCES = (Path("artifacts") / "export" / "reference.npz",
-              Path("artifacts") / "import" / "reference.npz")
-FP32_ONNX = Path("artifacts") / "simplify" / "model.onnx"
-# the FP32 graph fused for ONNX Runtime on the CPU (trtpack.stages.cpu_model), when built
-CPU_FP32_ONNX = Path("artifacts") / "cpu_model" / "fp32" / "model.onnx"
+from trtpack.out_files import RECIPE_FILE, REPOSITORY
+from trtpack.report import REPORT, BuildReport, StageResult
+from trtpack.serving.config import ONNX_FILENAME
+from trtpack.serving.layout import VERSION
+from trtpack.sources.recipe import Recipe
+from trtpack.stages.artifacts import Artifacts
 
 
 @dataclass(frozen=True)
@@ -28,12 +24,9 @@ class BuildFolder:
     report: BuildReport
     served_model: Path  # model.onnx or model.plan in the repository
     fp32_onnx: Path
-    reference: Path
-
-    @property
-    def cpu_fp32_onnx(self) -> Path | None:
-        path = self.root / CPU_FP32_ONNX
-        return path if path.is_file() else None
+    reference: Path  # the recorded inputs (the export's, or the import's for an ONNX MODEL)
+    # the FP32 graph fused for ONNX Runtime on the CPU (trtpack.stages.cpu_model), when built
+    cpu_fp32_onnx: Path | None = None
 
     @property
     def is_engine(self) -> bool:
@@ -63,31 +56,58 @@ def open_build(out: Path) -> BuildFolder:
     report = load_build_report(out)
     if report.status != "ok":
         raise UserInputError(f"'{out}' is a build that did not finish ({report.status})")
-    reference = next((out / p for p in REFERENCES if (out / p).is_file()), None)
-    missing = [str(p) for p in (FP32_ONNX,) if not (out / p).is_file()]
-    if reference is None:
-        missing.append(f"{REFERENCES[0]} (or {REFERENCES[1]})")
-    repo = out / REPOSITORY / report.model / "1"
-    served = next((repo / f for f in ("model.plan", "model.onnx") if (repo / f).is_file()), None)
-    if served is None:
-        missing.append(f"{REPOSITORY}/{report.model}/1/model.onnx or model.plan")
+    artifacts = recorded_artifacts(report, out)
+    fp32_onnx, reference = artifacts.onnx, artifacts.reference
+    missing = [] if fp32_onnx is not None and fp32_onnx.is_file() else ["the FP32 ONNX"]
+    if reference is None or not reference.is_file():
+        missing.append("the recorded inputs (reference.npz)")
+    served = None
+    if fp32_onnx is not None:  # its copy in the repository
+        model = artifacts.served_model(gpu=report.target != "cpu")
+        served = out / REPOSITORY / report.model / VERSION / (
+            PLAN_FILENAME if model.suffix == ".plan" else ONNX_FILENAME)
+    if served is None or not served.is_file():
+        missing.append(f"{REPOSITORY}/{report.model}/{VERSION}/{ONNX_FILENAME} or {PLAN_FILENAME}")
     if missing:
         raise UserInputError(f"'{out}' is not a complete trtpack build: missing "
                              + ", ".join(missing))
-    assert served is not None and reference is not None
-    return BuildFolder(out, report, served, out / FP32_ONNX, reference)
+    assert served is not None and fp32_onnx is not None and reference is not None
+    cpu = artifacts.cpu_fp32_onnx
+    return BuildFolder(out, report, served, fp32_onnx, reference,
+                       cpu if cpu is not None and cpu.is_file() else None)
 
 
-def load_build_recipe(build: BuildFolder) -> Any:
+def recorded_artifacts(report: BuildReport, root: Path) -> Artifacts:
+    """The artifacts the stages of the build at ``root`` handed on, from its report."""
+    artifacts = Artifacts()
+    for result in report.stages:
+        artifacts = artifacts.merged(stage_artifacts(result, root))
+    return artifacts
+
+
+def stage_artifacts(result: StageResult, root: Path) -> Artifacts:
+    """The artifacts one stage handed on, from its report's records (a folder's files are
+    recorded as ``name/relative path``, an ONNX's weights as ``name.data`` beside it)."""
+    names = {a.name for a in result.artifacts}
+    paths: dict[str, Path] = {}
+    for record in result.artifacts:
+        if record.name.endswith(".data") and record.name.removesuffix(".data") in names:
+            continue  # the weights beside an ONNX: the ONNX's name stands for both
+        name, _, inside = record.name.partition("/")
+        path = root / record.path
+        paths[name] = Path(str(path).removesuffix("/" + inside)) if inside else path
+    return Artifacts.from_named(paths)
+
+
+def load_build_recipe(build: BuildFolder) -> Recipe:
     """The recipe the build used (``recipe.yaml``, written with its overrides applied)."""
     return load_recipe_of(build.root, build.report.model)
 
 
-def load_recipe_of(root: Path, model: str) -> Any:
+def load_recipe_of(root: Path, model: str) -> Recipe:
     """The recipe of the build folder ``root`` (``recipe.yaml``), else ``model``'s."""
     import yaml
 
-    from trtpack.sources.recipe import Recipe
     from trtpack.sources.resolve import resolve_model
 
     if (root / RECIPE_FILE).is_file():

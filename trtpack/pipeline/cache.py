@@ -30,6 +30,7 @@ import trtpack
 from trtpack import __version__
 from trtpack.onnx_tools.files import link_tree
 from trtpack.out_files import pid_is_live_build
+from trtpack.stages.artifacts import Artifacts
 
 META = "trtpack-stage.json"
 CHECKED = "checked.json"  # when the entry's files were last hashed (``Checked``)
@@ -293,9 +294,10 @@ class StageCache:
             os.utime(self._entry(stage, key) / META)
 
 
-def relative_artifacts(artifacts: dict[str, Path], stage_dir: Path) -> dict[str, str]:
+def relative_artifacts(artifacts: Artifacts, stage_dir: Path) -> dict[str, str]:
+    """A stage's artifacts as its cache entry records them: by name, inside its folder."""
     rel: dict[str, str] = {}
-    for name, path in artifacts.items():
+    for name, path in artifacts.named().items():
         if path.is_relative_to(stage_dir):
             rel[name] = str(path.relative_to(stage_dir))
     return rel

@@ -23,13 +23,14 @@ from trtpack.machine.local_targets import check_engine_environment
 from trtpack.machine.targets import resolve_target
 from trtpack.onnx_tools.files import sha256_file
 from trtpack.options import BuildOptions, default_cache_dir
-from trtpack.pipeline.build_folder import load_build_report, load_recipe_of
+from trtpack.out_files import ARTIFACTS, REPOSITORY
+from trtpack.pipeline.build_folder import load_build_report, load_recipe_of, stage_artifacts
 from trtpack.pipeline.runner import FinishedStage, Pipeline
 from trtpack.pipeline.stage import STAGES
 from trtpack.report import BuildReport, StageResult, VerificationRow
-from trtpack.serving.layout import REPOSITORY
 from trtpack.shapes import parse_profiles
 from trtpack.sources.recipe import Recipe
+from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import ProgressCallback
 
 ENGINE_STAGE = "engine"
@@ -50,12 +51,9 @@ class FinishedBuild:
     fallback_cpu: bool
 
 
-def _artifacts(result: StageResult, root: Path, folder: Path) -> dict[str, Path]:
-    """The artifact names a stage handed on (the names its report records: an ONNX's data
-    file is listed beside it, a folder's files as ``name/relative path``), each file checked
+def _artifacts(result: StageResult, root: Path, folder: Path) -> Artifacts:
+    """The artifacts a stage handed on (``build_folder.stage_artifacts``), each file checked
     against its recorded sha256."""
-    names = {a.name for a in result.artifacts}
-    artifacts: dict[str, Path] = {}
     for record in result.artifacts:
         path = root / record.path
         if not path.is_file():
@@ -68,11 +66,7 @@ def _artifacts(result: StageResult, root: Path, folder: Path) -> dict[str, Path]
         if not path.is_relative_to(folder):
             raise UserInputError(f"{root}: artifact {record.path} of the {result.name} stage "
                                  f"is outside {folder.relative_to(root)}")
-        if record.name.endswith(".data") and record.name.removesuffix(".data") in names:
-            continue  # the weights beside an ONNX: the ONNX's name stands for both
-        name, _, inside = record.name.partition("/")
-        artifacts[name] = Path(str(path).removesuffix("/" + inside)) if inside else path
-    return artifacts
+    return stage_artifacts(result, root)
 
 
 def read_finished_build(root: Path) -> FinishedBuild:
@@ -97,7 +91,7 @@ def read_finished_build(root: Path) -> FinishedBuild:
     finished = []
     for result in report.stages:
         if result.name in before and result.status == "ok":
-            folder = root / "artifacts" / result.name
+            folder = root / ARTIFACTS / result.name
             log = root / result.log_path if result.log_path else None
             finished.append(FinishedStage(result, folder, _artifacts(result, root, folder), log))
     names = {p.name for p in (root / REPOSITORY).iterdir()} if (root / REPOSITORY).is_dir() \

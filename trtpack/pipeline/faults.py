@@ -14,6 +14,7 @@ from pathlib import Path
 from trtpack.errors import StageError, TrtpackError
 from trtpack.onnx_tools.files import model_bytes
 from trtpack.options import BuildOptions
+from trtpack.out_files import ARTIFACTS, LOGS
 
 # how many copies of the weights a build writes: export, simplify, precision or engine
 WEIGHT_COPIES = 3
@@ -23,9 +24,9 @@ def weight_bytes(options: BuildOptions, work: Path) -> int | None:
     """The model's weights in bytes, from what is known: the exported or imported ONNX, the
     user's ONNX, or the weight files of a local model directory."""
     for stage in ("export", "import"):
-        onnx = work / "artifacts" / stage / "model.onnx"
-        if (work / "logs" / f"{stage}.log").is_file() and onnx.is_file() and \
-                (work / "artifacts" / stage / "reference.npz").is_file():  # the stage finished
+        onnx = work / ARTIFACTS / stage / "model.onnx"
+        if (work / LOGS / f"{stage}.log").is_file() and onnx.is_file() and \
+                (work / ARTIFACTS / stage / "reference.npz").is_file():  # the stage finished
             return model_bytes(onnx)
     source = options.recipe.source
     if source.onnx and Path(source.onnx).is_file():
@@ -133,7 +134,7 @@ def disk_full_error(cause: OSError, options: BuildOptions, work: Path, out: Path
     weights = weight_bytes(options, work)
     written = sum(f.stat().st_size for f in work.rglob("*") if f.is_file())
     for entry in work.iterdir():  # all but the logs: the report is written next
-        if entry.name != "logs":
+        if entry.name != LOGS:
             if entry.is_dir():
                 shutil.rmtree(entry, ignore_errors=True)
             else:
@@ -145,5 +146,5 @@ def disk_full_error(cause: OSError, options: BuildOptions, work: Path, out: Path
         else out.parent
     message = disk_full_message(cause, where, free_at, weights, written)
     return StageError(stage or "write", message,
-                      log_path=work / "logs" / f"{stage}.log"
+                      log_path=work / LOGS / f"{stage}.log"
                       if stage else None)

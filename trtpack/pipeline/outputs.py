@@ -8,11 +8,10 @@ from pathlib import Path
 from trtpack.onnx_tools.files import data_path
 from trtpack.report import REPORT, Artifact, BuildReport
 from trtpack.sources.recipe import Recipe
+from trtpack.stages.artifacts import Artifacts
 
-RECIPE_FILE = "recipe.yaml"
 
-
-def artifact_records(artifacts: dict[str, Path], stage_dir: Path, root: Path
+def artifact_records(artifacts: Artifacts, stage_dir: Path, root: Path
                      ) -> list[Artifact]:
     """Artifacts of this stage (files only; a folder lists its files), with sha256. A file
     that two artifact names point at (the CPU model's ``cpu_onnx`` is its ``cpu_fp32_onnx``
@@ -25,7 +24,7 @@ def artifact_records(artifacts: dict[str, Path], stage_dir: Path, root: Path
             listed.add(f)
             records.append(Artifact.of(label, f, root))
 
-    for name, path in artifacts.items():
+    for name, path in artifacts.named().items():
         if not path.is_relative_to(stage_dir):
             continue
         files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]

@@ -8,7 +8,7 @@ in the report. The build is written to a temporary folder beside OUT and
 renamed into place at the end: an error keeps it as ``OUT.failed`` (with its report), an
 interruption (Ctrl-C, SIGTERM) removes it, and an earlier OUT stays intact until the rename.
 One build writes an OUT at a time (``out_files.out_lock``), and only trtpack's files of an
-earlier build there are replaced (``out_folder.replace_out``).
+earlier build there are replaced (``out_files.replace_out``).
 """
 
 from __future__ import annotations
@@ -24,21 +24,25 @@ from pathlib import Path
 from trtpack.errors import AccuracyError, StageError, TrtpackError, UserInputError, no_space_cause
 from trtpack.options import BuildOptions
 from trtpack.out_files import (
+    ARTIFACTS,
+    LOGS,
+    RECIPE_FILE,
     build_files,
     files_under,
     folder_error,
     out_lock,
+    replace_out,
     stale_siblings,
     write_manifest,
 )
 from trtpack.pipeline.cache import tool_versions
 from trtpack.pipeline.faults import disk_full_error
 from trtpack.pipeline.isolate import StageProcess
-from trtpack.pipeline.out_folder import replace_out
-from trtpack.pipeline.outputs import RECIPE_FILE, write_recipe, write_report_page
+from trtpack.pipeline.outputs import write_recipe, write_report_page
 from trtpack.pipeline.stage import STAGES
 from trtpack.pipeline.stage_runs import StageRuns
 from trtpack.report import REPORT, BuildReport, StageResult, VerificationRow
+from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import ProgressCallback, ProgressEvent
 
 
@@ -49,7 +53,7 @@ class FinishedStage:
 
     result: StageResult
     folder: Path  # the other build's artifacts/<stage>
-    artifacts: dict[str, Path]  # artifact name -> a path inside ``folder``
+    artifacts: Artifacts  # paths inside ``folder``
     log: Path | None = None
 
     @property
@@ -167,8 +171,8 @@ class Pipeline:
 
     def _run_stages(self, work: Path, report: BuildReport) -> None:
         o = self.options
-        artifacts: dict[str, Path] = {}
-        logs = work / "logs"
+        artifacts = Artifacts()
+        logs = work / LOGS
         logs.mkdir()
         order = self.stages.plan(report.versions,
                                  {name: f.key for name, f in self.finished.items()})
@@ -180,7 +184,8 @@ class Pipeline:
             if not stage.applies(o):
                 continue
             if stage.name in self.finished:
-                self._copy_finished(self.finished[stage.name], work, artifacts, report)
+                artifacts = self._copy_finished(self.finished[stage.name], work, artifacts,
+                                                report)
                 continue
             reason = stage.skip_reason(o)
             if reason is not None:
@@ -191,7 +196,7 @@ class Pipeline:
             plan = planned[stage.name]
             if not plan.cached:
                 self.stages.start_ahead(order, order.index(plan), logs)
-            stage_dir = work / "artifacts" / stage.name
+            stage_dir = work / ARTIFACTS / stage.name
             self.current_stage = stage.name
             stage_dir.mkdir(parents=True)
             self.progress(ProgressEvent(stage.name, "start"))
@@ -199,7 +204,7 @@ class Pipeline:
             discarded: str | None = None
             reused = None
             if plan.cached:
-                reused, discarded = self.stages.reuse(stage, plan.key, stage_dir, artifacts)
+                reused, discarded = self.stages.reuse(stage, plan.key, stage_dir)
             if reused is None:
                 if discarded is not None:  # a damaged entry: this stage and the next run again
                     plan.cached = False
@@ -207,13 +212,15 @@ class Pipeline:
                         later.cached = later.cached and self.stages.cache.has(
                             later.stage.name, later.key)
                     self.stages.start_ahead(order, order.index(plan), logs)
-                result, rows = self.stages.execute(stage, plan, stage_dir, artifacts, work,
-                                                   log_path)
+                result, rows, made = self.stages.execute(stage, plan, stage_dir, artifacts,
+                                                         work, log_path)
+                artifacts = artifacts.merged(made)
                 if discarded is not None:
                     result.warnings.insert(0, f"cache entry {discarded}; discarded, "
                                               f"{stage.name} ran again")
             else:
-                result, rows = reused
+                result, rows, made = reused
+                artifacts = artifacts.merged(made)
                 log_path.write_text(f"reused from cache key {plan.key}\n")
             result.log_path = str(log_path.relative_to(work))
             if not any(stage_dir.iterdir()):
@@ -232,13 +239,12 @@ class Pipeline:
                 )
 
 
-    def _copy_finished(self, finished: FinishedStage, work: Path, artifacts: dict[str, Path],
-                       report: BuildReport) -> None:
-        stage_dir = work / "artifacts" / finished.result.name
+    def _copy_finished(self, finished: FinishedStage, work: Path, artifacts: Artifacts,
+                       report: BuildReport) -> Artifacts:
+        """The stage another build ran, copied in; ``artifacts`` with its artifacts."""
+        stage_dir = work / ARTIFACTS / finished.result.name
         shutil.copytree(finished.folder, stage_dir)  # copies: onnx refuses linked weights
-        artifacts.update({name: stage_dir / path.relative_to(finished.folder)
-                          for name, path in finished.artifacts.items()})
-        log_path = work / "logs" / f"{finished.result.name}.log"
+        log_path = work / LOGS / f"{finished.result.name}.log"
         if finished.log is not None and finished.log.is_file():
             shutil.copyfile(finished.log, log_path)
         result = dataclasses.replace(
@@ -247,6 +253,7 @@ class Pipeline:
         report.stages.append(result)
         report.warnings.extend(result.warnings)
         self.progress(ProgressEvent(result.name, "end", result.message, result))
+        return artifacts.merged(finished.artifacts.moved(finished.folder, stage_dir))
 
 
 def build(options: BuildOptions, progress: ProgressCallback | None = None,

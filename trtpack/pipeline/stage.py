@@ -7,10 +7,10 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from types import ModuleType
 
 from trtpack.options import BuildOptions
-from trtpack.precision.cpu_int8 import search_on_demand
+from trtpack.precision.cpu.int8 import search_on_demand
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Stage:
     # False: the stage is not part of this build at all (not listed in the report)
     applies: Callable[[BuildOptions], bool] = lambda o: True
 
-    def load(self) -> Any:
+    def load(self) -> ModuleType:
         return importlib.import_module(self.module)
 
 

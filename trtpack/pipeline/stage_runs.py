@@ -9,7 +9,7 @@ import traceback
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from types import ModuleType
 
 from trtpack.errors import StageError, StageKilledError, TrtpackError, no_space_cause
 from trtpack.options import BuildOptions
@@ -20,13 +20,8 @@ from trtpack.pipeline.outputs import artifact_records
 from trtpack.pipeline.stage import STAGES, Stage
 from trtpack.report import Artifact, StageResult, VerificationRow
 from trtpack.resources import ResourceMeter
-from trtpack.stages.base import (
-    ProgressCallback,
-    StageContext,
-    StageOutcome,
-    metrics_dict,
-    stage_logger,
-)
+from trtpack.stages.artifacts import Artifacts
+from trtpack.stages.base import ProgressCallback, StageContext, StageOutcome, stage_logger
 
 
 @dataclass
@@ -34,7 +29,7 @@ class PlannedStage:
     """A stage of this build with its cache key, known before anything runs."""
 
     stage: Stage
-    module: Any
+    module: ModuleType
     key: str
     cached: bool
 
@@ -88,30 +83,33 @@ class StageRuns:
             process.stop()
         self.processes.clear()
 
-    def reuse(self, stage: Stage, key: str, stage_dir: Path, artifacts: dict[str, Path]
-               ) -> tuple[tuple[StageResult, list[VerificationRow]] | None, str | None]:
-        """The cached result (or None), and why the entry was discarded (or None)."""
+    def reuse(self, stage: Stage, key: str, stage_dir: Path
+              ) -> tuple[tuple[StageResult, list[VerificationRow], Artifacts] | None, str | None]:
+        """The cached result, rows and artifacts (or None), and why the entry was discarded
+        (or None)."""
         started = time.perf_counter()
         loaded = self.cache.load(stage.name, key, stage_dir)
         meta = loaded.meta
         if meta is None:
             return None, loaded.discarded
         self.cache.touch(stage.name, key)
-        for name, rel in meta["artifacts"].items():
-            artifacts[name] = stage_dir / rel
+        made = Artifacts.from_named({name: stage_dir / rel
+                                     for name, rel in meta["artifacts"].items()})
         result = StageResult(**meta["result"])
         result.artifacts = [Artifact(**a) for a in meta["records"]]
         result.cached = True
         result.ran_seconds = result.seconds  # entries are stored from stages that ran
         result.seconds = time.perf_counter() - started
         result.peak_memory_mb = None
-        return (result, [VerificationRow(**r) for r in meta.get("verification", [])]), None
+        return (result, [VerificationRow(**r) for r in meta.get("verification", [])],
+                made), None
 
     def execute(self, stage: Stage, plan: PlannedStage, stage_dir: Path,
-                 artifacts: dict[str, Path], work: Path, log_path: Path
-                 ) -> tuple[StageResult, list[VerificationRow]]:
+                 artifacts: Artifacts, work: Path, log_path: Path
+                 ) -> tuple[StageResult, list[VerificationRow], Artifacts]:
+        """Run the stage on ``artifacts``: its result, rows and the artifacts it made."""
         logger, handler = stage_logger(f"trtpack.stage.{stage.name}.{id(self)}", log_path)
-        ctx = StageContext(self.options, stage.name, stage_dir, work, dict(artifacts), logger,
+        ctx = StageContext(self.options, stage.name, stage_dir, work, artifacts, logger,
                            self.progress)
         if stage.isolated and stage.name not in self.processes:
             # planned as cached, but the entry went away
@@ -143,10 +141,9 @@ class StageRuns:
         finally:
             logger.removeHandler(handler)
             handler.close()
-        artifacts.update(outcome.artifacts)
         result = StageResult(
             stage.name, outcome.status, seconds=meter.seconds, peak_memory_mb=meter.peak_mb,
-            message=outcome.message, metrics=metrics_dict(outcome.metrics),
+            message=outcome.message, metrics=outcome.metrics.to_dict(),
             warnings=outcome.warnings,
             artifacts=artifact_records(outcome.artifacts, stage_dir, work),
         )
@@ -161,4 +158,4 @@ class StageRuns:
                 "verification": [asdict(r) for r in outcome.verification],
             }
             self.cache.store(stage.name, plan.key, stage_dir, meta)
-        return result, outcome.verification
+        return result, outcome.verification, outcome.artifacts

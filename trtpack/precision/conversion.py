@@ -15,16 +15,22 @@ import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from trtpack.cases import load_cases
 from trtpack.errors import StageError
 from trtpack.onnx_tools.files import move_model
 from trtpack.options import BuildOptions
 from trtpack.precision.metrics import AttemptSummary, Fp16Metrics, Int8Metrics
-from trtpack.precision.modelopt_jobs import ModelOptJob, ModelOptWorker
+from trtpack.precision.modelopt_jobs import ModelOptJob, ModelOptWorker, WorkerResult
 from trtpack.precision.source import resolve_node_patterns
 from trtpack.report import VerificationRow, shown_metric
+
+if TYPE_CHECKING:
+    from trtpack.precision.graph import LowPrecisionCounts
+    from trtpack.runtimes.onnxruntime import CpuSession
+    from trtpack.verify.compare import SampleText
+    from trtpack.verify.samples import Tokenizer
 
 WORKER_TIMEOUT_SECONDS = 4 * 3600
 
@@ -64,15 +70,15 @@ class Attempt:
     excluded: list[str]
     rows: list[VerificationRow]
     # the search split (INT8): judged with the corners on every attempt
-    holdout_worst: float | None = None
-    holdout_passed: bool = True
-    holdout_reasons: list[str] = field(default_factory=list)
+    search_worst: float | None = None
+    search_passed: bool = True
+    search_reasons: list[str] = field(default_factory=list)
     split_rows: list[VerificationRow] = field(default_factory=list)
-    session: Any = field(default=None, repr=False)  # ONNX Runtime's, while it is needed
+    session: CpuSession | None = field(default=None, repr=False)  # while it is needed
 
     @property
     def passed(self) -> bool:
-        return all(r.passed for r in self.rows) and self.holdout_passed
+        return all(r.passed for r in self.rows) and self.search_passed
 
     @property
     def worst(self) -> float | None:
@@ -87,10 +93,10 @@ class Attempt:
 
     def summary(self) -> AttemptSummary:
         return AttemptSummary(
-            worst_metric=self.worst, search_worst_metric=self.holdout_worst,
+            worst_metric=self.worst, search_worst_metric=self.search_worst,
             max_abs_diff=max((r.max_abs_diff for r in self.rows), default=None),
             failed_checks=sum(not r.passed for r in self.rows),
-            search_passed=self.holdout_passed, passed=self.passed)
+            search_passed=self.search_passed, passed=self.passed)
 
 
 class Conversion:
@@ -115,13 +121,13 @@ class Conversion:
         self.node_names = [n.name for n in graph.node]
         self.op_types = {n.name: n.op_type for n in graph.node}
         self.module_paths = module_paths(graph.node)
-        self._sample_text: Any = None
-        self._tokenizer: Any = None
+        self._sample_text: SampleText | None = None
+        self._tokenizer: Tokenizer | None = None
         self.conversion_seconds = 0.0
         self.conversions = 0
         self.worker = worker  # started ahead of the first conversion
         self.warnings: list[str] = []
-        self.last_result: dict[str, Any] = {}  # the worker's result of the last conversion
+        self.last_result: WorkerResult = {}  # the worker's result of the last conversion
         self.check = f"{self.precision}-vs-fp32"
 
     def modelopt(self, job: ModelOptJob, label: str,
@@ -168,7 +174,7 @@ class Conversion:
         finally:
             worker.close()
 
-    def verify(self, path: Path, session: Any = None, workers: int = 1
+    def verify(self, path: Path, session: CpuSession | None = None, workers: int = 1
                ) -> list[VerificationRow]:
         """Rows of the profile corners (``session``: one already open on ``path``, run
         from ``workers`` threads; None: one made for these few runs)."""
@@ -180,13 +186,13 @@ class Conversion:
         return compare_cases(self.check, self.recipe, self.precision, self.cases, outputs,
                              self.sample_text())
 
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> Tokenizer | None:
         """The model's tokenizer (loaded once), or None."""
         folder = self.ctx.artifacts.get("tokenizer")
         if folder is None:
             return None
         if self._tokenizer is None:
-            from trtpack.precision.text_batches import json_tokenizer
+            from trtpack.precision.calibration.text_batches import json_tokenizer
             from trtpack.pytorch.models import load_tokenizer
 
             # tokenizers alone where the saved tokenizer allows: no transformers import
@@ -194,7 +200,7 @@ class Conversion:
             self._tokenizer = self._tokenizer or load_tokenizer(self.recipe, folder)
         return self._tokenizer
 
-    def sample_text(self) -> Any:
+    def sample_text(self) -> SampleText:
         """A ``SampleText`` decoding token ids with the model's tokenizer (None: no text)."""
         if self._sample_text is None:
             from trtpack.verify.compare import token_text
@@ -223,7 +229,7 @@ class Conversion:
                 "export?")
         return matched
 
-    def stats(self, path: Path) -> dict[str, Any]:
+    def stats(self, path: Path) -> LowPrecisionCounts:
         import onnx
 
         from trtpack.precision.graph import low_precision_stats
@@ -242,7 +248,7 @@ class Conversion:
         return {n: (self.display(n) if n in self.module_paths else node_hint(by_name[n], inits))
                 for n in names if n in by_name}
 
-    def write_overlay(self, section: dict[str, Any], note: str) -> Path:
+    def write_overlay(self, section: dict[str, list[str]], note: str) -> Path:
         """The overlay YAML; node names (stable, for matching) get their module path and
         op type beside them as a comment."""
         import yaml

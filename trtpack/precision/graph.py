@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 if TYPE_CHECKING:
     import onnx
@@ -26,11 +26,11 @@ DATA_MOVEMENT = PASS_THROUGH | {"Shape", "Constant", "Concat", "Slice", "Expand"
                                   "Where", "Range"}
 
 
-def producers(model: onnx.ModelProto) -> dict[str, Any]:
+def producers(model: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
     return {out: node for node in model.graph.node for out in node.output}
 
 
-def _from_dequantize(tensor: str, produced_by: Mapping[str, Any]) -> bool:
+def _from_dequantize(tensor: str, produced_by: Mapping[str, onnx.NodeProto]) -> bool:
     seen = 0
     node = produced_by.get(tensor)
     while node is not None and node.op_type in PASS_THROUGH and seen < 8:
@@ -89,7 +89,7 @@ def dedicate_qdq(model: onnx.ModelProto, op_types: Sequence[str]) -> list[str]:
     return rewired
 
 
-def prune(nodes: list[Any], outputs: set[str]) -> list[Any]:
+def prune(nodes: list[onnx.NodeProto], outputs: set[str]) -> list[onnx.NodeProto]:
     """Drop nodes none of whose outputs is used (Q/DQ left behind by a rewired node)."""
     while True:
         used = {t for n in nodes for t in n.input} | outputs
@@ -157,6 +157,18 @@ def model_shell(model: onnx.ModelProto) -> onnx.ModelProto:
     return shell
 
 
+class LowPrecisionCounts(TypedDict):
+    """``LowPrecisionStats`` as report.json's ``low_precision`` holds it."""
+
+    compute_nodes: int
+    low_precision_nodes: int
+    share: float
+    matmul_gemm_nodes: int
+    matmul_gemm_low_precision: int
+    matmul_gemm_share: float
+    by_op_type: dict[str, list[int]]
+
+
 @dataclass
 class LowPrecisionStats:
     """How much of a model's MatMul/Gemm/Conv work runs in the low precision."""
@@ -175,7 +187,7 @@ class LowPrecisionStats:
     def matmul_gemm_share(self) -> float:
         return self.matmul_gemm_low / self.matmul_gemm_total if self.matmul_gemm_total else 0.0
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> LowPrecisionCounts:
         return {
             "compute_nodes": self.total, "low_precision_nodes": self.low,
             "share": round(self.share, 4),
@@ -203,7 +215,7 @@ def low_precision_stats(model: onnx.ModelProto, precision: str) -> LowPrecisionS
     )
 
 
-def nodes_with_subgraphs(graph: Any) -> list[Any]:
+def nodes_with_subgraphs(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     """The nodes of ``graph`` and of the bodies of its ``If``/``Loop``/``Scan`` nodes."""
     nodes = []
     for node in graph.node:
@@ -216,7 +228,7 @@ def nodes_with_subgraphs(graph: Any) -> list[Any]:
     return nodes
 
 
-def node_hint(node: Any, initializer_names: set[str]) -> str:
+def node_hint(node: onnx.NodeProto, initializer_names: set[str]) -> str:
     """A human name for a node: its weight's name (e.g. encoder.layer.3.output.dense)."""
     for name in node.input[1:]:
         if name in initializer_names and "." in name and not name.startswith(("onnx::", "val_")):

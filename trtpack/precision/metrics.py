@@ -3,11 +3,15 @@ keys as report.json has always had: the report page, bench and the tests read th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
+from trtpack.precision.graph import LowPrecisionCounts
 from trtpack.report import VerificationRow
+
+# What report.json holds: the value of each key ``as_dict`` writes there.
+JsonValue = (str | int | float | bool | None | Sequence["JsonValue"] | Mapping[str, "JsonValue"]
+             | LowPrecisionCounts)
 
 
 @dataclass
@@ -49,16 +53,22 @@ class SplitSummary:
 
 
 @dataclass
+class SmoothQuantSummary:
+    alpha: float
+    activations: int  # activations smoothed
+
+
+@dataclass
 class CalibrationSummary:
     source: str
     path: str | None
     samples: int
     batches: int
     search_samples: int
-    holdout_samples: int
+    holdout_samples: int  # report.json's key (the held-out split's samples)
     strata: dict[str, dict[str, int]]
     method: str
-    smoothquant: dict[str, Any] | None  # {"alpha", "activations"} when smoothed
+    smoothquant: SmoothQuantSummary | None  # when smoothed
     check_samples: int = 0
     prefix_samples: int = 0  # short prefixes of calibration lines the search decided on
 
@@ -83,7 +93,7 @@ class SearchRound:
     summary: AttemptSummary
     check_passed: bool | None = None  # the check split, consulted (None: not consulted)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, JsonValue]:
         found = {k: v for k, v in asdict(self).items() if k != "summary"}
         return {**found, **asdict(self.summary)}
 
@@ -103,7 +113,7 @@ class FallbackSummary:
     check_consultations: int = 0
     decision_samples: int = 0  # samples the search decided on (calibration, search, prefixes)
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, JsonValue]:
         if self.evaluations is None:
             return {"mode": self.mode, "rounds": self.rounds,
                     "check_consultations": self.check_consultations}
@@ -122,7 +132,7 @@ class PrecisionMetrics:
     excluded_nodes: list[str]
     excluded_by_fallback: list[str]
     excluded_node_hints: dict[str, str]
-    low_precision: dict[str, Any]  # LowPrecisionStats.as_dict()
+    low_precision: LowPrecisionCounts
     before: AttemptSummary
     after: AttemptSummary
     fallback: FallbackSummary
@@ -138,7 +148,7 @@ class Fp16Metrics(PrecisionMetrics):
     autocast_failure: str | None = None  # why AutoCast could not convert the graph
     kept_fp32_reasons: dict[str, str] = field(default_factory=dict)  # node -> why FP32
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, JsonValue]:
         return {"precision": "fp16", "keep_io_types": self.keep_io_types,
                 "converter": self.converter, "autocast_failure": self.autocast_failure,
                 "kept_fp32_reasons": self.kept_fp32_reasons,
@@ -157,7 +167,7 @@ class Int8Metrics(PrecisionMetrics):
     high_precision: str = "fp32"
     kept_layers: list[str] = field(default_factory=list)  # module path (op type) of each
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, JsonValue]:
         return {"precision": "int8",
                 "calibration": asdict(self.calibration) if self.calibration else None,
                 "splits": {k: asdict(v) if v else {} for k, v in self.splits.items()},
@@ -170,7 +180,7 @@ class Int8Metrics(PrecisionMetrics):
                 **_shared(self)}
 
 
-def _shared(m: PrecisionMetrics) -> dict[str, Any]:
+def _shared(m: PrecisionMetrics) -> dict[str, JsonValue]:
     return {"low_precision": m.low_precision, "before": asdict(m.before),
             "after": asdict(m.after), "fallback": m.fallback.as_dict(),
             "conversions": m.conversions, "conversion_seconds": m.conversion_seconds}

@@ -19,9 +19,26 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 WORKER_MODULE = "trtpack.precision.modelopt_worker"
+
+
+class WorkerResult(TypedDict, total=False):
+    """What a ModelOpt job writes to its result file (the keys of its mode)."""
+
+    seconds: float
+    # int8
+    dedicated_qdq_rewired: list[str]
+    prepared: list[str]
+    calibration_method: str
+    # fp16, AutoCast
+    out_of_range_nodes: list[str]
+    weights_outside_autocast: int
+    # fp16, onnxconverter-common
+    converter: str
+    blocked_by_failure: dict[str, str]
+    kept_fp32: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -53,7 +70,8 @@ class Fp16Job:
     reference_inputs: str | None = None
     range_nodes_file: str | None = None
     # "autocast" (ModelOpt), or "float16": onnxconverter-common's convert_float_to_float16,
-    # the fallback when AutoCast cannot convert a graph (trtpack.precision.fp16_fallback)
+    # the fallback when AutoCast cannot convert a graph
+    # (trtpack.precision.fp16.onnxconverter_fallback)
     converter: str = "autocast"
 
 
@@ -132,7 +150,7 @@ class ModelOptWorker:
 
         return code, read("stdout.txt"), read("stderr.txt"), seconds
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> WorkerResult:
         return json.loads((self.cwd / "result.json").read_text())  # type: ignore[no-any-return]
 
     def close(self) -> None:

@@ -16,27 +16,34 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from trtpack.onnx_tools.files import save_model
-from trtpack.precision.autocast_weights import (
+from trtpack.precision.fp16.autocast_weights import (
     out_of_range_nodes,
     restore_weights,
     save_converted,
     strip_weights,
 )
-from trtpack.precision.modelopt_jobs import ModelOptJob
+from trtpack.precision.modelopt_jobs import Int8Job, ModelOptJob, WorkerResult
 from trtpack.processes import die_with_parent
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    
+    import numpy as np
+    import onnx
+    from onnxruntime.quantization.calibrate import CalibrationDataReader
 
 
 def exact(names: list[str]) -> list[str]:
     return [f"^{re.escape(n)}$" for n in names]
 
 
-def _calibration_reader(feeds_path: str) -> Any:
+def _calibration_reader(feeds_path: str) -> CalibrationDataReader:
     from onnxruntime.quantization.calibrate import CalibrationDataReader
 
-    from trtpack.precision.calibration import load_feeds
+    from trtpack.precision.calibration.data import load_feeds
 
     feeds = load_feeds(Path(feeds_path))
 
@@ -47,10 +54,10 @@ def _calibration_reader(feeds_path: str) -> Any:
             self.feeds = feeds
             self._it = iter(self.feeds)
 
-        def get_next(self) -> dict[str, Any] | None:
+        def get_next(self) -> dict[str, np.ndarray] | None:
             return next(self._it, None)
 
-        def get_first(self) -> dict[str, Any]:
+        def get_first(self) -> dict[str, np.ndarray]:
             return self.feeds[0]
 
         def rewind(self) -> None:
@@ -93,7 +100,7 @@ def prepare_int8_input(source: Path) -> tuple[Path, list[str]]:
     return prepared, done
 
 
-def run_int8(job: ModelOptJob, work: Path) -> dict[str, Any]:
+def run_int8(job: ModelOptJob, work: Path) -> WorkerResult:
     import onnx
     from modelopt.onnx.quantization import quantize
 
@@ -128,7 +135,8 @@ def run_int8(job: ModelOptJob, work: Path) -> dict[str, Any]:
             "calibration_method": method}
 
 
-def quantize_int8(quantize: Any, spec: Any, source: Path, tmp_out: Path, method: str) -> None:
+def quantize_int8(quantize: Callable[..., None], spec: Int8Job, source: Path, tmp_out: Path,
+                  method: str) -> None:
     """One ModelOpt INT8 quantize call of ``spec`` with calibration ``method``."""
     quantize(
         onnx_path=str(source),
@@ -148,16 +156,16 @@ def quantize_int8(quantize: Any, spec: Any, source: Path, tmp_out: Path, method:
     )
 
 
-def run_fp16(job: ModelOptJob, work: Path) -> dict[str, Any]:
+def run_fp16(job: ModelOptJob, work: Path) -> WorkerResult:
     assert job.fp16 is not None
     if job.fp16.converter == "float16":
-        from trtpack.precision.fp16_fallback import convert_float16
+        from trtpack.precision.fp16.onnxconverter_fallback import convert_float16
 
         return convert_float16(job, work)
     return run_autocast(job, work)
 
 
-def run_autocast(job: ModelOptJob, work: Path) -> dict[str, Any]:
+def run_autocast(job: ModelOptJob, work: Path) -> WorkerResult:
     import numpy as np
     from modelopt.onnx.autocast import convert_to_mixed_precision
     from modelopt.onnx.autocast.convert import DEFAULT_DATA_MAX
@@ -183,7 +191,7 @@ def run_autocast(job: ModelOptJob, work: Path) -> dict[str, Any]:
     # above, initializer range in strip_weights), so AutoCast converts the graph alone: its
     # own reference run and its copies of the weights (8 GB for bert-large's 1.3 GB) are
     # skipped, and the weights are cast to FP16 one at a time afterwards.
-    weights: dict[str, Any] = {}
+    weights: dict[str, onnx.TensorProto] = {}
     onnx_path = source
     if reference:
         onnx_path = source.with_name("graph-" + source.name)
@@ -207,7 +215,7 @@ def run_autocast(job: ModelOptJob, work: Path) -> dict[str, Any]:
     if reference:
         # AutoCast's model must run where it is verified: a failure (a shape mismatch in a
         # Cast it inserted, a crash) is this worker's, and the stage falls back
-        from trtpack.precision.fp16_fallback import run_problem
+        from trtpack.precision.fp16.onnxconverter_fallback import run_problem
 
         with np.load(reference) as data:
             problem = run_problem(Path(job.output), {k: data[k] for k in data.files})

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import onnx
 
 NAME_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 WRAPPER_PREFIX = "model."  # trtpack's export wrapper holds the model as ``self.model``
 
 
-def module_path(node: Any) -> str | None:
+def module_path(node: onnx.NodeProto) -> str | None:
     """The PyTorch module path of an ONNX node (e.g. ``encoder.layer.3.attention.self.query``),
     or None when the node carries no name scopes."""
     raw = next((p.value for p in node.metadata_props if p.key == NAME_SCOPES_KEY), None)
@@ -41,7 +44,7 @@ def module_path(node: Any) -> str | None:
     return path
 
 
-def module_paths(nodes: Iterable[Any]) -> dict[str, str]:
+def module_paths(nodes: Iterable[onnx.NodeProto]) -> dict[str, str]:
     """{node name: module path} for the nodes that carry one."""
     found: dict[str, str] = {}
     for node in nodes:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,7 +34,7 @@ class SmoothTarget:
     """One activation and the MatMul nodes reading it with a constant 2-D weight."""
 
     tensor: str
-    matmuls: list[Any]  # onnx NodeProto
+    matmuls: list[onnx.NodeProto]
     producer: str  # op type of the node making the activation ("" for a graph input)
 
 
@@ -107,7 +107,7 @@ def smooth_model(model: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray
     maxima = channel_maxima(model, [t.tensor for t in targets], feeds)
     inits = {i.name: i for i in model.graph.initializer}
     position = {id(n): i for i, n in enumerate(model.graph.node)}
-    inserts: list[tuple[int, Any]] = []
+    inserts: list[tuple[int, onnx.NodeProto]] = []
     done: list[str] = []
     for t in targets:
         weights = [numpy_helper.to_array(inits[m.input[1]]) for m in t.matmuls]

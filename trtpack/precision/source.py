@@ -6,12 +6,15 @@ import re
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from trtpack.onnx_tools.files import link_or_copy
 
+if TYPE_CHECKING:
+    import onnx
 
-def external_locations(model: Any) -> set[str]:
+
+def external_locations(model: onnx.ModelProto) -> set[str]:
     """The external data files a model refers to: of its initializers and of its nodes'
     tensor attributes (a ``Constant`` node's weight), subgraphs included."""
     from onnx.external_data_helper import ExternalDataInfo, uses_external_data

@@ -14,11 +14,15 @@ import inspect
 import json
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NotRequired, SupportsInt, TypedDict
 
 from trtpack.errors import TrtpackError, UserInputError
 from trtpack.shapes import BATCH_AXIS, TensorSpec
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_SIZES = {BATCH_AXIS: 2}  # an example size per axis when none is described
 DEFAULT_SIZE = 16
@@ -26,7 +30,54 @@ TORCH_DTYPES = {"float32": "float32", "float16": "float16", "int64": "int64", "i
                 "uint8": "uint8", "bool": "bool", "bfloat16": "float32", "float64": "float32"}
 
 
-def _dtype_name(dtype: Any) -> str:
+class InputSpec(TypedDict):
+    """A tensor input as the user describes it (``--input NAME=DTYPE[DIM,...]``)."""
+
+    dtype: str
+    axes: list[str | int]  # a name is a dynamic dim
+
+
+class InputDescription(InputSpec):
+    name: str
+    kind: NotRequired[str]  # the sample generator's kind (``TensorSpec.kind``)
+
+
+class OutputDescription(TypedDict):
+    name: str
+    axes: list[str | int]
+
+
+class DescribeRequest(TypedDict, total=False):
+    """What ``describe`` is asked (JSON, written by the build's process)."""
+
+    source: dict[str, str]  # a recipe ``source:``: factory, torchscript or exported_program
+    inputs: dict[str, InputSpec]
+    arguments: dict[str, object]  # constants for forward's non-tensor arguments
+    sizes: dict[str, int]  # an example size per axis
+    trtpack: str
+
+
+class Description(TypedDict):
+    """What a module or program is: its inputs, constants, outputs and dim ranges."""
+
+    kind: str  # "module"
+    inputs: list[InputDescription]
+    arguments: dict[str, object]
+    outputs: list[OutputDescription]
+    ranges: dict[str, list[int | None]]
+    vocab_size: NotRequired[int | None]
+    files: NotRequired[list[str]]
+
+
+class FolderDescription(TypedDict):
+    """A factory that returned a model directory (a package that ships weights)."""
+
+    kind: str  # "folder"
+    folder: str
+    files: list[str]
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
     name = str(dtype).removeprefix("torch.")
     if name not in TORCH_DTYPES:
         raise UserInputError(f"input dtype {name} is not one trtpack feeds (float32, float16, "
@@ -64,12 +115,12 @@ class FileWatch:
         self.active = False
         sys.addaudithook(self._hook)
 
-    def _hook(self, event: str, args: tuple[Any, ...]) -> None:
+    def _hook(self, event: str, args: tuple[object, ...]) -> None:
         if self.active and event == "open" and args and isinstance(args[0], str | Path):
             self.opened.add(str(args[0]))
 
 
-def describe(request: dict[str, Any]) -> dict[str, Any]:
+def describe(request: DescribeRequest) -> Description | FolderDescription:
     """The description of ``request["source"]`` (a recipe ``source:``), with the user's input
     descriptions ``request["inputs"]`` (name -> {dtype, axes}) and constants
     ``request["arguments"]`` (name -> value); ``request["sizes"]`` gives example sizes per
@@ -84,12 +135,13 @@ def describe(request: dict[str, Any]) -> dict[str, Any]:
     watch = FileWatch()
     source = request["source"]
     before = set(sys.modules)
-    example: Any = None
+    example: object = None
     files: list[str] = []
     if source.get("exported_program"):
         files = [source["exported_program"]]
         return {**describe_program(load_exported_program(source["exported_program"]),
                                    request), "files": files}
+    module: torch.nn.Module
     if source.get("torchscript"):
         files = [source["torchscript"]]
         module = load_torchscript(source["torchscript"])
@@ -107,7 +159,7 @@ def describe(request: dict[str, Any]) -> dict[str, Any]:
     return {**describe_module(module, example, request), "files": files}
 
 
-def forward_parameters(module: Any) -> list[tuple[str, str, bool]]:
+def forward_parameters(module: torch.nn.Module) -> list[tuple[str, str, bool]]:
     """(name, kind, required) of each argument of ``module.forward``: kind is ``tensor``,
     ``constant`` (an int, float, bool or str: TorchScript says which) or ``any``."""
     import torch
@@ -128,7 +180,7 @@ def forward_parameters(module: Any) -> list[tuple[str, str, bool]]:
     return params
 
 
-def _example_dict(module: Any, example: Any) -> dict[str, Any]:
+def _example_dict(module: torch.nn.Module, example: object) -> dict[str, object]:
     names = [n for n, _, _ in forward_parameters(module)]
     if isinstance(example, dict):
         return dict(example)
@@ -140,13 +192,14 @@ def _example_dict(module: Any, example: Any) -> dict[str, Any]:
     return dict(zip(names, example, strict=False))
 
 
-def describe_module(module: Any, example: Any, request: dict[str, Any]) -> dict[str, Any]:
+def describe_module(module: torch.nn.Module, example: object, request: DescribeRequest
+                    ) -> Description:
     """Inputs from ``forward``'s arguments: the user's descriptions first, then the factory's
     example inputs; every required argument needs one of them (or a constant)."""
     import torch
 
-    described: dict[str, dict[str, Any]] = request.get("inputs", {})
-    constants: dict[str, Any] = dict(request.get("arguments", {}))
+    described = request.get("inputs", {})
+    constants = dict(request.get("arguments", {}))
     examples = _example_dict(module, example) if example is not None else {}
     unknown = sorted((set(described) | set(constants))
                      - {n for n, _, _ in forward_parameters(module)})
@@ -154,14 +207,15 @@ def describe_module(module: Any, example: Any, request: dict[str, Any]) -> dict[
         raise UserInputError(
             f"--input {unknown[0]}: the model's forward has no argument '{unknown[0]}'; its "
             f"arguments are {', '.join(n for n, _, _ in forward_parameters(module)) or 'none'}")
-    inputs: list[dict[str, Any]] = []
+    inputs: list[InputDescription] = []
     for name, kind, required in forward_parameters(module):
+        value = examples.get(name)
         if name in constants:
             continue
         if name in described:
-            inputs.append({"name": name, **described[name]})
-        elif name in examples and isinstance(examples[name], torch.Tensor):
-            value = examples[name]
+            inputs.append({"name": name, "dtype": described[name]["dtype"],
+                           "axes": described[name]["axes"]})
+        elif isinstance(value, torch.Tensor):
             axes: list[str | int] = [BATCH_AXIS if d == 0 else int(s)
                                      for d, s in enumerate(value.shape)]
             inputs.append({"name": name, "dtype": _dtype_name(value.dtype), "axes": axes})
@@ -182,8 +236,8 @@ def describe_module(module: Any, example: Any, request: dict[str, Any]) -> dict[
             "ranges": {}, "vocab_size": vocab if isinstance(vocab, int) else None}
 
 
-def example_feeds(inputs: list[dict[str, Any]], sizes: dict[str, int], seed: int = 0,
-                  grow: str | None = None) -> dict[str, Any]:
+def example_feeds(inputs: Sequence[InputDescription], sizes: Mapping[str, int], seed: int = 0,
+                  grow: str | None = None) -> dict[str, torch.Tensor]:
     """Realistic tensors for ``inputs`` at ``sizes`` per axis (``grow``: one axis +1)."""
     import torch
 
@@ -202,7 +256,7 @@ def example_feeds(inputs: list[dict[str, Any]], sizes: dict[str, int], seed: int
     return {n: torch.from_numpy(v) for n, v in feeds.items()}
 
 
-def returned_tensors(out: Any) -> dict[str, Any]:
+def returned_tensors(out: Any) -> dict[str, torch.Tensor]:
     """The tensors a forward returned, named: ``output`` for one tensor, ``output_K`` for a
     tuple's, the keys of a dict (or a Hugging Face ``ModelOutput``)."""
     import torch
@@ -217,8 +271,9 @@ def returned_tensors(out: Any) -> dict[str, Any]:
                          "a tuple of tensors or a dict of tensors")
 
 
-def output_axes(module: Any, inputs: list[dict[str, Any]], constants: dict[str, Any],
-                sizes: dict[str, int]) -> list[dict[str, Any]]:
+def output_axes(module: torch.nn.Module, inputs: Sequence[InputDescription],
+                constants: Mapping[str, object], sizes: Mapping[str, int]
+                ) -> list[OutputDescription]:
     """Each output's name and axes: a dim that follows an input axis when that axis grows by
     one is named after it; the others are static."""
     import torch
@@ -239,7 +294,7 @@ def output_axes(module: Any, inputs: list[dict[str, Any]], constants: dict[str, 
                                  hint="describe the inputs it takes with --input "
                                  "NAME=DTYPE[DIM,...] and size their dims with --profile"
                                  ) from None
-    outputs = []
+    outputs: list[OutputDescription] = []
     for name, tensor in base.items():
         axes: list[str | int] = []
         for d, size in enumerate(tensor.shape):
@@ -251,7 +306,8 @@ def output_axes(module: Any, inputs: list[dict[str, Any]], constants: dict[str, 
     return outputs
 
 
-def describe_program(program: Any, request: dict[str, Any]) -> dict[str, Any]:
+def describe_program(program: torch.export.ExportedProgram, request: DescribeRequest
+                     ) -> Description:
     """An ExportedProgram's user inputs (their dtypes and symbolic dims), the ranges
     torch.export recorded for those dims, and its outputs named from its return."""
     import torch
@@ -260,7 +316,7 @@ def describe_program(program: Any, request: dict[str, Any]) -> dict[str, Any]:
     user_inputs = list(signature.user_inputs)
     symbols: dict[str, str] = {}
     nodes = {n.name: n for n in program.graph.nodes}
-    inputs: list[dict[str, Any]] = []
+    inputs: list[InputDescription] = []
     first_dims: set[str] = set()
     for name in user_inputs:
         value = nodes[name].meta.get("val")
@@ -272,7 +328,7 @@ def describe_program(program: Any, request: dict[str, Any]) -> dict[str, Any]:
         [n for n in user_inputs if isinstance(nodes[n].meta.get("val"), torch.Tensor)]) \
         else None
 
-    def axis(dim: Any) -> str | int:
+    def axis(dim: int | torch.SymInt) -> str | int:
         if isinstance(dim, int):
             return dim
         text = str(dim)
@@ -280,7 +336,7 @@ def describe_program(program: Any, request: dict[str, Any]) -> dict[str, Any]:
             return BATCH_AXIS
         return symbols.setdefault(text, f"dim_{len(symbols)}")
 
-    constants: dict[str, Any] = {}
+    constants: dict[str, object] = {}
     for name in user_inputs:
         value = nodes[name].meta.get("val")
         if isinstance(value, torch.Tensor):
@@ -308,14 +364,14 @@ def describe_program(program: Any, request: dict[str, Any]) -> dict[str, Any]:
         names = [f"output_{k}" for k in range(len(out_vals))]
     if len(names) != len(out_vals):
         names = [f"output_{k}" for k in range(len(out_vals))]
-    outputs = [{"name": n, "axes": [axis(d) for d in v.shape]}
+    outputs: list[OutputDescription] = [{"name": n, "axes": [axis(d) for d in v.shape]}
                for n, v in zip(names, out_vals, strict=True) if isinstance(v, torch.Tensor)]
     ranges = _lowest_that_runs(program, inputs, ranges, request.get("sizes", {}))
     return {"kind": "module", "inputs": inputs, "arguments": constants, "outputs": outputs,
             "ranges": ranges}
 
 
-def _bound(value: Any) -> int | None:
+def _bound(value: SupportsInt) -> int | None:
     """A sympy bound as an int; None for infinity (torch's ``int_oo``: unbounded)."""
     if str(value) in ("oo", "int_oo", "-oo", "-int_oo"):
         return None
@@ -325,8 +381,9 @@ def _bound(value: Any) -> int | None:
         return None
 
 
-def _lowest_that_runs(program: Any, inputs: list[dict[str, Any]],
-                      ranges: dict[str, list[int | None]], sizes: dict[str, int]
+def _lowest_that_runs(program: torch.export.ExportedProgram,
+                      inputs: Sequence[InputDescription],
+                      ranges: dict[str, list[int | None]], sizes: Mapping[str, int]
                       ) -> dict[str, list[int | None]]:
     """torch.export reports dynamic dims from 0 or 2 (it specializes sizes 0 and 1): a dim
     whose program runs at size 1 has min 1, otherwise 2."""
@@ -401,13 +458,14 @@ def main() -> None:
     request_path, result_path = sys.argv[1], sys.argv[2]
     request = json.loads(Path(request_path).read_text(encoding="utf-8"))
     try:
-        result: dict[str, Any] = {"ok": describe(request)}
+        result: dict[str, object] = {"ok": describe(request)}
     except TrtpackError as e:  # the user's to fix: the same error in the build's process
         result = {"error": str(e), "hint": e.hint, "exit_code": e.exit_code}
     Path(result_path).write_text(json.dumps(result, default=_constant), encoding="utf-8")
 
 
-def _constant(value: Any) -> Any:
+def _constant(value: object) -> object:
+    """A value ``json`` cannot write: a tensor's or numpy scalar's number, else its text."""
     if hasattr(value, "item"):
         return value.item()
     return str(value)

@@ -6,16 +6,20 @@ definition, ``resources.activation_bytes``."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from trtpack.onnx_tools.footprint import Footprint
 from trtpack.resources import Op, activation_bytes
 from trtpack.sources.recipe import Recipe
 
+if TYPE_CHECKING:
+    import torch
+    from torch._ops import OpOverload
+
 Shape = Sequence[int]
 
 
-def meta_module(recipe: Recipe) -> Any:
+def meta_module(recipe: Recipe) -> torch.nn.Module:
     """The recipe's module as ``load_model`` builds it (head, pooling), on the meta device:
     its parameters have shapes and dtypes but no memory. A factory's module is built, then
     moved to the meta device."""
@@ -30,11 +34,11 @@ def meta_module(recipe: Recipe) -> Any:
         return model_module(recipe, config)
 
 
-def _storage(tensor: Any) -> int:
+def _storage(tensor: torch.Tensor) -> int:
     return int(tensor.untyped_storage()._cdata)
 
 
-def module_footprint(module: Any, inputs: Mapping[str, Any]) -> Footprint:
+def module_footprint(module: torch.nn.Module, inputs: Mapping[str, torch.Tensor]) -> Footprint:
     """Trace one forward of a meta-device ``module`` on meta ``inputs`` (name -> tensor) and
     count its weights and activations. A value the model reads back into Python (``.item()``,
     ``bool(tensor)``: data on the meta device has none) reads as 1 / True: the path of a
@@ -46,13 +50,15 @@ def module_footprint(module: Any, inputs: Mapping[str, Any]) -> Footprint:
     scalar_ops = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default}
     ops: list[Op] = []
     sizes: dict[int, int] = {}
-    held: list[Any] = []  # every tensor stays referenced: a storage's key is never reused
+    held: list[torch.Tensor] = []  # every tensor stays referenced: a storage's key is never reused
 
     class Trace(TorchDispatchMode):
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
-                               kwargs: Any = None) -> Any:
+        def __torch_dispatch__(self, func: OpOverload, types: Sequence[type],
+                               args: Sequence[object] = (),
+                               kwargs: Mapping[str, object] | None = None) -> object:
             if func in scalar_ops:
                 tensor = args[0]
+                assert isinstance(tensor, torch.Tensor)  # both ops take one tensor
                 return True if tensor.dtype == torch.bool else \
                     1.0 if tensor.is_floating_point() else 1
             out = func(*args, **(kwargs or {}))
@@ -80,14 +86,15 @@ def module_footprint(module: Any, inputs: Mapping[str, Any]) -> Footprint:
     return Footprint(sum(weights.values()), activation_bytes(ops, sizes, outputs))
 
 
-def unfuse_attention(module: Any) -> bool:
+def unfuse_attention(module: torch.nn.Module) -> bool:
     """Switch a transformers model inside ``module`` to its eager attention (score, softmax,
     context as separate operations, as the exported ONNX graph runs them); False when there
     is none to switch."""
     for sub in module.modules():
-        if hasattr(sub, "set_attn_implementation") and hasattr(sub, "config"):
+        switch = getattr(sub, "set_attn_implementation", None)  # a transformers model's
+        if switch is not None and hasattr(sub, "config"):
             try:
-                sub.set_attn_implementation("eager")
+                switch("eager")
             except (ValueError, TypeError, AttributeError):
                 return False
             return True

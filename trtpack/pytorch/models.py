@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Union
 
 from trtpack.errors import MissingEnvironmentError, UserInputError
 from trtpack.sources.heads import head_for
 from trtpack.sources.recipe import Recipe, Source
 from trtpack.sources.tokenizer_files import has_tokenizer
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 OFFLINE_HINT = ("this machine may be offline: add --random-weights to build from the recipe's "
                 "architecture config")
@@ -61,15 +67,19 @@ def require_hub_weights(model_id: str) -> None:
             f"cannot be reached: {reason})", hint=OFFLINE_HINT) from None
 
 
+ExportInput = Union["torch.nn.Module", "torch.export.ExportedProgram"]
+"""What the exporter takes: a module, or the ExportedProgram of a ``.pt2`` itself."""
+
+
 @dataclass
 class LoadedModel:
-    module: Any  # torch.nn.Module in eval mode
-    tokenizer: Any | None
-    config: Any | None  # transformers config, when the model has one
+    module: torch.nn.Module  # in eval mode
+    tokenizer: PreTrainedTokenizerBase | None
+    config: PretrainedConfig | None  # when the model has one
     weights: str  # "pretrained" or "random"
 
 
-def _import_file(path: Path) -> Any:
+def _import_file(path: Path) -> ModuleType:
     """The module in ``path``, imported with its folder first on ``sys.path`` (so it imports
     its sibling modules as it would when run from there)."""
     import importlib.util
@@ -88,7 +98,8 @@ def _import_file(path: Path) -> Any:
     return module
 
 
-def _call(ref: str, what: str) -> Any:
+def _call(ref: str, what: str) -> object:
+    """What the function ``ref`` returns, not yet checked (the caller checks what it is)."""
     module_name, _, func_name = ref.rpartition(":")
     if not module_name or not func_name:
         raise UserInputError(f"{what} '{ref}' must be 'package.module:function' or "
@@ -107,13 +118,13 @@ def _call(ref: str, what: str) -> Any:
     return func()
 
 
-def call_factory(ref: str) -> Any:
+def call_factory(ref: str) -> object:
     """What the factory ``ref`` returns: a module, a (module, example inputs) pair, or a model
     directory (a package that ships weights)."""
     return _call(ref, "model factory")
 
 
-def load_torchscript(path: str) -> Any:
+def load_torchscript(path: str) -> torch.jit.ScriptModule:
     """A TorchScript module in eval mode (``torch.jit.load``: TorchScript only, nothing is
     unpickled as Python objects)."""
     import torch
@@ -125,7 +136,7 @@ def load_torchscript(path: str) -> Any:
         raise UserInputError(f"'{path}' is not a loadable TorchScript model: {first}") from None
 
 
-def load_exported_program(path: str) -> Any:
+def load_exported_program(path: str) -> torch.export.ExportedProgram:
     """A saved ExportedProgram (``torch.export.load``). A program whose inputs or outputs
     are classes registered with pytree (a Hugging Face ``ModelOutput``) loads only once
     their modules are imported: those named in its signature are imported first."""
@@ -171,14 +182,15 @@ def pytree_modules(path: Path) -> list[str]:
 
 
 
-def split_factory_result(made: Any, ref: str) -> tuple[Any, Any]:
-    """A factory's module and its example inputs (None when it gave none)."""
+def split_factory_result(made: object, ref: str) -> tuple[torch.nn.Module, object]:
+    """A factory's module and its example inputs (None when it gave none; a tensor, a tuple
+    or a dict of values for ``forward``, read by ``describe``)."""
     import torch
 
     if isinstance(made, torch.nn.Module):
         return made, None
     if isinstance(made, tuple) and len(made) == 2 and isinstance(made[0], torch.nn.Module):
-        return made
+        return made[0], made[1]
     raise UserInputError(f"factory '{ref}' returned {type(made).__name__}; return a "
                          "torch.nn.Module, a (module, example inputs) pair, or a model "
                          "directory")
@@ -192,11 +204,15 @@ def source_directory(source: Source) -> Path | None:
             raise UserInputError(f"model directory '{path}' has no config.json")
         return path
     if source.package:
-        return Path(_call(source.package, "model package"))
+        folder = _call(source.package, "model package")
+        if not isinstance(folder, str | os.PathLike):
+            raise UserInputError(f"model package '{source.package}' returned "
+                                 f"{type(folder).__name__}; return the model directory")
+        return Path(folder)
     return None
 
 
-def call_program_module(module: Any, named: dict[str, Any]) -> Any:
+def call_program_module(module: torch.nn.Module, named: Mapping[str, torch.Tensor]) -> Any:
     """Call an ExportedProgram's module (``program.module()``) with inputs by name: it takes
     them as the program was exported, positional or keyword (its ``_in_spec``)."""
     spec = getattr(module, "_in_spec", None)
@@ -207,22 +223,22 @@ def call_program_module(module: Any, named: dict[str, Any]) -> Any:
     return module(*args, **{n: v for n, v in named.items() if n in keywords})
 
 
-def torch_source_module(source: Source) -> tuple[Any, Any]:
+def torch_source_module(source: Source) -> tuple[torch.nn.Module, ExportInput]:
     """The module of a PyTorch source, in eval mode, and what the exporter takes: the
     ExportedProgram itself for a ``.pt2``, else the module."""
     if source.exported_program:
         program = load_exported_program(source.exported_program)
         return program.module(), program
     if source.torchscript:
-        module = load_torchscript(source.torchscript)
-        return module, module
+        script = load_torchscript(source.torchscript)
+        return script, script
     assert source.factory is not None
     module, _ = split_factory_result(call_factory(source.factory), source.factory)
     module.eval()
     return module, module
 
 
-def _model_class(recipe: Recipe) -> Any:
+def _model_class(recipe: Recipe) -> type[PreTrainedModel]:
     import transformers
 
     head = head_for(recipe.task)
@@ -236,6 +252,8 @@ def _model_class(recipe: Recipe) -> Any:
 
 
 def load_tokenizer(recipe: Recipe, model_dir: Path | None) -> Any | None:
+    """The recipe's Hugging Face tokenizer (``PreTrainedTokenizerBase``; typed loosely
+    while ``stages.cpu_int8_serving`` keeps it in a variable of the JSON tokenizer's type)."""
     if not recipe.tokenizer:
         return None
     from transformers import AutoTokenizer
@@ -256,14 +274,14 @@ def load_tokenizer(recipe: Recipe, model_dir: Path | None) -> Any | None:
     raise UserInputError(f"recipe {recipe.name} says tokenizer: true but none was found")
 
 
-def _with_pad_token(tokenizer: Any) -> Any:
+def _with_pad_token(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
     """Causal LM tokenizers (GPT-2) have no pad token: pad with the end-of-text token."""
     if getattr(tokenizer, "pad_token", None) is None and getattr(tokenizer, "eos_token", None):
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
 
-def _sentence_pooler(model: Any, mode: str, normalize: bool) -> Any:
+def _sentence_pooler(model: torch.nn.Module, mode: str, normalize: bool) -> torch.nn.Module:
     """The base model with sentence-transformers pooling (and L2 normalisation) on top:
     returns ``{"sentence_embedding": [batch, hidden]}``."""
     import torch
@@ -273,7 +291,8 @@ def _sentence_pooler(model: Any, mode: str, normalize: bool) -> Any:
             super().__init__()
             self.model = model
 
-        def forward(self, input_ids: Any, attention_mask: Any, **kwargs: Any) -> Any:
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    **kwargs: torch.Tensor) -> dict[str, torch.Tensor]:
             hidden = self.model(input_ids=input_ids, attention_mask=attention_mask,
                                 **kwargs).last_hidden_state
             mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
@@ -331,7 +350,7 @@ def load_model(recipe: Recipe, *, random_weights: bool, seed: int = 0) -> Loaded
     return LoadedModel(module, load_tokenizer(recipe, model_dir), config, weights)
 
 
-def model_config(recipe: Recipe, from_hub: bool = False) -> Any:
+def model_config(recipe: Recipe, from_hub: bool = False) -> PretrainedConfig:
     """The transformers config of a recipe's model: its local directory's ``config.json``,
     else the recipe's ``config``, else (``from_hub``) its hub id's, from the local cache."""
     from transformers import AutoConfig
@@ -355,7 +374,7 @@ def model_config(recipe: Recipe, from_hub: bool = False) -> Any:
     raise UserInputError(f"recipe {recipe.name} has no 'config' to build random weights from")
 
 
-def model_module(recipe: Recipe, config: Any) -> Any:
+def model_module(recipe: Recipe, config: PretrainedConfig) -> torch.nn.Module:
     """The recipe's module built from ``config`` (random weights; on the meta device inside
     ``torch.device("meta")``), with its head's settings and pooling."""
     cls = _model_class(recipe)
@@ -365,12 +384,12 @@ def model_module(recipe: Recipe, config: Any) -> Any:
     return with_head_and_pooling(recipe, module)
 
 
-def with_head_and_pooling(recipe: Recipe, module: Any) -> Any:
+def with_head_and_pooling(recipe: Recipe, module: PreTrainedModel) -> torch.nn.Module:
     head = head_for(recipe.task)
     if head is not None and head.logits_only and hasattr(module.config, "use_cache"):
         module.config.use_cache = False  # logits only: no KV-cache outputs
     if recipe.pooling is not None:
-        module = _sentence_pooler(module, recipe.pooling.mode, recipe.pooling.normalize)
+        return _sentence_pooler(module, recipe.pooling.mode, recipe.pooling.normalize)
     return module
 
 

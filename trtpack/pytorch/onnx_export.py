@@ -29,9 +29,18 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import onnx_ir
+    import torch
+    from onnxscript._framework_apis.torch_2_5 import _OnnxFunctionMeta
+    from onnxscript._internal.values import OnnxFunction, TracedOnnxFunction
+    from torch._ops import OpOverload
+    from torch.fx.node import Argument
+    from torch.onnx._internal.exporter._registration import ONNXRegistry
 
 TORCH_VERSION = "2.13.0"  # the version whose private decomposition step is wrapped
 ONNXSCRIPT_VERSION = "0.7.2"  # the version whose private torchlib listing is replaced
@@ -49,7 +58,7 @@ class Decomposition:
         return f"{'skipped' if self.skipped else 'ran'}: {self.reason}"
 
 
-def rewrites() -> dict[Any, Any]:
+def rewrites() -> dict[OpOverload, OpOverload]:
     """ATen overloads the captured graph spells differently from the exporter's registry,
     mapped to the registered overload that computes the same thing."""
     import torch
@@ -59,7 +68,7 @@ def rewrites() -> dict[Any, Any]:
             aten.__or__.Tensor: aten.bitwise_or.Tensor}
 
 
-def _to_copy_dtype(node: Any) -> tuple[bool, Any]:
+def _to_copy_dtype(node: torch.fx.Node) -> tuple[bool, Argument]:
     """(whether ``node`` is a ``Tensor.to`` that only converts the type, its dtype)."""
     import torch
 
@@ -76,7 +85,7 @@ def _to_copy_dtype(node: Any) -> tuple[bool, Any]:
     return False, None
 
 
-def _assertion_targets() -> set[Any]:
+def _assertion_targets() -> set[OpOverload]:
     import torch
 
     aten = torch.ops.aten
@@ -85,7 +94,8 @@ def _assertion_targets() -> set[Any]:
             aten._assert_tensor_metadata.default}
 
 
-def untranslatable_ops(program: Any, registry: Any) -> list[str]:
+def untranslatable_ops(program: torch.export.ExportedProgram, registry: ONNXRegistry
+                       ) -> list[str]:
     """The ATen ops of an exported program that have no ONNX translation (after the
     spellings of ``rewrites``/``Tensor.to`` are mapped); empty when the decomposition
     re-trace can be skipped. Also non-empty for a program that mutates inputs or buffers."""
@@ -106,7 +116,7 @@ def untranslatable_ops(program: Any, registry: Any) -> list[str]:
     return sorted(missing)
 
 
-def _same_shape(a: Any, b: Any) -> bool:
+def _same_shape(a: torch.fx.Node, b: torch.fx.Node) -> bool:
     """Whether two traced values have the same (symbolic) shape, judged conservatively by
     the printed size expressions."""
     va, vb = a.meta.get("val"), b.meta.get("val")
@@ -115,7 +125,7 @@ def _same_shape(a: Any, b: Any) -> bool:
     return [str(d) for d in va.shape] == [str(d) for d in vb.shape]
 
 
-def respell(program: Any) -> None:
+def respell(program: torch.export.ExportedProgram) -> None:
     """Map the spellings of ``rewrites`` and dtype-only ``Tensor.to`` to registered ops, and
     drop reshapes to the shape a tensor already has (the re-trace drops them too; with
     dynamic axes onnxsim cannot)."""
@@ -165,7 +175,8 @@ def skip_needless_decomposition() -> Iterator[Decomposition]:
 
     original = _fx_passes.decompose_with_registry
 
-    def decompose(program: Any, registry: Any) -> Any:
+    def decompose(program: torch.export.ExportedProgram, registry: ONNXRegistry
+                  ) -> torch.export.ExportedProgram:
         missing = untranslatable_ops(program, registry)
         if missing:
             record.reason = "ops without an ONNX translation: " + ", ".join(missing[:5])
@@ -181,7 +192,7 @@ def skip_needless_decomposition() -> Iterator[Decomposition]:
         _fx_passes.decompose_with_registry = original
 
 
-def torchlib_ops_without_parsing() -> list[Any]:
+def torchlib_ops_without_parsing() -> list[_OnnxFunctionMeta]:
     """What onnxscript's ``get_torchlib_ops`` returns (every torchlib function, for the
     exporter's registry), without parsing each traced function's source to read its domain:
     a traced function's domain is its opset's (a test checks every one). The parse is most
@@ -192,7 +203,7 @@ def torchlib_ops_without_parsing() -> list[Any]:
 
     del ops  # imported for its registrations
 
-    def domain(function: Any) -> str:
+    def domain(function: OnnxFunction | TracedOnnxFunction) -> str:
         if isinstance(function, TracedOnnxFunction):
             return str(function.opset.domain)
         return str(function.function_ir.domain)
@@ -231,7 +242,7 @@ def quick_torchlib_registry() -> Iterator[None]:
         setattr(apis, "get_torchlib_ops", original)  # noqa: B010
 
 
-def optimize_program(model: Any) -> None:
+def optimize_program(model: onnx_ir.Model) -> None:
     """The exporter's optimizer (constant folding, its rewrite rules, dead code, common
     subexpressions): one round instead of its default two."""
     import onnxscript.optimizer
@@ -241,7 +252,7 @@ def optimize_program(model: Any) -> None:
     onnxscript.rewriter.onnx_fusions.fuse(model)
 
 
-def save_program(program: Any, path: Path) -> None:
+def save_program(program: torch.onnx.ONNXProgram, path: Path) -> None:
     """Write an exported model to ``path`` with its weights in ``path.data``."""
     import onnx_ir as ir
 
@@ -255,7 +266,7 @@ def save_program(program: Any, path: Path) -> None:
     program.save(str(path), external_data=True)
 
 
-def _contiguous_tensor(array: np.ndarray) -> Any:
+def _contiguous_tensor(array: np.ndarray) -> onnx_ir.Tensor:
     import onnx_ir as ir
 
     return ir.Tensor(np.ascontiguousarray(array))

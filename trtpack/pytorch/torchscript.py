@@ -13,12 +13,16 @@ same (a freshly loaded module per case), so verification compares like with like
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from torch._C import Node, Value
 
 MAX_ROUNDS = 20
 
 
-def _module_path(value: Any, root: Any) -> tuple[str, ...] | None:
+def _module_path(value: Value, root: Value) -> tuple[str, ...] | None:
     names: list[str] = []
     while value is not root:
         node = value.node()
@@ -29,14 +33,17 @@ def _module_path(value: Any, root: Any) -> tuple[str, ...] | None:
     return tuple(reversed(names))
 
 
-def _attribute(module: Any, path: tuple[str, ...]) -> Any:
+def _attribute(module: torch.nn.Module, path: tuple[str, ...]) -> object:
+    """The attribute at ``path`` (a submodule, a tensor, a value the module keeps)."""
+    value: object = module
     for name in path:
-        module = getattr(module, name)
-    return module
+        value = getattr(value, name)
+    return value
 
 
-def fold_state(graph: Any, saved: Any) -> int:
-    """Fold attribute reads and writes in ``graph`` (a traced wrapper's, inlined) with the
+def fold_state(graph: Any, saved: torch.nn.Module) -> int:
+    """Fold attribute reads and writes in ``graph`` (a traced wrapper's ``torch._C.Graph``,
+    inlined; torch's stub of it lacks ``findAllNodes`` and ``insertConstant``) with the
     values of ``saved`` (an untouched copy of the wrapper: tracing ran ``forward`` once and
     moved the traced copy's state). Returns how many writes were dropped."""
     import torch
@@ -46,7 +53,7 @@ def fold_state(graph: Any, saved: Any) -> int:
                 for n in graph.findAllNodes("prim::SetAttr")}
     for _ in range(MAX_ROUNDS):
         changed = False
-        written: dict[tuple[str, ...], Any] = {}
+        written: dict[tuple[str, ...], Value] = {}
         unsure: set[tuple[str, ...]] = set()  # written inside a branch not folded yet
         for node in list(graph.nodes()):
             if any(True for _ in node.blocks()):
@@ -89,8 +96,9 @@ def fold_state(graph: Any, saved: Any) -> int:
 
 
 def simplify(graph: Any) -> None:
-    """Fold what is now known: ranks of traced tensors (``x.dim()``), tuples built and
-    unpacked, constant arithmetic and the branches it decides."""
+    """Fold what is now known in ``graph`` (a ``torch._C.Graph``): ranks of traced tensors
+    (``x.dim()``), tuples built and unpacked, constant arithmetic and the branches it
+    decides."""
     import torch
 
     torch._C._jit_pass_peephole(graph, True)
@@ -107,7 +115,7 @@ def simplify(graph: Any) -> None:
     torch._C._jit_pass_dce(graph)
 
 
-def _written_inside(node: Any, root: Any) -> set[tuple[str, ...]]:
+def _written_inside(node: Node, root: Value) -> set[tuple[str, ...]]:
     """Attributes written anywhere in the blocks of ``node`` (a branch or a loop)."""
     written: set[tuple[str, ...]] = set()
     for block in node.blocks():
@@ -119,7 +127,8 @@ def _written_inside(node: Any, root: Any) -> set[tuple[str, ...]]:
     return written
 
 
-def traced_for_export(wrapper: Any, saved: Any, args: tuple[Any, ...]) -> Any:
+def traced_for_export(wrapper: torch.nn.Module, saved: torch.nn.Module,
+                      args: tuple[torch.Tensor, ...]) -> torch.jit.ScriptModule:
     """``wrapper`` (a Python module around the TorchScript one) traced on ``args`` with its
     state folded (``fold_state``), ready for the TorchScript exporter."""
     import torch

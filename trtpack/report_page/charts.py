@@ -9,17 +9,20 @@ from __future__ import annotations
 import html
 import io
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtpack.report import BuildReport
 from trtpack.report_page.svg_bars import Bar, Panel, hbar_chart
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 COLORS = {"served": "#2a9d8f", "onnx-fp32": "#8ab17d", "cpu-fp32": "#e9c46a", "pytorch": "#e76f51",
           "triton": "#264653", "ok": "#2a9d8f", "skipped": "#bbbbbb", "failed": "#e63946",
           "kept": "#e76f51", "quantized": "#2a9d8f", "memory": "#e9c46a"}
 
 
-def _figure(width: float, height: float) -> Any:
+def _figure(width: float, height: float) -> Figure:
     import matplotlib
     from matplotlib.figure import Figure
 
@@ -33,7 +36,7 @@ def _figure(width: float, height: float) -> Any:
     return Figure(figsize=(width, height), layout="constrained")
 
 
-def _svg(fig: Any, chart_id: str, caption: str) -> str:
+def _svg(fig: Figure, chart_id: str, caption: str) -> str:
     buf = io.StringIO()
     fig.savefig(buf, format="svg", metadata={"Date": None})
     svg = buf.getvalue()

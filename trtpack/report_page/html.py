@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from trtpack.out_files import REPORT_PAGE
 from trtpack.report import REPORT, BuildReport
 from trtpack.report_page.charts import stage_chart
 from trtpack.report_page.sections import (
@@ -31,8 +32,6 @@ from trtpack.report_page.sections import (
     table_html,
     verification_table,
 )
-
-PAGE = "report.html"
 
 CSS = """
 :root { --ink:#1d2a33; --muted:#5c6b75; --line:#e3e8ec; --bg:#f6f8fa; --ok:#2a9d8f;
@@ -165,6 +164,6 @@ def write_report_html(out: Path, report: BuildReport | None = None) -> Path:
     report = report or BuildReport.load(out / REPORT)
     page = render_report_html(report, out)
     page = re.sub(r"\n\s*\n", "\n", page)
-    path = out / PAGE
+    path = out / REPORT_PAGE
     path.write_text(page, encoding="utf-8")
     return path

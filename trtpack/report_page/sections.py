@@ -35,7 +35,7 @@ def table_html(headers: Sequence[str], rows: Iterable[Sequence[Any]],
     any length) wrapped at the page's width (the last column always is)."""
     classes = {i: "num" for i in numeric} | {i: "wrap" for i in wrapped}
 
-    def cell(tag: str, i: int, content: Any) -> str:
+    def cell(tag: str, i: int, content: str) -> str:
         return (f'<{tag} class="{classes[i]}">{content}</{tag}>' if i in classes
                 else f"<{tag}>{content}</{tag}>")
 
@@ -47,7 +47,7 @@ def table_html(headers: Sequence[str], rows: Iterable[Sequence[Any]],
     return f"<table{attr}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def number_cell(value: Any, fmt: str = ".3g") -> str:
+def number_cell(value: float | str | None, fmt: str = ".3g") -> str:
     """A number formatted with ``fmt``; a dash for ``None``."""
     if value is None:
         return '<span class="muted">–</span>'

@@ -3,22 +3,51 @@
 A model is given as a file (its sidecar beside it) or in memory: serialized in memory when it
 fits in one protobuf, else saved with external data to a temporary folder, which the session
 no longer needs once created.
+
+``OnnxRuntimeRunner`` is such a session behind the runner interface (``runtimes.runner``);
+``cpu_session`` and ``run_session`` hand out and run the session itself, typed by what trtpack
+uses of it (``CpuSession``).
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
 
 from trtpack.onnx_tools.files import fits_in_protobuf
+from trtpack.runtimes.runner import InactiveRunnerError, ModelRunner
+
+if TYPE_CHECKING:
+    import onnx
 
 
-def cpu_session(model: Any, threads: int | None = None, inter_op_threads: int | None = None,
-                few_runs: bool = False, optimized_model_path: Path | None = None,
-                spinning: bool = True) -> Any:
+class TensorArg(Protocol):
+    """An input or output of a session, as trtpack reads it (``onnxruntime.NodeArg``)."""
+
+    @property
+    def name(self) -> str: ...
+
+
+class CpuSession(Protocol):
+    """What trtpack uses of ``onnxruntime.InferenceSession`` (onnxruntime ships no types):
+    its inputs, its outputs, and ``run`` on one feed of tensors."""
+
+    def get_inputs(self) -> list[TensorArg]: ...
+
+    def get_outputs(self) -> list[TensorArg]: ...
+
+    def run(self, output_names: Sequence[str] | None,
+            input_feed: Mapping[str, np.ndarray]) -> list[np.ndarray]: ...
+
+
+def cpu_session(model: Path | onnx.ModelProto, threads: int | None = None,
+                inter_op_threads: int | None = None, few_runs: bool = False,
+                optimized_model_path: Path | None = None, spinning: bool = True) -> CpuSession:
     """An ``onnxruntime.InferenceSession`` on the CPU of ``model`` (a ``Path`` or an
     ``onnx.ModelProto``); ``threads`` caps intra-op threads (None: ONNX Runtime's default).
 
@@ -52,7 +81,7 @@ def cpu_session(model: Any, threads: int | None = None, inter_op_threads: int | 
     if inter_op_threads:
         options.inter_op_num_threads = inter_op_threads
     with tempfile.TemporaryDirectory(prefix="trtpack-session-") as tmp:
-        source: Any
+        source: str | bytes
         if isinstance(model, Path):
             source = str(model)
         elif fits_in_protobuf(model):
@@ -64,8 +93,8 @@ def cpu_session(model: Any, threads: int | None = None, inter_op_threads: int | 
         return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
 
-def run_session(session: Any, feeds: Iterable[Mapping[str, Any]], workers: int = 1
-                ) -> list[dict[str, Any]]:
+def run_session(session: CpuSession, feeds: Iterable[Mapping[str, np.ndarray]],
+                workers: int = 1) -> list[dict[str, np.ndarray]]:
     """Every output of ``session`` for each feed (inputs the model does not take are
     ignored), ``workers`` feeds at a time (ONNX Runtime runs a session from several threads;
     give such a session one thread of its own)."""
@@ -74,7 +103,7 @@ def run_session(session: Any, feeds: Iterable[Mapping[str, Any]], workers: int =
     names = [o.name for o in session.get_outputs()]
     inputs = {i.name for i in session.get_inputs()}
 
-    def run(feed: Mapping[str, Any]) -> dict[str, Any]:
+    def run(feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         values = session.run(names, {k: v for k, v in feed.items() if k in inputs})
         return dict(zip(names, values, strict=True))
 
@@ -84,7 +113,7 @@ def run_session(session: Any, feeds: Iterable[Mapping[str, Any]], workers: int =
         return list(pool.map(run, feeds))
 
 
-def with_outputs(model: Any, tensors: Iterable[str]) -> Any:
+def with_outputs(model: onnx.ModelProto, tensors: Iterable[str]) -> onnx.ModelProto:
     """A copy of ``model`` (``onnx.ModelProto``) that also outputs ``tensors`` (intermediate
     values)."""
     import onnx
@@ -96,3 +125,45 @@ def with_outputs(model: Any, tensors: Iterable[str]) -> Any:
         if name not in listed:
             probe.graph.output.append(onnx.ValueInfoProto(name=name))
     return probe
+
+
+class OnnxRuntimeRunner(ModelRunner):
+    """A model in ONNX Runtime on the CPU behind the runner interface: ``activate`` makes the
+    session (``cpu_session``, with these options), ``infer`` runs one feed."""
+
+    name = "onnxruntime"
+
+    def __init__(self, model: Path | onnx.ModelProto, threads: int | None = None, *,
+                 inter_op_threads: int | None = None, few_runs: bool = False,
+                 spinning: bool = True) -> None:
+        self.model = model
+        self.threads = threads
+        self.inter_op_threads = inter_op_threads
+        self.few_runs = few_runs
+        self.spinning = spinning
+        self._session: CpuSession | None = None
+
+    @property
+    def session(self) -> CpuSession:
+        if self._session is None:
+            raise InactiveRunnerError(self)
+        return self._session
+
+    def activate(self) -> None:
+        self._session = cpu_session(self.model, self.threads, self.inter_op_threads,
+                                    few_runs=self.few_runs, spinning=self.spinning)
+
+    def deactivate(self) -> None:
+        self._session = None
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(i.name for i in self.session.get_inputs())
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(o.name for o in self.session.get_outputs())
+
+    def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        (outputs,) = run_session(self.session, [feeds])
+        return outputs

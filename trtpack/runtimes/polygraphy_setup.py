@@ -1,5 +1,6 @@
 """Polygraphy around the TensorRT calls, with no TensorRT import: its logger routed to a
-``logging.Logger``, its ``Profile`` objects, and the CUDA versions its CUDA wrapper reads.
+``logging.Logger``, its ``Profile`` objects, the CUDA versions its CUDA wrapper reads, and the
+keyword arguments trtpack gives its loaders (TensorRT enums by member name).
 
 ``runtimes.tensorrt`` (the only ``tensorrt`` importer) uses them; polygraphy is imported
 inside the functions.
@@ -11,9 +12,30 @@ import contextlib
 import ctypes
 import logging
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from trtpack.shapes import TrtProfile
+
+if TYPE_CHECKING:
+    from polygraphy.backend.trt import Profile
+
+
+class NetworkKwargs(TypedDict, total=False):
+    """Keyword arguments for polygraphy's ``NetworkFromOnnxPath`` (besides the path)."""
+
+    strongly_typed: bool
+
+
+class ConfigKwargs(TypedDict, total=False):
+    """Keyword arguments for polygraphy's ``CreateConfig`` (besides profiles and the timing
+    cache), TensorRT enums by member name (``"AMPERE_PLUS"``)."""
+
+    tf32: bool
+    builder_optimization_level: int
+    memory_pool_limits: dict[str, int]  # MemoryPoolType member -> bytes
+    hardware_compatibility_level: str  # HardwareCompatibilityLevel member
+    version_compatible: bool
+    tiling_optimization_level: str  # TilingOptimizationLevel member
 
 
 @contextlib.contextmanager
@@ -63,7 +85,7 @@ def cuda_versions() -> tuple[str | None, str | None]:
         return None, None
 
 
-def polygraphy_profiles(profiles: Sequence[TrtProfile]) -> list[Any]:
+def polygraphy_profiles(profiles: Sequence[TrtProfile]) -> list[Profile]:
     """polygraphy ``Profile`` objects (plain mappings until ``CreateConfig`` turns them into
     ``IOptimizationProfile`` with ``set_shape``); building them needs no TensorRT."""
     from polygraphy.backend.trt import Profile

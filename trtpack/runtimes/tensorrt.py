@@ -15,31 +15,39 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from types import ModuleType
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from trtpack.cases import Case
 from trtpack.model_io import EngineTensor, numpy_dtype
 from trtpack.onnx_tools.files import sha256_file
-from trtpack.runtimes.polygraphy_setup import polygraphy_logging, polygraphy_profiles
+from trtpack.runtimes.polygraphy_setup import (
+    ConfigKwargs,
+    NetworkKwargs,
+    polygraphy_logging,
+    polygraphy_profiles,
+)
+from trtpack.runtimes.runner import InactiveRunnerError, ModelRunner
 from trtpack.shapes import TrtProfile
 
 if TYPE_CHECKING:  # for annotations only (tests read them: TensorRT names this module uses)
-    import tensorrt as trt
+    import tensorrt as trt  # no stubs: mypy cannot see it; tests/runtimes checks the names
+    from polygraphy.backend.trt import CreateConfig, NetworkFromOnnxPath
 
 class BuilderSettings(Protocol):
     """The builder options of one build (``engine.builder.BuilderSettings``): keyword
     arguments for polygraphy's ``CreateConfig`` and network loader, TensorRT enums by name."""
 
-    def config_kwargs(self) -> dict[str, Any]: ...
+    def config_kwargs(self) -> ConfigKwargs: ...
 
-    def network_kwargs(self) -> dict[str, Any]: ...
+    def network_kwargs(self) -> NetworkKwargs: ...
 
-    def to_dict(self) -> dict[str, Any]: ...
+    def to_dict(self) -> Mapping[str, object]: ...
 
 
 def tensorrt_version() -> str:
@@ -48,27 +56,29 @@ def tensorrt_version() -> str:
     return str(trt.__version__)
 
 
-def _enum(trt: Any, enum_name: str, member: str) -> Any:
+def _enum(trt: ModuleType, enum_name: str, member: str) -> object:
+    """The member ``member`` of TensorRT's enum ``enum_name`` (passed on to polygraphy)."""
     enum = getattr(trt, enum_name, None)
     if enum is None or not hasattr(enum, member):
         raise RuntimeError(f"this TensorRT ({trt.__version__}) has no {enum_name}.{member}")
     return getattr(enum, member)
 
 
-def resolve_config_kwargs(trt: Any, kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """Replace TensorRT enum member names in ``BuilderSettings.config_kwargs()`` by members."""
-    resolved = dict(kwargs)
-    if "memory_pool_limits" in resolved:
+def resolve_config_kwargs(trt: ModuleType, kwargs: ConfigKwargs) -> dict[str, object]:
+    """Replace TensorRT enum member names in ``BuilderSettings.config_kwargs()`` by members
+    (the keyword arguments polygraphy's ``CreateConfig`` is called with)."""
+    resolved: dict[str, object] = dict(kwargs)
+    if "memory_pool_limits" in kwargs:
         resolved["memory_pool_limits"] = {
             _enum(trt, "MemoryPoolType", pool): size
-            for pool, size in resolved["memory_pool_limits"].items()
+            for pool, size in kwargs["memory_pool_limits"].items()
         }
-    if "hardware_compatibility_level" in resolved:
+    if "hardware_compatibility_level" in kwargs:
         resolved["hardware_compatibility_level"] = _enum(
-            trt, "HardwareCompatibilityLevel", resolved["hardware_compatibility_level"])
-    if "tiling_optimization_level" in resolved:
+            trt, "HardwareCompatibilityLevel", kwargs["hardware_compatibility_level"])
+    if "tiling_optimization_level" in kwargs:
         resolved["tiling_optimization_level"] = _enum(
-            trt, "TilingOptimizationLevel", resolved["tiling_optimization_level"])
+            trt, "TilingOptimizationLevel", kwargs["tiling_optimization_level"])
     return resolved
 
 
@@ -93,13 +103,16 @@ class ConfigWithTimingCache:
     the new cache with ``ignore_mismatch=True``, so one file ends up mixing devices. Here a
     refused cache is reported (``accepted`` False) and replaced by the build's own."""
 
-    def __init__(self, create_config: Any, cache: bytes | None) -> None:
+    def __init__(self, create_config: Callable[[trt.Builder, trt.INetworkDefinition],
+                                               trt.IBuilderConfig],
+                 cache: bytes | None) -> None:
         self.create_config = create_config
         self.cache = cache
-        self.config: Any = None
+        self.config: trt.IBuilderConfig | None = None  # once built
         self.accepted: bool | None = None  # None: no cache was offered
 
-    def __call__(self, builder: Any, network: Any) -> Any:
+    def __call__(self, builder: trt.Builder, network: trt.INetworkDefinition
+                 ) -> trt.IBuilderConfig:
         config = self.create_config(builder, network)
         self.config = config
         if self.cache:
@@ -111,12 +124,14 @@ class ConfigWithTimingCache:
 
     def serialized(self) -> bytes:
         """The timing cache after the build (the accepted file's entries and the new ones)."""
+        if self.config is None:
+            raise RuntimeError("the timing cache is read after the build")
         with self.config.get_timing_cache().serialize() as buffer:
             return bytes(buffer)
 
 
 def engine_loaders(onnx: Path, profiles: Sequence[TrtProfile], settings: BuilderSettings
-                   ) -> tuple[Any, Any]:
+                   ) -> tuple[NetworkFromOnnxPath, CreateConfig]:
     """polygraphy's network loader and ``CreateConfig`` for one build (nothing runs yet; the
     timing cache is ``ConfigWithTimingCache``'s).
 
@@ -196,58 +211,110 @@ def engine_profile_count(engine: trt.ICudaEngine) -> int:
     return int(engine.num_optimization_profiles)
 
 
+class _PolygraphyRunner(Protocol):
+    """What trtpack uses of polygraphy's ``TrtRunner`` (polygraphy ships no types)."""
+
+    def activate(self) -> None: ...
+
+    def deactivate(self) -> None: ...
+
+    def infer(self, feed_dict: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]: ...
+
+
+class TensorRTRunner(ModelRunner):
+    """A deserialized engine in one optimization profile behind the runner interface:
+    ``activate`` makes polygraphy's ``TrtRunner`` (an execution context) with polygraphy's and
+    TensorRT's messages routed to ``log``; ``infer`` casts the feed to the engine's input
+    types (int64 token ids stay int64 when the engine takes INT64; inputs the engine does not
+    have are left out) and returns host copies of the outputs."""
+
+    name = "tensorrt"
+
+    def __init__(self, engine: trt.ICudaEngine, profile: int = 0,
+                 log: logging.Logger | None = None) -> None:
+        self.engine = engine
+        self.profile = profile
+        self.log = log or logging.getLogger("trtpack.tensorrt")
+        tensors = engine_tensors(engine)
+        self.input_types = {t.name: numpy_dtype(t.dtype, t.name) for t in tensors
+                            if t.mode == "input"}
+        self._outputs = tuple(t.name for t in tensors if t.mode == "output")
+        self._active: contextlib.ExitStack | None = None
+        self._runner: _PolygraphyRunner | None = None
+
+    def activate(self) -> None:
+        from polygraphy.backend.trt import TrtRunner
+
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(polygraphy_logging(self.log, "WARNING"))
+            self._runner = stack.enter_context(
+                TrtRunner(self.engine, optimization_profile=self.profile))
+            self._active = stack.pop_all()
+
+    def deactivate(self) -> None:
+        active, self._active, self._runner = self._active, None, None
+        if active is not None:
+            active.close()
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(self.input_types)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return self._outputs
+
+    def feed(self, values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``values`` cast to the engine's input types; inputs it does not have left out."""
+        return {name: np.ascontiguousarray(values[name].astype(dtype))
+                for name, dtype in self.input_types.items()}
+
+    def infer_fed(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The outputs for a feed ``feed()`` made, as polygraphy returns them (its host
+        buffers, reused by the next run)."""
+        if self._runner is None:
+            raise InactiveRunnerError(self)
+        return dict(self._runner.infer(feed))
+
+    def infer(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {k: np.array(v) for k, v in self.infer_fed(self.feed(feeds)).items()}
+
+
 def run_cases(engine: trt.ICudaEngine, cases: Sequence[Case], log: logging.Logger | None = None
               ) -> list[dict[str, np.ndarray]]:
-    """Run the engine on each case's inputs, in the case's optimization profile.
-
-    Inputs are cast to the engine's input types (e.g. int64 token ids stay int64 when the
-    engine takes INT64); inputs the engine does not have are left out.
-    """
-    from polygraphy.backend.trt import TrtRunner
-
-    inputs = {t.name: numpy_dtype(t.dtype, t.name) for t in engine_tensors(engine)
-              if t.mode == "input"}
+    """Run the engine on each case's inputs, in the case's optimization profile
+    (``TensorRTRunner``: inputs cast to the engine's types, unknown inputs left out)."""
     outputs: list[dict[str, np.ndarray]] = [{} for _ in cases]
     by_profile: dict[int, list[int]] = {}
     for i, case in enumerate(cases):
         by_profile.setdefault(case.profile, []).append(i)
-    with polygraphy_logging(log or logging.getLogger("trtpack.tensorrt"), "WARNING"):
-        for profile, indices in sorted(by_profile.items()):
-            with TrtRunner(engine, optimization_profile=profile) as runner:
-                for i in indices:
-                    feed = {name: np.ascontiguousarray(cases[i].inputs[name].astype(dtype))
-                            for name, dtype in inputs.items()}
-                    result = runner.infer(feed)
-                    outputs[i] = {k: np.array(v) for k, v in result.items()}
+    for profile, indices in sorted(by_profile.items()):
+        with TensorRTRunner(engine, profile, log) as runner:
+            for i in indices:
+                outputs[i] = runner.infer(cases[i].inputs)
     return outputs
 
 
 class EngineInfer:
     """A callable that runs one feed through an engine in one optimization profile and
-    returns when the outputs are on the host (what ``engine_runner`` yields)."""
+    returns when the outputs are on the host (what ``engine_runner`` yields): the feed is
+    prepared apart (``feed``), so that a timed call runs the engine alone."""
 
-    def __init__(self, runner: Any, inputs: Mapping[str, Any]) -> None:
+    def __init__(self, runner: TensorRTRunner) -> None:
         self.runner = runner
-        self.inputs = inputs
 
     def feed(self, values: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """``values`` cast to the engine's input types; inputs it does not have left out."""
-        return {name: np.ascontiguousarray(values[name].astype(dtype))
-                for name, dtype in self.inputs.items()}
+        return self.runner.feed(values)
 
-    def __call__(self, feed: Mapping[str, np.ndarray]) -> dict[str, Any]:
-        return dict(self.runner.infer(feed))
+    def __call__(self, feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.runner.infer_fed(feed)
 
 
 @contextlib.contextmanager
-def engine_runner(engine: Any, profile: int, log: logging.Logger | None = None
+def engine_runner(engine: trt.ICudaEngine, profile: int, log: logging.Logger | None = None
                   ) -> Iterator[EngineInfer]:
-    """polygraphy's ``TrtRunner`` on ``engine`` in ``profile``, as ``run_cases`` uses it (for
-    the benchmark: the same runtime path as verification). Not yet run on a GPU."""
-    from polygraphy.backend.trt import TrtRunner
-
-    inputs = {t.name: numpy_dtype(t.dtype, t.name) for t in engine_tensors(engine)
-              if t.mode == "input"}
-    with polygraphy_logging(log or logging.getLogger("trtpack.tensorrt"), "WARNING"), \
-            TrtRunner(engine, optimization_profile=profile) as runner:
-        yield EngineInfer(runner, inputs)
+    """``TensorRTRunner`` on ``engine`` in ``profile``, as ``run_cases`` uses it (for the
+    benchmark: the same runtime path as verification). Not yet run on a GPU."""
+    with TensorRTRunner(engine, profile, log) as runner:
+        yield EngineInfer(runner)

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from types import ModuleType
+from typing import TYPE_CHECKING, Literal
 
 from trtpack.engine.provenance import PLAN_FILENAME
 from trtpack.errors import UserInputError
@@ -26,6 +27,10 @@ from trtpack.serving.triton_rules import (
 from trtpack.shapes import ShapeProfile
 from trtpack.sources.recipe import TritonSettings
 
+if TYPE_CHECKING:
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
+
+
 InstanceKind = Literal["KIND_CPU", "KIND_GPU", "KIND_MODEL"]
 
 ONNX_PLATFORM = "onnxruntime_onnx"
@@ -35,7 +40,7 @@ CONFIG_FILE = "config.pbtxt"
 """Every Triton model directory's config file."""
 
 
-def _schema() -> Any:
+def _schema() -> ModuleType:
     from tritonclient.grpc import model_config_pb2
 
     return model_config_pb2
@@ -66,7 +71,7 @@ def model_config(
     profile_names: Sequence[str] = (),
     default_model_filename: str | None = None,
     batching: bool = True,
-) -> Any:
+) -> ModelConfig:
     """A ``ModelConfig`` message for one model, derived from its real I/O."""
     pb = _schema()
     config = pb.ModelConfig(name=name)
@@ -114,7 +119,7 @@ def _opt_dims(profile: ShapeProfile, t: TensorIO, batched: bool) -> list[int]:
     return list(shape[1:] if batched else shape)
 
 
-def add_warmup(config: Any, io: ModelIO, profiles: Sequence[ShapeProfile]) -> None:
+def add_warmup(config: ModelConfig, io: ModelIO, profiles: Sequence[ShapeProfile]) -> None:
     """One warm-up request per profile, named ``profile_<k>_opt``, at the profile's opt shape
     (batch clamped to ``max_batch_size``): random data for floating-point inputs, zeros for
     integer ones (token ids and masks: Triton's random data is random bytes, which would be
@@ -136,7 +141,7 @@ def add_warmup(config: Any, io: ModelIO, profiles: Sequence[ShapeProfile]) -> No
 
 
 def onnx_model_config(name: str, io: ModelIO, profiles: Sequence[ShapeProfile],
-                      settings: TritonSettings, kind: InstanceKind) -> Any:
+                      settings: TritonSettings, kind: InstanceKind) -> ModelConfig:
     """A ``ModelConfig`` serving ``1/model.onnx`` with ONNX Runtime on ``kind`` instances."""
     config = model_config(name, io, profiles, settings, platform=ONNX_PLATFORM,
                           kind=kind, default_model_filename=ONNX_FILENAME)
@@ -146,7 +151,7 @@ def onnx_model_config(name: str, io: ModelIO, profiles: Sequence[ShapeProfile],
 
 
 def engine_model_config(name: str, engine_io: ModelIO, profiles: Sequence[ShapeProfile],
-                        settings: TritonSettings) -> Any:
+                        settings: TritonSettings) -> ModelConfig:
     """A ``ModelConfig`` serving ``1/model.plan`` (a TensorRT engine).
 
     - platform ``tensorrt_plan``, dims and data types as the engine has them;
@@ -196,7 +201,7 @@ CUDA_GRAPHS_NOT_WRITTEN = (
 
 
 def python_model_config(name: str, io: ModelIO, profiles: Sequence[ShapeProfile],
-                        settings: TritonSettings, params: Mapping[str, str]) -> Any:
+                        settings: TritonSettings, params: Mapping[str, str]) -> ModelConfig:
     """A Python-backend helper model (tokenizer, post-processing) on CPU instances: the
     instance count and version policy of ``settings``; no cache, graphs, warm-up or
     batching queue (Python models get one request per input tensor; queueing only adds
@@ -217,17 +222,17 @@ def _triton_type(t: TensorIO) -> int:
     return int(pb.DataType.Value(NUMPY_TO_TRITON[t.dtype]))
 
 
-def config_text(config: Any) -> str:
+def config_text(config: ModelConfig) -> str:
     from google.protobuf import text_format
 
     return str(text_format.MessageToString(config))
 
 
-def write_config(path: Path, config: Any) -> None:
+def write_config(path: Path, config: ModelConfig) -> None:
     path.write_text(config_text(config), encoding="utf-8")
 
 
-def read_config(path: Path) -> Any:
+def read_config(path: Path) -> ModelConfig:
     """Parse a ``config.pbtxt`` with Triton's schema (raises ``UserInputError`` if invalid)."""
     from google.protobuf import text_format
 
@@ -241,7 +246,7 @@ def read_config(path: Path) -> Any:
                              f"{e.start})") from None
 
 
-def check_config(config: Any, io: ModelIO) -> list[str]:
+def check_config(config: ModelConfig, io: ModelIO) -> list[str]:
     """Disagreements between a config and the model's real I/O (empty when they agree)."""
     pb = _schema()
     problems: list[str] = []

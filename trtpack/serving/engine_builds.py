@@ -8,15 +8,20 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtpack.engine.provenance import PLAN_FILENAME, EngineProvenance, provenance_path
 from trtpack.errors import UserInputError
 from trtpack.machine.targets import resolve_target
 from trtpack.onnx_tools.files import sha256_file
+from trtpack.out_files import REPOSITORY
 from trtpack.report import REPORT
 from trtpack.serving.config import CONFIG_FILE, ENGINE_PLATFORM, config_text, read_config
-from trtpack.serving.layout import REPOSITORY, VERSION
+from trtpack.serving.layout import VERSION
+
+if TYPE_CHECKING:
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
+
 
 SAME_FIELDS = ("onnx_sha256", "onnx_data_sha256", "precision", "profiles", "inputs", "outputs",
                "tensorrt_version")
@@ -34,7 +39,7 @@ class EngineBuild:
     model_dir: Path  # model_repository/<name>
     plan: Path
     provenance: EngineProvenance
-    config: Any  # the engine model's ModelConfig
+    config: ModelConfig  # the engine model's ModelConfig
 
     @property
     def served_cc(self) -> tuple[int, int]:
@@ -184,7 +189,7 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _comparable_config(config: Any) -> str:
+def _comparable_config(config: ModelConfig) -> str:
     copy = type(config)()
     copy.CopyFrom(config)
     copy.ClearField("default_model_filename")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from trtpack.model_io import TRITON_TO_NUMPY, ModelIO
 from trtpack.serving.config import CONFIG_FILE, model_config, read_config
@@ -21,6 +21,9 @@ from trtpack.serving.postprocess import Postprocessing
 from trtpack.serving.tokenizer_model import TEXT_INPUT, TokenField
 from trtpack.shapes import ShapeProfile
 from trtpack.sources.recipe import TritonSettings
+
+if TYPE_CHECKING:
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 
 @dataclass
@@ -53,7 +56,7 @@ def text_ensemble_steps(tokenizer: str, model: str, model_io: ModelIO,
 
 
 def ensemble_config(name: str, io: ModelIO, profiles: Sequence[ShapeProfile],
-                    settings: TritonSettings, steps: Sequence[EnsembleStep]) -> Any:
+                    settings: TritonSettings, steps: Sequence[EnsembleStep]) -> ModelConfig:
     # instance groups, batching and version policy belong to the members
     config = model_config(name, io, profiles, TritonSettings.model_validate(
         {"response_cache": settings.response_cache}))
@@ -70,7 +73,7 @@ def ensemble_config(name: str, io: ModelIO, profiles: Sequence[ShapeProfile],
     return config
 
 
-def _tensors(config: Any, section: str) -> dict[str, tuple[str, list[int]]]:
+def _tensors(config: ModelConfig, section: str) -> dict[str, tuple[str, list[int]]]:
     """name -> (numpy dtype, full dims with -1 for the batch when batched)."""
     from tritonclient.grpc import model_config_pb2 as pb
 

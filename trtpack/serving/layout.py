@@ -32,8 +32,6 @@ from trtpack.serving.config import (
 from trtpack.shapes import ShapeProfile
 from trtpack.sources.recipe import TritonSettings
 
-REPOSITORY = "model_repository"
-"""The Triton model repository's folder in a build's output."""
 VERSION = "1"
 
 Role = Literal["model", "cpu_fallback", "tokenizer", "postprocess", "ensemble"]

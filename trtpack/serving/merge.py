@@ -28,11 +28,12 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtpack.engine.provenance import provenance_path
 from trtpack.errors import UserInputError
 from trtpack.onnx_tools.files import link_or_copy
+from trtpack.out_files import ARTIFACTS, REPOSITORY
 from trtpack.serving.config import CONFIG_FILE, check_config, read_config, write_config
 from trtpack.serving.engine_builds import (
     EngineBuild,
@@ -42,7 +43,11 @@ from trtpack.serving.engine_builds import (
     read_engine_build,
     tree_files,
 )
-from trtpack.serving.layout import REPOSITORY, VERSION
+from trtpack.serving.layout import VERSION
+
+if TYPE_CHECKING:
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
+
 
 MERGE_REPORT = "merge.json"
 CPU_SUFFIX = "_cpu"
@@ -65,7 +70,7 @@ class MergeResult:
         return self.out_dir / REPOSITORY
 
 
-def merged_config(builds: Sequence[EngineBuild]) -> Any:
+def merged_config(builds: Sequence[EngineBuild]) -> ModelConfig:
     """The first build's engine config with one ``cc_model_filenames`` entry per engine, in
     Triton's schema. ``default_model_filename`` is cleared: Triton then looks for
     ``model.plan``, which is absent, so a GPU family without an engine fails to load
@@ -107,7 +112,7 @@ def merge_builds(build_dirs: Sequence[Path], out: Path,
     cpu_source: Path | None = None
     warnings: list[str] = []
     if fallback_cpu and f"{name}{CPU_SUFFIX}" not in others:
-        cpu_source = first.folder / "artifacts" / "simplify" / "model.onnx"
+        cpu_source = first.folder / ARTIFACTS / "simplify" / "model.onnx"
         if not cpu_source.is_file():
             raise build_error(first.folder, f"--fallback-cpu needs the FP32 ONNX {cpu_source.name} "
                                             "in artifacts/simplify/, which is missing")

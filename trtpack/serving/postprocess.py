@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from trtpack.errors import UserInputError
 from trtpack.model_io import ModelIO, TensorIO
@@ -23,6 +23,10 @@ from trtpack.serving.tokenizer_model import TokenField
 from trtpack.shapes import ShapeProfile
 from trtpack.sources.heads import head_for
 from trtpack.sources.recipe import Recipe, TritonSettings
+
+if TYPE_CHECKING:
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
+
 
 EMBEDDING_OUTPUT = "embedding"
 PROBABILITIES_OUTPUT = "probabilities"
@@ -171,7 +175,7 @@ def postprocessing(recipe: Recipe, model_io: ModelIO, fields: Mapping[str, Token
 
 
 def postprocess_config(name: str, post: Postprocessing, profiles: Sequence[ShapeProfile],
-                       settings: TritonSettings) -> Any:
+                       settings: TritonSettings) -> ModelConfig:
     params = {"mode": post.mode, "values_input": post.values.name,
               "output": post.outputs[0].name}
     if post.mask is not None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from trtpack.errors import UserInputError
-from trtpack.out_files import make_folder, record_files
+from trtpack.out_files import SAGEMAKER, make_folder, record_files
 from trtpack.serving.sagemaker_archives import (
     SageMakerArchive,
     SageMakerPackage,
@@ -32,7 +32,6 @@ from trtpack.serving.sagemaker_archives import (
 from trtpack.serving.sagemaker_note import sagemaker_note
 
 NOTE = "SAGEMAKER.md"
-DEFAULT_DEST = "sagemaker"
 
 
 def package_sagemaker(path: Path, dest: Path | None = None, *,
@@ -41,7 +40,7 @@ def package_sagemaker(path: Path, dest: Path | None = None, *,
     model repository. ``dest`` defaults to ``<path>/sagemaker``; it must not be inside the
     repository (Triton would take it for a model folder)."""
     repository = find_model_repository(path)
-    dest = dest or path / DEFAULT_DEST
+    dest = dest or path / SAGEMAKER
     if dest.resolve().is_relative_to(repository.resolve()):
         raise UserInputError(f"--dest {dest} is inside the model repository {repository}")
     configs = model_configs(repository)

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from trtpack.errors import UserInputError
+from trtpack.out_files import REPOSITORY
 from trtpack.serving.config import read_config
-from trtpack.serving.layout import REPOSITORY
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from trtpack.errors import UserInputError
 from trtpack.model_io import ModelIO, TensorIO
@@ -28,6 +28,10 @@ from trtpack.serving.triton_rules import (
 from trtpack.shapes import ShapeProfile
 from trtpack.sources.recipe import Recipe, TritonSettings
 from trtpack.sources.tokenizer_files import tokenizer_files
+
+if TYPE_CHECKING:
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
+
 
 TEXT_INPUT = "TEXT"
 TOKENIZER_FOLDER = "tokenizer"
@@ -210,7 +214,7 @@ def tokenizer_io(model_io: ModelIO, fields: Mapping[str, TokenField]) -> ModelIO
 def tokenizer_config(name: str, model_io: ModelIO, fields: Mapping[str, TokenField],
                      profiles: Sequence[ShapeProfile], settings: TritonSettings,
                      seq: SequenceRange, pad_id: int, padding_side: str = "right",
-                     truncation_side: str = "right") -> Any:
+                     truncation_side: str = "right") -> ModelConfig:
     for side in (padding_side, truncation_side):
         if side not in ("left", "right"):
             raise UserInputError(f"tokenizer padding/truncation side '{side}' is not left/right")

@@ -30,10 +30,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from trtpack.engine.provenance import PLAN_FILENAME
-from trtpack.shapes import Shape, ShapeProfile
+from trtpack.shapes import Shape, ShapeProfile, ShapeRange
+
+if TYPE_CHECKING:
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
+
 
 RULE = ("Triton's TensorRT backend serves a batch only with a profile whose batch range holds "
         "it, and its dynamic batcher forms every batch from 1 to max_batch_size")
@@ -111,14 +115,14 @@ def triton_distance(opt: Shape, shape: Shape, batched: bool) -> int:
     return abs(opt[0] - batch) + sum(abs(opt[idx] - vec[idx - 1]) for idx in range(1, len(opt)))
 
 
-def _config_profiles(config: Any) -> list[int]:
+def _config_profiles(config: ModelConfig) -> list[int]:
     """The profiles an instance gets a context for: those listed in the instance groups,
     else profile 0 alone (``InitOptimizationProfiles``: ``("default", 0)``)."""
     listed = [int(p) for group in config.instance_group for p in group.profile]
     return sorted(set(listed)) if listed else [0]
 
 
-def triton_view(config: Any, profiles: Sequence[ShapeProfile]) -> TritonView:
+def triton_view(config: ModelConfig, profiles: Sequence[ShapeProfile]) -> TritonView:
     """Triton's load and profile-selection rules applied to a ``ModelConfig`` (Triton's
     schema) and the engine's optimization profiles (in the engine's order)."""
     mbs = int(config.max_batch_size)
@@ -203,7 +207,7 @@ def batch_coverage_problem(profiles: Sequence[ShapeProfile], batched: bool = Tru
 
 def _profile_from_batch_one(profile: ShapeProfile, up_to: int) -> str:
     """``profile``'s shapes with the batch range 1..``up_to``, as a ``--profile`` value."""
-    def text(r: Any) -> str:
+    def text(r: ShapeRange) -> str:
         opt_batch = max(1, up_to // 2)
         return ":".join("x".join(str(d) for d in (b, *s[1:]))
                         for b, s in ((1, r.min), (opt_batch, r.opt), (up_to, r.max)))
@@ -305,7 +309,7 @@ def padding_buckets(lengths: Sequence[int]) -> list[int]:
     return sorted(buckets)
 
 
-def engine_file(config: Any, compute_capability: tuple[int, int]) -> str:
+def engine_file(config: ModelConfig, compute_capability: tuple[int, int]) -> str:
     """The file of the version folder a TensorRT-backend instance on a GPU of this compute
     capability loads: ``cc_model_filenames["<major>.<minor>"]``, else
     ``default_model_filename``, else ``model.plan`` (Triton core's ``ArtifactFilename``;

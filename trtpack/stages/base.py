@@ -12,12 +12,14 @@ from typing import Any, Literal
 from trtpack.errors import StageError
 from trtpack.options import BuildOptions
 from trtpack.report import StageResult, StageStatus, VerificationRow
+from trtpack.stages.artifacts import Artifacts
 
 
 @dataclass
 class StageMetrics:
     """Base of each stage's metrics (a dataclass per stage, its fields typed). In report.json
-    they are the stage's ``metrics`` object: one key per field, fields left None omitted."""
+    they are the stage's ``metrics`` object: one key per field, fields left None omitted
+    (the base itself: no metrics)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -27,8 +29,8 @@ class StageMetrics:
 class StageOutcome:
     """What a stage returns. Artifact paths are inside the stage's folder."""
 
-    artifacts: dict[str, Path] = field(default_factory=dict)
-    metrics: StageMetrics | dict[str, Any] = field(default_factory=dict)
+    artifacts: Artifacts = field(default_factory=Artifacts)  # the ones this stage made
+    metrics: StageMetrics = field(default_factory=StageMetrics)
     verification: list[VerificationRow] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     message: str = ""
@@ -54,7 +56,7 @@ class StageContext:
     stage: str
     stage_dir: Path
     build_dir: Path  # the (temporary) output folder being built; renamed to OUT at the end
-    artifacts: dict[str, Path]
+    artifacts: Artifacts  # what the stages before this one made
     log: logging.Logger
     on_progress: ProgressCallback
 
@@ -62,10 +64,12 @@ class StageContext:
         self.log.info(message)
         self.on_progress(ProgressEvent(self.stage, "update", message))
 
-    def artifact(self, name: str) -> Path:
-        if name not in self.artifacts:
+    def needs(self, path: Path | None, name: str) -> Path:
+        """``path``, an artifact of an earlier stage (``name`` says which); ``StageError``
+        when no earlier stage produced it."""
+        if path is None:
             raise StageError(self.stage, f"needs artifact '{name}' that no earlier stage produced")
-        return self.artifacts[name]
+        return path
 
 
 def stage_logger(name: str, log_path: Path) -> tuple[logging.Logger, logging.Handler]:
@@ -78,7 +82,3 @@ def stage_logger(name: str, log_path: Path) -> tuple[logging.Logger, logging.Han
     logger.addHandler(handler)
     return logger, handler
 
-
-def metrics_dict(metrics: StageMetrics | dict[str, Any]) -> dict[str, Any]:
-    """A stage's metrics as report.json holds them."""
-    return metrics.to_dict() if isinstance(metrics, StageMetrics) else dict(metrics)

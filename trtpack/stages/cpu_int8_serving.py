@@ -2,8 +2,8 @@
 corners and the held-out split before it is served:
 
   1. every weight MatMul INT8 on the integer kernels, the feed-forward outlier channels FP32;
-  2. the Q/DQ search (``trtpack.precision.int8``) only if 1 fails, then the same form with
-     the layers the search kept in FP32 kept FP32;
+  2. the Q/DQ search (``trtpack.precision.int8.conversion``) only if 1 fails, then the same form
+     with the layers the search kept in FP32 kept FP32;
   3. the searched Q/DQ graph itself (ONNX Runtime runs most of it in FP32).
 
 For ``--target cpu`` the precision stage does not run: the search runs here, and only when
@@ -24,7 +24,7 @@ from trtpack.cases import Case
 from trtpack.errors import AccuracyError
 from trtpack.options import BuildOptions
 from trtpack.report import VerificationRow
-from trtpack.stages.base import StageContext
+from trtpack.stages.base import StageContext, StageOutcome
 
 CHECK_INT8 = "cpu-int8-vs-fp32"
 CHECK_INT8_HELDOUT = "cpu-int8-heldout"
@@ -46,7 +46,7 @@ class ServedInt8:
     outlier_channels: dict[str, list[int]] = field(default_factory=dict)
     tried: list[dict[str, Any]] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
-    search: Any = None  # the Q/DQ search's ConversionResult, where it ran here
+    search: StageOutcome | None = None  # the Q/DQ search's outcome, where it ran here
     warnings: list[str] = field(default_factory=list)
 
 
@@ -57,37 +57,37 @@ def verify_rows(ctx: StageContext, path: Path, cases: list[Case], check: str, pr
 
     recipe = ctx.options.recipe
     return compare_cases(check, recipe, precision, cases, run_onnxruntime(path, cases),
-                         saved_tokenizer_text(ctx.artifacts.get("tokenizer"), recipe))
+                         saved_tokenizer_text(ctx.artifacts.tokenizer, recipe))
 
 
 def serve_int8(ctx: StageContext, work: Path, source: Path, graph_shape: dict[str, Any],
                cases: list[Case]) -> ServedInt8:
     """The first CPU INT8 form that passes its gates (``--min-int8-share`` among them),
     else the searched Q/DQ graph (see the module docstring)."""
-    from trtpack.precision.cpu_int8 import (
+    from trtpack.precision.cpu.int8 import (
         EVERY_LAYER,
         EVERY_LAYER_SMOOTHED,
         SEARCH_LAYERS,
         fp32_weight_matmuls,
-        heldout_cases,
-        heldout_rows,
+        held_out_cases,
+        held_out_rows,
         make_cpu_int8,
     )
 
     settings = ctx.options.recipe.precision_options.int8
     cal, tokenizer = calibration(ctx)
-    held = heldout_cases(ctx.artifact("onnx"), cal)
+    held = held_out_cases(ctx.needs(ctx.artifacts.onnx, "onnx"), cal)
     served: ServedInt8 | None = None
     tried: list[dict[str, Any]] = []
     search = None
     form_failures: list[str] = []
-    qdq = ctx.artifacts.get("precision_onnx")
+    qdq = ctx.artifacts.precision_onnx
     for index, name in enumerate((EVERY_LAYER, SEARCH_LAYERS)):
         if name == SEARCH_LAYERS and qdq is None:
             ctx.progress("the first CPU INT8 form failed its gates: searching the layers to "
                          "keep in FP32 (Q/DQ search)")
             search = run_search(ctx)
-            qdq = search.artifacts["precision_onnx"]
+            qdq = search.artifacts.precision_onnx
         kept = [] if name == EVERY_LAYER else fp32_weight_matmuls(qdq) if qdq else []
         producers = EVERY_LAYER_SMOOTHED if name == EVERY_LAYER \
             else settings.smoothquant_producers or None
@@ -106,7 +106,7 @@ def serve_int8(ctx: StageContext, work: Path, source: Path, graph_shape: dict[st
             form_failures = [reason]
             continue
         rows = verify_rows(ctx, form.path, cases, CHECK_INT8, "int8")
-        rows += heldout_rows(CHECK_INT8_HELDOUT, ctx.options.recipe, held, form.path, cal,
+        rows += held_out_rows(CHECK_INT8_HELDOUT, ctx.options.recipe, held, form.path, cal,
                              tokenizer)
         served = describe_form(ctx, form, rows, work)
         form_failures = served.failures
@@ -136,23 +136,23 @@ def serve_int8(ctx: StageContext, work: Path, source: Path, graph_shape: dict[st
 def describe_form(ctx: StageContext, form: Any, rows: list[VerificationRow],
                   work: Path) -> ServedInt8:
     """A CPU INT8 form with its gates: the per-sample rows and ``--min-int8-share``."""
-    from trtpack.precision.cpu_int8 import CPU_INT8_FORM, form_layer_names
+    from trtpack.precision.cpu.int8 import CPU_INT8_FORM, form_layer_names
 
     share, kernels = served_share(form.path, work)
     failures = [f"{r.check} {r.corner}: {r.reason}" for r in rows if not r.passed][:5]
     failures += share_failures(ctx.options, share)
-    kept_layers, outliers = form_layer_names(ctx.artifact("onnx"), form)
+    kept_layers, outliers = form_layer_names(ctx.needs(ctx.artifacts.onnx, "onnx"), form)
     return ServedInt8(form.path, rows, not failures, f"int8, {CPU_INT8_FORM}; {form.name}",
                       share, kernels, form.excluded, kept_layers, outliers,
                       failures=failures)
 
 
-def describe_qdq(ctx: StageContext, qdq: Path, search: Any, form_failures: list[str],
-                 work: Path) -> ServedInt8:
+def describe_qdq(ctx: StageContext, qdq: Path, search: StageOutcome | None,
+                 form_failures: list[str], work: Path) -> ServedInt8:
     """The Q/DQ graph served on the CPU: its gates are the search's (its corners and the
     held-out split; beside a GPU engine the precision stage gated them), then
     ``--min-int8-share`` as ONNX Runtime runs it."""
-    from trtpack.precision.cpu_int8 import fp32_weight_matmuls
+    from trtpack.precision.cpu.int8 import fp32_weight_matmuls
 
     rows = list(search.verification) if search is not None else []
     share, kernels = served_share(qdq, work)
@@ -173,7 +173,7 @@ def served_share(path: Path, work: Path) -> tuple[tuple[int, int], dict[str, int
     kernels it runs."""
     import onnx
 
-    from trtpack.precision.cpu_int8 import INTEGER_KERNELS, runtime_op_counts, weight_matmul_share
+    from trtpack.precision.cpu.int8 import INTEGER_KERNELS, runtime_op_counts, weight_matmul_share
 
     counts = runtime_op_counts(path, work)
     kernels = {op: counts[op] for op in INTEGER_KERNELS if counts.get(op)}
@@ -212,7 +212,7 @@ def share_failures(options: BuildOptions, share: tuple[int, int]) -> list[str]:
             f"({quantized / total:.0%}), under --min-int8-share {options.min_int8_share:.0%}"]
 
 
-def run_search(ctx: StageContext) -> Any:
+def run_search(ctx: StageContext) -> StageOutcome:
     """The precision stage's INT8 conversion (the Q/DQ search), run here into
     ``<stage>/search`` (``--min-int8-share`` is judged on the model served instead)."""
     from trtpack.stages.precision import convert
@@ -225,26 +225,28 @@ def run_search(ctx: StageContext) -> Any:
 def calibration(ctx: StageContext) -> tuple[Any, Any]:
     """The INT8 build's calibration data (the same file, seed and splits as the precision
     stage's) and the tokenizer it was read with."""
-    from trtpack.precision.calibration import (
+    from trtpack.precision.calibration.data import (
         calibration_path,
         graph_vocab_size,
         load_calibration,
     )
 
     options, recipe = ctx.options, ctx.options.recipe
+    onnx = ctx.needs(ctx.artifacts.onnx, "onnx")
     path = calibration_path(options)
     tokenizer = None
     # no file: a model with a tokenizer calibrates on the shipped default text (as the
     # precision stage does), not on synthetic inputs
-    if (path is None or path.suffix.lower() != ".npz") and "tokenizer" in ctx.artifacts:
-        from trtpack.precision.text_batches import json_tokenizer
+    if (path is None or path.suffix.lower() != ".npz") and ctx.artifacts.tokenizer is not None:
+        from trtpack.precision.calibration.text_batches import json_tokenizer
         from trtpack.pytorch.models import load_tokenizer
 
         # as the precision stage reads it (Conversion.tokenizer): the same splits
-        tokenizer = json_tokenizer(ctx.artifacts["tokenizer"]) if recipe.tokenizer else None
-        tokenizer = tokenizer or load_tokenizer(recipe, ctx.artifacts["tokenizer"])
+        folder = ctx.artifacts.tokenizer
+        tokenizer = json_tokenizer(folder) if recipe.tokenizer else None
+        tokenizer = tokenizer or load_tokenizer(recipe, folder)
     cal = load_calibration(recipe, options.profiles, path, tokenizer=tokenizer,
                            max_samples=recipe.precision_options.int8.max_calibration_samples,
                            seed=options.seed,
-                           vocab_size=graph_vocab_size(ctx.artifact("onnx"), recipe))
+                           vocab_size=graph_vocab_size(onnx, recipe))
     return cal, tokenizer

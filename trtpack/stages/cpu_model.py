@@ -1,9 +1,9 @@
 """CPU model: the model ONNX Runtime serves on the CPU (``--target cpu``, and the
 ``--fallback-cpu`` model beside a GPU engine), shaped for ONNX Runtime rather than TensorRT.
 
-FP32: the transformer fusions (``trtpack.precision.cpu_fusion``), checked per sample against
+FP32: the transformer fusions (``trtpack.precision.cpu.fusion``), checked per sample against
 the FP32 outputs. INT8 builds: that graph dynamically quantized on ONNX Runtime's integer
-kernels (``trtpack.precision.cpu_int8``), with the layers the INT8 search kept in FP32 kept
+kernels (``trtpack.precision.cpu.int8``), with the layers the INT8 search kept in FP32 kept
 in FP32, gated on the profile corners and the held-out split with the INT8 tolerances; if it
 fails, the searched Q/DQ model is served instead (a warning says so). The graph is saved as
 fused operators only: ONNX Runtime's own (instruction-set specific) optimizations run when
@@ -14,15 +14,16 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from trtpack.cases import Case, load_cases
 from trtpack.onnx_tools.files import save_model
 from trtpack.options import BuildOptions
-from trtpack.precision.cpu_int8 import search_on_demand
+from trtpack.precision.cpu.int8 import search_on_demand
 from trtpack.report import VerificationRow
+from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 from trtpack.stages.cpu_int8_serving import (
     CHECK_INT8_HELDOUT,
@@ -68,8 +69,8 @@ class CpuModelMetrics(StageMetrics):
 def fingerprint(options: BuildOptions) -> dict[str, Any]:
     import importlib.metadata
 
-    from trtpack.precision.calibration import calibration_path
-    from trtpack.precision.calibration_files import file_sha256
+    from trtpack.precision.calibration.data import calibration_path
+    from trtpack.precision.calibration.files import file_sha256
     from trtpack.stages.precision import fingerprint as precision_fingerprint
 
     r = options.recipe
@@ -94,7 +95,7 @@ def model_shape(ctx: StageContext) -> tuple[str | None, int | None, int | None]:
     """(model_type, attention heads, hidden size) from the model's config.json, else the
     recipe's config."""
     config: dict[str, Any] = dict(ctx.options.recipe.config)
-    path = ctx.artifacts.get("model_config")
+    path = ctx.artifacts.model_config
     if path is not None and path.is_file():
         config = {**config, **json.loads(path.read_text())}
     from trtpack.sources.architectures import attention_heads, config_hidden_size
@@ -104,7 +105,7 @@ def model_shape(ctx: StageContext) -> tuple[str | None, int | None, int | None]:
 
 def run(ctx: StageContext) -> StageOutcome:
     from trtpack.onnx_tools.files import graph_summary
-    from trtpack.precision.cpu_fusion import CpuGraph, cpu_graph
+    from trtpack.precision.cpu.fusion import CpuGraph, cpu_graph
 
     recipe = ctx.options.recipe
     mask = next((i.name for i in recipe.inputs if i.kind == "attention_mask"), None)
@@ -113,8 +114,9 @@ def run(ctx: StageContext) -> StageOutcome:
     try:
         source = work / "model.onnx"
         # copies: onnx refuses a sidecar with several hard links (the stage cache's)
-        shutil.copy2(ctx.artifact("onnx"), source)
-        data = ctx.artifact("onnx").with_name(ctx.artifact("onnx").name + ".data")
+        fp32_onnx = ctx.needs(ctx.artifacts.onnx, "onnx")
+        shutil.copy2(fp32_onnx, source)
+        data = fp32_onnx.with_name(fp32_onnx.name + ".data")
         if data.is_file():
             shutil.copy2(data, work / data.name)
         ctx.progress("fusing the transformer graph for ONNX Runtime on the CPU")
@@ -134,7 +136,7 @@ def run(ctx: StageContext) -> StageOutcome:
         fp32_dir.mkdir()
         fp32_path = fp32_dir / "model.onnx"
         save_model(graph.model, fp32_path)
-        cases = load_cases(ctx.artifact("fp32_outputs"))
+        cases = load_cases(ctx.needs(ctx.artifacts.fp32_outputs, "fp32_outputs"))
         rows = verify_rows(ctx, fp32_path, cases, CHECK_FP32, "fp32")
         metrics = CpuModelMetrics(
             form="fp32, fused for ONNX Runtime" if graph.fused else "fp32 (no fusion matched)",
@@ -144,7 +146,7 @@ def run(ctx: StageContext) -> StageOutcome:
         if graph.model_type is not None and not any(graph.fused.values()):
             warnings.append(f"ONNX Runtime's {graph.model_type} optimizer fused nothing: the "
                             "CPU model is the plain FP32 graph")
-        artifacts = {"cpu_fp32_onnx": fp32_path, "cpu_onnx": fp32_path}
+        artifacts = Artifacts(cpu_fp32_onnx=fp32_path, cpu_onnx=fp32_path)
         if ctx.options.precision == "int8" and all(r.passed for r in rows):
             served = serve_int8(ctx, work, source, {
                 "config_model_type": model_type, "num_heads": heads, "hidden_size": hidden,
@@ -153,17 +155,17 @@ def run(ctx: StageContext) -> StageOutcome:
             metrics.smoothquant = recipe.precision_options.int8.smoothquant
             warnings += served.warnings
             if served.search is not None:  # the Q/DQ search ran here: its files too
-                artifacts.update(served.search.artifacts)
+                artifacts = artifacts.merged(served.search.artifacts)
                 search_note = served.search.message
             if ctx.options.auto_precision:
                 chosen = _choose_precision(ctx, fp32_path, served, cases, rows, metrics)
-                artifacts["cpu_onnx"] = chosen
+                artifacts = replace(artifacts, cpu_onnx=chosen)
                 if chosen == fp32_path:
                     metrics.form = "fp32, fused for ONNX Runtime (--precision auto)"
                 elif served.passed:
                     rows += served.rows
             else:
-                artifacts["cpu_onnx"] = served.path
+                artifacts = replace(artifacts, cpu_onnx=served.path)
                 rows += served.rows  # what is served is gated
                 if served.form == QDQ_FORM:
                     warnings.append("the CPU INT8 forms (ONNX Runtime dynamic quantization) "
@@ -204,9 +206,9 @@ def _choose_precision(ctx: StageContext, fp32_path: Path, served: ServedInt8,
                       cases: list[Case], rows: list[VerificationRow], metrics: CpuModelMetrics
                       ) -> Path:
     """--precision auto: both forms timed at the profile corners, in rotation; the choice
-    (``trtpack.precision.auto_choice``) in the metrics and the message."""
-    from trtpack.precision.auto_choice import Candidate, choose, time_candidates
+    (``trtpack.precision.cpu.auto_choice``) in the metrics and the message."""
     from trtpack.precision.conversion import worst_metric
+    from trtpack.precision.cpu.auto_choice import Candidate, choose, time_candidates
     from trtpack.runtimes.onnxruntime import cpu_session
 
     fp32_rows = [r for r in rows if r.check == CHECK_FP32]
@@ -241,6 +243,6 @@ def describe_served(metrics: CpuModelMetrics, served: ServedInt8) -> None:
     metrics.heldout_worst = worst_metric(
         [r for r in served.rows if r.check.endswith("heldout")])
     if served.search is not None:
-        metrics.search = served.search.metrics.as_dict()
+        metrics.search = served.search.metrics.to_dict()
     if served.passed:
         metrics.form = served.form

@@ -33,6 +33,7 @@ from trtpack.machine.packages import parse_version
 from trtpack.model_io import engine_model_io, model_io_from_onnx
 from trtpack.onnx_tools.files import sha256_file
 from trtpack.options import BuildOptions
+from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 from trtpack.verify.compare import compare_cases
 
@@ -69,8 +70,9 @@ def fingerprint(options: BuildOptions) -> dict[str, Any]:
 
 
 def engine_onnx(ctx: StageContext) -> Path:
-    """The ONNX the engine is built from: the precision stage's, else the simplified FP32."""
-    return ctx.artifacts.get("precision_onnx") or ctx.artifact("onnx")
+    """The ONNX the engine is built from: what would be served without an engine (the
+    precision stage's ONNX, else the simplified FP32; ``Artifacts.served_model``)."""
+    return ctx.artifacts.served_model(gpu=True)
 
 
 def final_path(ctx: StageContext, path: Path) -> Path:
@@ -107,7 +109,7 @@ def run(ctx: StageContext) -> StageOutcome:
     engine_io = engine_model_io(tensorrt_api.engine_tensors(engine),
                                 {t.name for t in (*onnx_io.inputs, *onnx_io.outputs)
                                  if t.batch_dynamic})
-    cases = load_cases(ctx.artifact("fp32_outputs"))
+    cases = load_cases(ctx.needs(ctx.artifacts.fp32_outputs, "fp32_outputs"))
     ctx.progress(f"running the engine on {len(cases)} cases (min/opt/max of every profile)")
     outputs = tensorrt_api.run_cases(engine, cases, ctx.log)
     rows = compare_cases(CHECK, o.recipe, o.precision, cases, outputs)
@@ -148,7 +150,7 @@ def run(ctx: StageContext) -> StageOutcome:
 
     failed = sum(not r.passed for r in rows)
     return StageOutcome(
-        artifacts={"engine": plan, "engine_provenance": prov_path, "engine_trtexec": script},
+        artifacts=Artifacts(engine=plan, engine_provenance=prov_path, engine_trtexec=script),
         verification=rows,
         metrics=EngineMetrics(
             tensorrt=trt_version, gpu=env.gpu.name, compute_capability=env.gpu.sm,

@@ -24,6 +24,7 @@ from trtpack.pytorch.models import (
     source_directory,
 )
 from trtpack.sources.recipe import Recipe
+from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 from trtpack.stages.torch_export import export_onnx
 from trtpack.verify.sample_files import SampleInputs, file_state
@@ -202,18 +203,17 @@ def run(ctx: StageContext) -> StageOutcome:
                             "(dynamo=False) instead, verified against PyTorch the same way")
     if summary["opset"] != options.opset:
         warnings_out.append(f"exporter wrote opset {summary['opset']}, asked for {options.opset}")
-    artifacts = {"onnx": onnx_path, "reference": reference}
+    tok_dir = config_path = None
     if loaded.tokenizer is not None:
         tok_dir = ctx.stage_dir / "tokenizer"
         loaded.tokenizer.save_pretrained(str(tok_dir))
-        artifacts["tokenizer"] = tok_dir
     if loaded.config is not None:
         config_path = ctx.stage_dir / "config.json"
         loaded.config.to_json_file(str(config_path))
-        artifacts["model_config"] = config_path
     params = sum(p.numel() for p in loaded.module.parameters())
     return StageOutcome(
-        artifacts=artifacts,
+        artifacts=Artifacts(onnx=onnx_path, reference=reference, tokenizer=tok_dir,
+                            model_config=config_path),
         metrics=ExportMetrics(
             parameters=params, weights=loaded.weights, nodes=summary["nodes"],
             source=recipe.source.describe(),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from trtpack.cases import Case, save_cases, with_outputs
 from trtpack.errors import UserInputError
@@ -26,6 +26,7 @@ from trtpack.onnx_tools.files import (
 from trtpack.onnx_tools.vocab import vocab_from_graph
 from trtpack.options import BuildOptions
 from trtpack.sources.tokenizer_files import has_tokenizer, tokenizer_files
+from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 from trtpack.verify.sample_files import SampleInputs, file_state
 from trtpack.verify.samples import fed_values_text, make_inputs
@@ -136,7 +137,7 @@ def copy_model(src: Path, dst: Path, axes: dict[str, list[str | int]]) -> bool:
     return True
 
 
-def _copy_range(path: Path, start: int, length: int | None, out: Any,
+def _copy_range(path: Path, start: int, length: int | None, out: BinaryIO,
                 chunk: int = 64 << 20) -> int:
     """Copy ``length`` bytes (to the end when None) of ``path`` from ``start`` to ``out``, in
     chunks: a weight of several GB never sits in memory whole."""
@@ -189,15 +190,12 @@ def run(ctx: StageContext) -> StageOutcome:
     axes = {i.name: list(i.axes) for i in recipe.inputs}
     axes.update({o.name: list(o.axes) for o in recipe.outputs})
     external = copy_model(src, onnx_path, axes)
-    artifacts: dict[str, Path] = {"onnx": onnx_path}
-    tokenizer = None
+    tokenizer = tok_dir = config_path = None
     if recipe.tokenizer:
         tokenizer, tok_dir = _tokenizer(tokenizer_folder(options), ctx.stage_dir)
-        if tok_dir is not None:
-            artifacts["tokenizer"] = tok_dir
     if (src.parent / "config.json").is_file():
-        shutil.copyfile(src.parent / "config.json", ctx.stage_dir / "config.json")
-        artifacts["model_config"] = ctx.stage_dir / "config.json"
+        config_path = ctx.stage_dir / "config.json"
+        shutil.copyfile(src.parent / "config.json", config_path)
     token_input = next((i.name for i in recipe.inputs if i.kind == "token_ids"), None)
     warnings: list[str] = []
     vocab = recipe.vocab_size or (len(tokenizer) if tokenizer is not None else None)
@@ -247,10 +245,10 @@ def run(ctx: StageContext) -> StageOutcome:
                 "NAME=LOW..HIGH, or real samples; the shapes with --profile") from None
     reference = ctx.stage_dir / "reference.npz"
     save_cases(reference, with_outputs(cases, outputs))
-    artifacts["reference"] = reference
     summary = graph_summary(onnx_path)
     return StageOutcome(
-        artifacts=artifacts,
+        artifacts=Artifacts(onnx=onnx_path, reference=reference, tokenizer=tok_dir,
+                            model_config=config_path),
         metrics=ImportMetrics(
             source=str(src), nodes=summary["nodes"], opset=summary["opset"],
             external_data=external, cases=len(cases), vocab_size=vocab,

@@ -1,8 +1,8 @@
 """Package: write the Triton model repository ``OUT/model_repository/`` (and ``OUT/tuning/``).
 
-The served model is the engine when there is one, else the precision ONNX, else the FP32
-ONNX. ``--serve text`` adds the tokenizer / post-processing / ensemble models and
-``--fallback-cpu`` an ONNX Runtime CPU model (see ``trtpack.serving.repository``). The
+The served model is the one ``Artifacts.served_model`` chooses (``trtpack.stages.artifacts``).
+``--serve text`` adds the tokenizer / post-processing / ensemble models and ``--fallback-cpu``
+an ONNX Runtime CPU model (see ``trtpack.serving.repository``). The
 repository is assembled under a temporary name and renamed into place; the whole build
 folder is itself renamed to OUT only when every stage succeeded."""
 
@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtpack.options import BuildOptions
-from trtpack.serving.layout import REPOSITORY
+from trtpack.out_files import REPOSITORY, TUNING
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 
 if TYPE_CHECKING:
     from trtpack.cases import Case
 
-TUNING = "tuning"
 
 
 
@@ -36,16 +35,8 @@ def fingerprint(options: BuildOptions) -> dict[str, Any]:
             "fallback_cpu": options.fallback_cpu}
 
 
-def served_model(ctx: StageContext) -> Path:
-    """The engine; on a CPU target the CPU model (``trtpack.stages.cpu_model``); else the
-    precision ONNX, else the FP32 ONNX."""
-    cpu = None if ctx.options.target.is_gpu else ctx.artifacts.get("cpu_onnx")
-    return (ctx.artifacts.get("engine") or cpu or ctx.artifacts.get("precision_onnx")
-            or ctx.artifact("onnx"))
-
-
 def run(ctx: StageContext) -> StageOutcome:
-    from trtpack.serving.repository import write_model_repository
+    from trtpack.serving.repository import RepositoryPlan, write_model_repository
 
     options = ctx.options
     final, tuning = ctx.build_dir / REPOSITORY, ctx.build_dir / TUNING
@@ -53,21 +44,20 @@ def run(ctx: StageContext) -> StageOutcome:
     for folder in (tmp, tmp_tuning):
         shutil.rmtree(folder, ignore_errors=True)
     ctx.progress("writing the Triton model repository")
-    repo = write_model_repository(
-        tmp,
+    repo = write_model_repository(tmp, RepositoryPlan(
         recipe=options.recipe,
         profiles=options.profiles,
-        model_path=served_model(ctx),
+        model_path=ctx.artifacts.served_model(options.target.is_gpu),
         gpu=options.target.is_gpu,
         serve=options.serve,
         fallback_cpu=options.fallback_cpu,
-        fallback_onnx=ctx.artifacts.get("cpu_onnx") or ctx.artifact("onnx"),
-        tokenizer_dir=ctx.artifacts.get("tokenizer"),
-        model_config_json=ctx.artifacts.get("model_config"),
+        fallback_onnx=ctx.artifacts.cpu_onnx or ctx.needs(ctx.artifacts.onnx, "onnx"),
+        tokenizer_dir=ctx.artifacts.tokenizer,
+        model_config_json=ctx.artifacts.model_config,
         tuning_dir=tmp_tuning,
         repository_ref=f"../{REPOSITORY}",  # tuning files name the final folder
         tuning_cases=_verified_inputs(ctx),
-    )
+    ))
     os.replace(tmp, final)
     if tmp_tuning.exists():
         os.replace(tmp_tuning, tuning)
@@ -87,5 +77,5 @@ def _verified_inputs(ctx: StageContext) -> list[Case]:
     scripts (what ``trtpack bench --served`` sends)."""
     from trtpack.cases import load_cases
 
-    reference = ctx.artifacts.get("reference")
+    reference = ctx.artifacts.reference
     return [] if reference is None else load_cases(reference)

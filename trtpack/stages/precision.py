@@ -5,17 +5,20 @@ precision from the ONNX, so this model is what the engine stage builds.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtpack.errors import UserInputError
+from trtpack.errors import StageError, UserInputError
 from trtpack.options import BuildOptions
-from trtpack.precision.calibration import DEFAULT_TEXT, calibration_path
-from trtpack.precision.calibration_files import file_sha256
-from trtpack.precision.conversion import ConversionResult
-from trtpack.precision.fallback import (
+from trtpack.precision.calibration.data import DEFAULT_TEXT, calibration_path
+from trtpack.precision.calibration.files import file_sha256
+from trtpack.precision.fp16.conversion import FP16_FIRST_NODES, MAX_FP16_ROUNDS, Fp16Conversion
+from trtpack.precision.int8.conversion import Int8Conversion
+from trtpack.precision.int8.fallback import (
     FALLBACK_QUANTIZE_OP_TYPES,
     GREEDY_FAILURES,
     MAX_INT8_ROUNDS,
@@ -24,11 +27,11 @@ from trtpack.precision.fallback import (
     SEARCH_PER_NODE,
     SENSITIVITY_SAMPLES,
 )
-from trtpack.precision.fp16 import FP16_FIRST_NODES, MAX_FP16_ROUNDS, Fp16Conversion
-from trtpack.precision.int8 import Int8Conversion
+from trtpack.precision.metrics import Fp16Metrics, Int8Metrics
 from trtpack.precision.modelopt_jobs import ModelOptWorker
 from trtpack.precision.source import prepare_source
-from trtpack.stages.base import StageContext, StageOutcome
+from trtpack.stages.artifacts import Artifacts
+from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 
 # Bump when the conversion or the search changes what this stage produces (cache key).
 ALGORITHM_VERSION = 5
@@ -69,17 +72,46 @@ def warm_up(options: BuildOptions, build_dir: Path) -> None:
         _EARLY_WORKERS[options.precision] = ModelOptWorker(options.precision, build_dir)
 
 
+@dataclass
+class PrecisionMetrics(StageMetrics):
+    """The conversion's own metrics (``trtpack.precision.metrics``), as report.json holds
+    them."""
+
+    conversion: Fp16Metrics | Int8Metrics
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.conversion.as_dict()
+
+
+class ConversionView:
+    """What a conversion sees of its stage (``trtpack.precision.conversion.ConversionContext``):
+    the stage's context, with the artifacts it reads by their names."""
+
+    def __init__(self, ctx: StageContext) -> None:
+        self.context = ctx
+        self.options = ctx.options
+        self.stage = ctx.stage
+        self.stage_dir = ctx.stage_dir
+        self.log: logging.Logger = ctx.log
+        self.artifacts = ctx.artifacts.named()
+
+    def progress(self, message: str) -> None:
+        self.context.progress(message)
+
+    def artifact(self, name: str) -> Path:
+        if name not in self.artifacts:
+            raise StageError(self.stage, f"needs artifact '{name}' that no earlier stage produced")
+        return self.artifacts[name]
+
+
 def run(ctx: StageContext) -> StageOutcome:
     precision = ctx.options.precision
     if precision not in ("fp16", "int8"):
         raise UserInputError(f"the precision stage converts to fp16 or int8, not {precision}")
-    result = convert(ctx, precision)
-    return StageOutcome(artifacts=result.artifacts, metrics=result.metrics.as_dict(),
-                        verification=result.verification, warnings=result.warnings,
-                        message=result.message)
+    return convert(ctx, precision)
 
 
-def convert(ctx: StageContext, precision: str, share_gate: bool = True) -> ConversionResult:
+def convert(ctx: StageContext, precision: str, share_gate: bool = True) -> StageOutcome:
     """The FP16 or INT8 conversion of the FP32 ONNX into ``ctx.stage_dir`` (the CPU model
     stage runs the INT8 one itself, only when its first CPU form fails; ``share_gate``
     False: ``--min-int8-share`` is judged on the model served instead)."""
@@ -87,10 +119,14 @@ def convert(ctx: StageContext, precision: str, share_gate: bool = True) -> Conve
     # the first conversion's worker imports ModelOpt while its job is prepared here
     worker = _EARLY_WORKERS.pop(precision, None) or ModelOptWorker(precision, ctx.stage_dir)
     try:
-        source = prepare_source(ctx.artifact("onnx"), work / "source")
-        if precision == "fp16":
-            return Fp16Conversion(ctx, work, source, worker).run()
-        return Int8Conversion(ctx, work, source, worker, share_gate=share_gate).run()
+        source = prepare_source(ctx.needs(ctx.artifacts.onnx, "onnx"), work / "source")
+        view = ConversionView(ctx)
+        result = (Fp16Conversion(view, work, source, worker).run() if precision == "fp16"
+                  else Int8Conversion(view, work, source, worker, share_gate=share_gate).run())
     finally:
         worker.close()
         shutil.rmtree(work, ignore_errors=True)
+    return StageOutcome(artifacts=Artifacts.from_named(result.artifacts),
+                        metrics=PrecisionMetrics(result.metrics),
+                        verification=result.verification, warnings=result.warnings,
+                        message=result.message)

@@ -19,6 +19,7 @@ from trtpack.onnx_tools.files import graph_summary
 from trtpack.onnx_tools.simplify_graph import import_onnxsim, simplify_file
 from trtpack.options import BuildOptions
 from trtpack.processes import NO_SPACE_EXIT, run_forked
+from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 
 TIMEOUT_ENV = "TRTPACK_ONNXSIM_TIMEOUT"
@@ -48,7 +49,7 @@ def timeout_seconds() -> float:
     return float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT_SECONDS)
 
 
-def _dynamic_dims(path: Any) -> dict[str, list[str | int]]:
+def _dynamic_dims(path: Path) -> dict[str, list[str | int]]:
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
@@ -59,7 +60,7 @@ def _dynamic_dims(path: Any) -> dict[str, list[str | int]]:
 
 
 def run(ctx: StageContext) -> StageOutcome:
-    src = ctx.artifact("onnx")
+    src = ctx.needs(ctx.artifacts.onnx, "onnx")
     before = graph_summary(src)["nodes"]
     try:
         import_onnxsim()
@@ -92,7 +93,7 @@ def run(ctx: StageContext) -> StageOutcome:
     result_path.unlink()
     after = result["nodes_after"]
     return StageOutcome(
-        artifacts={"onnx": dst},
+        artifacts=Artifacts(onnx=dst),
         metrics=SimplifyMetrics(
             before, after, op_types=graph_summary(dst)["op_types"],
             weights_outside_onnxsim=result["weights_outside_onnxsim"],

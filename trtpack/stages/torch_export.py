@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import shutil
 import warnings
@@ -58,7 +59,7 @@ class Exported:
     decomposition: str
 
 
-def export_onnx(wrapper: Any, options: BuildOptions, path: Path, log: Any,
+def export_onnx(wrapper: Any, options: BuildOptions, path: Path, log: logging.Logger,
                 saved: Any = None) -> Exported:
     """Export with the recipe's exporter. When the dynamo exporter fails, retry with the
     TorchScript exporter (``dynamo=False``, as Hugging Face Optimum does); the verify stage

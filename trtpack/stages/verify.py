@@ -10,6 +10,7 @@ from typing import Any
 
 from trtpack.cases import load_cases, save_cases, with_outputs
 from trtpack.options import BuildOptions
+from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 from trtpack.verify.compare import compare_cases, run_onnxruntime, saved_tokenizer_text
 
@@ -31,20 +32,20 @@ def fingerprint(options: BuildOptions) -> dict[str, Any]:
 
 
 def run(ctx: StageContext) -> StageOutcome:
-    cases = load_cases(ctx.artifact("reference"))
+    cases = load_cases(ctx.needs(ctx.artifacts.reference, "reference"))
     ctx.progress(f"ONNX Runtime on {len(cases)} cases (min/opt/max of every profile)")
-    outputs = run_onnxruntime(ctx.artifact("onnx"), cases)
+    outputs = run_onnxruntime(ctx.needs(ctx.artifacts.onnx, "onnx"), cases)
     onnx_in = ctx.options.recipe.source.onnx is not None
     recipe = ctx.options.recipe
     rows = compare_cases(CHECK_ONNX_IN if onnx_in else CHECK, recipe, "fp32", cases, outputs,
-                         saved_tokenizer_text(ctx.artifacts.get("tokenizer"), recipe))
+                         saved_tokenizer_text(ctx.artifacts.tokenizer, recipe))
     fp32_outputs = ctx.stage_dir / "fp32_outputs.npz"
     # ONNX in: later stages are compared with the user's ONNX itself
     save_cases(fp32_outputs, cases if onnx_in else with_outputs(cases, outputs))
     failed = sum(not r.passed for r in rows)
     worst = max((r.max_abs_diff for r in rows), default=0.0)
     return StageOutcome(
-        artifacts={"fp32_outputs": fp32_outputs},
+        artifacts=Artifacts(fp32_outputs=fp32_outputs),
         verification=rows,
         metrics=VerifyMetrics(cases=len(cases), failed=failed, max_abs_diff=worst),
         message=f"{len(rows) - failed}/{len(rows)} checks passed, max abs diff {worst:.2e}",

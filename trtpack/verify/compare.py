@@ -14,7 +14,7 @@ import contextlib
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,15 +27,21 @@ from trtpack.verify.sample_metrics import (
     metric_label,
     sample_scores,
 )
+from trtpack.verify.samples import TokenDecoder
+
+if TYPE_CHECKING:
+    import torch
+    from polygraphy.comparator.compare import OutputCompareResult
+    from polygraphy.comparator.struct import AccuracyResults
 
 
-def _is_loaded_torch_tensor(obj: Any) -> bool:
+def _is_loaded_torch_tensor(obj: np.ndarray | torch.Tensor) -> bool:
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(obj, torch.Tensor)
 
 
 @contextlib.contextmanager
-def quiet_polygraphy() -> Iterator[Any]:
+def quiet_polygraphy() -> Iterator[None]:
     """Polygraphy logs to stdout; the library never prints, so silence it while in use.
 
     Also: polygraphy asks of every array whether it is a torch tensor by importing torch
@@ -49,7 +55,7 @@ def quiet_polygraphy() -> Iterator[Any]:
     saved = G_LOGGER.module_severity
     G_LOGGER.module_severity = G_LOGGER.CRITICAL
     try:
-        yield G_LOGGER
+        yield
     finally:
         G_LOGGER.module_severity = saved
 
@@ -63,7 +69,7 @@ def trim_text(text: str, limit: int = 80) -> str:
 SampleText = Callable[[Mapping[str, np.ndarray], int], "str | None"]
 
 
-def token_text(tokenizer: Any, ids_input: str, mask_input: str | None) -> SampleText:
+def token_text(tokenizer: TokenDecoder, ids_input: str, mask_input: str | None) -> SampleText:
     """A ``SampleText`` decoding a sample's unpadded token ids with the model's tokenizer."""
 
     def describe(inputs: Mapping[str, np.ndarray], index: int) -> str | None:
@@ -92,7 +98,7 @@ def saved_tokenizer_text(folder: Path | None, recipe: Recipe) -> SampleText | No
     mask = next((i.name for i in recipe.inputs if i.kind == "attention_mask"), None)
     if ids is None or folder is None or not has_tokenizer(folder):
         return None
-    tokenizer: Any
+    tokenizer: TokenDecoder
     if (folder / "tokenizer.json").is_file():
         from tokenizers import Tokenizer
 
@@ -212,9 +218,9 @@ def compare_cases(
     return rows
 
 
-def _per_output_results(accuracy: Any) -> dict[str, Any]:
+def _per_output_results(accuracy: AccuracyResults) -> dict[str, OutputCompareResult]:
     """Flatten polygraphy's AccuracyResults into {output name: OutputCompareResult}."""
-    found: dict[str, Any] = {}
+    found: dict[str, OutputCompareResult] = {}
     for result in accuracy:
         for iteration in result.values() if hasattr(result, "values") else []:
             for per_iter in iteration:

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from trtpack.errors import UserInputError
 from trtpack.shapes import BATCH_AXIS, Shape, TensorSpec
 from trtpack.sources.recipe import Recipe
+
+if TYPE_CHECKING:
+    from trtpack.options import BuildOptions
 
 
 def _load(path: Path) -> dict[str, np.ndarray]:
@@ -126,7 +129,7 @@ class SampleInputs:
         self.unfitted: list[str] = []
 
     @classmethod
-    def of(cls, options: Any, vocab_size: int | None = None) -> SampleInputs:
+    def of(cls, options: BuildOptions, vocab_size: int | None = None) -> SampleInputs:
         """The samples of ``options.sample_inputs`` (a ``BuildOptions``), or none."""
         path = options.sample_inputs
         recipe = options.recipe

@@ -5,12 +5,35 @@ statistics. Never all zeros or all ones: verification on such inputs proves litt
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Protocol
 
 import numpy as np
 
 from trtpack.shapes import Shape, TensorSpec
 from trtpack.sources.inputs import INTEGER_DTYPES, ValueRule
+
+# What a tokenizer gives for each of its outputs: an array with ``return_tensors="np"``,
+# else the ids of one text (or of each text of a batch).
+TokenIds = np.ndarray | list[int] | list[list[int]]
+
+
+class TokenDecoder(Protocol):
+    """A tokenizer as a report reads it: token ids back to text (``tokenizers.Tokenizer``,
+    a transformers tokenizer, ``JsonTokenizer``)."""
+
+    def decode(self, ids: list[int], /, skip_special_tokens: bool = ...) -> str | list[str]: ...
+
+
+class Tokenizer(TokenDecoder, Protocol):
+    """A tokenizer as trtpack calls it to make inputs: as transformers' tokenizers are
+    called (one text or a batch, an optional pair, padding, truncation), or a
+    ``trtpack.precision.calibration.text_batches.JsonTokenizer``."""
+
+    def __call__(self, text: str | Sequence[str],
+                 text_pair: str | Sequence[str] | None = ..., *,
+                 padding: bool | str = ..., truncation: bool = ...,
+                 max_length: int | None = ..., return_tensors: str | None = ...
+                 ) -> Mapping[str, TokenIds]: ...
 
 GENERATED_INTEGERS = (0, 100)
 """[low, high) of a generic integer input that has no value rule."""
@@ -50,7 +73,7 @@ TEXT_PAIRS: tuple[str, ...] = (
 )
 
 
-def _text_batch(tokenizer: Any, batch: int, seq: int, with_pairs: bool, offset: int
+def _text_batch(tokenizer: Tokenizer, batch: int, seq: int, with_pairs: bool, offset: int
                 ) -> dict[str, np.ndarray]:
     texts = [SENTENCES[(offset + i) % len(SENTENCES)] for i in range(batch)]
     # Vary the lengths so a batch mixes padded and full rows.
@@ -96,7 +119,7 @@ def make_inputs(
     specs: Sequence[TensorSpec],
     shapes: Mapping[str, Shape],
     *,
-    tokenizer: Any = None,
+    tokenizer: Tokenizer | None = None,
     vocab_size: int = 30522,
     seed: int = 0,
     offset: int = 0,

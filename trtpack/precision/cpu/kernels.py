@@ -15,14 +15,17 @@ the MatMul stays FP32)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import onnx
 
 SKIP_LAYER_NORM = "SkipLayerNormalization"
 MS_DOMAIN = "com.microsoft"
 LAYER_NORM_OPSET = 17  # LayerNormalization in the default domain
 
 
-def split_skip_layer_norms(model: Any) -> int:
+def split_skip_layer_norms(model: onnx.ModelProto) -> int:
     """Replace each ``SkipLayerNormalization(x, skip, gamma, beta[, bias])`` of ``model`` by
     ``Add(x, bias)`` → ``Sum(·, skip)`` → ``LayerNormalization(gamma, beta)``, in place;
     returns how many were replaced. A node whose mean or inverse standard deviation output
@@ -65,7 +68,7 @@ def split_skip_layer_norms(model: Any) -> int:
     return replaced
 
 
-def replace_node(graph: Any, index: int, parts: list[Any]) -> int:
+def replace_node(graph: onnx.GraphProto, index: int, parts: list[onnx.NodeProto]) -> int:
     """Put ``parts`` where ``graph.node[index]`` was (the order stays topological); returns
     the index of the last part."""
     del graph.node[index]
@@ -74,7 +77,7 @@ def replace_node(graph: Any, index: int, parts: list[Any]) -> int:
     return index + len(parts) - 1
 
 
-def split_bias_gelus(model: Any) -> int:
+def split_bias_gelus(model: onnx.ModelProto) -> int:
     """Replace each ``BiasGelu(x, bias)`` of ``model`` by ``Add(x, bias)`` → ``Gelu``, in
     place; returns how many were replaced."""
     from onnx import helper

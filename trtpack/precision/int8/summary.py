@@ -3,26 +3,25 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from trtpack.errors import AccuracyError
-from trtpack.precision.calibration import CalibrationData
+from trtpack.precision.calibration.data import CalibrationData
 from trtpack.precision.conversion import format_metric
-from trtpack.precision.metrics import CalibrationSummary, SplitSummary
+from trtpack.precision.graph import LowPrecisionCounts
+from trtpack.precision.metrics import CalibrationSummary, SmoothQuantSummary, SplitSummary
 
 
 def calibration_summary(cal: CalibrationData, method: str,
-                        smoothed: dict[str, Any] | None) -> CalibrationSummary:
+                        smoothed: SmoothQuantSummary | None) -> CalibrationSummary:
     """The calibration data's sources and split sizes, the method, SmoothQuant's summary."""
     return CalibrationSummary(
         source=cal.source, path=str(cal.path) if cal.path else None,
         samples=cal.samples, batches=len(cal.feeds), search_samples=cal.search_samples,
-        holdout_samples=cal.holdout_samples, strata=cal.strata, method=method,
+        holdout_samples=cal.held_out_samples, strata=cal.strata, method=method,
         smoothquant=smoothed, check_samples=cal.check_samples,
         prefix_samples=sum(len(t) for t in cal.prefix_texts))
 
 
-def check_int8_share(stats: dict[str, Any], min_share: float) -> None:
+def check_int8_share(stats: LowPrecisionCounts, min_share: float) -> None:
     """``AccuracyError`` when the searched model keeps under ``min_share`` of its
     MatMul/Gemm nodes INT8."""
     share = stats["matmul_gemm_share"]
@@ -35,7 +34,7 @@ def check_int8_share(stats: dict[str, Any], min_share: float) -> None:
             "more or better calibration text, or a lower --min-int8-share)")
 
 
-def int8_message(stats: dict[str, Any], method: str, cal: CalibrationData,
+def int8_message(stats: LowPrecisionCounts, method: str, cal: CalibrationData,
                  worst: float | None, held: SplitSummary | None, fell_back: bool,
                  first_worst: float | None, check_consultations: int, kept: list[str],
                  high_precision: str, threshold: float | None = None) -> str:

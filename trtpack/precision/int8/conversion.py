@@ -1,17 +1,18 @@
 """INT8: ModelOpt PTQ (Q/DQ) calibrated on the calibration split (optionally on a
 SmoothQuant-smoothed copy, or with percentile ranges), judged per sample at the profile
 corners and on the search split; with ``--fallback auto`` the measured search
-(``trtpack.precision.fallback``) keeps node groups in high precision until it passes, and
+(``trtpack.precision.int8.fallback``) keeps node groups in high precision until it passes, and
 the held-out split, judged once on the final model, gates the build."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from trtpack.cases import Case
-from trtpack.precision.calibration import (
+from trtpack.precision.calibration.data import (
     CalibrationData,
     calibration_path,
     graph_vocab_size,
@@ -25,12 +26,28 @@ from trtpack.precision.conversion import (
     ConversionResult,
     worst_metric,
 )
-from trtpack.precision.fallback import FALLBACK_QUANTIZE_OP_TYPES, int8_fallback
-from trtpack.precision.int8_summary import calibration_summary, check_int8_share, int8_message
-from trtpack.precision.metrics import FallbackSummary, Int8Metrics, SplitSummary
+from trtpack.precision.int8.fallback import (
+    FALLBACK_QUANTIZE_OP_TYPES,
+    SearchInputs,
+    int8_fallback,
+)
+from trtpack.precision.int8.search import evaluation_workers
+from trtpack.precision.int8.summary import calibration_summary, check_int8_share, int8_message
+from trtpack.precision.metrics import (
+    FallbackSummary,
+    Int8Metrics,
+    SmoothQuantSummary,
+    SplitSummary,
+)
 from trtpack.precision.modelopt_jobs import Int8Job, ModelOptJob, ModelOptWorker
-from trtpack.precision.search import evaluation_workers
 from trtpack.report import VerificationRow
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
+
+    from trtpack.runtimes.onnxruntime import CpuSession
+    from trtpack.verify.compare import SampleText
 
 
 class Int8Conversion(Conversion):
@@ -42,13 +59,13 @@ class Int8Conversion(Conversion):
         self.share_gate = share_gate  # --min-int8-share on this Q/DQ model (it is served)
         self.settings = self.recipe.precision_options.int8
         self.calibration: CalibrationData | None = None
-        self.holdout: list[Case] = []  # the certifying part: judged once, by no decision
+        self.held_out: list[Case] = []  # the certifying part: judged once, by no decision
         self.check_cases: list[Case] = []  # consulted by the search after each round
         self.prefixes: list[Case] = []  # short prefixes of calibration lines (decisions)
         self.search: list[Case] = []
         self.calibration_cases: list[Case] = []
         self.texts: dict[int, list[str]] = {}  # id(case inputs) -> the text of each row
-        self.fp32_model: Any = None  # what ModelOpt quantizes, in memory (the search's)
+        self.fp32_model: onnx.ModelProto | None = None  # what ModelOpt quantizes, in memory
         self.workers = evaluation_workers()  # ONNX Runtime runs at a time, one thread each
 
     @property
@@ -71,22 +88,22 @@ class Int8Conversion(Conversion):
 
     def split_references(self) -> None:
         """The FP32 outputs of the three splits (one ONNX Runtime session)."""
-        from trtpack.precision.search import run_model
+        from trtpack.precision.int8.search import run_model
 
         cal = self.calibration
         assert cal is not None
-        parts = (("heldout", cal.holdout), ("check", cal.check), ("search", cal.search),
+        parts = (("heldout", cal.held_out), ("check", cal.check), ("search", cal.search),
                  ("prefix", cal.prefixes), ("calibration", cal.feeds))
         feeds = [f for _, part in parts for f in part]
         refs = run_model(self.source, feeds) if feeds else []
-        texts = [*cal.holdout_texts, *cal.check_texts, *cal.search_texts, *cal.prefix_texts]
+        texts = [*cal.held_out_texts, *cal.check_texts, *cal.search_texts, *cal.prefix_texts]
         for feed, rows in zip(feeds, texts, strict=False):
             self.texts[id(feed)] = rows
         together = iter(zip(feeds, refs, strict=True))
         cases = {name: [Case(-1, f"{name}{i}", f, o)
                         for i, (f, o) in zip(range(len(part)), together, strict=False)]
                  for name, part in parts}
-        self.holdout, self.check_cases, self.search = (
+        self.held_out, self.check_cases, self.search = (
             cases["heldout"], cases["check"], cases["search"])
         self.prefixes, self.calibration_cases = cases["prefix"], cases["calibration"]
 
@@ -98,7 +115,7 @@ class Int8Conversion(Conversion):
     def check_failures(self, attempt: Attempt) -> list[Case]:
         """The check split's cases that ``attempt`` fails (one consultation of the check
         split; the held-out split is never consulted here)."""
-        from trtpack.precision.search import score_outputs
+        from trtpack.precision.int8.search import score_outputs
         from trtpack.runtimes.onnxruntime import run_session
 
         assert attempt.session is not None
@@ -115,15 +132,15 @@ class Int8Conversion(Conversion):
 
             self.fp32_model = onnx.load(str(self.quantize_source))
 
-    def split_text(self) -> Any:
+    def split_text(self) -> SampleText:
         """Sample texts for the split cases: the calibration file's own lines."""
         decode = self.sample_text()
 
-        def describe(inputs: Any, index: int) -> str | None:
+        def describe(inputs: Mapping[str, np.ndarray], index: int) -> str | None:
             rows = self.texts.get(id(inputs))
             if rows is not None and index < len(rows):
                 return rows[index]
-            return decode(inputs, index)  # type: ignore[no-any-return]
+            return decode(inputs, index)
 
         return describe
 
@@ -144,7 +161,45 @@ class Int8Conversion(Conversion):
             self.percentile_ranges(path)
         return self.judge(label, path, excluded)
 
-    def smooth(self) -> dict[str, Any]:
+    def search_inputs(self) -> SearchInputs:
+        """What the fallback search decides on (``trtpack.precision.int8.fallback``)."""
+        if self.fp32_model is None:
+            import onnx
+
+            self.fp32_model = onnx.load(str(self.quantize_source))
+        return SearchInputs(self.recipe, self.fp32_model, self.cases, self.decision_cases(),
+                            bool(self.check_cases), self.settings.high_precision,
+                            self.options.min_int8_share, self.workers,
+                            {n: self.display(n) for n in self.module_paths}, self.ctx.progress)
+
+    def attempt_with(self, op_types: Sequence[str], label: str, excluded: list[str],
+                     surrogate: Callable[[], onnx.ModelProto]) -> Attempt:
+        """A choice of the search made real and judged: with FP32 kept nodes the surrogate
+        is the model ModelOpt would build (saved, no conversion); else a ModelOpt conversion
+        with ``excluded`` kept in the recipe's high precision."""
+        high_precision = self.settings.high_precision
+        if high_precision != "fp32":
+            return self.convert(label, op_types, excluded, high_precision)
+        from trtpack.onnx_tools.files import save_model
+
+        out_dir = self.work / label
+        out_dir.mkdir()
+        save_model(surrogate(), out_dir / "model.onnx")
+        return self.judge(label, out_dir / "model.onnx", excluded)
+
+    def searched(self, first: Attempt, user_excluded: list[str], op_types: Sequence[str]
+                 ) -> tuple[Attempt, FallbackSummary]:
+        """``--fallback auto``: the fallback search from ``first`` (quantized with FP32 kept
+        nodes), or ``first`` itself, converted anew when kept nodes are not FP32."""
+        final, search = int8_fallback(self.search_inputs(), first, user_excluded,
+                                      partial(self.attempt_with, op_types),
+                                      self.check_failures)
+        if not search.rounds and self.settings.high_precision != "fp32":
+            final = self.convert("final", op_types, user_excluded,
+                                 self.settings.high_precision)
+        return final, search
+
+    def smooth(self) -> SmoothQuantSummary:
         """SmoothQuant (``trtpack.precision.smoothquant``): ModelOpt quantizes a smoothed
         copy of the FP32 model; the references stay the original's."""
         import onnx
@@ -164,15 +219,18 @@ class Int8Conversion(Conversion):
         self.fp32_model = model
         self.ctx.log.info("SmoothQuant: %d activations smoothed: %s", len(smoothed),
                           ", ".join(smoothed))
-        return {"alpha": self.settings.smoothquant, "activations": len(smoothed)}
+        return SmoothQuantSummary(self.settings.smoothquant, len(smoothed))
 
     def percentile_ranges(self, path: Path) -> None:
         """ModelOpt's max model with its activation ranges set to a percentile
-        (``trtpack.precision.activation_ranges``)."""
+        (``trtpack.precision.int8.activation_ranges``)."""
         import onnx
 
         from trtpack.onnx_tools.files import save_model
-        from trtpack.precision.activation_ranges import DEFAULT_PERCENTILE, apply_percentile_ranges
+        from trtpack.precision.int8.activation_ranges import (
+            DEFAULT_PERCENTILE,
+            apply_percentile_ranges,
+        )
 
         assert self.calibration is not None
         model = onnx.load(str(path))
@@ -182,7 +240,7 @@ class Int8Conversion(Conversion):
         self.ctx.log.info("percentile calibration: %d activation ranges set to the %s "
                           "percentile", changed, DEFAULT_PERCENTILE)
 
-    def split_rows(self, session: Any, *splits: tuple[str, Sequence[Case]]
+    def split_rows(self, session: CpuSession, *splits: tuple[str, Sequence[Case]]
                    ) -> list[list[VerificationRow]]:
         """The rows of each split's cases, run in ``session``."""
         from trtpack.runtimes.onnxruntime import run_session
@@ -200,16 +258,16 @@ class Int8Conversion(Conversion):
 
     def judge(self, label: str, path: Path, excluded: Sequence[str]) -> Attempt:
         """Verified at the profile corners and on the search split (what the search may
-        look at); the held-out split is judged once, on the final model (``heldout_gate``).
+        look at); the held-out split is judged once, on the final model (in ``run``).
         The attempt keeps its ONNX Runtime session for that."""
         from trtpack.runtimes.onnxruntime import cpu_session
 
         session = cpu_session(path, threads=1 if self.workers > 1 else None)
         attempt = Attempt(label, path, list(excluded), self.verify(path, session, self.workers))
         (search_rows,) = self.split_rows(session, ("int8-search", self.search))
-        attempt.holdout_worst = worst_metric(search_rows)
-        attempt.holdout_passed = all(r.passed for r in search_rows)
-        attempt.holdout_reasons = [f"{r.corner}: {r.reason}" for r in search_rows
+        attempt.search_worst = worst_metric(search_rows)
+        attempt.search_passed = all(r.passed for r in search_rows)
+        attempt.search_reasons = [f"{r.corner}: {r.reason}" for r in search_rows
                                    if not r.passed][:5]
         attempt.split_rows = search_rows
         attempt.session = session
@@ -227,29 +285,22 @@ class Int8Conversion(Conversion):
         op_types = list(s.quantize_op_types) or list(FALLBACK_QUANTIZE_OP_TYPES)
         first = self.convert("quantize", op_types, user_excluded,
                              "fp32" if auto else s.high_precision, self.while_quantizing)
-        final = first
-        search = FallbackSummary(self.options.fallback, 0)
-        check_failed = self.check_failures(first) if auto and first.passed and self.check_cases \
-            else []
-        search.check_consultations = int(auto and first.passed and bool(self.check_cases))
-        if auto and (not first.passed or check_failed):
-            final, search = int8_fallback(self, first, user_excluded, op_types,
-                                          search.check_consultations, check_failed)
-        elif auto and s.high_precision != "fp32":
-            final = self.convert("final", op_types, user_excluded, s.high_precision)
+        final, search = self.searched(first, user_excluded, op_types) if auto \
+            else (first, FallbackSummary(self.options.fallback, 0))
         added = [n for n in final.excluded if n not in user_excluded]
         overlay = None
         changed_types = op_types != list(s.quantize_op_types)
         if final.passed and (added or changed_types):
-            section: dict[str, Any] = {}
+            section: dict[str, list[str]] = {}
             if changed_types:
                 section["quantize_op_types"] = op_types
             section["exclude_nodes"] = [*s.exclude_nodes, *added]
             overlay = self.write_overlay(
                 section, f"{len(added)} nodes kept in {s.high_precision} after a measured "
                 "per-node-group search so that the INT8 model passes its gate")
-        heldout_rows, calibration_rows, check_rows = self.split_rows(
-            final.session, ("int8-heldout", self.holdout),
+        assert final.session is not None  # every judged attempt keeps its session
+        held_out_rows, calibration_rows, check_rows = self.split_rows(
+            final.session, ("int8-heldout", self.held_out),
             ("int8-calibration", self.calibration_cases), ("int8-check", self.check_cases))
         final.session = first.session = None  # closes them
         stats = self.stats(final.path)
@@ -260,7 +311,7 @@ class Int8Conversion(Conversion):
                                  f"computes in {s.high_precision}")
         assert self.calibration is not None
         cal = self.calibration
-        held = SplitSummary.of(heldout_rows)
+        held = SplitSummary.of(held_out_rows)
         metrics = Int8Metrics(
             excluded_nodes=final.excluded, excluded_by_fallback=added,
             excluded_node_hints=self.hints(added), low_precision=stats,
@@ -277,13 +328,13 @@ class Int8Conversion(Conversion):
                                final.threshold)
         rows = list(final.rows)
         if auto:
-            rows += heldout_rows  # the held-out split gates the build
-        elif heldout_rows and not all(r.passed for r in heldout_rows):
+            rows += held_out_rows  # the held-out split gates the build
+        elif held_out_rows and not all(r.passed for r in held_out_rows):
             self.warnings.append(
                 "--fallback off: the INT8 model fails on the held-out calibration samples "
-                "(not gated): " + "; ".join(r.reason for r in heldout_rows if not r.passed))
-        if not final.passed and final.holdout_reasons and all(r.passed for r in final.rows):
+                "(not gated): " + "; ".join(r.reason for r in held_out_rows if not r.passed))
+        if not final.passed and final.search_reasons and all(r.passed for r in final.rows):
             self.warnings.append("INT8 model passes at the profile corners but not on the "
-                                 "search split: " + "; ".join(final.holdout_reasons))
+                                 "search split: " + "; ".join(final.search_reasons))
         final.rows = rows
         return self.finish(final, metrics, overlay, message)

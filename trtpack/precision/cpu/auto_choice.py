@@ -15,10 +15,16 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from trtpack.cases import Case
 from trtpack.timing import RunOnce, Timing, measure_interleaved, spread
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from trtpack.precision.metrics import JsonValue
+    from trtpack.runtimes.onnxruntime import CpuSession
 
 ROUNDS = 5  # timed rounds per corner; their spread is the noise
 SECONDS_PER_CORNER = 2.0
@@ -37,7 +43,7 @@ class Candidate:
     spread: dict[str, float] = field(default_factory=dict)  # (max-min)/median over rounds
     rounds_ms: dict[str, list[float]] = field(default_factory=dict)  # each round's median
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, JsonValue]:
         found = asdict(self)
         found["path"] = self.path.name
         return found
@@ -50,14 +56,15 @@ class AutoChoice:
     noise: float  # the relative noise the winner had to beat
     candidates: list[Candidate]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, JsonValue]:
         return {"winner": self.winner, "reason": self.reason, "noise": round(self.noise, 4),
                 "candidates": [c.to_dict() for c in self.candidates]}
 
 
 def time_candidates(candidates: Sequence[Candidate], cases: Sequence[Case],
-                    sessions: Mapping[str, Any], *, seconds: float = SECONDS_PER_CORNER,
-                    rounds: int = ROUNDS, measure: Measure = measure_interleaved) -> None:
+                    sessions: Mapping[str, CpuSession], *,
+                    seconds: float = SECONDS_PER_CORNER, rounds: int = ROUNDS,
+                    measure: Measure = measure_interleaved) -> None:
     """Each candidate's p50 at each case (a profile corner) and the spread of that p50 over
     ``rounds`` rounds, the candidates timed in rotation within each round."""
     for case in cases:
@@ -80,7 +87,7 @@ def time_candidates(candidates: Sequence[Candidate], cases: Sequence[Case],
             c.spread[case.label] = round(spread(values), 4)
 
 
-def _call(session: Any, feed: Mapping[str, Any]) -> RunOnce:
+def _call(session: CpuSession, feed: Mapping[str, np.ndarray]) -> RunOnce:
     return lambda: session.run(None, dict(feed))
 
 

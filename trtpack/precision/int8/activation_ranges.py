@@ -12,7 +12,7 @@ as outputs. onnx and onnxruntime are imported inside the function.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,10 +23,10 @@ DEFAULT_PERCENTILE = 99.99
 INT8_MAX = 127.0
 
 
-def activation_quantizers(model: onnx.ModelProto) -> dict[str, list[Any]]:
+def activation_quantizers(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
     """{activation tensor: QuantizeLinear nodes reading it} (not the weights')."""
     inits = {i.name for i in model.graph.initializer}
-    found: dict[str, list[Any]] = {}
+    found: dict[str, list[onnx.NodeProto]] = {}
     for node in model.graph.node:
         if node.op_type == "QuantizeLinear" and node.input[0] not in inits \
                 and len(node.input) > 1 and node.input[1] in inits:
@@ -61,7 +61,7 @@ def apply_percentile_ranges(quantized: onnx.ModelProto, fp32: onnx.ModelProto,
     quantizers = activation_quantizers(quantized)
     ranges = percentile_ranges(fp32, sorted(quantizers), feeds, percentile)
     inits = {i.name: i for i in quantized.graph.initializer}
-    dequantizers: dict[str, list[Any]] = {}
+    dequantizers: dict[str, list[onnx.NodeProto]] = {}
     for node in quantized.graph.node:
         if node.op_type == "DequantizeLinear":
             dequantizers.setdefault(node.input[0], []).append(node)

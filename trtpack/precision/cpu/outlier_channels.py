@@ -17,11 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from trtpack.precision.cpu_kernels import MS_DOMAIN
+from trtpack.precision.cpu.kernels import MS_DOMAIN
+
+if TYPE_CHECKING:
+    import onnx
 
 OUTLIER_RATIO = 3.0
 MAX_OUTLIER_CHANNELS = 8
@@ -37,7 +40,8 @@ class OutlierSplit:
     fp32_nodes: list[str]  # the branch's MatMuls: keep them out of the quantization
 
 
-def feed_forward_blocks(model: Any) -> list[tuple[Any, Any, Any]]:
+def feed_forward_blocks(model: onnx.ModelProto
+                        ) -> list[tuple[onnx.NodeProto, onnx.NodeProto, onnx.NodeProto]]:
     """(first MatMul, BiasGelu, second MatMul) of each feed-forward block of a fused graph
     whose weights and bias are constants and whose intermediates have one reader each."""
     inits = {i.name for i in model.graph.initializer}
@@ -61,9 +65,10 @@ def feed_forward_blocks(model: Any) -> list[tuple[Any, Any, Any]]:
     return blocks
 
 
-def _residual_sum(readers: Mapping[str, list[Any]], output: str) -> Any | None:
+def _residual_sum(readers: Mapping[str, list[onnx.NodeProto]], output: str
+                  ) -> onnx.NodeProto | None:
     """The ``Sum`` that adds ``output``, through its one bias ``Add``, to the residual
-    (``trtpack.precision.cpu_kernels``' form of a split SkipLayerNormalization), or None."""
+    (``trtpack.precision.cpu.kernels``' form of a split SkipLayerNormalization), or None."""
     bias = readers.get(output, [])
     if len(bias) != 1 or bias[0].op_type != "Add":
         return None
@@ -82,7 +87,7 @@ def outlier_channels(maxima: np.ndarray, ratio: float = OUTLIER_RATIO,
     return sorted(int(c) for c in np.flatnonzero(maxima >= ratio * reference))
 
 
-def split_outlier_channels(model: Any, feeds: Sequence[Mapping[str, np.ndarray]],
+def split_outlier_channels(model: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray]],
                            ratio: float = OUTLIER_RATIO,
                            max_channels: int = MAX_OUTLIER_CHANNELS) -> list[OutlierSplit]:
     """Move each feed-forward block's outlier channels (measured on ``feeds``, the
@@ -96,7 +101,7 @@ def split_outlier_channels(model: Any, feeds: Sequence[Mapping[str, np.ndarray]]
         return []
     maxima = channel_maxima(model, [gelu.output[0] for _, gelu, _ in blocks], feeds)
     inits = {i.name: i for i in model.graph.initializer}
-    readers: dict[str, list[Any]] = {}
+    readers: dict[str, list[onnx.NodeProto]] = {}
     for node in model.graph.node:
         for name in node.input:
             readers.setdefault(name, []).append(node)

@@ -10,13 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
 from trtpack.errors import UserInputError
 from trtpack.shapes import BATCH_AXIS, ShapeProfile, TensorSpec
 from trtpack.sources.recipe import Recipe
+
+if TYPE_CHECKING:
+    from trtpack.verify.samples import TokenIds, Tokenizer
+
+Item = TypeVar("Item")
 
 Feed = dict[str, np.ndarray]
 
@@ -54,7 +60,7 @@ def sequence_buckets(spec: TensorSpec, profiles: Sequence[ShapeProfile]) -> list
     return [buckets[s] for s in sorted(buckets)]
 
 
-def chunks(items: list[Any], size: int, min_size: int) -> Iterable[list[Any]]:
+def chunks(items: list[Item], size: int, min_size: int) -> Iterable[list[Item]]:
     for start in range(0, len(items), size):
         chunk = items[start:start + size]
         while len(chunk) < min_size:  # a profile's min batch: repeat samples of the bucket
@@ -73,7 +79,7 @@ def text_inputs(recipe: Recipe) -> list[TensorSpec]:
     return specs
 
 
-def encode_batch(tokenizer: Any, chunk: Sequence[Sequence[str]], seq: int,
+def encode_batch(tokenizer: Tokenizer, chunk: Sequence[Sequence[str]], seq: int,
                  specs: Sequence[TensorSpec], with_pairs: bool) -> Feed:
     """One batch of samples (each ``[text]`` or ``[text, pair]``) padded to ``seq`` tokens,
     one array per model input."""
@@ -90,13 +96,13 @@ def encode_batch(tokenizer: Any, chunk: Sequence[Sequence[str]], seq: int,
     return feed
 
 
-def text_feeds(texts: Sequence[str], tokenizer: Any, recipe: Recipe,
+def text_feeds(texts: Sequence[str], tokenizer: Tokenizer, recipe: Recipe,
                profiles: Sequence[ShapeProfile]) -> list[Feed]:
     """Tokenize samples and pad each to the smallest profile sequence size that holds it."""
     return text_feeds_with_texts(texts, tokenizer, recipe, profiles)[0]
 
 
-def text_feeds_with_texts(texts: Sequence[str], tokenizer: Any, recipe: Recipe,
+def text_feeds_with_texts(texts: Sequence[str], tokenizer: Tokenizer, recipe: Recipe,
                           profiles: Sequence[ShapeProfile]
                           ) -> tuple[list[Feed], list[list[str]]]:
     """``text_feeds`` and, for each batch, the text of each of its rows."""
@@ -129,7 +135,7 @@ def text_feeds_with_texts(texts: Sequence[str], tokenizer: Any, recipe: Recipe,
     return [feeds[i] for i in order], [row_texts[i] for i in order]
 
 
-def tight_text_feeds(texts: Sequence[str], tokenizer: Any, recipe: Recipe,
+def tight_text_feeds(texts: Sequence[str], tokenizer: Tokenizer, recipe: Recipe,
                      profiles: Sequence[ShapeProfile]) -> tuple[list[Feed], list[list[str]]]:
     """Samples sorted by length in batches of the first profile's opt batch size, each
     batch padded only to its longest sample (at least the smallest profile sequence):
@@ -156,7 +162,7 @@ def tight_text_feeds(texts: Sequence[str], tokenizer: Any, recipe: Recipe,
     return feeds, row_texts
 
 
-def token_counts(texts: Sequence[str], tokenizer: Any, longest: int) -> list[int]:
+def token_counts(texts: Sequence[str], tokenizer: Tokenizer, longest: int) -> list[int]:
     """Tokens of each sample (special tokens included, at most ``longest``)."""
     pairs = [t.split("\t", 1) for t in texts]
     return [len(tokenizer(p[0], p[1] if len(p) == 2 else None, truncation=True,
@@ -169,16 +175,17 @@ class JsonTokenizer:
     ``truncation``, ``max_length``, ``return_tensors="np"``): calibration without importing
     transformers (and torch), seconds of a CPU INT8 build. ``token_text`` decodes with it."""
 
-    def __init__(self, path: Any, pad_token: str) -> None:
+    def __init__(self, path: Path, pad_token: str) -> None:
         from tokenizers import Tokenizer
 
         self.tokenizer = Tokenizer.from_file(str(path))
         self.pad_token = pad_token
         self.pad_id = self.tokenizer.token_to_id(pad_token)
 
-    def __call__(self, text: str | Sequence[str], text_pair: Any = None, padding: Any = False,
+    def __call__(self, text: str | Sequence[str], text_pair: str | Sequence[str] | None = None,
+                 padding: bool | str = False,
                  truncation: bool = False, max_length: int | None = None,
-                 return_tensors: str | None = None) -> dict[str, Any]:
+                 return_tensors: str | None = None) -> dict[str, TokenIds]:
         single = isinstance(text, str)
         texts = [text] if single else list(text)
         # transformers reads an empty pair of a single text as no pair (not in a batch)
@@ -194,19 +201,21 @@ class JsonTokenizer:
         else:
             tok.no_padding()
         encoded = tok.encode_batch(list(zip(texts, pairs, strict=True)) if pairs else texts)
-        found: dict[str, Any] = {
+        found: dict[str, list[list[int]]] = {
             "input_ids": [e.ids for e in encoded],
             "attention_mask": [e.attention_mask for e in encoded],
             "token_type_ids": [e.type_ids for e in encoded]}
         if return_tensors == "np":
             return {k: np.asarray(v, dtype=np.int64) for k, v in found.items()}
-        return {k: v[0] for k, v in found.items()} if single else found
+        if single:
+            return {k: v[0] for k, v in found.items()}
+        return {k: v for k, v in found.items()}
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
 
-def json_tokenizer(folder: Any) -> JsonTokenizer | None:
+def json_tokenizer(folder: Path | None) -> JsonTokenizer | None:
     """The tokenizer saved in ``folder`` as a ``JsonTokenizer``, or None where it needs
     transformers (no tokenizer.json, no pad token in tokenizer_config.json, left padding)."""
     import json

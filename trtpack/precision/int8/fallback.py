@@ -1,5 +1,5 @@
 """The INT8 fallback: the measured search for the node groups to keep in high precision
-(``trtpack.precision.search``), run on surrogates of the first quantized model.
+(``trtpack.precision.int8.search``), run on surrogates of the first quantized model.
 
 The search decides on every sample that is neither check nor held-out (calibration and
 search splits, plus 1-4 word prefixes of their lines): sensitivity and selection alike.
@@ -12,14 +12,20 @@ by ``Int8Conversion.run``: no decision ever used it."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from pathlib import Path
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING
 
 from trtpack.cases import Case
-from trtpack.precision.conversion import Attempt, ConversionContext, format_metric
+from trtpack.precision.conversion import Attempt, format_metric
 from trtpack.precision.metrics import FallbackSummary, SearchRound, SensitivityRow
-from trtpack.sources.recipe import Int8Settings, Recipe
+from trtpack.sources.recipe import Recipe
+
+if TYPE_CHECKING:
+    import onnx
+
+    from trtpack.precision.int8.search import Sensitivity
 
 # Op types INT8 quantizes when the recipe's quantize_op_types is empty, with or without the
 # fallback (ModelOpt's default also quantizes Add inputs, which costs MiniLM the most
@@ -59,32 +65,30 @@ MAX_SEARCH_EVALUATIONS = 60
 SENSITIVITY_SAMPLES = 32
 
 
-class FallbackHost(Protocol):
-    """What the search needs of the INT8 conversion it serves
-    (``trtpack.precision.int8.Int8Conversion`` is one): its samples, its settings, and a
-    way to convert (or judge a surrogate) with given nodes kept in high precision."""
+@dataclass
+class SearchInputs:
+    """What the search decides on, handed over by the INT8 conversion
+    (``trtpack.precision.int8.conversion.Int8Conversion.search_inputs``): never the held-out
+    split, and the check split only through ``check_failures``."""
 
-    ctx: ConversionContext
     recipe: Recipe
-    settings: Int8Settings
-    work: Path
-    quantize_source: Path
-    fp32_model: Any  # the model ModelOpt quantizes, in memory (None: load quantize_source)
-    module_paths: dict[str, str]
-    workers: int
-    cases: list[Case]
-    check_cases: list[Case]
+    fp32_model: onnx.ModelProto  # the model ModelOpt quantized: where kept nodes come from
+    corners: list[Case]  # the profile corners
+    decision: list[Case]  # neither check nor held-out, short prefixes first
+    has_check: bool  # whether there is a check split to consult
+    high_precision: str  # what kept nodes compute in ("fp32", "fp16")
+    min_int8_share: float
+    workers: int  # ONNX Runtime runs at a time
+    names: dict[str, str]  # node -> its PyTorch module path and op type, where known
+    progress: Callable[[str], None]
 
-    def display(self, name: str) -> str: ...
 
-    def decision_cases(self) -> list[Case]: ...
-
-    def check_failures(self, attempt: Attempt) -> list[Case]: ...
-
-    def judge(self, label: str, path: Path, excluded: Sequence[str]) -> Attempt: ...
-
-    def convert(self, label: str, op_types: Sequence[str], excluded: Sequence[str],
-                high_precision: str) -> Attempt: ...
+# The conversion's side of the seam. ``AttemptWith(label, excluded, surrogate)``: an attempt
+# with ``excluded`` kept in high precision (the conversion saves ``surrogate()`` when that is
+# the model ModelOpt would build, else converts anew), judged at the corners and on the search
+# split. ``CheckFailures(attempt)``: the check split's cases ``attempt`` fails (one consultation).
+AttemptWith = Callable[[str, list[str], Callable[[], "onnx.ModelProto"]], Attempt]
+CheckFailures = Callable[[Attempt], list[Case]]
 
 
 def first_samples(cases: Sequence[Case], samples: int) -> list[Case]:
@@ -99,7 +103,8 @@ def first_samples(cases: Sequence[Case], samples: int) -> list[Case]:
     return taken
 
 
-def conservative_share(ranked: Sequence[Any], quantized: Any, min_share: float) -> set[str]:
+def conservative_share(ranked: Sequence[Sensitivity], quantized: onnx.ModelProto, min_share: float
+                       ) -> set[str]:
     """The fewest of the least sensitive groups' nodes (``ranked``, least damaging first)
     that keep ``min_share`` of the quantized model's MatMul/Gemm nodes INT8."""
     from trtpack.precision.graph import low_precision_stats
@@ -114,40 +119,53 @@ def conservative_share(ranked: Sequence[Any], quantized: Any, min_share: float) 
     return chosen
 
 
-def int8_fallback(conv: FallbackHost, first: Attempt, user_excluded: list[str],
-                  op_types: list[str], consultations: int = 0,
-                  check_failed: Sequence[Case] = ()) -> tuple[Attempt, FallbackSummary]:
-    """The measured search (``trtpack.precision.search``) for the node groups to keep in
+def int8_fallback(inputs: SearchInputs, first: Attempt, user_excluded: list[str],
+                  attempt_with: AttemptWith, check_failures: CheckFailures
+                  ) -> tuple[Attempt, FallbackSummary]:
+    """``first`` (quantized with FP32 kept nodes) if it passes its gate and the check split;
+    else the measured search (``search_groups``)."""
+    consulted = first.passed and inputs.has_check
+    check_failed = check_failures(first) if consulted else []
+    if first.passed and not check_failed:
+        return first, FallbackSummary("auto", 0, check_consultations=int(consulted))
+    return search_groups(inputs, first, user_excluded, attempt_with, check_failures,
+                         int(consulted), check_failed)
+
+
+def search_groups(inputs: SearchInputs, first: Attempt, user_excluded: list[str],
+                  attempt_with: AttemptWith, check_failures: CheckFailures,
+                  consultations: int = 0, check_failed: Sequence[Case] = ()
+                  ) -> tuple[Attempt, FallbackSummary]:
+    """The measured search (``trtpack.precision.int8.search``) for the node groups to keep in
     high precision, on surrogates of ``first``; up to ``MAX_INT8_ROUNDS`` rounds, each more
     conservative than the last when its choice fails its verification or the check split.
     ``consultations`` / ``check_failed``: the check split already consulted on ``first``."""
     import onnx
 
-    from trtpack.onnx_tools.files import save_model
     from trtpack.precision.graph import int8_quantized_nodes
-    from trtpack.precision.search import Evaluator, measure_sensitivity, select_groups
-    from trtpack.precision.surrogates import SurrogateBuilder, ToggledSurrogates, node_groups
+    from trtpack.precision.int8.search import Evaluator, measure_sensitivity, select_groups
+    from trtpack.precision.int8.surrogates import SurrogateBuilder, ToggledSurrogates, node_groups
 
-    s = conv.settings
     started = time.perf_counter()
-    fp32 = conv.fp32_model or onnx.load(str(conv.quantize_source))
+    fp32 = inputs.fp32_model
+    progress = inputs.progress
     quantized = onnx.load(str(first.path))
     candidates = sorted(int8_quantized_nodes(quantized) - set(user_excluded))
     groups = node_groups(fp32, candidates, per_node=SEARCH_PER_NODE)
     for g in groups:
-        g.hints = [conv.display(n) if n in conv.module_paths else h
-                   for n, h in zip(g.nodes, g.hints, strict=True)]
+        g.hints = [inputs.names.get(n, h) for n, h in zip(g.nodes, g.hints, strict=True)]
     builder = SurrogateBuilder(quantized, fp32)
-    workers = conv.workers
+    workers = inputs.workers
     toggled = ToggledSurrogates(quantized, fp32, groups, threads=1)
-    opt_cases = [c for c in conv.cases if c.corner == "opt"] or conv.cases[:1]
-    judged_corners = [c for c in conv.cases if c.corner != "max"] or conv.cases
-    decision = [*check_failed, *conv.decision_cases()]
-    quick = Evaluator(conv.recipe, "int8", first_samples(decision, SENSITIVITY_SAMPLES)
+    corners = inputs.corners
+    opt_cases = [c for c in corners if c.corner == "opt"] or corners[:1]
+    judged_corners = [c for c in corners if c.corner != "max"] or corners
+    decision = [*check_failed, *inputs.decision]
+    quick = Evaluator(inputs.recipe, "int8", first_samples(decision, SENSITIVITY_SAMPLES)
                       or opt_cases, workers=workers)
-    conv.ctx.progress(f"fallback: measuring the sensitivity of {len(groups)} node groups "
-                      f"({len(candidates)} quantized nodes)")
-    ranked = measure_sensitivity(toggled, groups, quick, conv.ctx.progress)
+    progress(f"fallback: measuring the sensitivity of {len(groups)} node groups "
+             f"({len(candidates)} quantized nodes)")
+    ranked = measure_sensitivity(toggled, groups, quick, progress)
     evaluations = quick.evaluations
     margin = SEARCH_MARGIN
     final = first
@@ -159,11 +177,11 @@ def int8_fallback(conv: FallbackHost, first: Attempt, user_excluded: list[str],
         rounds += 1
         # the largest corner is left to the final verification (it costs the most)
         # the short prefixes first: most candidates that fail, fail there
-        judge = Evaluator(conv.recipe, "int8", [*decision, *judged_corners], margin,
+        judge = Evaluator(inputs.recipe, "int8", [*decision, *judged_corners], margin,
                           fail_fast=True, workers=workers, spread_rank=SPREAD_RANK)
-        conv.ctx.progress(f"fallback round {rounds}: searching the node groups to keep "
-                          f"quantized (target margin {margin:.2f}, {len(decision)} batches)")
-        selection = select_groups(toggled, allowed, judge, conv.ctx.progress,
+        progress(f"fallback round {rounds}: searching the node groups to keep "
+                 f"quantized (target margin {margin:.2f}, {len(decision)} batches)")
+        selection = select_groups(toggled, allowed, judge, progress,
                                   MAX_SEARCH_EVALUATIONS, GREEDY_FAILURES)
         evaluations += judge.evaluations
         excluded = [*user_excluded, *selection.excluded]
@@ -172,28 +190,22 @@ def int8_fallback(conv: FallbackHost, first: Attempt, user_excluded: list[str],
             margin = 1.0 - (1.0 - margin) / 2
             continue
         tried.add(key)
-        label = f"fallback{rounds}"
-        if s.high_precision == "fp32":
-            # the surrogate is the model ModelOpt builds with these nodes excluded
-            out_dir = conv.work / label
-            out_dir.mkdir()
-            save_model(builder.build(selection.excluded), out_dir / "model.onnx")
-            final = conv.judge(label, out_dir / "model.onnx", excluded)
-        else:
-            final = conv.convert(label, op_types, excluded, s.high_precision)
+        # with FP32 kept nodes the surrogate is the model ModelOpt builds with them excluded
+        final = attempt_with(f"fallback{rounds}", excluded,
+                             partial(builder.build, selection.excluded))
         failing: list[Case] = []
-        consulted = final.passed and bool(conv.check_cases)
+        consulted = final.passed and inputs.has_check
         if consulted:
             consultations += 1
-            failing = conv.check_failures(final)
+            failing = check_failures(final)
         history.append(SearchRound(rounds, round(margin, 4), len(selection.quantized_groups),
                                    len(excluded), final.summary(),
                                    not failing if consulted else None))
         worst = format_metric(final.worst, final.threshold)
-        conv.ctx.progress(f"fallback round {rounds}: {len(selection.excluded)} nodes kept "
-                          f"in {s.high_precision}, worst sample {worst}, "
-                          f"{'passed' if final.passed else 'failed'}"
-                          + (f", check split: {len(failing)} failing" if consulted else ""))
+        progress(f"fallback round {rounds}: {len(selection.excluded)} nodes kept "
+                 f"in {inputs.high_precision}, worst sample {worst}, "
+                 f"{'passed' if final.passed else 'failed'}"
+                 + (f", check split: {len(failing)} failing" if consulted else ""))
         if final.passed and not failing:
             break
         # more conservative: only what this choice kept may stay quantized, the check's
@@ -206,22 +218,15 @@ def int8_fallback(conv: FallbackHost, first: Attempt, user_excluded: list[str],
         # every round failed its verification or the check split: the most conservative
         # configuration that still meets --min-int8-share (the least sensitive groups
         # only), judged like any round, before the build gives up on INT8
-        quantized_nodes = conservative_share(ranked, quantized, conv.ctx.options.min_int8_share)
-        label = "conservative"
+        quantized_nodes = conservative_share(ranked, quantized, inputs.min_int8_share)
         excluded = [*user_excluded, *(n for r in ranked for n in r.group.nodes
                                       if n not in quantized_nodes)]
         if quantized_nodes and tuple(sorted(excluded)) not in tried:
-            conv.ctx.progress(f"fallback: no round passed; the most conservative choice: "
-                              f"{len(quantized_nodes)} nodes quantized (--min-int8-share)")
-            if s.high_precision == "fp32":
-                out_dir = conv.work / label
-                out_dir.mkdir()
-                save_model(builder.build(excluded), out_dir / "model.onnx")
-                last = conv.judge(label, out_dir / "model.onnx", excluded)
-            else:
-                last = conv.convert(label, op_types, excluded, s.high_precision)
-            failing = conv.check_failures(last) if last.passed and conv.check_cases else []
-            consultations += int(last.passed and bool(conv.check_cases))
+            progress(f"fallback: no round passed; the most conservative choice: "
+                     f"{len(quantized_nodes)} nodes quantized (--min-int8-share)")
+            last = attempt_with("conservative", excluded, partial(builder.build, excluded))
+            failing = check_failures(last) if last.passed and inputs.has_check else []
+            consultations += int(last.passed and inputs.has_check)
             history.append(SearchRound(rounds + 1, 1.0, len(quantized_nodes), len(excluded),
                                        last.summary(), not failing if last.passed else None))
             if last.passed and not failing:

@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from trtpack.onnx_tools.files import save_model
-from trtpack.precision.modelopt_jobs import ModelOptJob
+from trtpack.precision.modelopt_jobs import Fp16Job, ModelOptJob, WorkerResult
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
 
 MAX_BLOCKED_BY_FAILURE = 16
 """Nodes the fallback keeps in FP32 because ONNX Runtime failed on them, at most."""
@@ -27,7 +31,7 @@ MAX_BLOCKED_BY_FAILURE = 16
 _NODE_NAME = re.compile(r"Name:\s*'([^']*)'|[Nn]ode \(([^)]*)\)")
 
 
-def run_problem(model: Any, feed: dict[str, Any]) -> str | None:
+def run_problem(model: Path | onnx.ModelProto, feed: dict[str, np.ndarray]) -> str | None:
     """Why ONNX Runtime cannot run ``model`` (a path or a ModelProto) on ``feed``: its error
     message, or None when it runs and its outputs are finite."""
     import numpy as np
@@ -62,12 +66,12 @@ def failing_node(message: str, containers: dict[str, str]) -> str | None:
     return None
 
 
-def top_level_containers(graph: Any) -> dict[str, str]:
+def top_level_containers(graph: onnx.GraphProto) -> dict[str, str]:
     """Every node's name in ``graph`` and in its subgraphs -> the name of the node of
     ``graph`` it is (or lies inside)."""
     found: dict[str, str] = {}
 
-    def inside(sub: Any, top: str) -> None:
+    def inside(sub: onnx.GraphProto, top: str) -> None:
         for node in sub.node:
             found.setdefault(node.name, top)
             for attribute in node.attribute:
@@ -84,7 +88,7 @@ def top_level_containers(graph: Any) -> dict[str, str]:
     return found
 
 
-def convert_float16(job: ModelOptJob, work: Path) -> dict[str, Any]:
+def convert_float16(job: ModelOptJob, work: Path) -> WorkerResult:
     """onnxconverter-common's FP16 conversion of ``job.input``, its block list grown from what
     ONNX Runtime fails on, each control-flow body converted as a graph of its own; the result
     says which nodes were blocked and why, and which bodies stayed FP32 and why."""
@@ -93,7 +97,7 @@ def convert_float16(job: ModelOptJob, work: Path) -> dict[str, Any]:
 
     spec = job.fp16
     assert spec is not None
-    feed: dict[str, Any] = {}
+    feed: dict[str, np.ndarray] = {}
     if spec.reference_inputs:
         with np.load(spec.reference_inputs) as data:
             feed = {k: data[k] for k in data.files}
@@ -105,14 +109,15 @@ def convert_float16(job: ModelOptJob, work: Path) -> dict[str, Any]:
     return {"converter": "float16", "blocked_by_failure": blocked, "kept_fp32": kept}
 
 
-def subgraphs(node: Any) -> list[tuple[str, Any]]:
+def subgraphs(node: onnx.NodeProto) -> list[tuple[str, onnx.GraphProto]]:
     """(attribute name, body) of each graph a node holds (If, Loop, Scan)."""
     return [(a.name, g) for a in node.attribute
             for g in ([a.g] if a.HasField("g") else []) + list(a.graphs)]
 
 
-def convert_graph(source: Any, feed: dict[str, Any], spec: Any, blocked: dict[str, str],
-                  kept: dict[str, str], keep_io_types: bool) -> Any:
+def convert_graph(source: onnx.ModelProto, feed: dict[str, np.ndarray], spec: Fp16Job,
+                  blocked: dict[str, str], kept: dict[str, str], keep_io_types: bool
+                  ) -> onnx.ModelProto:
     """``source`` in FP16 with its control-flow nodes' bodies converted on their own (FP32
     at their boundaries: the values they read from this graph are cast to FP32 for them;
     the converters cannot type a body half converted inside its graph), checked to run on
@@ -164,11 +169,11 @@ def convert_graph(source: Any, feed: dict[str, Any], spec: Any, blocked: dict[st
     return converted
 
 
-def in_order(nodes: list[Any]) -> list[Any]:
+def in_order(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
     """``nodes`` sorted so that each comes after the nodes making the values it and its
     bodies read (the converter appends the Casts it inserts; ONNX wants bodies sorted)."""
     made_by = {v: k for k, n in enumerate(nodes) for v in n.output if v}
-    ordered: list[Any] = []
+    ordered: list[onnx.NodeProto] = []
     placed: set[int] = set()
 
     def place(k: int) -> None:
@@ -186,7 +191,7 @@ def in_order(nodes: list[Any]) -> list[Any]:
     return ordered
 
 
-def float_outputs(graph: Any, original: Any) -> None:
+def float_outputs(graph: onnx.GraphProto, original: onnx.GraphProto) -> None:
     """A Cast to FP16 that makes an output of ``original`` (not FP16 there) casts to FP32:
     the converter casts a kept node's output that is also the graph's output to FP16, against
     keep_io_types (its Casts to FP16 are of float values only)."""
@@ -207,7 +212,7 @@ def float_outputs(graph: Any, original: Any) -> None:
             output.type.tensor_type.elem_type = TensorProto.FLOAT
 
 
-def outer_reads(body: Any) -> list[str]:
+def outer_reads(body: onnx.GraphProto) -> list[str]:
     """The values ``body`` (its nested bodies included) reads from the scopes around it, in
     the order first read."""
     made = {i.name for i in body.input} | {i.name for i in body.initializer}
@@ -220,7 +225,7 @@ def outer_reads(body: Any) -> list[str]:
     return reads
 
 
-def cast_outer_reads(graph: Any, control: list[str], floats: set[str]) -> None:
+def cast_outer_reads(graph: onnx.GraphProto, control: list[str], floats: set[str]) -> None:
     """Each FP32 value of ``graph`` (``floats``: those FP32 before the conversion) that a body
     of a node in ``control`` reads is cast to FP32 for it (the conversion may have made it
     FP16; a Cast of an FP32 value is a no-op), so the bodies see the types they were written
@@ -242,7 +247,7 @@ def cast_outer_reads(graph: Any, control: list[str], floats: set[str]) -> None:
         graph.node.append(node)
 
 
-def rename_reads(body: Any, renamed: dict[str, str]) -> None:
+def rename_reads(body: onnx.GraphProto, renamed: dict[str, str]) -> None:
     """Point the reads of ``body`` and its nested bodies at the renamed values."""
     for node in body.node:
         for k, name in enumerate(node.input):
@@ -252,7 +257,8 @@ def rename_reads(body: Any, renamed: dict[str, str]) -> None:
             rename_reads(g, renamed)
 
 
-def convert_bodies(source: Any, converted: Any, name: str, feed: dict[str, Any], spec: Any,
+def convert_bodies(source: onnx.ModelProto, converted: onnx.ModelProto, name: str,
+                   feed: dict[str, np.ndarray], spec: Fp16Job,
                    blocked: dict[str, str], kept: dict[str, str]) -> None:
     """Convert each body of control-flow node ``name`` of ``converted`` as a standalone model:
     its outer reads become FP32 inputs (typed by shape inference of ``source`` and fed with
@@ -302,7 +308,7 @@ def convert_bodies(source: Any, converted: Any, name: str, feed: dict[str, Any],
         put_back(body, lifted16.graph, lifted, where)
 
 
-def typed_outputs(lifted: Any) -> None:
+def typed_outputs(lifted: onnx.ModelProto) -> None:
     """Give ``lifted``'s outputs the types shape inference finds where the body left them
     untyped (keep_io_types keeps only typed FP32 outputs FP32)."""
     import onnx
@@ -315,7 +321,7 @@ def typed_outputs(lifted: Any) -> None:
             lifted.graph.output[k].CopyFrom(found[output.name])
 
 
-def outer_inputs(source: Any, reads: list[str]) -> list[Any]:
+def outer_inputs(source: onnx.ModelProto, reads: list[str]) -> list[onnx.ValueInfoProto]:
     """A ValueInfoProto for each of ``reads`` that shape inference of ``source`` types."""
     import onnx
 
@@ -334,7 +340,8 @@ def outer_inputs(source: Any, reads: list[str]) -> list[Any]:
     return [infos[r] for r in reads if r in infos]
 
 
-def outer_values(source: Any, reads: list[str], feed: dict[str, Any]) -> dict[str, Any]:
+def outer_values(source: onnx.ModelProto, reads: list[str], feed: dict[str, np.ndarray]
+                 ) -> dict[str, np.ndarray]:
     """The values of ``reads`` when ``source`` runs on ``feed`` (FP32, in ONNX Runtime)."""
     from trtpack.runtimes.onnxruntime import cpu_session
 
@@ -347,7 +354,8 @@ def outer_values(source: Any, reads: list[str], feed: dict[str, Any]) -> dict[st
     return dict(zip(reads, values, strict=True))
 
 
-def put_back(body: Any, graph: Any, lifted: Any, where: str) -> None:
+def put_back(body: onnx.GraphProto, graph: onnx.GraphProto, lifted: onnx.ModelProto,
+             where: str) -> None:
     """Replace ``body``'s nodes with ``graph``'s (its converted form): the values and nodes the
     conversion added get ``where`` as a prefix (names must be unique across scopes)."""
     known = {i.name for i in lifted.graph.input} | {o.name for o in lifted.graph.output}
@@ -374,7 +382,7 @@ def put_back(body: Any, graph: Any, lifted: Any, where: str) -> None:
     clear_value_info(body)
 
 
-def clear_value_info(body: Any) -> None:
+def clear_value_info(body: onnx.GraphProto) -> None:
     """Drop the types recorded in ``body`` and its nested bodies: those the converter left
     there contradict the casts around the bodies converted alone; ONNX Runtime infers them."""
     body.ClearField("value_info")

@@ -9,12 +9,16 @@ Runs in the ModelOpt worker; onnx and onnxruntime are imported inside the functi
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from trtpack.onnx_tools.files import LARGE_INITIALIZER_BYTES, data_path, tensor_bytes
 
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
 
-def out_of_range_nodes(source: Path, feed: dict[str, Any], data_max: float) -> list[str]:
+
+def out_of_range_nodes(source: Path, feed: dict[str, np.ndarray], data_max: float) -> list[str]:
     """The nodes AutoCast's I/O range rule keeps in FP32: any input or output whose largest
     absolute value on ``feed`` exceeds ``data_max`` (graph inputs and every node output;
     initializers are its init_max rule's).
@@ -65,7 +69,7 @@ def absmax_types() -> frozenset[int]:
                       T.INT32, T.INT64, T.UINT8, T.UINT16, T.UINT32, T.UINT64})
 
 
-def absmax_outputs(model: Any, tensors: list[str]) -> dict[str, str]:
+def absmax_outputs(model: onnx.ModelProto, tensors: list[str]) -> dict[str, str]:
     """Make ``model`` (an ``onnx.ModelProto``, changed in place) output, instead of its own
     outputs, the largest absolute value of each of ``tensors`` as an FP32 scalar: Cast, Abs,
     flattened with a 0 appended (an empty tensor gives 0), ReduceMax, placed right after the
@@ -107,7 +111,7 @@ def absmax_outputs(model: Any, tensors: list[str]) -> dict[str, str]:
     return outputs
 
 
-def _weight_array(tensor: Any, folder: Path) -> Any:
+def _weight_array(tensor: onnx.TensorProto, folder: Path) -> np.ndarray:
     """An initializer's values: from its bytes, or mapped from its external data file."""
     import numpy as np
     from onnx import helper, numpy_helper
@@ -121,7 +125,7 @@ def _weight_array(tensor: Any, folder: Path) -> Any:
                      shape=tuple(tensor.dims))
 
 
-def fp16_initializer(values: Any, name: str) -> Any:
+def fp16_initializer(values: np.ndarray, name: str) -> onnx.TensorProto:
     """``values`` as an FP16 initializer, the way AutoCast converts one: clamped to FP16's
     range, non-zero values below its smallest subnormal set to that subnormal."""
     import numpy as np
@@ -133,7 +137,8 @@ def fp16_initializer(values: Any, name: str) -> Any:
     return numpy_helper.from_array(array.astype(np.float16), name)
 
 
-def strip_weights(source: Path, graph_path: Path) -> tuple[dict[str, Any], list[str]]:
+def strip_weights(source: Path, graph_path: Path
+                  ) -> tuple[dict[str, onnx.TensorProto], list[str]]:
     """Write ``source`` without its large float initializers to ``graph_path``, each one a
     graph input of its shape and type instead. Returns those initializers (values not
     loaded when external) and the nodes AutoCast's initializer range rule would keep in FP32
@@ -147,7 +152,7 @@ def strip_weights(source: Path, graph_path: Path) -> tuple[dict[str, Any], list[
     for node in model.graph.node:
         for name in node.input:
             readers.setdefault(name, []).append(node.name)
-    weights: dict[str, Any] = {}
+    weights: dict[str, onnx.TensorProto] = {}
     kept, beyond = [], []
     for t in model.graph.initializer:
         if t.data_type == onnx.TensorProto.FLOAT and tensor_bytes(t) >= LARGE_INITIALIZER_BYTES:
@@ -166,7 +171,8 @@ def strip_weights(source: Path, graph_path: Path) -> tuple[dict[str, Any], list[
     return weights, beyond
 
 
-def restore_weights(model: Any, weights: dict[str, Any], folder: Path) -> list[Any]:
+def restore_weights(model: onnx.ModelProto, weights: dict[str, onnx.TensorProto], folder: Path
+                    ) -> list[onnx.TensorProto]:
     """Put the stripped weights back into AutoCast's result: an FP16 initializer where it
     made the weight FP16 (a graph input of type FP16, or Cast-to-FP16 nodes reading it, which
     are removed), the FP32 one where a node still reads it as FP32. FP32 weights that are in
@@ -208,7 +214,8 @@ def restore_weights(model: Any, weights: dict[str, Any], folder: Path) -> list[A
     return [t for t in graph.initializer if t.name in external]  # the graph's own copies
 
 
-def save_converted(model: Any, path: Path, external_weights: list[Any], source_folder: Path
+def save_converted(model: onnx.ModelProto, path: Path, external_weights: list[onnx.TensorProto],
+                   source_folder: Path
                    ) -> None:
     """Save AutoCast's result as ``save_model`` does. ``external_weights`` are initializers
     still pointing into the source's data file: copied into ``<name>.data`` in chunks."""

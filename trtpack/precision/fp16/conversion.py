@@ -9,7 +9,7 @@ import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,6 +21,9 @@ from trtpack.precision.metrics import FallbackSummary, Fp16Metrics
 from trtpack.precision.modelopt_jobs import Fp16Job, ModelOptJob, ModelOptWorker
 from trtpack.runtimes.onnxruntime import cpu_session
 from trtpack.shapes import BATCH_AXIS
+
+if TYPE_CHECKING:
+    from trtpack.sources.recipe import Recipe
 
 # Rounds of the FP16 fallback; round r keeps FP16_FIRST_NODES * 2**(r-1) more nodes in FP32.
 MAX_FP16_ROUNDS = 4
@@ -34,7 +37,7 @@ CONVERTER_NAMES = {"autocast": "ModelOpt AutoCast",
                    "float16": "onnxconverter-common float16"}
 
 
-def autocast_reference_inputs(cases: Sequence[Case], recipe: Any) -> dict[str, Any]:
+def autocast_reference_inputs(cases: Sequence[Case], recipe: Recipe) -> dict[str, np.ndarray]:
     """The one input the FP16 range rule sees: one row of the largest profile corner (real
     tokens, the longest sequence; the row with the fewest padding tokens).
 
@@ -88,7 +91,8 @@ class Fp16Conversion(Conversion):
         reference = self.work / "reference_input.npz"
         if not reference.is_file():
             with open(reference, "wb") as f:
-                np.savez(f, **autocast_reference_inputs(self.cases, self.recipe))
+                np.savez(f, allow_pickle=False,
+                         **autocast_reference_inputs(self.cases, self.recipe))
         job = ModelOptJob("fp16", fp16=Fp16Job(
             keep_io_types=s.keep_io_types, nodes_to_exclude=list(keep_fp32),
             op_types_to_exclude=list(s.keep_fp32_op_types), reference_inputs=str(reference),

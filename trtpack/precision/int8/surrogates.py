@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,6 +25,8 @@ from trtpack.runtimes.onnxruntime import cpu_session, run_session
 
 if TYPE_CHECKING:
     import onnx
+
+    from trtpack.runtimes.onnxruntime import CpuSession
 
 
 @dataclass
@@ -174,14 +176,15 @@ class ToggledSurrogates:
 class ModelCandidate:
     """A candidate that is a whole model, in its own ONNX Runtime session."""
 
-    session: Any
+    session: CpuSession
 
     def run(self, feeds: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
         return run_session(self.session, feeds)
 
 
-def attach_initializers(graph: Any, nodes: list[Any], quantized: Any,
-                        fp32_inits: dict[str, Any]) -> None:
+def attach_initializers(graph: onnx.GraphProto, nodes: list[onnx.NodeProto],
+                        quantized: onnx.ModelProto, fp32_inits: dict[str, onnx.TensorProto]
+                        ) -> None:
     """Add ``nodes`` to ``graph`` with the initializers they read: the quantized model's
     where it has them, else the FP32 model's (the weights of layers kept in FP32)."""
     used = {t for n in nodes for t in n.input}

@@ -1,7 +1,7 @@
 """The INT8 fallback search: which node groups may stay quantized, measured on the model and
 its data (on MiniLM, keeping whole op types such as Softmax, LayerNorm or Add in FP32 did
 not help, and which MatMuls hurt most differed by layer). Candidates are surrogates
-(``trtpack.precision.surrogates``): one ONNX Runtime run each, not a ModelOpt conversion.
+(``trtpack.precision.int8.surrogates``): one ONNX Runtime run each, not a ModelOpt conversion.
 
   1. sensitivity: quantize one group alone, measure the damage (1 - worst cosine);
   2. rank the groups from least to most damaging and find, by bisection, the longest
@@ -17,12 +17,12 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
 from trtpack.cases import Case
-from trtpack.precision.surrogates import (
+from trtpack.precision.int8.surrogates import (
     ModelCandidate,
     NodeGroup,
     SurrogateBuilder,
@@ -193,6 +193,15 @@ class Evaluator:
                 f"({spread:.6f}) < {floor:.6f}"]
 
 
+class Trial(TypedDict):
+    """One surrogate the selection judged."""
+
+    quantized_groups: int
+    worst: float | None
+    damage: float
+    passed: bool
+
+
 @dataclass
 class Sensitivity:
     group: NodeGroup
@@ -205,7 +214,7 @@ class Selection:
     quantized_groups: list[NodeGroup]
     excluded: list[str]  # node names kept in high precision
     score: Score | None
-    history: list[dict[str, Any]] = field(default_factory=list)
+    history: list[Trial] = field(default_factory=list)
 
 
 Progress = Callable[[str], None]
@@ -237,7 +246,7 @@ def select_groups(builder: SurrogateBuilder | ToggledSurrogates, ranked: Sequenc
     """The most groups (least damaging first) whose combined surrogate passes ``evaluate``."""
     order = [s.group for s in ranked]
     all_nodes = [n for g in order for n in g.nodes]
-    history: list[dict[str, Any]] = []
+    history: list[Trial] = []
     budget = [max_evaluations]
 
     def trial(quantized: Sequence[NodeGroup]) -> Score:

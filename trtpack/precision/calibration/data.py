@@ -1,10 +1,10 @@
 """INT8 calibration data: batches of model inputs ("feeds") from a text file, a ``.npz`` or,
 only when neither is given, synthetic inputs (with a warning that accuracy is unknown).
 
-A text file holds one sample a line (``trtpack.precision.text_batches`` tokenizes and
+A text file holds one sample a line (``trtpack.precision.calibration.text_batches`` tokenizes and
 batches it); a ``.npz`` holds one array per model input, samples along the first axis
 (ModelOpt's own calibration format). The samples are split three ways
-(``trtpack.precision.splits``): calibration, search and held-out.
+(``trtpack.precision.calibration.splits``): calibration, search and held-out.
 """
 
 from __future__ import annotations
@@ -12,25 +12,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from trtpack.errors import UserInputError
-from trtpack.precision.calibration_files import (
+from trtpack.precision.calibration.files import (
     npz_feeds,
     npz_lengths,
     read_npz_samples,
     read_text_samples,
 )
-from trtpack.precision.splits import (
+from trtpack.precision.calibration.splits import (
     SHORT_TOKENS,
     split_three,
     strata_counts,
     strata_warnings,
     stratum,
 )
-from trtpack.precision.text_batches import (
+from trtpack.precision.calibration.text_batches import (
     Feed,
     sequence_buckets,
     text_feeds,
@@ -41,6 +41,10 @@ from trtpack.precision.text_batches import (
 )
 from trtpack.shapes import ShapeProfile
 from trtpack.sources.recipe import Recipe
+
+if TYPE_CHECKING:
+    from trtpack.options import BuildOptions
+    from trtpack.verify.samples import Tokenizer
 from trtpack.verify.sample_files import check_token_ids
 
 CalibrationSource = Literal["text", "default text", "npz", "synthetic"]
@@ -48,7 +52,7 @@ CalibrationSource = Literal["text", "default text", "npz", "synthetic"]
 # Real text shipped inside the package (written for trtpack: chat and 1-4 word replies,
 # questions, news, reviews, technical prose, long passages): what a text model with a
 # tokenizer calibrates, searches and is gated on when no calibration file is given.
-DEFAULT_TEXT = Path(__file__).resolve().parents[1] / "data" / "calibration-text.txt"
+DEFAULT_TEXT = Path(__file__).resolve().parents[2] / "data" / "calibration-text.txt"
 
 CALIBRATION_METHODS = ("max", "entropy", "percentile")
 
@@ -68,16 +72,16 @@ class CalibrationData:
     """Calibration batches, held-out batches for the fallback search, and where they came from."""
 
     feeds: list[Feed]
-    holdout: list[Feed]
+    held_out: list[Feed]
     source: CalibrationSource
     path: Path | None = None
     samples: int = 0
-    holdout_samples: int = 0
+    held_out_samples: int = 0
     warnings: list[str] = field(default_factory=list)
     search: list[Feed] = field(default_factory=list)
     search_samples: int = 0
     # the text of each row of each held-out / search batch (text calibration only)
-    holdout_texts: list[list[str]] = field(default_factory=list)
+    held_out_texts: list[list[str]] = field(default_factory=list)
     search_texts: list[list[str]] = field(default_factory=list)
     # samples per length stratum in each split, e.g. {"calibration": {"short": 4, ...}}
     strata: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -115,7 +119,7 @@ def short_samples(texts: Sequence[str], limit: int = MAX_SHORT_SAMPLES) -> list[
     return found[:limit]
 
 
-def calibration_path(options: Any) -> Path | None:
+def calibration_path(options: BuildOptions) -> Path | None:
     """``--calibration`` if given, else the recipe's ``precision_options.int8.calibration``."""
     if options.calibration is not None:
         return Path(options.calibration)
@@ -158,7 +162,7 @@ def graph_vocab_size(model: Path, recipe: Recipe) -> int | None:
 
 
 def load_calibration(recipe: Recipe, profiles: Sequence[ShapeProfile], path: Path | None, *,
-                     tokenizer: Any, max_samples: int, seed: int,
+                     tokenizer: Tokenizer | None, max_samples: int, seed: int,
                      vocab_size: int | None = None) -> CalibrationData:
     """Calibration, search and held-out batches from ``path`` (text, tokenized with
     ``tokenizer``, or .npz: its token ids checked against ``vocab_size``, the rows of the
@@ -169,10 +173,10 @@ def load_calibration(recipe: Recipe, profiles: Sequence[ShapeProfile], path: Pat
         path = DEFAULT_TEXT
     if path is None:
         feeds = synthetic_feeds(recipe, profiles, min(max_samples, SYNTHETIC_SAMPLES), seed)
-        holdout = synthetic_feeds(recipe, profiles, 4, seed + 1_000_003)
+        held_out = synthetic_feeds(recipe, profiles, 4, seed + 1_000_003)
         search = synthetic_feeds(recipe, profiles, 4, seed + 2_000_003)
-        return CalibrationData(feeds, holdout, "synthetic", None, feed_rows(feeds),
-                               feed_rows(holdout), [SYNTHETIC_WARNING], search,
+        return CalibrationData(feeds, held_out, "synthetic", None, feed_rows(feeds),
+                               feed_rows(held_out), [SYNTHETIC_WARNING], search,
                                feed_rows(search))
     if path.suffix.lower() == ".npz":
         arrays, warnings = read_npz_samples(path, recipe)
@@ -184,8 +188,8 @@ def load_calibration(recipe: Recipe, profiles: Sequence[ShapeProfile], path: Pat
         splits = split_three(lengths, max_samples, seed)
         return CalibrationData(
             npz_feeds(arrays, splits.calibration, recipe, profiles),
-            npz_feeds(arrays, splits.holdout, recipe, profiles) if splits.holdout else [],
-            "npz", path, len(splits.calibration), len(splits.holdout), warnings,
+            npz_feeds(arrays, splits.held_out, recipe, profiles) if splits.held_out else [],
+            "npz", path, len(splits.calibration), len(splits.held_out), warnings,
             npz_feeds(arrays, splits.search, recipe, profiles) if splits.search else [],
             len(splits.search), strata=strata_counts(lengths, splits),
             check=npz_feeds(arrays, splits.check, recipe, profiles) if splits.check else [],
@@ -222,11 +226,11 @@ def load_calibration(recipe: Recipe, profiles: Sequence[ShapeProfile], path: Pat
     # short replies of the shipped text, whatever the file: some join the decisions, others
     # (a disjoint draw) the held-out split, so that its figure covers them too
     replies = default_short_lines(texts, tokenizer, seed,
-                                  DECISION_SHORT_LINES + HELDOUT_SHORT_LINES) \
-        if path != DEFAULT_TEXT and splits.holdout else []
-    held_lines = [*(texts[i] for i in splits.holdout), *replies[DECISION_SHORT_LINES:]]
-    holdout, holdout_texts = tight_text_feeds(held_lines, tokenizer, recipe, profiles) \
-        if splits.holdout else ([], [])
+                                  DECISION_SHORT_LINES + HELD_OUT_SHORT_LINES) \
+        if path != DEFAULT_TEXT and splits.held_out else []
+    held_lines = [*(texts[i] for i in splits.held_out), *replies[DECISION_SHORT_LINES:]]
+    held_out, held_out_texts = tight_text_feeds(held_lines, tokenizer, recipe, profiles) \
+        if splits.held_out else ([], [])
     search, search_texts = tight_text_feeds(
         [texts[i] for i in splits.search], tokenizer, recipe, profiles) \
         if splits.search else ([], [])
@@ -236,11 +240,11 @@ def load_calibration(recipe: Recipe, profiles: Sequence[ShapeProfile], path: Pat
     prefix_lines = short_samples([texts[i] for i in [*splits.search, *splits.calibration]])
     prefix_lines += replies[:DECISION_SHORT_LINES]
     prefixes, prefix_texts = tight_text_feeds(prefix_lines, tokenizer, recipe, profiles) \
-        if prefix_lines and splits.holdout else ([], [])
+        if prefix_lines and splits.held_out else ([], [])
     source: CalibrationSource = "default text" if path == DEFAULT_TEXT else "text"
-    return CalibrationData(feeds, holdout, source, path, len(splits.calibration),
+    return CalibrationData(feeds, held_out, source, path, len(splits.calibration),
                            len(held_lines), warnings, search, len(splits.search),
-                           holdout_texts, search_texts, strata_counts(lengths, splits),
+                           held_out_texts, search_texts, strata_counts(lengths, splits),
                            check, len(splits.check), check_texts, prefixes, prefix_texts)
 
 
@@ -253,10 +257,10 @@ DEFAULT_SHORT_LINES = 40
 DECISION_SHORT_LINES = 48
 
 # ... and this many others (never decided on) join the held-out split.
-HELDOUT_SHORT_LINES = 16
+HELD_OUT_SHORT_LINES = 16
 
 
-def default_short_lines(texts: Sequence[str], tokenizer: Any, seed: int, count: int
+def default_short_lines(texts: Sequence[str], tokenizer: Tokenizer, seed: int, count: int
                         ) -> list[str]:
     """Up to ``count`` short lines (<= ``SHORT_TOKENS`` tokens) of the default text that are
     not in ``texts``, drawn with ``seed``."""
@@ -267,7 +271,7 @@ def default_short_lines(texts: Sequence[str], tokenizer: Any, seed: int, count: 
     return [short[i] for i in sorted(rng.permutation(len(short))[:count].tolist())]
 
 
-def with_default_short_lines(texts: list[str], lengths: list[int], tokenizer: Any,
+def with_default_short_lines(texts: list[str], lengths: list[int], tokenizer: Tokenizer,
                              seed: int) -> tuple[list[str], list[int], int]:
     """``texts`` (and their token counts) with up to ``DEFAULT_SHORT_LINES`` short lines of
     the default text (drawn with ``seed``) added: a file without short inputs would leave

@@ -13,9 +13,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from trtpack.precision.cpu_kernels import MS_DOMAIN, split_skip_layer_norms
+from trtpack.precision.cpu.kernels import MS_DOMAIN, split_skip_layer_norms
+
+if TYPE_CHECKING:
+    import numpy as np
+    import onnx
 
 # ONNX Runtime's contrib operators that mark a fused transformer graph (report counts)
 FUSED_OPERATORS = ("Attention", "MultiHeadAttention", "SkipLayerNormalization",
@@ -39,7 +43,7 @@ _PATH_OPS = ("Transpose", "Reshape", "Mul", "Div")
 class CpuGraph:
     """The CPU-shaped model and what was fused in it."""
 
-    model: Any  # onnx.ModelProto
+    model: onnx.ModelProto
     model_type: str | None  # the optimizer's model type (None: not a transformer it knows)
     fused: dict[str, int]  # fused operator -> count (zeros kept: a non-match shows)
     # each fused Attention node -> the names of the Q, K, V MatMuls it replaced
@@ -52,7 +56,7 @@ def optimizer_model_type(config_model_type: str | None) -> str | None:
     return OPTIMIZER_MODEL_TYPES.get((config_model_type or "").lower())
 
 
-def fused_counts(model: Any) -> dict[str, int]:
+def fused_counts(model: onnx.ModelProto) -> dict[str, int]:
     ops = [n.op_type for n in model.graph.node]
     return {op: ops.count(op) for op in FUSED_OPERATORS}
 
@@ -82,7 +86,7 @@ def cpu_graph(source: Path, *, config_model_type: str | None, num_heads: int | N
     return CpuGraph(model, model_type, fused, sources, split_skip_layer_norms(model))
 
 
-def add_missing_opset_imports(model: Any) -> list[str]:
+def add_missing_opset_imports(model: onnx.ModelProto) -> list[str]:
     """Declare every operator domain the graph's nodes use (version 1 for a contrib domain):
     ONNX Runtime's optimizer writes ``com.microsoft`` Gelu into a ViT graph without importing
     the domain, which ONNX Runtime tolerates and onnx's shape inference (the INT8
@@ -96,7 +100,7 @@ def add_missing_opset_imports(model: Any) -> list[str]:
     return missing
 
 
-def fuse_dynamo_attention(model: Any, num_heads: int, mask_input: str | None
+def fuse_dynamo_attention(model: onnx.ModelProto, num_heads: int, mask_input: str | None
                           ) -> dict[str, list[str]]:
     """Replace each ``softmax(scale_q*Q @ scale_k*K^T + mask) @ V`` (Q, K, V biased
     projections of one input, through Transpose/Reshape) by ONNX Runtime's ``Attention``
@@ -109,12 +113,12 @@ def fuse_dynamo_attention(model: Any, num_heads: int, mask_input: str | None
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
     producer = {o: n for n in graph.node for o in n.output}
-    consumers: dict[str, list[Any]] = {}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
 
-    def constant(name: str) -> Any | None:
+    def constant(name: str) -> np.ndarray | None:
         if name in inits:
             return numpy_helper.to_array(inits[name])
         node = producer.get(name)
@@ -122,7 +126,7 @@ def fuse_dynamo_attention(model: Any, num_heads: int, mask_input: str | None
             return numpy_helper.to_array(node.attribute[0].t)
         return None
 
-    def projection(name: str) -> tuple[Any, str, str | None, float] | None:
+    def projection(name: str) -> tuple[onnx.NodeProto, str, str | None, float] | None:
         """(MatMul node, weight, bias, scale) feeding ``name`` through the path ops (bias
         None: no bias Add, e.g. a zero bias the simplifier removed)."""
         scale = 1.0
@@ -154,7 +158,7 @@ def fuse_dynamo_attention(model: Any, num_heads: int, mask_input: str | None
 
     mask_index: str | None = None
     fused: dict[str, list[str]] = {}
-    removed: list[Any] = []
+    removed: list[onnx.NodeProto] = []
     for softmax in [n for n in graph.node if n.op_type == "Softmax"]:
         add = producer.get(softmax.input[0])
         if add is None or add.op_type != "Add":
@@ -185,10 +189,10 @@ def fuse_dynamo_attention(model: Any, num_heads: int, mask_input: str | None
         if reshape is None:
             continue
         found = [constant(w) for w in (q_w, k_w, v_w)]
-        weights: list[Any] = [w for w in found if w is not None and w.ndim == 2]
+        weights: list[np.ndarray] = [w for w in found if w is not None and w.ndim == 2]
         if len(weights) != 3:
             continue
-        weight: Any = np.concatenate(weights, axis=1)
+        weight: np.ndarray = np.concatenate(weights, axis=1)
         bias = np.concatenate([
             constant(b) if b is not None else np.zeros(w.shape[1], w.dtype)
             for b, w in zip((q_b, k_b, v_b), weights, strict=True)])
@@ -217,12 +221,12 @@ def fuse_dynamo_attention(model: Any, num_heads: int, mask_input: str | None
     return fused
 
 
-def _only(nodes: Iterable[Any], op_type: str) -> Any | None:
+def _only(nodes: Iterable[onnx.NodeProto], op_type: str) -> onnx.NodeProto | None:
     found = list(nodes)
     return found[0] if len(found) == 1 and found[0].op_type == op_type else None
 
 
-def prune(model: Any) -> None:
+def prune(model: onnx.ModelProto) -> None:
     """Remove the nodes and initializers no graph output depends on."""
     graph = model.graph
     producer = {o: n for n in graph.node for o in n.output}
@@ -244,11 +248,11 @@ def prune(model: Any) -> None:
         graph.initializer.remove(init)
 
 
-def _topological_sort(model: Any) -> None:
+def _topological_sort(model: onnx.ModelProto) -> None:
     graph = model.graph
     available = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
     pending = list(graph.node)
-    ordered: list[Any] = []
+    ordered: list[onnx.NodeProto] = []
     while pending:
         ready = [n for n in pending if all(i in available for i in n.input)]
         if not ready:

@@ -11,8 +11,13 @@ import numpy as np
 
 from trtpack.errors import UserInputError
 from trtpack.onnx_tools.files import sha256_file
-from trtpack.precision.splits import MEDIUM_TOKENS
-from trtpack.precision.text_batches import Feed, chunks, sequence_buckets, token_ids_spec
+from trtpack.precision.calibration.splits import MEDIUM_TOKENS
+from trtpack.precision.calibration.text_batches import (
+    Feed,
+    chunks,
+    sequence_buckets,
+    token_ids_spec,
+)
 from trtpack.shapes import ShapeProfile
 from trtpack.sources.recipe import Recipe
 

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
-MAX_HOLDOUT = 48
+MAX_HELD_OUT = 48
 
 MAX_SEARCH = 24
 
 MAX_CHECK = 32
 
-MIN_SAMPLES_FOR_HOLDOUT = 10
+MIN_SAMPLES_FOR_HELD_OUT = 10
 
 # Token-count strata of the split: short (a few words, where INT8 error shows most in a
 # mean-pooled embedding), medium, long.
@@ -44,7 +44,7 @@ class Splits:
 
     calibration: list[int]
     search: list[int]
-    holdout: list[int]
+    held_out: list[int]
     check: list[int] = field(default_factory=list)
 
 
@@ -53,30 +53,30 @@ def split_three(lengths: Sequence[int], max_samples: int, seed: int) -> Splits:
     stratum (short / medium / long, see ``stratum``), after a shuffle with ``seed``, the rows
     go held-out, check, search, calibration, calibration in turn, so every stratum with at
     least four samples is in every split. The search, check and held-out splits are capped
-    (``MAX_SEARCH``, ``MAX_CHECK``, ``MAX_HOLDOUT``); under ``MIN_SAMPLES_FOR_HOLDOUT``
+    (``MAX_SEARCH``, ``MAX_CHECK``, ``MAX_HELD_OUT``); under ``MIN_SAMPLES_FOR_HELD_OUT``
     samples everything calibrates."""
     n = len(lengths)
-    if n < MIN_SAMPLES_FOR_HOLDOUT:
+    if n < MIN_SAMPLES_FOR_HELD_OUT:
         return Splits(list(range(n))[:max_samples], [], [])
     rng = np.random.default_rng(seed)
     calibration: list[int] = []
     search: list[int] = []
-    holdout: list[int] = []
+    held_out: list[int] = []
     check: list[int] = []
-    cycle = (holdout, check, search, calibration, calibration)
+    cycle = (held_out, check, search, calibration, calibration)
     for name in STRATA:
         rows = [i for i, t in enumerate(lengths) if stratum(t) == name]
         for k, i in enumerate(rng.permutation(rows).tolist() if rows else []):
             cycle[k % len(cycle)].append(int(i))
     # caps: overflow of the held-out and search splits goes to calibration
-    holdout_keep = _spread(holdout, MAX_HOLDOUT)
+    held_out_keep = _spread(held_out, MAX_HELD_OUT)
     search_keep = _spread(search, MAX_SEARCH)
     check_keep = _spread(check, MAX_CHECK)
-    kept = {*holdout_keep, *search_keep, *check_keep}
-    calibration += [i for i in holdout + search + check if i not in kept]
+    kept = {*held_out_keep, *search_keep, *check_keep}
+    calibration += [i for i in held_out + search + check if i not in kept]
     return Splits(sorted(calibration)[:max_samples] if len(calibration) <= max_samples
                   else sorted(rng.permutation(calibration)[:max_samples].tolist()),
-                  sorted(search_keep), sorted(holdout_keep), sorted(check_keep))
+                  sorted(search_keep), sorted(held_out_keep), sorted(check_keep))
 
 
 def _spread(rows: list[int], cap: int) -> list[int]:
@@ -90,7 +90,7 @@ def _spread(rows: list[int], cap: int) -> list[int]:
 def strata_counts(lengths: Sequence[int], splits: Splits) -> dict[str, dict[str, int]]:
     found: dict[str, dict[str, int]] = {}
     for split, rows in (("calibration", splits.calibration), ("search", splits.search),
-                        ("check", splits.check), ("holdout", splits.holdout)):
+                        ("check", splits.check), ("holdout", splits.held_out)):
         found[split] = {name: sum(stratum(lengths[i]) == name for i in rows)
                         for name in STRATA}
     return found

@@ -3,7 +3,7 @@
 The TensorRT-shaped Q/DQ graph (signed int8, Q nodes feeding several consumers) runs on x86
 ONNX Runtime as DequantizeLinear -> FP32 MatMul: its QDQ fusions need u8 activations and
 single-consumer Q nodes. ONNX Runtime's dynamic quantization of the fused CPU graph
-(``trtpack.precision.cpu_fusion``) becomes ``DynamicQuantizeMatMul`` / ``MatMulIntegerToFloat``
+(``trtpack.precision.cpu.fusion``) becomes ``DynamicQuantizeMatMul`` / ``MatMulIntegerToFloat``
 and ``QAttention`` (u8 activations quantized per batch, s8 per-channel weights): what its
 docs recommend for transformers on CPU. The layers the INT8 search kept in FP32 (read off the
 searched Q/DQ model: its MatMuls without a DequantizeLinear weight) stay FP32 here too."""
@@ -20,7 +20,13 @@ from trtpack.report import VerificationRow
 from trtpack.sources.recipe import Recipe
 
 if TYPE_CHECKING:
-    from trtpack.precision.outlier_channels import OutlierSplit
+    import numpy as np
+    import onnx
+
+    from trtpack.options import BuildOptions
+    from trtpack.precision.calibration.data import CalibrationData
+    from trtpack.precision.cpu.outlier_channels import OutlierSplit
+    from trtpack.verify.samples import TokenDecoder
 
 # ONNX Runtime's integer kernels, counted in the graph it runs (report)
 INTEGER_KERNELS = ("MatMulInteger", "QLinearMatMul", "MatMulIntegerToFloat",
@@ -37,7 +43,7 @@ SEARCH_LAYERS = "the int8 search's fp32 layers kept"
 EVERY_LAYER_SMOOTHED = ("LayerNormalization",)
 
 
-def search_on_demand(options: Any) -> bool:
+def search_on_demand(options: BuildOptions) -> bool:
     """INT8 served by ONNX Runtime alone (``--target cpu``, not ``--precision auto``): the
     first CPU INT8 form is gated first, and the Q/DQ search runs (in the CPU model stage)
     only when it fails; beside a GPU engine and for ``--precision auto`` it always runs."""
@@ -58,7 +64,7 @@ class CpuInt8Form:
 
 
 def make_cpu_int8(name: str, source: Path, work: Path, out: Path, shape: Mapping[str, Any],
-                  feeds: Sequence[Mapping[str, Any]], alpha: float | None,
+                  feeds: Sequence[Mapping[str, np.ndarray]], alpha: float | None,
                   producers: Sequence[str] | None, kept: Sequence[str]) -> CpuInt8Form:
     """``source`` (the FP32 model) smoothed (``alpha`` not None; ``producers`` limit the
     activations), fused (``cpu_fusion.cpu_graph`` with ``shape``'s keyword arguments), its
@@ -67,9 +73,9 @@ def make_cpu_int8(name: str, source: Path, work: Path, out: Path, shape: Mapping
     import onnx
 
     from trtpack.onnx_tools.files import save_model
-    from trtpack.precision.cpu_fusion import cpu_graph
-    from trtpack.precision.cpu_kernels import split_bias_gelus
-    from trtpack.precision.outlier_channels import split_outlier_channels
+    from trtpack.precision.cpu.fusion import cpu_graph
+    from trtpack.precision.cpu.kernels import split_bias_gelus
+    from trtpack.precision.cpu.outlier_channels import split_outlier_channels
 
     work.mkdir(parents=True)
     int8_source = source
@@ -114,7 +120,7 @@ def fp32_weight_matmuls(qdq_model: Path) -> list[str]:
     return kept
 
 
-def excluded_in_cpu_graph(kept: Sequence[str], model: Any,
+def excluded_in_cpu_graph(kept: Sequence[str], model: onnx.ModelProto,
                           attention_sources: Mapping[str, Sequence[str]]) -> list[str]:
     """The CPU graph's nodes to leave in FP32: the kept MatMuls themselves, and each fused
     Attention whose Q, K or V projection was kept."""
@@ -143,11 +149,11 @@ def quantize_cpu_graph(fp32_model: Path, out: Path, excluded: Sequence[str]) -> 
         extra_options={"MatMulConstBOnly": True, "DefaultTensorType": TensorProto.FLOAT})
 
 
-def weight_matmul_share(model: Any) -> tuple[int, int]:
+def weight_matmul_share(model: onnx.ModelProto) -> tuple[int, int]:
     """(quantized, all) weight projections of a served CPU graph: a MatMul/Gemm with a
     constant weight counts 1, an Attention 3 (its packed Q, K, V); the FP32 branch of a
     layer's outlier channels is part of that layer, not one more."""
-    from trtpack.precision.outlier_channels import SUFFIX
+    from trtpack.precision.cpu.outlier_channels import SUFFIX
 
     inits = {i.name for i in model.graph.initializer}
     quantized = total = 0
@@ -186,7 +192,7 @@ def runtime_op_counts(path: Path, work: Path) -> dict[str, int]:
     return counts
 
 
-def unsmooth_kept(model: Any, kept: Sequence[str]) -> int:
+def unsmooth_kept(model: onnx.ModelProto, kept: Sequence[str]) -> int:
     """Undo SmoothQuant (``trtpack.precision.smoothquant``) where every MatMul reading a
     smoothed activation stays FP32: its ``Mul(x, 1/s)`` is pure cost there. Weight rows are
     divided by ``s`` again and the MatMuls read ``x``; returns how many Muls were removed."""
@@ -196,7 +202,7 @@ def unsmooth_kept(model: Any, kept: Sequence[str]) -> int:
 
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
-    readers: dict[str, list[Any]] = {}
+    readers: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
         for name in node.input:
             readers.setdefault(name, []).append(node)
@@ -239,33 +245,33 @@ def form_layer_names(source: Path, form: CpuInt8Form
     return kept, outliers
 
 
-def heldout_cases(fp32_onnx: Path, cal: Any) -> list[Case]:
+def held_out_cases(fp32_onnx: Path, cal: CalibrationData) -> list[Case]:
     """The INT8 build's held-out split (``cal``) with the FP32 model's outputs: the
     reference every CPU INT8 form is judged against."""
     from trtpack.runtimes.onnxruntime import cpu_session, run_session
 
-    if not cal.holdout:
+    if not cal.held_out:
         return []
-    reference = run_session(cpu_session(fp32_onnx, few_runs=True), cal.holdout)
+    reference = run_session(cpu_session(fp32_onnx, few_runs=True), cal.held_out)
     return [Case(-1, f"heldout{i}", f, o)
-            for i, (f, o) in enumerate(zip(cal.holdout, reference, strict=True))]
+            for i, (f, o) in enumerate(zip(cal.held_out, reference, strict=True))]
 
 
-def heldout_rows(check: str, recipe: Recipe, held: list[Case], path: Path, cal: Any,
-                 tokenizer: Any) -> list[VerificationRow]:
-    """The INT8 form at ``path`` judged on ``held`` (``heldout_cases`` of ``cal``)."""
+def held_out_rows(check: str, recipe: Recipe, held: list[Case], path: Path,
+                  cal: CalibrationData, tokenizer: TokenDecoder | None) -> list[VerificationRow]:
+    """The INT8 form at ``path`` judged on ``held`` (``held_out_cases`` of ``cal``)."""
     from trtpack.runtimes.onnxruntime import cpu_session, run_session
     from trtpack.verify.compare import compare_cases, token_text
 
     if not held:
         return []
-    outputs = run_session(cpu_session(path, few_runs=True), cal.holdout)
-    texts = {id(f): rows for f, rows in zip(cal.holdout, cal.holdout_texts, strict=False)}
+    outputs = run_session(cpu_session(path, few_runs=True), cal.held_out)
+    texts = {id(f): rows for f, rows in zip(cal.held_out, cal.held_out_texts, strict=False)}
     ids = next((i.name for i in recipe.inputs if i.kind == "token_ids"), None)
     mask = next((i.name for i in recipe.inputs if i.kind == "attention_mask"), None)
     decode = token_text(tokenizer, ids, mask) if tokenizer is not None and ids else None
 
-    def describe(inputs: Any, index: int) -> str | None:
+    def describe(inputs: Mapping[str, np.ndarray], index: int) -> str | None:
         rows = texts.get(id(inputs))
         if rows is not None and index < len(rows):
             return rows[index]
