@@ -10,15 +10,37 @@ from typing import Any, cast, get_args
 
 from trtpack.errors import RecipeError, TrtpackError, UserInputError, require_modules
 from trtpack.machine.packages import required_modules
-from trtpack.machine.targets import AUTO, CPU, Target, engine_support_problem, resolve_target
-from trtpack.options import BuildOptions, Fallback, Serve, default_cache_dir
+from trtpack.machine.targets import (
+    AUTO,
+    CPU,
+    HARDWARE_COMPATIBILITY,
+    HardwareCompatibility,
+    Target,
+    engine_support_problem,
+    resolve_target,
+)
+from trtpack.options import (
+    AutoPrecision,
+    BuildPlan,
+    BuildRequest,
+    Fallback,
+    FixedPrecision,
+    PrecisionChoice,
+    Serve,
+    default_cache_dir,
+)
 from trtpack.pipeline.runner import build as run_pipeline
 from trtpack.report import BuildReport
 from trtpack.shapes import ShapeProfile, parse_profiles
 from trtpack.sources.architectures import head_split_problem
 from trtpack.sources.heads import head_for
 from trtpack.sources.inputs import parse_input_options
-from trtpack.sources.recipe import AUTO_PRECISION, PRECISIONS, Recipe
+from trtpack.sources.recipe import (
+    AUTO_PRECISION,
+    CALIBRATION_METHODS,
+    SERVE_MODES,
+    Recipe,
+)
 from trtpack.sources.recipe_files import (
     apply_input_options,
     apply_overrides,
@@ -26,52 +48,6 @@ from trtpack.sources.recipe_files import (
 )
 from trtpack.sources.resolve import resolve_model
 from trtpack.stages.base import ProgressCallback
-
-
-@dataclass
-class BuildRequest:
-    """What the user asked for, before resolution (CLI flags map 1:1 onto this)."""
-
-    model: str | Path
-    profiles: str | Sequence[str] = ()  # one profile string, or several
-    precision: str | None = None
-    target: str = AUTO
-    opset: int | None = None
-    random_weights: bool = False
-    out: Path | None = None
-    build_engine: bool = True
-    calibration: Path | None = None
-    fallback: str = "auto"  # a Fallback once validated
-    serve: str | None = None  # a Serve once validated; None: the recipe's triton.serve
-    fallback_cpu: bool | None = None  # None: the recipe's triton.fallback_cpu
-    cache_dir: Path | None = None
-    use_cache: bool = True
-    portable: str | None = None  # hardware compatibility override, e.g. "ampere+"
-    overrides: Sequence[str] = ()  # --set KEY=VALUE on the recipe, e.g. triton.instance_count=2
-    timing_cache: Path | None = None  # --timing-cache DIR: a timing-cache folder to share
-    task: str | None = None  # --task: the head of a model directory, hub id or ONNX file
-    calibration_method: str | None = None  # None: the recipe's int8.calibration_method
-    tokenizer: Path | None = None  # --tokenizer: a tokenizer folder (or one of its files)
-    min_int8_share: float = 0.5  # --min-int8-share
-    force: bool = False  # --force: build beside files in --out that trtpack did not write
-    inputs: str | Sequence[str] = ()  # --input: input descriptions and constants
-
-    def __post_init__(self) -> None:
-        """Paths given as ``str`` (Python callers) become ``Path``s; one profile or input
-        string is a list of one."""
-        for name in ("out", "calibration", "cache_dir", "timing_cache", "tokenizer"):
-            value = getattr(self, name)
-            if isinstance(value, str):
-                setattr(self, name, Path(value))
-        for name in ("profiles", "inputs", "overrides"):
-            value = getattr(self, name)
-            if isinstance(value, str):
-                setattr(self, name, [value])
-        if isinstance(self.model, Path):
-            self.model = str(self.model)
-    skip_memory_check: bool = False  # --skip-memory-check: build past the memory estimate
-    sample_inputs: Path | None = None  # --sample-inputs FILE.npz
-
 
 CPU_FP16_NOTE = (
     "--precision fp16 on --target cpu: serving the FP32 model, the FP16 conversion skipped "
@@ -81,7 +57,8 @@ CPU_FP16_NOTE = (
 
 
 def resolve_target_for_build(name: str, build_engine: bool,
-                             hardware_compatibility: str = "none") -> tuple[Target, list[str]]:
+                             hardware_compatibility: HardwareCompatibility = "none"
+                             ) -> tuple[Target, list[str]]:
     """The target to build for, and warnings. ``auto`` picks the local GPU's family when a
     GPU and TensorRT are present, else ``cpu`` (with a warning). An explicit GPU target
     never falls back: a missing GPU or TensorRT is an error (exit 3) raised before any work,
@@ -102,7 +79,7 @@ def resolve_target_for_build(name: str, build_engine: bool,
         if problem is not None:
             raise UserInputError(problem, hint="use --target cpu, or --no-engine for the ONNX "
                                  "models only")
-        local_targets.check_engine_environment(target, hardware_compatibility)  # type: ignore[arg-type]
+        local_targets.check_engine_environment(target, hardware_compatibility)
     return target, []
 
 
@@ -110,19 +87,22 @@ def _lower(word: str | None) -> str | None:
     return None if word is None else word.strip().lower()
 
 
-def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
-    """Validate everything the build needs before any work starts. The words of a choice
+def resolve_options(request: BuildRequest) -> tuple[BuildPlan, list[str]]:
+    """Validate everything the build needs before any work starts, and plan it: the request
+    becomes a recipe, a precision choice, profiles and a target (``plan_build``), then the
+    plan's files and packages are checked (``check_plan``). The words of a choice
     (--precision FP16, --target CPU, --serve Text) are read case-insensitively."""
-    request = replace(
+    plan, warnings = plan_build(replace(
         request, precision=_lower(request.precision), fallback=request.fallback.strip().lower(),
         serve=_lower(request.serve), portable=_lower(request.portable),
-        calibration_method=_lower(request.calibration_method))
-    if request.fallback not in get_args(Fallback):
-        raise UserInputError(f"--fallback must be auto or off, not '{request.fallback}'")
-    if request.serve is not None and request.serve not in get_args(Serve):
-        raise UserInputError(f"--serve must be tensor or text, not '{request.serve}'")
-    fallback = cast(Fallback, request.fallback)
-    cache_dir = request.cache_dir or default_cache_dir()
+        calibration_method=_lower(request.calibration_method)))
+    check_plan(plan)
+    return plan, warnings
+
+
+def request_recipe(request: BuildRequest, cache_dir: Path) -> tuple[Recipe, str | None]:
+    """The recipe the request builds: MODEL's (``resolve_recipe``) with ``--set``, ``--input``,
+    ``--tokenizer`` and ``--portable`` applied, and the key of a PyTorch source's files."""
     resolved, source_files = resolve_recipe(request, cache_dir)
     recipe: Recipe = apply_overrides(resolved, list(request.overrides))
     problem = head_split_problem(recipe.config)
@@ -135,79 +115,55 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
     if request.tokenizer is not None:
         recipe = with_tokenizer(recipe, request.tokenizer)
     if request.portable is not None:
-        if request.portable not in ("none", "ampere+", "same_compute_capability"):
+        if request.portable not in HARDWARE_COMPATIBILITY:
             raise UserInputError(
                 f"--portable must be ampere+, same_compute_capability or none, not "
                 f"'{request.portable}'")
         recipe = recipe.model_copy(update={"engine": recipe.engine.model_copy(
             update={"hardware_compatibility": request.portable})})
+    return recipe, source_files
+
+
+def precision_choice(request: BuildRequest, recipe: Recipe) -> PrecisionChoice:
+    """``--precision`` (or the recipe's) as a fixed precision or ``auto``'s candidates."""
     precision = request.precision or recipe.precision
-    if precision not in (*PRECISIONS, AUTO_PRECISION):
-        raise UserInputError(
-            f"unknown precision '{precision}'; choose one of "
-            f"{', '.join((*PRECISIONS, AUTO_PRECISION))}"
-        )
-    auto_precision = precision == AUTO_PRECISION
-    if auto_precision:
+    if precision == AUTO_PRECISION:
         _refuse_auto_precision_on_gpu(request.target)
-        precision = "int8"  # built as INT8; the CPU model stage times it against FP32
+        return AutoPrecision()
+    return FixedPrecision.named(precision)
+
+
+def plan_build(request: BuildRequest) -> tuple[BuildPlan, list[str]]:
+    """The plan of ``request`` (its choices in lower case), and warnings about it."""
+    if request.fallback not in get_args(Fallback):
+        raise UserInputError(f"--fallback must be auto or off, not '{request.fallback}'")
+    if request.serve is not None and request.serve not in SERVE_MODES:
+        raise UserInputError(f"--serve must be tensor or text, not '{request.serve}'")
+    fallback = cast(Fallback, request.fallback)
+    cache_dir = request.cache_dir or default_cache_dir()
+    recipe, source_files = request_recipe(request, cache_dir)
+    choice = precision_choice(request, recipe)
     profiles = parse_profiles(list(request.profiles) or recipe.profiles, recipe.input_specs())
-    # checked before any work starts: a missing package is exit 3 at once, not exit 4 later
-    require_modules(required_modules("build"), purpose="trtpack build",
-                    install="'trtpack[onnx]' (and torch==2.13.0 on a CPU machine)")
-    if precision != "fp32":
-        require_modules(required_modules("modelopt"),
-                        purpose=f"--precision {precision} (NVIDIA ModelOpt)",
-                        install="'trtpack[modelopt]'")
+    require_packages(choice)
     if request.opset is not None and not 13 <= request.opset <= 23:
         raise UserInputError(f"--opset {request.opset} is outside 13..23")
-    if request.sample_inputs is not None:
-        from trtpack.sources.architectures import vocab_size
-        from trtpack.verify.sample_files import read_sample_inputs
-
-        vocab = recipe.vocab_size or (vocab_size(recipe.config) if recipe.config else None)
-        read_sample_inputs(request.sample_inputs, recipe, vocab)  # exit 2 before any work
-    if request.calibration is not None:
-        from trtpack.precision.calibration.files import check_calibration_path
-
-        check_calibration_path(request.calibration)
-    if request.calibration is not None and precision != "int8":
+    if request.calibration is not None and choice.built != "int8":
         raise UserInputError("--calibration is only used with --precision int8")
-    if request.calibration_method is not None:
-        from trtpack.precision.calibration.data import CALIBRATION_METHODS
-
-        if request.calibration_method not in CALIBRATION_METHODS:
-            raise UserInputError(
-                f"unknown --calibration-method '{request.calibration_method}'; choose one of "
-                f"{', '.join(CALIBRATION_METHODS)}")
-        if precision != "int8":
-            raise UserInputError("--calibration-method is only used with --precision int8")
+    method = request.calibration_method
+    if method is not None and method not in CALIBRATION_METHODS:
+        raise UserInputError(f"unknown --calibration-method '{method}'; choose one of "
+                             f"{', '.join(CALIBRATION_METHODS)}")
+    if method is not None and choice.built != "int8":
+        raise UserInputError("--calibration-method is only used with --precision int8")
     if not 0.0 <= request.min_int8_share <= 1.0:
         raise UserInputError(f"--min-int8-share {request.min_int8_share} is outside 0..1")
-    if precision == "int8":
-        from trtpack.precision.calibration.files import check_calibration_input
-
-        configured = request.calibration or request.sample_inputs or (
-            Path(recipe.precision_options.int8.calibration)
-            if recipe.precision_options.int8.calibration else None)
-        if configured is not None:
-            check_calibration_input(configured, recipe, profiles)
     serve = cast(Serve, request.serve or recipe.triton.serve)
     fallback_cpu = recipe.triton.fallback_cpu if request.fallback_cpu is None \
         else request.fallback_cpu
-    head = head_for(recipe.task)
-    if serve == "text" and head is not None and head.serve_text_refusal is not None:
-        raise UserInputError(f"--serve text is not offered for '{recipe.name}' "
-                             f"({recipe.task}): {head.serve_text_refusal}")
-    if serve == "text" and not recipe.tokenizer:
-        raise UserInputError(
-            f"--serve text needs a tokenizer, and recipe '{recipe.name}' has none "
-            "(tokenizer: false)",
-            hint="give one with --tokenizer PATH (a folder with tokenizer.json or vocab.txt), "
-            "or use --serve tensor")
+    check_serve(serve, recipe)
     target, warnings = resolve_target_for_build(request.target, request.build_engine,
                                                 recipe.engine.hardware_compatibility)
-    if auto_precision:
+    if isinstance(choice, AutoPrecision):
         _refuse_auto_precision_on_gpu(target.name)  # --target auto, resolved
     if target.is_gpu:
         from trtpack.engine.parser_opsets import opset_warning
@@ -215,10 +171,9 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
 
         opset_note = opset_warning(request.opset or recipe.opset, tensorrt_version())
         warnings += [opset_note] if opset_note else []
-    if target.is_gpu:
         warnings += check_triton_profiles(profiles, recipe, serve)
-    elif precision == "fp16":
-        precision = "fp32"
+    elif choice == FixedPrecision("fp16"):
+        choice = FixedPrecision("fp32")
         warnings.append(CPU_FP16_NOTE)
     if fallback_cpu and not target.is_gpu:
         raise UserInputError(
@@ -231,26 +186,71 @@ def resolve_options(request: BuildRequest) -> tuple[BuildOptions, list[str]]:
     out = request.out or Path("build") / recipe.name
     if out.exists() and not out.is_dir():
         raise UserInputError(f"--out '{out}' exists and is not a directory")
-    random_weights = request.random_weights or recipe.source.random_weights
-    if not random_weights and recipe.source.hf_id:
-        from trtpack.pytorch.models import require_hub_weights
-
-        require_hub_weights(recipe.source.hf_id)  # offline: exit 3 now, not after retries
-    options = BuildOptions(
-        recipe=recipe, profiles=tuple(profiles), precision=precision, target=target,
+    plan = BuildPlan(
+        recipe=recipe, profiles=tuple(profiles), precision_choice=choice, target=target,
         out_dir=out, opset=request.opset or recipe.opset,
-        random_weights=random_weights, build_engine=request.build_engine,
-        calibration=request.calibration or (request.sample_inputs if precision == "int8"
+        random_weights=request.random_weights or recipe.source.random_weights,
+        build_engine=request.build_engine,
+        calibration=request.calibration or (request.sample_inputs if choice.built == "int8"
                                             else None),
         fallback=fallback, serve=serve, sample_inputs=request.sample_inputs,
         fallback_cpu=fallback_cpu, cache_dir=cache_dir, source_files=source_files,
         use_cache=request.use_cache, timing_cache=_timing_cache_dir(request.timing_cache),
-        calibration_method=request.calibration_method,
-        min_int8_share=request.min_int8_share,
-        force=request.force,
-        auto_precision=auto_precision,
-    )
-    return options, warnings
+        calibration_method=method, min_int8_share=request.min_int8_share, force=request.force)
+    return plan, warnings
+
+
+def check_serve(serve: str, recipe: Recipe) -> None:
+    """``--serve text`` needs a tokenizer, and a head that offers it."""
+    head = head_for(recipe.task)
+    if serve == "text" and head is not None and head.serve_text_refusal is not None:
+        raise UserInputError(f"--serve text is not offered for '{recipe.name}' "
+                             f"({recipe.task}): {head.serve_text_refusal}")
+    if serve == "text" and not recipe.tokenizer:
+        raise UserInputError(
+            f"--serve text needs a tokenizer, and recipe '{recipe.name}' has none "
+            "(tokenizer: false)",
+            hint="give one with --tokenizer PATH (a folder with tokenizer.json or vocab.txt), "
+            "or use --serve tensor")
+
+
+def require_packages(choice: PrecisionChoice) -> None:
+    """The packages a build of ``choice`` needs (as asked: --precision fp16 on a CPU target
+    too): a missing one is exit 3 at once, not exit 4 later."""
+    require_modules(required_modules("build"), purpose="trtpack build",
+                    install="'trtpack[onnx]' (and torch==2.13.0 on a CPU machine)")
+    if choice.built != "fp32":
+        require_modules(required_modules("modelopt"),
+                        purpose=f"--precision {choice.built} (NVIDIA ModelOpt)",
+                        install="'trtpack[modelopt]'")
+
+
+def check_plan(plan: BuildPlan) -> None:
+    """What the plan needs from the user's files and this machine, checked before any work:
+    the sample inputs and the calibration file (exit 2), the hub weights (offline: exit 3 now,
+    not after retries)."""
+    recipe = plan.recipe
+    if plan.sample_inputs is not None:
+        from trtpack.sources.architectures import vocab_size
+        from trtpack.verify.sample_files import read_sample_inputs
+
+        vocab = recipe.vocab_size or (vocab_size(recipe.config) if recipe.config else None)
+        read_sample_inputs(plan.sample_inputs, recipe, vocab)
+    if plan.calibration is not None and plan.calibration != plan.sample_inputs:
+        from trtpack.precision.calibration.files import check_calibration_path
+
+        check_calibration_path(plan.calibration)
+    if plan.precision == "int8":
+        from trtpack.precision.calibration.files import check_calibration_input
+
+        int8 = recipe.precision_options.int8
+        configured = plan.calibration or (Path(int8.calibration) if int8.calibration else None)
+        if configured is not None:
+            check_calibration_input(configured, recipe, list(plan.profiles))
+    if not plan.random_weights and recipe.source.hf_id:
+        from trtpack.pytorch.models import require_hub_weights
+
+        require_hub_weights(recipe.source.hf_id)
 
 
 def resolve_recipe(request: BuildRequest, cache_dir: Path) -> tuple[Recipe, str | None]:
@@ -306,7 +306,7 @@ def describe_torch(source: Mapping[str, Any], request: BuildRequest, cache_dir: 
         if described.spec is not None:
             inputs[described.name] = {"dtype": described.spec.dtype,
                                       "axes": list(described.spec.axes)}
-        elif described.value is not None and described.value.is_constant:
+        elif described.value is not None and described.value.constant is not None:
             arguments[described.name] = described.value.constant
     from trtpack.pipeline.cache import source_digest
 
@@ -343,7 +343,7 @@ def check_triton_profiles(profiles: Sequence[ShapeProfile], recipe: Recipe,
         p.shapes and len(next(iter(p.shapes.values())).min) > 0 for p in profiles) else None
     if problem is not None:
         raise UserInputError(problem)
-    ids = next((i.name for i in recipe.inputs if i.kind == "token_ids"), None)
+    ids = recipe.input_name("token_ids")
     if ids is None or not all(ids in p.shapes and len(p.shapes[ids].min) >= 2
                               for p in profiles):
         return []  # no [batch, sequence] token input: nothing more to check

@@ -11,10 +11,13 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from trtpack.errors import UserInputError
 from trtpack.shapes import BATCH_AXIS
+
+if TYPE_CHECKING:
+    import onnx
 
 NUMPY_TO_TRITON = {
     "bool": "TYPE_BOOL", "uint8": "TYPE_UINT8", "uint16": "TYPE_UINT16",
@@ -69,7 +72,7 @@ def model_io_from_onnx(path: Path, batch_axis: str = BATCH_AXIS) -> ModelIO:
     model = onnx.load(str(path), load_external_data=False)
     initializers = {i.name for i in model.graph.initializer}
 
-    def tensor(value: Any) -> TensorIO:
+    def tensor(value: onnx.ValueInfoProto) -> TensorIO:
         ttype = value.type.tensor_type
         dims = []
         for d in ttype.shape.dim:

@@ -16,23 +16,38 @@ stage cache after that. The result is typed (``BuiltModel``); an accuracy failur
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import inspect
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, get_type_hints
 
 import numpy as np
 
-from trtpack.api import BuildRequest
 from trtpack.api import build as run_build
 from trtpack.errors import UserInputError
-from trtpack.options import default_cache_dir
+from trtpack.options import (
+    BuildRequest,
+    default_cache_dir,
+    keyword,
+    keyword_default,
+    option_spec,
+    request_from_keywords,
+)
 from trtpack.out_files import REPOSITORY
 from trtpack.report import BuildReport
 from trtpack.shapes import BATCH_AXIS, TensorSpec, parse_profiles
 from trtpack.sources.recipe import safe_name
 from trtpack.stages.base import ProgressCallback
+
+if TYPE_CHECKING:
+    import torch
+
+    TorchModule = torch.nn.Module
+    ExampleValue = torch.Tensor | int | float | bool | str  # a constant: a non-tensor argument
+    ExampleInputs = ExampleValue | tuple[ExampleValue, ...] | Mapping[str, ExampleValue]
 
 DEFAULT_BATCH_MAX = 8  # a module object's batch without --profile: 1:4:8, as a factory's
 
@@ -50,7 +65,7 @@ class BuiltModel:
     def ok(self) -> bool:
         return self.report.status == "ok"
 
-    def run(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def run(self, inputs: Mapping[str, np.ndarray | torch.Tensor]) -> dict[str, np.ndarray]:
         """The served ONNX model's outputs for ``inputs`` (name -> array or tensor), on ONNX
         Runtime's CPU provider: what Triton's onnxruntime backend runs. A TensorRT engine
         runs only on its GPU: use Triton (or ``trtpack bench``) for that."""
@@ -66,29 +81,24 @@ class BuiltModel:
         return dict(zip(names, session.run(names, feeds), strict=True))
 
 
-def build(model: Any, *, profile: str | Sequence[str] | None = None,
-          input: str | Sequence[str] | None = None,  # the CLI's --input
-          example_inputs: Any = None, precision: str | None = None, target: str = "auto",
-          opset: int | None = None, random_weights: bool = False,
-          out: str | Path | None = None, no_engine: bool = False,
-          calibration: str | Path | None = None, fallback: str = "auto",
-          serve: str | None = None, fallback_cpu: bool | None = None,
-          portable: str | None = None,
-          set: str | Sequence[str] | None = None,  # the CLI's --set
-          cache_dir: str | Path | None = None, task: str | None = None,
-          no_cache: bool = False, timing_cache: str | Path | None = None,
-          calibration_method: str | None = None, tokenizer: str | Path | None = None,
-          min_int8_share: float = 0.5, force: bool = False,
-          sample_inputs: str | Path | None = None, skip_memory_check: bool = False,
+OptionValue = str | Path | Sequence[str] | bool | float | int | None
+
+
+def build(model: str | Path | TorchModule, *, example_inputs: ExampleInputs | None = None,
           progress: ProgressCallback | None = None,
-          on_warning: Callable[[str], None] | None = None) -> BuiltModel:
-    """Build ``model`` as ``trtpack build`` does (module docstring). ``example_inputs`` (a
+          on_warning: Callable[[str], None] | None = None,
+          **options: OptionValue) -> BuiltModel:
+    """Build ``model`` as ``trtpack build`` does (module docstring): ``options`` are the
+    command's (``trtpack.options.BuildRequest``, by their CLI names). ``example_inputs`` (a
     tensor, a tuple or a dict of them) are a module object's inputs for ``torch.export``:
     their first dim is the batch; without them, ``input`` describes each input."""
-    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    profiles = [profile] if isinstance(profile, str) else list(profile or [])
-    inputs = [input] if isinstance(input, str) else list(input or [])
-    overrides = [set] if isinstance(set, str) else list(set or [])
+    known = {keyword(f) for f in fields(BuildRequest) if not option_spec(f).argument}
+    for name in options:
+        if name not in known:
+            raise TypeError(f"build() got an unexpected keyword argument '{name}'")
+    cache_dir = options.get("cache_dir")
+    cache = Path(cache_dir) if isinstance(cache_dir, str | Path) else default_cache_dir()
+    profiles, inputs, overrides = (as_list(options.get(k)) for k in ("profile", "input", "set"))
     if not isinstance(model, str | Path):
         vocab = getattr(getattr(model, "config", None), "vocab_size", None)
         if isinstance(vocab, int) and not any(o.startswith("vocab_size=") for o in overrides):
@@ -98,28 +108,39 @@ def build(model: Any, *, profile: str | Sequence[str] | None = None,
     elif example_inputs is not None:
         raise UserInputError("example_inputs are for a torch.nn.Module object; a factory "
                              "returns its own (module, example inputs)")
-    request = BuildRequest(
-        model=str(model), profiles=profiles, precision=precision, target=target, opset=opset,
-        random_weights=random_weights, out=Path(out) if out is not None else None,
-        build_engine=not no_engine, calibration=Path(calibration) if calibration else None,
-        fallback=fallback, serve=serve, fallback_cpu=fallback_cpu, cache_dir=cache,
-        use_cache=not no_cache, portable=portable,
-        overrides=overrides,
-        timing_cache=Path(timing_cache) if timing_cache else None, task=task,
-        calibration_method=calibration_method,
-        tokenizer=Path(tokenizer) if tokenizer else None, min_int8_share=min_int8_share,
-        force=force, inputs=inputs,
-        sample_inputs=Path(sample_inputs) if sample_inputs is not None else None,
-        skip_memory_check=skip_memory_check)
+    request = request_from_keywords({**options, "model": str(model), "profile": profiles,
+                                     "input": inputs, "set": overrides, "cache_dir": cache})
     built = run_build(request, progress, on_warning)
     repository = built.out_dir / REPOSITORY
     served = next(repository.glob("*/1/model.*"), repository)
     return BuiltModel(built.report, built.out_dir, repository, served)
 
 
-def _example_dict(module: Any, example: Any) -> dict[str, Any]:
-    import inspect
+def as_list(value: OptionValue) -> list[str]:
+    """A keyword that takes one string or several, as a list."""
+    if isinstance(value, str):
+        return [value]
+    return [str(v) for v in value] if isinstance(value, Sequence) else []
 
+
+def keyword_signature(request_type: type[BuildRequest] = BuildRequest
+                      ) -> inspect.Signature:
+    """``build``'s signature as ``help()`` and ``inspect`` show it: ``model``, then every
+    option of ``trtpack build`` by its CLI name (``BuildRequest``), then the Python-only
+    keywords."""
+    own = inspect.signature(build).parameters
+    hints = get_type_hints(request_type)
+    options = [inspect.Parameter(keyword(f), inspect.Parameter.KEYWORD_ONLY,
+                                 default=keyword_default(f), annotation=hints[f.name])
+               for f in fields(request_type) if not option_spec(f).argument]
+    return inspect.Signature([own["model"], *options, own["example_inputs"], own["progress"],
+                              own["on_warning"]], return_annotation=BuiltModel)
+
+
+setattr(build, "__signature__", keyword_signature())  # noqa: B010 -- read by inspect, help()
+
+
+def _example_dict(module: torch.nn.Module, example: ExampleInputs) -> dict[str, ExampleValue]:
     if isinstance(example, Mapping):
         return dict(example)
     values = example if isinstance(example, tuple | list) else (example,)
@@ -131,7 +152,8 @@ def _example_dict(module: Any, example: Any) -> dict[str, Any]:
     return dict(zip(names, values, strict=False))
 
 
-def _described_examples(inputs: Sequence[str], profiles: Sequence[str]) -> dict[str, Any]:
+def _described_examples(inputs: Sequence[str], profiles: Sequence[str]
+                        ) -> dict[str, torch.Tensor]:
     """Example tensors from ``input`` descriptions, at the first profile's opt shapes (or
     batch 2 and 16 for other axes)."""
     import torch
@@ -154,7 +176,8 @@ def _described_examples(inputs: Sequence[str], profiles: Sequence[str]) -> dict[
     return {n: torch.as_tensor(v) for n, v in feeds.items()}
 
 
-def module_key(module: Any, examples: Mapping[str, Any], dims: Mapping[str, Any]) -> str:
+def module_key(module: torch.nn.Module, examples: Mapping[str, torch.Tensor],
+               dims: Mapping[str, list[str | int]]) -> str:
     """What names a module object's export: its class, its parameters' and buffers' names,
     shapes, dtypes and bytes, and its example inputs' dtypes and dynamic dims."""
     import torch
@@ -162,12 +185,8 @@ def module_key(module: Any, examples: Mapping[str, Any], dims: Mapping[str, Any]
     digest = hashlib.sha256()
     cls = type(module)
     digest.update(f"{cls.__module__}.{cls.__qualname__}".encode())
-    try:
-        import inspect
-
+    with contextlib.suppress(OSError, TypeError):  # a class typed into a REPL: no source
         digest.update(inspect.getsource(cls).encode())
-    except (OSError, TypeError):  # a class typed into a REPL has no source to read
-        pass
     for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
         data = tensor.detach().cpu().contiguous().reshape(-1)
         digest.update(f"{name}:{tuple(tensor.shape)}:{data.dtype}".encode())
@@ -179,7 +198,8 @@ def module_key(module: Any, examples: Mapping[str, Any], dims: Mapping[str, Any]
     return digest.hexdigest()[:32]
 
 
-def export_module(module: Any, example_inputs: Any, inputs: Sequence[str],
+def export_module(module: torch.nn.Module, example_inputs: ExampleInputs | None,
+                  inputs: Sequence[str],
                   profiles: Sequence[str], cache_dir: Path) -> Path:
     """``module`` saved as a ``.pt2`` ExportedProgram under ``cache_dir/modules/`` (once per
     ``module_key``), with a dynamic batch (the first dim of every input) and the dynamic
@@ -219,7 +239,8 @@ def export_module(module: Any, example_inputs: Any, inputs: Sequence[str],
     return path
 
 
-def _axes(tensors: Mapping[str, Any], inputs: Sequence[str]) -> dict[str, list[str | int]]:
+def _axes(tensors: Mapping[str, torch.Tensor], inputs: Sequence[str]
+          ) -> dict[str, list[str | int]]:
     """Each input's axes: as ``input`` describes it, else the batch first, static after."""
     from trtpack.sources.inputs import parse_input_options
 
@@ -234,7 +255,7 @@ def _axes(tensors: Mapping[str, Any], inputs: Sequence[str]) -> dict[str, list[s
     return axes
 
 
-def _axis_maxima(tensors: Mapping[str, Any], axes: Mapping[str, list[str | int]],
+def _axis_maxima(tensors: Mapping[str, torch.Tensor], axes: Mapping[str, list[str | int]],
                  profiles: Sequence[str]) -> dict[str, int]:
     if not profiles:
         return {}

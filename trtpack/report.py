@@ -111,6 +111,15 @@ class BuildReport:
     def stage(self, name: str) -> StageResult | None:
         return next((s for s in self.stages if s.name == name), None)
 
+    def name_served_precision(self) -> None:
+        """``--precision auto``: ``precision`` (the report's title) becomes the candidate the
+        CPU model stage chose and serves (its metrics' ``auto.winner``), not the one the
+        precision stages built."""
+        stage = self.stage("cpu_model")
+        auto = stage.metrics.get("auto") if stage is not None else None
+        if isinstance(auto, dict) and isinstance(auto.get("winner"), str):
+            self.precision = auto["winner"]
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -1,10 +1,14 @@
-"""One home for each fact: a module-level constant (an UPPER_CASE name bound to a literal)
-is defined once in trtpack, and imported where else it is needed."""
+"""One home for each fact: a module-level constant (an UPPER_CASE name bound to a literal), a
+choice set (a tuple, list, set or frozenset of strings named by an assignment or a
+``Literal[...]``, or written inline after ``in`` with three strings or more, or equal to a
+named one) and a mapping (a module-level dict literal) are written once in trtpack, and
+imported where else they are needed."""
 
 from __future__ import annotations
 
 import ast
 from collections import defaultdict
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import trtpack
@@ -12,9 +16,12 @@ import trtpack
 PACKAGE = Path(trtpack.__file__).parent
 KNOWN: dict[str, str] = {}
 """Duplicates left on purpose, with the reason."""
+SHARED_ITEMS = 3
+"""Two mappings that hold this many equal entries write one table twice (one a part of the
+other, say)."""
 
 
-def duplicated_constants(sources: dict[str, str]) -> dict[str, list[str]]:
+def duplicated_constants(sources: Mapping[str, str]) -> dict[str, list[str]]:
     """NAME=value -> the modules that each define it, for those defined in more than one."""
     homes: dict[str, list[str]] = defaultdict(list)
     for module, source in sources.items():
@@ -29,13 +36,113 @@ def duplicated_constants(sources: dict[str, str]) -> dict[str, list[str]]:
     return {k: v for k, v in homes.items() if len(v) > 1}
 
 
+def strings(node: ast.expr | None) -> frozenset[str] | None:
+    """The strings of a literal choice set (two or more), else None."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+            and node.func.id in ("frozenset", "set", "tuple", "list") and len(node.args) == 1:
+        return strings(node.args[0])
+    if not isinstance(node, ast.Tuple | ast.List | ast.Set) or len(node.elts) < 2:
+        return None
+    values = [e.value for e in node.elts if isinstance(e, ast.Constant)]
+    if len(values) < len(node.elts) or not all(isinstance(v, str) for v in values):
+        return None
+    return frozenset(str(v) for v in values)
+
+
+def choice_sets(tree: ast.Module) -> Iterator[tuple[int, frozenset[str], bool]]:
+    """(line, strings, named) for each choice set: named by an assignment or a ``Literal``,
+    or inline after ``in``."""
+    for node in ast.walk(tree):
+        named: ast.expr | None = None
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) \
+                and node.value.id == "Literal":
+            named = node.slice
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            named = node.value
+        if found := strings(named):
+            yield node.lineno, found, True
+        if isinstance(node, ast.Compare) and any(
+                isinstance(op, ast.In | ast.NotIn) for op in node.ops):
+            for comparator in node.comparators:
+                if found := strings(comparator):
+                    yield node.lineno, found, False
+
+
+def duplicated_choice_sets(sources: Mapping[str, str]) -> dict[str, list[str]]:
+    """The strings of a choice set -> where each copy is, for one written twice: two named
+    ones, a named one and an inline copy, or two inline copies of three strings or more."""
+    homes: dict[frozenset[str], list[tuple[str, bool]]] = defaultdict(list)
+    for module, source in sources.items():
+        for line, found, named in choice_sets(ast.parse(source)):
+            homes[found].append((f"{module}:{line}", named))
+    return {", ".join(sorted(found)): sorted(where for where, _ in places)
+            for found, places in homes.items()
+            if len(places) > 1 and (any(named for _, named in places) or len(found) >= 3)}
+
+
+def mappings(tree: ast.Module) -> Iterator[tuple[int, dict[object, object]]]:
+    for node in tree.body:
+        if isinstance(node, ast.Assign | ast.AnnAssign) and isinstance(node.value, ast.Dict):
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:
+                continue
+            if len(value) >= 2:
+                yield node.lineno, value
+
+
+def duplicated_mappings(sources: Mapping[str, str]) -> list[tuple[str, str]]:
+    """Pairs of module-level dict literals that share ``SHARED_ITEMS`` equal entries (or are
+    equal)."""
+    found = [(f"{module}:{line}", value) for module, source in sources.items()
+             for line, value in mappings(ast.parse(source))]
+    pairs = []
+    for i, (here, mine) in enumerate(found):
+        for there, theirs in found[i + 1:]:
+            shared = sum(1 for k, v in mine.items() if k in theirs and theirs[k] == v)
+            if shared >= min(SHARED_ITEMS, len(mine), len(theirs)):
+                pairs.append((here, there))
+    return pairs
+
+
+def package_sources() -> dict[str, str]:
+    return {str(p.relative_to(PACKAGE)): p.read_text(encoding="utf-8")
+            for p in sorted(PACKAGE.rglob("*.py"))
+            if not p.is_relative_to(PACKAGE / "serving" / "templates")}
+
+
 def test_duplicates_are_found() -> None:
     assert duplicated_constants({"a.py": "X = '1'\nY = 2\n", "b.py": "X = '1'\nY = 3\n"}) \
         == {"X='1'": ["a.py", "b.py"]}
 
 
+def test_a_choice_set_written_twice_is_found() -> None:
+    """The serve modes once as a ``Literal`` and again, reordered, as a checked tuple; an
+    inline pair is an ordinary test, a pair equal to a named set a copy."""
+    sources = {"options.py": 'Serve = Literal["tensor", "text"]\n',
+               "recipe.py": 'if x in ("a", "b"):\n    pass\n',
+               "api.py": 'def f(s):\n    return s in ("text", "tensor")\n',
+               "levels.py": 'ok = lambda v: v in ("none", "ampere+", "same")\n'
+                            'Level = Literal["same", "ampere+", "none"]\n'}
+    assert duplicated_choice_sets(sources) == {
+        "tensor, text": ["api.py:2", "options.py:1"],
+        "ampere+, none, same": ["levels.py:1", "levels.py:2"]}
+
+
+def test_a_mapping_written_twice_is_found() -> None:
+    """A table of ONNX element types, and a part of it again in another module."""
+    sources = {"model_io.py": "ELEM = {1: 'float32', 6: 'int32', 7: 'int64', 10: 'float16'}\n",
+               "onnx_recipe.py": "_ELEM = {1: 'float32', 7: 'int64', 10: 'float16'}\n",
+               "other.py": "NAMES = {1: 'one', 6: 'six'}\n"}
+    assert duplicated_mappings(sources) == [("model_io.py:1", "onnx_recipe.py:1")]
+
+
 def test_each_constant_has_one_home() -> None:
-    sources = {str(p.relative_to(PACKAGE)): p.read_text(encoding="utf-8")
-               for p in sorted(PACKAGE.rglob("*.py"))}
-    found = duplicated_constants(sources)
+    found = duplicated_constants(package_sources())
     assert {k: v for k, v in found.items() if k.split("=")[0] not in KNOWN} == {}
+
+
+def test_each_choice_set_and_mapping_has_one_home() -> None:
+    sources = package_sources()
+    assert {k: v for k, v in duplicated_choice_sets(sources).items() if k not in KNOWN} == {}
+    assert duplicated_mappings(sources) == []

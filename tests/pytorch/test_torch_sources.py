@@ -134,25 +134,6 @@ def test_user_errors_name_what_is_missing(saved: dict[str, Path], tmp_path: Path
     assert not (tmp_path / "out").exists()
 
 
-def test_python_build_takes_every_build_option_of_the_cli() -> None:
-    """``trtpack.build``'s keywords are ``trtpack build``'s option names (issue 30): an option
-    added to the command and not to the API fails here. ``--bench`` and ``--json`` are about
-    the terminal run, not the build."""
-    import inspect
-
-    import typer.main
-
-    from trtpack.cli.app import app
-    from trtpack.python_api import build
-
-    command = typer.main.get_command(app).commands["build"]  # type: ignore[attr-defined]
-    options = {o.lstrip("-").replace("-", "_") for p in command.params for o in p.opts
-               if o.startswith("--") and o != "--help"}
-    keywords = set(inspect.signature(build).parameters)
-    assert options - {"bench", "json"} <= keywords, sorted(options - keywords)
-
-
-
 def test_python_build_of_a_recipe_name_serves_what_the_cli_serves(tmp_path: Path) -> None:
     """A built-in recipe by name through ``trtpack.build`` (as ``trtpack build tiny-bert``);
     ``run`` on the served model answers as the PyTorch reference the export recorded."""

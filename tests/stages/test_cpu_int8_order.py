@@ -11,6 +11,7 @@ from typing import Any
 
 from tests.conftest import run_cli
 from tests.precision_fixtures import build_options, tiny_npz
+from trtpack.options import AutoPrecision, FixedPrecision
 from trtpack.precision.cpu.int8 import EVERY_LAYER, SEARCH_LAYERS, search_on_demand
 from trtpack.stages.cpu_int8_serving import share_failures
 
@@ -88,5 +89,5 @@ def test_min_int8_share_is_judged_on_the_served_cpu_model(tmp_path: Path) -> Non
     assert share_failures(cpu, (3, 4)) == []
     assert share_failures(dataclasses.replace(cpu, min_int8_share=0.8), (3, 4)) == [
         "3/4 weight MatMuls on integer kernels (75%), under --min-int8-share 80%"]
-    assert not search_on_demand(dataclasses.replace(cpu, auto_precision=True))
-    assert not search_on_demand(dataclasses.replace(cpu, precision="fp16"))
+    assert not search_on_demand(dataclasses.replace(cpu, precision_choice=AutoPrecision()))
+    assert not search_on_demand(dataclasses.replace(cpu, precision_choice=FixedPrecision("fp16")))

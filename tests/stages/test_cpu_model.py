@@ -325,6 +325,8 @@ def test_auto_on_cpu_builds_both_times_both_and_serves_the_winner(
     for c in auto["candidates"]:
         assert len(c["p50_ms"]) == 3 and all(v > 0 for v in c["p50_ms"].values())
     assert auto["reason"] and f"auto: {auto['winner']}" in stage["message"]
+    report = json.loads((out / "report.json").read_text())
+    assert report["precision"] == auto["winner"]  # the title names what is served
     served = out / "model_repository" / "tiny-bert" / "1" / "model.onnx"
     integer = bool(_op_types(served) & {"MatMulInteger", "DynamicQuantizeLinear"})
     assert integer == (auto["winner"] == "int8")

@@ -12,7 +12,7 @@ import pytest
 from trtpack.errors import MissingEnvironmentError
 from trtpack.machine import gpus, packages
 from trtpack.machine.targets import resolve_target
-from trtpack.options import BuildOptions
+from trtpack.options import BuildOptions, FixedPrecision
 from trtpack.pipeline.stage import STAGES
 from trtpack.shapes import parse_profiles
 from trtpack.sources.resolve import resolve_model
@@ -30,7 +30,8 @@ def _options(tmp_path: Path, **changes: object) -> BuildOptions:
     recipe = resolve_model("minilm")
     options = BuildOptions(
         recipe=recipe, profiles=tuple(parse_profiles(recipe.profiles, recipe.input_specs())),
-        precision="fp16", target=resolve_target("g5"), out_dir=tmp_path / "out", opset=18,
+        precision_choice=FixedPrecision("fp16"), target=resolve_target("g5"),
+        out_dir=tmp_path / "out", opset=18,
         cache_dir=tmp_path / "cache",
     )
     return replace(options, **changes)  # type: ignore[arg-type]
@@ -67,7 +68,7 @@ def test_fingerprint_is_json_and_tracks_engine_inputs(tmp_path: Path) -> None:
         update={"engine": base.recipe.engine.model_copy(update={"optimization_level": 5})})
     changed = [
         _options(tmp_path, target=resolve_target("g6")),
-        _options(tmp_path, precision="int8"),
+        _options(tmp_path, precision_choice=FixedPrecision("int8")),
         _options(tmp_path, recipe=recipe),
         _options(tmp_path, profiles=tuple(parse_profiles(["1x8:2x16:4x32"],
                                                          base.recipe.input_specs()))),

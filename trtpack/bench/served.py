@@ -32,6 +32,7 @@ from trtpack.bench.timing import ProgressFn
 from trtpack.cases import load_cases
 from trtpack.errors import MissingEnvironmentError, UserInputError
 from trtpack.pipeline.build_folder import BuildFolder
+from trtpack.shapes import CORNERS
 
 CHECK_TIMEOUT_S = 3.0
 DEFAULT_CONCURRENCY = (1, 2, 4)
@@ -223,7 +224,7 @@ def served_benchmark(build: BuildFolder, url: str, *,
     say = progress or (lambda message: None)
     if len(concurrency) < 1 or any(c < 1 for c in concurrency):
         raise UserInputError("--concurrency takes positive integers, e.g. 1,2,4")
-    unknown = [c for c in corners if c not in ("min", "opt", "max")]
+    unknown = [c for c in corners if c not in CORNERS]
     if unknown or not corners:
         raise UserInputError(f"--corners takes min, opt and max, not {', '.join(unknown)}")
     hostport = normalize_url(url)

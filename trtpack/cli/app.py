@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import FrameType
 from typing import Annotated, Any
 
 import typer
@@ -103,7 +104,7 @@ def main_options(
     STATE["debug"] = debug
 
 
-def _terminate(signum: int, frame: Any) -> None:
+def _terminate(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt  # a killed build cleans up like an interrupted one
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -17,6 +17,9 @@ from trtpack.errors import AccuracyError, StageError, TrtpackError
 from trtpack.report import BuildReport, VerificationRow, shown_metric
 from trtpack.sources.recipe import Recipe
 from trtpack.stages.base import ProgressEvent
+
+if TYPE_CHECKING:
+    from rich.status import Status
 
 
 class QuietOnBrokenPipe(Console):
@@ -119,7 +122,7 @@ class ProgressView:
     def __init__(self, console: Console, enabled: bool) -> None:
         self.console = console
         self.enabled = enabled
-        self.status: Any = None
+        self.status: Status | None = None
 
     def __call__(self, event: ProgressEvent) -> None:
         if event.kind == "notice":  # one line, also with --json (on stderr)

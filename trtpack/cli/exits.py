@@ -8,7 +8,7 @@ import functools
 import os
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import ParamSpec, TypeVar
 
 import typer
 
@@ -22,7 +22,8 @@ from trtpack.errors import AccuracyError, ExitCode, TrtpackError
 
 STATE: dict[str, bool] = {"debug": False}
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def quiet_stdout() -> None:
@@ -32,11 +33,11 @@ def quiet_stdout() -> None:
     os.close(devnull)
 
 
-def handle_errors(func: F) -> F:
+def handle_errors(func: Callable[P, R]) -> Callable[P, R]:
     """Turn the library's errors into a one-line message and their exit code."""
 
     @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return func(*args, **kwargs)
         except TrtpackError as e:
@@ -54,5 +55,5 @@ def handle_errors(func: F) -> F:
             quiet_stdout()
             raise typer.Exit(ExitCode.BROKEN_PIPE) from None
 
-    return wrapper  # type: ignore[return-value]
+    return wrapper
 

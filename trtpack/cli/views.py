@@ -19,6 +19,9 @@ from trtpack.timing import SLICES
 if TYPE_CHECKING:
     from trtpack.bench.benchmark import BenchOutcome
     from trtpack.diagnostics.inspection import Inspection
+    from trtpack.machine.local_targets import TargetRow
+    from trtpack.serving.merge import MergeResult
+    from trtpack.serving.package_formats import PackageResult
 
 
 def print_json(data: Any) -> None:
@@ -39,7 +42,7 @@ def print_doctor(report: dict[str, Any]) -> None:
         out.print(f"• {line}", markup=False)
 
 
-def print_targets(rows: list[Any]) -> None:
+def print_targets(rows: list[TargetRow]) -> None:
     table = Table(title="targets (--target)")
     for col in ("target", "GPU", "sm", "architecture", "also", "here", "engines"):
         table.add_column(col)
@@ -146,14 +149,14 @@ def print_inspection(result: Inspection) -> None:
                   + "".join(f"\n    - {r}" for r in engine.reasons))
 
 
-def print_sagemaker_package(result: Any) -> None:
+def print_sagemaker_package(result: PackageResult) -> None:
     for archive in result.archives:
         out.print(f"{archive.path}  [dim]loads {archive.entry}: {', '.join(archive.members)}[/]",
                   soft_wrap=True)
     out.print(f"container environment: {result.note}", soft_wrap=True)
 
 
-def print_merge(result: Any, as_json: bool) -> None:
+def print_merge(result: MergeResult, as_json: bool) -> None:
     if as_json:
         print_json({"out_dir": str(result.out_dir), "model": result.name,
                     "engines": result.engines, "targets": result.targets,

@@ -12,11 +12,12 @@ capability (``fleet_families``); tests/test_ci_files.py fails when they disagree
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from trtpack.errors import UserInputError
 
 HardwareCompatibility = Literal["none", "ampere+", "same_compute_capability"]
+HARDWARE_COMPATIBILITY: tuple[HardwareCompatibility, ...] = get_args(HardwareCompatibility)
 AMPERE = (8, 0)
 # TensorRT 10.5 removed Volta (compute capability 7.0), and trtpack builds with TensorRT
 # 10.12+, so the oldest GPU trtpack can build engines for is Turing (7.5).

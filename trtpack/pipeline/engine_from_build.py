@@ -22,7 +22,7 @@ from trtpack.errors import UserInputError
 from trtpack.machine.local_targets import check_engine_environment
 from trtpack.machine.targets import resolve_target
 from trtpack.onnx_tools.files import sha256_file
-from trtpack.options import BuildOptions, default_cache_dir
+from trtpack.options import BuildOptions, FixedPrecision, default_cache_dir
 from trtpack.out_files import ARTIFACTS, REPOSITORY
 from trtpack.pipeline.build_folder import load_build_report, load_recipe_of, stage_artifacts
 from trtpack.pipeline.runner import FinishedStage, Pipeline
@@ -116,7 +116,8 @@ def engine_options(build: FinishedBuild, target: str, out: Path, cache_dir: Path
     recipe = build.recipe
     profiles = parse_profiles(build.report.profiles, recipe.input_specs())
     return BuildOptions(
-        recipe=recipe, profiles=tuple(profiles), precision=build.report.precision,
+        recipe=recipe, profiles=tuple(profiles),
+        precision_choice=FixedPrecision.named(build.report.precision),
         target=resolved, out_dir=out, opset=recipe.opset, build_engine=True,
         serve="text" if build.serve == "text" else "tensor", fallback_cpu=build.fallback_cpu,
         cache_dir=cache_dir or default_cache_dir(), use_cache=use_cache)

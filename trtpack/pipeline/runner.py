@@ -35,10 +35,10 @@ from trtpack.out_files import (
     stale_siblings,
     write_manifest,
 )
+from trtpack.pipeline.build_folder import write_recipe, write_report_page
 from trtpack.pipeline.cache import tool_versions
 from trtpack.pipeline.faults import disk_full_error
 from trtpack.pipeline.isolate import StageProcess
-from trtpack.pipeline.outputs import write_recipe, write_report_page
 from trtpack.pipeline.stage import STAGES
 from trtpack.pipeline.stage_runs import StageRuns
 from trtpack.report import REPORT, BuildReport, StageResult, VerificationRow
@@ -119,6 +119,8 @@ class Pipeline:
                 work.mkdir()
                 self._run_stages(work, report)
                 self.stages.stop_processes()
+                if o.auto_precision:
+                    report.name_served_precision()
                 report.total_seconds = time.perf_counter() - started
                 peaks = [s.peak_memory_mb for s in report.stages if s.peak_memory_mb is not None]
                 report.peak_memory_mb = max(peaks) if peaks else None

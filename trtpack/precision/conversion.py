@@ -205,9 +205,8 @@ class Conversion:
         if self._sample_text is None:
             from trtpack.verify.compare import token_text
 
-            ids = next((i.name for i in self.recipe.inputs if i.kind == "token_ids"), None)
-            mask = next((i.name for i in self.recipe.inputs if i.kind == "attention_mask"),
-                        None)
+            ids = self.recipe.input_name("token_ids")
+            mask = self.recipe.input_name("attention_mask")
             tokenizer = self.tokenizer() if ids else None
             self._sample_text = token_text(tokenizer, ids, mask) if tokenizer and ids \
                 else (lambda inputs, index: None)

@@ -29,7 +29,7 @@ transformers is imported inside the functions that need its tables of classes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
 from trtpack.errors import UserInputError
 
@@ -164,7 +164,7 @@ def suffix_heads() -> tuple[tuple[str, str], ...]:
     return tuple(sorted(pairs, key=lambda pair: -len(pair[0])))
 
 
-def transformers_table(head: Head) -> dict[str, Any]:
+def transformers_table(head: Head) -> dict[str, str | tuple[str, ...]]:
     """transformers' model type -> class table of ``head`` (imports torch: see suffix_heads)."""
     if head.mapping is None:
         return {}
@@ -173,7 +173,7 @@ def transformers_table(head: Head) -> dict[str, Any]:
     return dict(getattr(modeling_auto, head.mapping, {}))
 
 
-def class_names(value: Any) -> tuple[str, ...]:
+def class_names(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
     """The class names of one entry of a transformers table (a name or a tuple of names)."""
     return tuple(value) if isinstance(value, list | tuple) else (str(value),)
 
@@ -211,8 +211,16 @@ def class_for_task(model_type: str, task: str) -> str:
     return class_names(found)[0]
 
 
+class OutputEntry(TypedDict):
+    """A recipe ``outputs:`` entry."""
+
+    name: str
+    axes: list[int | str]
+    metric: str
+
+
 def text_outputs(task: str, *, hidden: int | str = "hidden", labels: int | str = "labels",
-                 vocab: int | str = "vocab") -> list[dict[str, Any]]:
+                 vocab: int | str = "vocab") -> list[OutputEntry]:
     """The outputs a head returns (recipe ``outputs:`` entries), with the metric that
     verifies each; the feature-extraction ones for a head without outputs of its own."""
     head = REGISTRY.get(task)

@@ -8,18 +8,33 @@ them). onnx is imported inside the functions.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from trtpack.errors import UserInputError
-from trtpack.sources.recipe import Recipe, safe_name
+from trtpack.model_io import ONNX_ELEM_TO_NUMPY
+from trtpack.shapes import BATCH_AXIS
+from trtpack.sources.recipe import TOKENIZER_OUTPUTS, Recipe, safe_name
 from trtpack.sources.tokenizer_files import has_tokenizer
 
-BATCH = "batch"
+if TYPE_CHECKING:
+    import onnx
 
-_ELEM_TO_DTYPE = {1: "float32", 6: "int32", 7: "int64", 10: "float16"}
+
+class GraphInput(TypedDict):
+    """An input as the recipe takes it, read from the graph (its axes renamed in place)."""
+
+    name: str
+    dtype: str
+    axes: list[str | int]
+    kind: str
 
 
-def load_onnx_graph(path: Path) -> Any:
+INPUT_DTYPES_TAKEN = ("int64", "int32", "float32", "float16")  # an ONNX file's inputs
+_ELEM_TO_DTYPE = {elem: dtype for elem, dtype in ONNX_ELEM_TO_NUMPY.items()
+                  if dtype in INPUT_DTYPES_TAKEN}
+
+
+def load_onnx_graph(path: Path) -> onnx.ModelProto:
     """The ModelProto without its weights, checked: a damaged file, a truncated one, or
     missing external data is a one-line ``UserInputError``."""
     import onnx
@@ -46,7 +61,7 @@ def load_onnx_graph(path: Path) -> Any:
     return model
 
 
-def check_graph(model: Any, path: Path) -> None:
+def check_graph(model: onnx.ModelProto, path: Path) -> None:
     """``onnx.checker`` on the model file, its external data resolved beside it. onnx refuses
     external data files with several hard links (trtpack's own artifacts are hard links into
     its stage cache): those are checked against sparse stand-ins of the same sizes in a
@@ -71,7 +86,7 @@ def check_graph(model: Any, path: Path) -> None:
         onnx.checker.check_model(str(model_copy))
 
 
-def external_tensors(model: Any) -> list[Any]:
+def external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
     import onnx
 
     from trtpack.onnx_tools.files import all_tensors
@@ -80,7 +95,7 @@ def external_tensors(model: Any) -> list[Any]:
             if t.data_location == onnx.TensorProto.EXTERNAL]
 
 
-def check_external_data(model: Any, path: Path) -> None:
+def check_external_data(model: onnx.ModelProto, path: Path) -> None:
     """Every external weight's file exists beside the model and holds its bytes."""
     sizes: dict[str, int] = {}
     for t in external_tensors(model):
@@ -110,7 +125,7 @@ def external_offset(info: dict[str, str], key: str, tensor: str, path: Path) -> 
     return int(text)
 
 
-def _dims(value: Any, unnamed: list[int]) -> list[str | int]:
+def _dims(value: onnx.ValueInfoProto, unnamed: list[int]) -> list[str | int]:
     """A tensor's dims: sizes, names, and ``dim_K`` for unnamed dynamic ones (K counts
     them over the model, ``unnamed`` holds the count)."""
     axes: list[str | int] = []
@@ -153,16 +168,16 @@ def output_metric(name: str, axes: list[str | int], task: str, has_mask: bool) -
     return "cosine"
 
 
-def _shared_axes(inputs: list[dict[str, Any]]) -> dict[str, str]:
+def _shared_axes(inputs: list[GraphInput]) -> dict[str, str]:
     """Name the axes inputs share, in place: a dynamic first dimension of every input is
     ``batch`` (Triton batches over it), and token inputs (ids, mask, types: one tokenizer
     output) share the first one's axes. Returns the renames (old name -> new)."""
     renames: dict[str, str] = {}
     if all(spec["axes"] and isinstance(spec["axes"][0], str) for spec in inputs):
         for spec in inputs:
-            renames[spec["axes"][0]] = BATCH
-            spec["axes"][0] = BATCH
-    tokens = [s for s in inputs if s["kind"] in ("token_ids", "attention_mask", "token_type_ids")]
+            renames[str(spec["axes"][0])] = BATCH_AXIS
+            spec["axes"][0] = BATCH_AXIS
+    tokens = [s for s in inputs if s["kind"] in TOKENIZER_OUTPUTS]
     for spec in tokens[1:]:
         if len(spec["axes"]) == len(tokens[0]["axes"]):
             for d, (mine, first) in enumerate(zip(spec["axes"], tokens[0]["axes"],
@@ -189,7 +204,7 @@ DATA_DEPENDENT_OPS = ("NonZero", "NonMaxSuppression", "Unique", "Compress")
 """Operators whose output's shape depends on the values of their input."""
 
 
-def data_dependent_tensors(graph: Any) -> set[str]:
+def data_dependent_tensors(graph: onnx.GraphProto) -> set[str]:
     """The tensors downstream of a ``DATA_DEPENDENT_OPS`` node (their shapes may depend on
     the data; conservative: everything computed from one)."""
     found: set[str] = set()
@@ -199,7 +214,7 @@ def data_dependent_tensors(graph: Any) -> set[str]:
     return found
 
 
-def _default_profile(inputs: list[dict[str, Any]], max_sequence: int = 128) -> str:
+def _default_profile(inputs: list[GraphInput], max_sequence: int = 128) -> str:
     """Sizes per dynamic axis in order: the first axis is a batch (1:4:8), an axis of token
     inputs a sequence (16:64:128, capped at ``max_sequence``), other dynamic axes 1:2:4."""
     sizes: dict[str, tuple[int, int, int]] = {}
@@ -209,7 +224,7 @@ def _default_profile(inputs: list[dict[str, Any]], max_sequence: int = 128) -> s
                 continue
             if d == 0:
                 sizes[axis] = (1, 4, 8)
-            elif spec["kind"] in ("token_ids", "attention_mask", "token_type_ids"):
+            elif spec["kind"] in TOKENIZER_OUTPUTS:
                 top = max(1, min(128, max_sequence))
                 sizes[axis] = (min(16, top), min(64, top), top)
             elif spec["kind"] == "image":
@@ -226,7 +241,7 @@ def recipe_for_onnx(path: Path, task: str | None = None) -> Recipe:
     model = load_onnx_graph(path)
     initializers = {t.name for t in model.graph.initializer}
     unnamed = [0]
-    inputs: list[dict[str, Any]] = []
+    inputs: list[GraphInput] = []
     for value in model.graph.input:
         if value.name in initializers:
             continue
@@ -248,8 +263,8 @@ def recipe_for_onnx(path: Path, task: str | None = None) -> Recipe:
     data_dependent = data_dependent_tensors(model.graph)
     for v in model.graph.output:
         axes = [renames.get(a, a) if isinstance(a, str) else a for a in _dims(v, unnamed)]
-        if axes and isinstance(axes[0], str) and BATCH in renames.values():
-            axes[0] = BATCH
+        if axes and isinstance(axes[0], str) and BATCH_AXIS in renames.values():
+            axes[0] = BATCH_AXIS
         metric = "data_dependent" if v.name in data_dependent else \
             output_metric(v.name, axes, task, has_mask)
         outputs.append({"name": v.name, "axes": axes, "metric": metric})

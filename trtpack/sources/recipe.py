@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -22,6 +22,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from trtpack.errors import UserInputError
+from trtpack.machine.targets import HardwareCompatibility
 from trtpack.shapes import TensorSpec
 from trtpack.sources.heads import tasks
 from trtpack.sources.inputs import (
@@ -35,9 +36,17 @@ from trtpack.sources.inputs import (
 )
 
 Precision = Literal["fp32", "fp16", "int8"]
-PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "int8")
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
+Serve = Literal["tensor", "text"]  # tensor: clients send tensors; text: strings (an ensemble)
+SERVE_MODES: tuple[Serve, ...] = get_args(Serve)
+CalibrationMethod = Literal["max", "entropy", "percentile"]  # INT8 activation ranges
+CALIBRATION_METHODS: tuple[CalibrationMethod, ...] = get_args(CalibrationMethod)
 AUTO_PRECISION = "auto"  # --precision auto: build the candidates, time them, keep the fastest
 InputKind = Literal["token_ids", "attention_mask", "token_type_ids", "image", "generic"]
+# the inputs a tokenizer feeds: kind -> the tokenizer's output that it takes
+TOKENIZER_OUTPUTS: dict[str, str] = {
+    "token_ids": "input_ids", "attention_mask": "attention_mask",
+    "token_type_ids": "token_type_ids"}
 # top1: one argmax per row (classifiers); token_top1: the argmax at every unpadded token
 # (language models, token classifiers); span: the argmax position over the unpadded tokens
 # (question answering's start_logits / end_logits: both agree = the same answer span).
@@ -224,7 +233,7 @@ class Fp16Settings(_Strict):
 
 class Int8Settings(_Strict):
     calibration: str | None = Field(None, description="text file (one sample a line) or .npz")
-    calibration_method: Literal["max", "entropy", "percentile"] = "max"
+    calibration_method: CalibrationMethod = "max"
     max_calibration_samples: int = 128
     high_precision: Literal["fp32", "fp16"] = "fp32"
     exclude_nodes: list[str] = Field(default_factory=list,
@@ -254,7 +263,7 @@ class TritonSettings(_Strict):
     cuda_graphs: bool = False
     warmup: bool = False
     version_policy: Literal["latest", "all"] = "latest"
-    serve: Literal["tensor", "text"] = Field(
+    serve: Serve = Field(
         "tensor", description="text: also tokenizer, post-processing and ensemble models, so "
         "clients send strings (needs a tokenizer); --serve overrides it")
     fallback_cpu: bool = Field(
@@ -265,7 +274,7 @@ class TritonSettings(_Strict):
 class EngineSettings(_Strict):
     workspace_mb: int | None = Field(None, ge=1)
     optimization_level: int = Field(3, ge=0, le=5)
-    hardware_compatibility: Literal["none", "ampere+", "same_compute_capability"] = "none"
+    hardware_compatibility: HardwareCompatibility = "none"
     version_compatible: bool = False
     tiling_level: Literal["none", "fast", "moderate", "full"] | None = None
 
@@ -365,6 +374,11 @@ class Recipe(_Strict):
 
     def input_specs(self) -> list[TensorSpec]:
         return [i.spec() for i in self.inputs]
+
+    def input_name(self, kind: InputKind) -> str | None:
+        """The name of the (first) input of ``kind`` (``token_ids``, ``attention_mask``), or
+        None when the model takes none."""
+        return next((i.name for i in self.inputs if i.kind == kind), None)
 
     def value_rules(self) -> dict[str, ValueRule]:
         """Input name -> the values it is fed (``inputs[].value``), for inputs that have one."""

@@ -20,6 +20,7 @@ from trtpack.sources.inputs import INTEGER_DTYPES, InputDescription, value_rule_
 from trtpack.sources.recipe import Recipe
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"  # trtpack/recipes/
+RECIPE_SUFFIXES = (".yaml", ".yml")
 
 
 def _validation_error_message(path: str, err: ValidationError) -> str:
@@ -265,6 +266,6 @@ def overlay_document(recipe: Recipe, changes: dict[str, Any]) -> dict[str, Any]:
     origin = recipe.origin
     if origin is None or origin.parent == RECIPES_DIR.resolve():
         return {"extends": recipe.name, **changes}
-    if origin.is_file() and origin.suffix in (".yaml", ".yml"):
+    if origin.is_file() and origin.suffix in RECIPE_SUFFIXES:
         return {"extends": str(origin), **changes}
     return _deep_merge(recipe.model_dump(mode="json"), changes)

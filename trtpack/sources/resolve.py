@@ -19,10 +19,14 @@ from trtpack.errors import UserInputError
 from trtpack.sources.heads import tasks
 from trtpack.sources.onnx_recipe import recipe_for_onnx
 from trtpack.sources.recipe import Recipe, safe_name
-from trtpack.sources.recipe_files import RECIPES_DIR, builtin_recipe_names, load_recipe_file
+from trtpack.sources.recipe_files import (
+    RECIPE_SUFFIXES,
+    RECIPES_DIR,
+    builtin_recipe_names,
+    load_recipe_file,
+)
 
 ONNX_SUFFIX = ".onnx"
-RECIPE_SUFFIXES = (".yaml", ".yml")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 

@@ -108,7 +108,7 @@ def run(ctx: StageContext) -> StageOutcome:
     from trtpack.precision.cpu.fusion import CpuGraph, cpu_graph
 
     recipe = ctx.options.recipe
-    mask = next((i.name for i in recipe.inputs if i.kind == "attention_mask"), None)
+    mask = recipe.input_name("attention_mask")
     model_type, heads, hidden = model_shape(ctx)
     work = Path(tempfile.mkdtemp(prefix=".work-", dir=ctx.stage_dir))
     try:

@@ -196,7 +196,7 @@ def run(ctx: StageContext) -> StageOutcome:
     if (src.parent / "config.json").is_file():
         config_path = ctx.stage_dir / "config.json"
         shutil.copyfile(src.parent / "config.json", config_path)
-    token_input = next((i.name for i in recipe.inputs if i.kind == "token_ids"), None)
+    token_input = recipe.input_name("token_ids")
     warnings: list[str] = []
     vocab = recipe.vocab_size or (len(tokenizer) if tokenizer is not None else None)
     if vocab is None and token_input is not None:

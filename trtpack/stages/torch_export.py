@@ -14,7 +14,7 @@ import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,6 +31,9 @@ from trtpack.pytorch.onnx_export import (
     torch_logs_to,
 )
 from trtpack.verify.samples import make_inputs
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _example_inputs(options: BuildOptions) -> dict[str, np.ndarray]:
@@ -59,8 +62,8 @@ class Exported:
     decomposition: str
 
 
-def export_onnx(wrapper: Any, options: BuildOptions, path: Path, log: logging.Logger,
-                saved: Any = None) -> Exported:
+def export_onnx(wrapper: torch.nn.Module, options: BuildOptions, path: Path,
+                log: logging.Logger, saved: torch.nn.Module | None = None) -> Exported:
     """Export with the recipe's exporter. When the dynamo exporter fails, retry with the
     TorchScript exporter (``dynamo=False``, as Hugging Face Optimum does); the verify stage
     checks either model against PyTorch at every profile corner. A TorchScript source always

@@ -94,8 +94,7 @@ def saved_tokenizer_text(folder: Path | None, recipe: Recipe) -> SampleText | No
     ``tokenizers`` alone (no transformers import in the verify process)."""
     from trtpack.sources.tokenizer_files import has_tokenizer
 
-    ids = next((i.name for i in recipe.inputs if i.kind == "token_ids"), None)
-    mask = next((i.name for i in recipe.inputs if i.kind == "attention_mask"), None)
+    ids, mask = recipe.input_name("token_ids"), recipe.input_name("attention_mask")
     if ids is None or folder is None or not has_tokenizer(folder):
         return None
     tokenizer: TokenDecoder
@@ -147,7 +146,7 @@ def compare_cases(
     from polygraphy.comparator.struct import IterationResult
 
     metric_of = {o.name: o.metric for o in recipe.outputs}
-    mask_input = next((i.name for i in recipe.inputs if i.kind == "attention_mask"), None)
+    mask_input = recipe.input_name("attention_mask")
     rows: list[VerificationRow] = []
     with quiet_polygraphy():
         for case, candidate in zip(references, candidates, strict=True):

@@ -11,6 +11,7 @@ import numpy as np
 
 from trtpack.shapes import Shape, TensorSpec
 from trtpack.sources.inputs import INTEGER_DTYPES, ValueRule
+from trtpack.sources.recipe import TOKENIZER_OUTPUTS
 
 # What a tokenizer gives for each of its outputs: an array with ``return_tensors="np"``,
 # else the ids of one text (or of each text of a batch).
@@ -129,8 +130,6 @@ def make_inputs(
     value rule (``values``: a recipe's ``value_rules()``) takes its constant or is drawn
     from its range, the others are made from their kind."""
     rng = np.random.default_rng(seed)
-    token_kinds = {"token_ids": "input_ids", "attention_mask": "attention_mask",
-                   "token_type_ids": "token_type_ids"}
     text: dict[str, np.ndarray] | None = None
     feeds: dict[str, np.ndarray] = {}
     for spec in specs:
@@ -138,14 +137,14 @@ def make_inputs(
         rule = (values or {}).get(spec.name)
         if rule is not None:
             feeds[spec.name] = ruled_values(rule, spec.dtype, shape, rng)
-        elif spec.kind in token_kinds:
+        elif spec.kind in TOKENIZER_OUTPUTS:
             if text is None or text["input_ids"].shape != shape:
                 batch, seq = shape[0], shape[-1]
                 with_pairs = any(s.kind == "token_type_ids" for s in specs)
                 text = (_text_batch(tokenizer, batch, seq, with_pairs, offset)
                         if tokenizer is not None else
                         _synthetic_tokens(rng, batch, seq, vocab_size))
-            value = text.get(token_kinds[spec.kind])
+            value = text.get(TOKENIZER_OUTPUTS[spec.kind])
             if value is None:  # tokenizer without token types
                 value = np.zeros(shape, dtype=np.int64)
             feeds[spec.name] = value.reshape(shape).astype(spec.dtype)

@@ -54,8 +54,6 @@ CalibrationSource = Literal["text", "default text", "npz", "synthetic"]
 # tokenizer calibrates, searches and is gated on when no calibration file is given.
 DEFAULT_TEXT = Path(__file__).resolve().parents[2] / "data" / "calibration-text.txt"
 
-CALIBRATION_METHODS = ("max", "entropy", "percentile")
-
 SYNTHETIC_SAMPLES = 32
 
 SYNTHETIC_WARNING = (

@@ -187,7 +187,7 @@ def npz_feeds(arrays: Mapping[str, np.ndarray], rows: Sequence[int], recipe: Rec
 
 def npz_lengths(arrays: Mapping[str, np.ndarray], recipe: Recipe) -> list[int]:
     """Unpadded length of each .npz sample (its attention-mask sum), for the strata."""
-    mask = next((s.name for s in recipe.input_specs() if s.kind == "attention_mask"), None)
+    mask = recipe.input_name("attention_mask")
     n = next(iter(arrays.values())).shape[0]
     if mask is None or arrays[mask].ndim != 2:
         return [MEDIUM_TOKENS] * n

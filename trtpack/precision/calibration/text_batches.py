@@ -17,7 +17,7 @@ import numpy as np
 
 from trtpack.errors import UserInputError
 from trtpack.shapes import BATCH_AXIS, ShapeProfile, TensorSpec
-from trtpack.sources.recipe import Recipe
+from trtpack.sources.recipe import TOKENIZER_OUTPUTS, Recipe
 
 if TYPE_CHECKING:
     from trtpack.verify.samples import TokenIds, Tokenizer
@@ -27,12 +27,11 @@ Item = TypeVar("Item")
 Feed = dict[str, np.ndarray]
 
 
-TEXT_KINDS = {"token_ids": "input_ids", "attention_mask": "attention_mask",
-              "token_type_ids": "token_type_ids"}
 
 
 def token_ids_spec(recipe: Recipe) -> TensorSpec | None:
-    return next((s for s in recipe.input_specs() if s.kind == "token_ids"), None)
+    name = recipe.input_name("token_ids")
+    return next((s for s in recipe.input_specs() if s.name == name), None)
 
 
 def _seq_index(spec: TensorSpec) -> int:
@@ -70,7 +69,7 @@ def chunks(items: list[Item], size: int, min_size: int) -> Iterable[list[Item]]:
 
 def text_inputs(recipe: Recipe) -> list[TensorSpec]:
     specs = recipe.input_specs()
-    other = [s.name for s in specs if s.kind not in TEXT_KINDS]
+    other = [s.name for s in specs if s.kind not in TOKENIZER_OUTPUTS]
     if other or token_ids_spec(recipe) is None:
         raise UserInputError(
             f"text calibration needs a text model, but inputs {other or [s.name for s in specs]}"
@@ -89,7 +88,7 @@ def encode_batch(tokenizer: Tokenizer, chunk: Sequence[Sequence[str]], seq: int,
                         max_length=seq, return_tensors="np")
     feed: Feed = {}
     for spec in specs:
-        value = encoded.get(TEXT_KINDS[spec.kind])
+        value = encoded.get(TOKENIZER_OUTPUTS[spec.kind])
         if value is None:  # a tokenizer without token types
             value = np.zeros_like(encoded["input_ids"])
         feed[spec.name] = np.asarray(value).astype(spec.dtype)

@@ -267,8 +267,7 @@ def held_out_rows(check: str, recipe: Recipe, held: list[Case], path: Path,
         return []
     outputs = run_session(cpu_session(path, few_runs=True), cal.held_out)
     texts = {id(f): rows for f, rows in zip(cal.held_out, cal.held_out_texts, strict=False)}
-    ids = next((i.name for i in recipe.inputs if i.kind == "token_ids"), None)
-    mask = next((i.name for i in recipe.inputs if i.kind == "attention_mask"), None)
+    ids, mask = recipe.input_name("token_ids"), recipe.input_name("attention_mask")
     decode = token_text(tokenizer, ids, mask) if tokenizer is not None and ids else None
 
     def describe(inputs: Mapping[str, np.ndarray], index: int) -> str | None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from trtpack.cases import Case
 from trtpack.precision.conversion import Attempt, format_metric
+from trtpack.precision.graph import COMPUTE_OP_TYPES
 from trtpack.precision.metrics import FallbackSummary, SearchRound, SensitivityRow
 from trtpack.sources.recipe import Recipe
 
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
 # Op types INT8 quantizes when the recipe's quantize_op_types is empty, with or without the
 # fallback (ModelOpt's default also quantizes Add inputs, which costs MiniLM the most
 # accuracy, measured one node group at a time).
-FALLBACK_QUANTIZE_OP_TYPES = ["MatMul", "Gemm", "Conv"]
+FALLBACK_QUANTIZE_OP_TYPES = list(COMPUTE_OP_TYPES)
 
 # The search's judge: every decision sample at or above the gate moved this share of
 # (1 - min_cosine) towards 1 (the floor), and the worst sample, less the spread of the worst

@@ -69,7 +69,7 @@ def score_outputs(recipe: Recipe, precision: str, cases: Sequence[Case],
     """The recipe's gate on many cases, fast (the search's judge; the stage's verification
     rows come from polygraphy's comparator in ``compare_cases``)."""
     metric_of = {o.name: o.metric for o in recipe.outputs}
-    mask_input = next((i.name for i in recipe.inputs if i.kind == "attention_mask"), None)
+    mask_input = recipe.input_name("attention_mask")
     damage = 0.0
     worst: float | None = None
     reasons: list[str] = []
