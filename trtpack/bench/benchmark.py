@@ -40,6 +40,7 @@ from trtpack.bench.timing import (
     THREAD_POLICY,
     UNSTABLE_SPREAD,
     CpuSample,
+    MachineInfo,
     ProgressFn,
     Runner,
     machine_info,
@@ -48,6 +49,7 @@ from trtpack.bench.timing import (
 )
 from trtpack.cases import Case, load_cases
 from trtpack.errors import UserInputError
+from trtpack.json_data import JsonObject
 from trtpack.out_files import record_files
 from trtpack.pipeline.build_folder import open_build
 from trtpack.report import REPORT, BuildReport
@@ -91,13 +93,13 @@ class BenchmarkResult:
     seconds_per_row: float
     threads: int
     device: str  # cpu / cuda
-    machine: dict[str, Any]
+    machine: MachineInfo
     rows: list[BenchRow] = field(default_factory=list)
     measured_at: str = ""
     notes: list[str] = field(default_factory=list)
     thread_policy: str = ""  # the same for every row: how the runtimes' threads wait
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
     @classmethod
@@ -212,11 +214,11 @@ def add_speedups(rows: Sequence[BenchRow]) -> None:
 
 
 def save_benchmark(out: Path, result: BenchmarkResult | None = None,
-                   served: dict[str, Any] | None = None) -> BuildReport:
+                   served: JsonObject | None = None) -> BuildReport:
     """Store runtime rows and/or served results as report.json's ``benchmark`` section; what
     is not measured this time is kept from an earlier bench."""
     report = BuildReport.load(out / REPORT)
-    section: dict[str, Any] = dict(report.benchmark or {})
+    section: JsonObject = dict(report.benchmark or {})
     if result is not None:
         section.update({k: v for k, v in result.to_dict().items() if k != "served"})
     if served is not None:
@@ -231,7 +233,7 @@ class BenchOutcome:
     """What ``benchmark_build`` measured and the report it saved them in."""
 
     result: BenchmarkResult | None  # runtimes here; None with runtimes=False
-    served: dict[str, Any] | None  # through Triton; None without a served URL
+    served: JsonObject | None  # through Triton; None without a served URL
     report: BuildReport
 
 

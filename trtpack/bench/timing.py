@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from trtpack.cases import Case
 from trtpack.timing import RunOnce
@@ -70,7 +70,21 @@ def others_cpu_share(before: CpuSample, after: CpuSample) -> float:
 ProgressFn = Callable[[str], None]  # progress messages, shown by the CLI as a status line
 
 
-def machine_info() -> dict[str, Any]:
+class MachineInfo(TypedDict):
+    """The machine a benchmark ran on (report.json's ``benchmark.machine``)."""
+
+    cpu: str
+    logical_cores: int | None
+    physical_cores: int | None
+    memory_gb: float
+    gpu: str | None
+    gpu_driver: str | None
+    load_average: list[float]
+    python: str
+    platform: str
+
+
+def machine_info() -> MachineInfo:
     """CPU model and cores, memory, GPU name (when there is one), load average."""
     import psutil
 

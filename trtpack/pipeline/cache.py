@@ -21,13 +21,14 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import trtpack
 from trtpack import __version__
+from trtpack.json_data import JsonObject
 from trtpack.onnx_tools.files import link_tree
 from trtpack.out_files import pid_is_live_build
 from trtpack.stages.artifacts import Artifacts
@@ -54,7 +55,7 @@ def tool_versions() -> dict[str, str | None]:
     return {"trtpack": __version__, "trtpack_source": source_digest(), **recorded_versions()}
 
 
-def stage_key(stage: str, fingerprint: dict[str, Any], upstream: str,
+def stage_key(stage: str, fingerprint: JsonObject, upstream: str,
               versions: dict[str, str | None]) -> str:
     payload = json.dumps(
         {"stage": stage, "fingerprint": fingerprint, "upstream": upstream,
@@ -75,13 +76,13 @@ def content_hash(path: Path) -> str:
     return hasher.hexdigest()
 
 
-def file_hashes(root: Path) -> dict[str, list[Any]]:
+def file_hashes(root: Path) -> dict[str, list[int | str]]:
     """``{relative path: [size, blake3]}`` of every file under ``root``."""
     return {str(f.relative_to(root)): [f.stat().st_size, content_hash(f)]
             for f in sorted(root.rglob("*")) if f.is_file()}
 
 
-def damage(root: Path, recorded: dict[str, list[Any]], *, contents: bool = True,
+def damage(root: Path, recorded: Mapping[str, Sequence[int | str]], *, contents: bool = True,
            unchanged: Callable[[str, os.stat_result], bool] = lambda rel, st: False
            ) -> str | None:
     """What differs between the files under ``root`` and ``recorded`` (the set of files and
@@ -113,7 +114,7 @@ class Checked:
     mtime then (``CHECKED`` in the entry). A file whose stat is the same, and whose mtime is
     older than that check by more than ``RACY_NS`` (a write in the same instant could keep
     it), is the same file, unwritten since: its hash is not computed again (git's index does
-    the same). Any write through the file system moves its mtime; a copy gets a new inode."""
+    the same). Every write through the file system moves its mtime; a copy gets a new inode."""
 
     RACY_NS = 100_000_000  # file timestamps tick every few ms (the kernel's coarse clock)
 
@@ -223,7 +224,7 @@ class StageCache:
             return  # already gone
         shutil.rmtree(trash, ignore_errors=True)
 
-    def store(self, stage: str, key: str, src: Path, meta: dict[str, Any]) -> None:
+    def store(self, stage: str, key: str, src: Path, meta: JsonObject) -> None:
         entry = self._entry(stage, key)
         if entry.exists():
             return
@@ -235,9 +236,10 @@ class StageCache:
                 if f.is_file():  # shared by hard links with build folders: never edit in place
                     f.chmod(0o444)
             started = time.time_ns()
-            meta = {**meta, "files": file_hashes(tmp / "files")}
+            files = file_hashes(tmp / "files")
+            meta = {**meta, "files": files}
             (tmp / META).write_text(json.dumps(meta, default=str))
-            Checked(tmp).record(tmp / "files", meta["files"], started)
+            Checked(tmp).record(tmp / "files", files, started)
             tmp.rename(entry)  # another build stored the same key first: it stays
         except OSError:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 from types import ModuleType
 
 from trtpack.errors import StageError, StageKilledError, TrtpackError, no_space_cause
+from trtpack.json_data import JsonObject
 from trtpack.options import BuildOptions
 from trtpack.pipeline.build_folder import artifact_records
 from trtpack.pipeline.cache import StageCache, relative_artifacts, stage_key
@@ -150,7 +151,7 @@ class StageRuns:
         if stage.cacheable and self.options.use_cache and outcome.status == "ok" and all(
             r.passed for r in outcome.verification
         ):
-            meta = {
+            meta: JsonObject = {
                 "artifacts": relative_artifacts(outcome.artifacts, stage_dir),
                 "records": [asdict(a) for a in result.artifacts],
                 "result": {k: v for k, v in asdict(result).items()

@@ -28,10 +28,11 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from trtpack.engine.provenance import provenance_path
 from trtpack.errors import UserInputError
+from trtpack.json_data import JsonObject
 from trtpack.onnx_tools.files import link_or_copy
 from trtpack.out_files import ARTIFACTS, REPOSITORY
 from trtpack.serving.config import CONFIG_FILE, check_config, read_config, write_config
@@ -182,7 +183,7 @@ def _write_cpu_model(repo: Path, name: str, onnx: Path, build: EngineBuild) -> s
     return cpu_name
 
 
-def _merge_record(result: MergeResult, builds: Sequence[EngineBuild]) -> dict[str, Any]:
+def _merge_record(result: MergeResult, builds: Sequence[EngineBuild]) -> JsonObject:
     from trtpack import __version__
 
     return {

@@ -14,8 +14,9 @@ import os
 import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from trtpack.json_data import JsonObject
 from trtpack.serving.config import CONFIG_FILE, read_config
 from trtpack.shapes import ShapeProfile
 from trtpack.sources.recipe import TritonSettings
@@ -89,27 +90,27 @@ def _quote(cmd: list[str]) -> str:
 
 def model_analyzer_config(repo: ModelRepository, model: str, profiles: Sequence[ShapeProfile],
                           settings: TritonSettings, *, kind: str, integer_inputs: bool,
-                          repository_path: str) -> dict[str, Any]:
+                          repository_path: str) -> JsonObject:
     """``repository_path`` as Model Analyzer will see it (relative to where it runs)."""
     config = read_config(repo.root / model / CONFIG_FILE)
     mbs = int(config.max_batch_size)
     batched = mbs > 0
     _, shapes = _shape_flags(profiles[0], "opt", batched)
-    flags: dict[str, Any] = {"shape": shapes}
+    flags: JsonObject = {"shape": shapes}
     if integer_inputs:
         flags["input-data"] = "zero"
     batch_sizes = sorted({1, *(min(p.axis_range(0)[1], mbs) for p in profiles), mbs}) \
         if batched else [1]
     delays = sorted({0, settings.max_queue_delay_us, 100, 500, 1000})
     counts = sorted({1, 2, settings.instance_count})
-    group: dict[str, Any] = {"kind": kind, "count": counts}
+    group: JsonObject = {"kind": kind, "count": counts}
     # Model Analyzer replaces a list-valued field whole (base_model_config_generator.py,
     # _apply_value_to_dict), so a group without the profiles would serve profile 0 alone;
     # a list of strings is one value of the repeated field, not a sweep (ConfigSweep)
     listed = [str(p) for g in config.instance_group for p in g.profile]
     if listed:
         group["profile"] = listed
-    params: dict[str, Any] = {"instance_group": [group]}
+    params: JsonObject = {"instance_group": [group]}
     if batched:
         params["max_batch_size"] = [mbs]
         params["dynamic_batching"] = {"max_queue_delay_microseconds": delays}

@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from trtpack.cases import Case, load_cases
+from trtpack.json_data import JsonObject
 from trtpack.onnx_tools.files import save_model
 from trtpack.options import BuildOptions
 from trtpack.precision.cpu.int8 import search_on_demand
+from trtpack.precision.metrics import JsonValue as MetricsValue
 from trtpack.report import VerificationRow
 from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
@@ -56,17 +58,17 @@ class CpuModelMetrics(StageMetrics):
     smoothquant: float | None = None  # alpha applied before the dynamic quantization
     # the INT8 forms tried, in order: {"form", "passed", "failures", "status"}; status is
     # "superseded" for a form the next one replaced, else "served" or "failed" (the last)
-    int8_forms_tried: list[dict[str, Any]] = field(default_factory=list)
+    int8_forms_tried: list[JsonObject] = field(default_factory=list)
     # feed-forward layer -> its channels kept FP32 beside the INT8 MatMul
     outlier_channels: dict[str, list[int]] = field(default_factory=dict)
     skip_layer_norms_split: int = 0  # SkipLayerNormalization run as Sum + LayerNormalization
-    auto: dict[str, Any] | None = None  # --precision auto: candidates, timings, why
+    auto: dict[str, MetricsValue] | None = None  # --precision auto: candidates, timings, why
     heldout_worst: float | None = None  # the served INT8 model's, on the held-out split
     # the Q/DQ search's metrics, where it ran in this stage (--target cpu, first form failed)
-    search: dict[str, Any] | None = None
+    search: dict[str, MetricsValue] | None = None
 
 
-def fingerprint(options: BuildOptions) -> dict[str, Any]:
+def fingerprint(options: BuildOptions) -> JsonObject:
     import importlib.metadata
 
     from trtpack.precision.calibration.data import calibration_path

@@ -14,7 +14,6 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from trtpack import __version__
 from trtpack.cases import load_cases
@@ -27,6 +26,7 @@ from trtpack.engine.provenance import (
     provenance_path,
 )
 from trtpack.engine.triton_release import triton_serving
+from trtpack.json_data import JsonObject
 from trtpack.machine.gpus import cuda_driver_version
 from trtpack.machine.local_targets import check_engine_environment
 from trtpack.machine.packages import parse_version
@@ -49,12 +49,12 @@ class EngineMetrics(StageMetrics):
     profiles: int
     build_seconds: float
     plan_bytes: int
-    timing_cache: dict[str, Any]  # path, hit, shared, bytes and sha256 before/after, rejected
+    timing_cache: JsonObject  # path, hit, shared, bytes and sha256 before/after, rejected
     trtexec: str  # the equivalent trtexec command
     cases: int
     failed: int  # verification rows that failed
 
-def fingerprint(options: BuildOptions) -> dict[str, Any]:
+def fingerprint(options: BuildOptions) -> JsonObject:
     from trtpack.machine.packages import tensorrt_version
 
     gpu = options.target.gpu
@@ -127,12 +127,13 @@ def run(ctx: StageContext) -> StageOutcome:
     cuda_runtime, cuda_driver = cuda_versions()
     onnx_sha, onnx_data_sha = onnx_hashes(onnx)
     inputs, outputs_rec = io_records(engine_io)
-    timing = {"path": str(cache), "hit": cache_hit, "shared": o.timing_cache is not None,
-              "bytes_before": built.timing_cache_bytes_before,
-              "bytes_after": built.timing_cache_bytes_after,
-              "sha256_before": built.timing_cache_sha256_before,
-              "sha256_after": built.timing_cache_sha256_after,
-              "rejected": built.timing_cache_rejected}
+    timing: JsonObject = {
+        "path": str(cache), "hit": cache_hit, "shared": o.timing_cache is not None,
+        "bytes_before": built.timing_cache_bytes_before,
+        "bytes_after": built.timing_cache_bytes_after,
+        "sha256_before": built.timing_cache_sha256_before,
+        "sha256_after": built.timing_cache_sha256_after,
+        "rejected": built.timing_cache_rejected}
     provenance = EngineProvenance(
         trtpack_version=__version__, tensorrt_version=trt_version, gpu_name=env.gpu.name,
         compute_capability=env.gpu.sm, target=o.target.name, precision=o.precision,

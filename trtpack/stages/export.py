@@ -15,6 +15,7 @@ import numpy as np
 
 from trtpack.cases import Case, save_cases
 from trtpack.errors import UserInputError
+from trtpack.json_data import JsonObject
 from trtpack.onnx_tools.files import graph_summary
 from trtpack.options import BuildOptions
 from trtpack.pytorch.models import (
@@ -60,7 +61,7 @@ def _directory_fingerprint(path: Path | None) -> list[tuple[str, int, int]]:
     )
 
 
-def fingerprint(options: BuildOptions) -> dict[str, Any]:
+def fingerprint(options: BuildOptions) -> JsonObject:
     r = options.recipe
     return {
         "source": r.source.model_dump(),

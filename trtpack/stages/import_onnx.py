@@ -17,6 +17,7 @@ from typing import Any, BinaryIO
 
 from trtpack.cases import Case, save_cases, with_outputs
 from trtpack.errors import UserInputError
+from trtpack.json_data import JsonObject
 from trtpack.onnx_tools.files import (
     LARGE_INITIALIZER_BYTES,
     data_path,
@@ -61,7 +62,7 @@ def _file_state(path: Path) -> list[Any]:
     return [path.name, path.stat().st_size, int(path.stat().st_mtime)] if path.is_file() else []
 
 
-def fingerprint(options: BuildOptions) -> dict[str, Any]:
+def fingerprint(options: BuildOptions) -> JsonObject:
     r = options.recipe
     src = source_path(options)
     files = [_file_state(src)] + [_file_state(p) for p in sorted(src.parent.iterdir())

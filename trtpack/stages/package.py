@@ -12,8 +12,9 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from trtpack.json_data import JsonObject
 from trtpack.options import BuildOptions
 from trtpack.out_files import REPOSITORY, TUNING
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
@@ -30,7 +31,7 @@ class PackageMetrics(StageMetrics):
     repository: str  # the repository folder's name inside OUT
     tuning: list[str]  # perf_analyzer / Model Analyzer files, relative to OUT
 
-def fingerprint(options: BuildOptions) -> dict[str, Any]:
+def fingerprint(options: BuildOptions) -> JsonObject:
     return {"triton": options.recipe.triton.model_dump(), "serve": options.serve,
             "fallback_cpu": options.fallback_cpu}
 

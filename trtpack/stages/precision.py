@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from trtpack.errors import StageError, UserInputError
+from trtpack.json_data import JsonObject
 from trtpack.options import BuildOptions
 from trtpack.precision.calibration.data import DEFAULT_TEXT, calibration_path
 from trtpack.precision.calibration.files import file_sha256
@@ -37,7 +38,7 @@ from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 ALGORITHM_VERSION = 5
 
 
-def fingerprint(options: BuildOptions) -> dict[str, Any]:
+def fingerprint(options: BuildOptions) -> JsonObject:
     r = options.recipe
     path = calibration_path(options) if options.precision == "int8" else None
     if path is not None and not path.is_file():

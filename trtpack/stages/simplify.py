@@ -13,8 +13,8 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from trtpack.json_data import JsonObject
 from trtpack.onnx_tools.files import graph_summary
 from trtpack.onnx_tools.simplify_graph import import_onnxsim, simplify_file
 from trtpack.options import BuildOptions
@@ -41,7 +41,7 @@ def warm_up(options: BuildOptions, build_dir: Path) -> None:
         import_onnxsim()
 
 
-def fingerprint(options: BuildOptions) -> dict[str, Any]:
+def fingerprint(options: BuildOptions) -> JsonObject:
     return {"tool": "onnxsim", "node_metadata": 1}
 
 

@@ -6,9 +6,9 @@ and engine stages are compared with."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from trtpack.cases import load_cases, save_cases, with_outputs
+from trtpack.json_data import JsonObject
 from trtpack.options import BuildOptions
 from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
@@ -26,7 +26,7 @@ CHECK = "onnx-vs-torch"
 CHECK_ONNX_IN = "simplified-vs-input-onnx"  # ONNX in: the reference is the user's ONNX
 
 
-def fingerprint(options: BuildOptions) -> dict[str, Any]:
+def fingerprint(options: BuildOptions) -> JsonObject:
     r = options.recipe
     return {"tolerance": r.verify.model_dump(), "metrics": [o.model_dump() for o in r.outputs]}
 
