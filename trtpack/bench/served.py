@@ -26,11 +26,11 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from trtpack.bench.timing import ProgressFn
 from trtpack.cases import load_cases
 from trtpack.errors import MissingEnvironmentError, UserInputError
+from trtpack.json_data import JsonObject, JsonValue
 from trtpack.pipeline.build_folder import BuildFolder
 from trtpack.shapes import CORNERS
 
@@ -83,8 +83,8 @@ class TritonHttp:
         # straight to the server, as perf_analyzer is sent (no proxy from the environment)
         self.opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
-    def request(self, path: str, body: Any = None, timeout: float | None = None
-                ) -> tuple[int, Any]:
+    def request(self, path: str, body: JsonValue = None, timeout: float | None = None
+                ) -> tuple[int, JsonValue]:
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.base + path, data=data,
                                      method="GET" if body is None else "POST")
@@ -100,7 +100,7 @@ class TritonHttp:
         except json.JSONDecodeError:
             return status, text
 
-    def check_model(self, model: str) -> dict[str, Any]:
+    def check_model(self, model: str) -> JsonObject:
         """The model's config as the server has it; exit 3 when the server or model is not
         there."""
         try:
@@ -125,8 +125,8 @@ class TritonHttp:
                                           f"{self.base} (HTTP {status})")
         return config
 
-    def load(self, model: str, config: dict[str, Any] | None) -> None:
-        body: dict[str, Any] = {}
+    def load(self, model: str, config: JsonObject | None) -> None:
+        body: JsonObject = {}
         if config is not None:
             body = {"parameters": {"config": json.dumps(config)}}
         status, reply = self.request(f"/v2/repository/models/{urllib.parse.quote(model)}/load",
@@ -209,7 +209,7 @@ def _without_proxies(environ: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in environ.items() if k.lower() not in PROXY_VARIABLES}
 
 
-def _backend(config: dict[str, Any]) -> str:
+def _backend(config: JsonObject) -> str:
     return str(config.get("backend") or config.get("platform") or "unknown")
 
 
@@ -217,7 +217,7 @@ def served_benchmark(build: BuildFolder, url: str, *,
                      concurrency: Sequence[int] = DEFAULT_CONCURRENCY,
                      seconds: float = 2.0, compare_batching: bool = False,
                      corners: Sequence[str] = ("min", "opt", "max"),
-                     progress: ProgressFn | None = None) -> dict[str, Any]:
+                     progress: ProgressFn | None = None) -> JsonObject:
     """Throughput and latency of the served model through Triton at every profile corner
     and concurrency (and the ensemble's, for ``--serve text``); the report's
     ``benchmark.served`` section."""
@@ -237,9 +237,10 @@ def served_benchmark(build: BuildFolder, url: str, *,
     for ensemble in ensembles:
         server.check_model(ensemble)
     window_ms = max(200, int(seconds * 1000))
-    max_batch = int(config.get("max_batch_size", 0))
+    declared = config.get("max_batch_size")  # a JSON number (0: not batched)
+    max_batch = int(declared) if isinstance(declared, int | float | str) else 0
     configured = "dynamic" if config.get("dynamic_batching") is not None else "none"
-    variants: list[tuple[str, dict[str, Any] | None]] = [(configured, None)]
+    variants: list[tuple[str, JsonObject | None]] = [(configured, None)]
     if compare_batching:
         if config.get("dynamic_batching") is None:
             raise UserInputError(f"'{model}' is served without dynamic batching: nothing to "

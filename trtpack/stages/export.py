@@ -7,9 +7,10 @@ model or torch again.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,6 +31,9 @@ from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 from trtpack.stages.torch_export import export_onnx
 from trtpack.verify.sample_files import SampleInputs, file_state
 from trtpack.verify.samples import make_inputs
+
+if TYPE_CHECKING:
+    import torch
 
 # Young objects collected 140x less often than Python's default (700, 10, 10) in the
 # export's process, which makes millions of short-lived objects while tracing. Only here: other
@@ -80,7 +84,7 @@ def fingerprint(options: BuildOptions) -> JsonObject:
     }
 
 
-def output_selector(model: Any, recipe: Recipe) -> Any:
+def output_selector(model: torch.nn.Module, recipe: Recipe) -> torch.nn.Module:
     import torch
 
     input_names = [i.name for i in recipe.inputs]
@@ -95,7 +99,7 @@ def output_selector(model: Any, recipe: Recipe) -> Any:
             super().__init__()
             self.model = model
 
-        def forward(self, *args: Any) -> tuple[Any, ...]:
+        def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
             named = dict(zip(input_names, args, strict=True))
             out = call_program_module(self.model, named) if positional else \
                 self.model(**named, **constants)
@@ -147,8 +151,8 @@ def shapes_text(inputs: dict[str, np.ndarray]) -> str:
     return ", ".join(f"{n}={'x'.join(str(d) for d in a.shape)}" for n, a in inputs.items())
 
 
-def run_torch(wrapper: Any, recipe: Recipe, cases: list[Case],
-              fresh: Any = None) -> None:
+def run_torch(wrapper: torch.nn.Module, recipe: Recipe, cases: list[Case],
+              fresh: Callable[[], torch.nn.Module] | None = None) -> None:
     """The PyTorch outputs of every case. A forward that fails is the model's own failure at
     the profile's shapes: a ``UserInputError`` naming the corner and the shapes. ``fresh``
     (a TorchScript model that keeps state between calls) makes a new wrapper per case: each
