@@ -18,13 +18,21 @@ import dataclasses
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trtpack.cases import Case
 from trtpack.errors import AccuracyError
+from trtpack.json_data import JsonObject
 from trtpack.options import BuildOptions
 from trtpack.report import VerificationRow
 from trtpack.stages.base import StageContext, StageOutcome
+
+if TYPE_CHECKING:
+    import onnx
+
+    from trtpack.precision.calibration.data import CalibrationData
+    from trtpack.precision.cpu.int8 import CpuInt8Form
+    from trtpack.verify.samples import Tokenizer
 
 CHECK_INT8 = "cpu-int8-vs-fp32"
 CHECK_INT8_HELDOUT = "cpu-int8-heldout"
@@ -44,7 +52,7 @@ class ServedInt8:
     kept_nodes: list[str] = field(default_factory=list)
     kept_layers: list[str] = field(default_factory=list)
     outlier_channels: dict[str, list[int]] = field(default_factory=dict)
-    tried: list[dict[str, Any]] = field(default_factory=list)
+    tried: list[JsonObject] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     search: StageOutcome | None = None  # the Q/DQ search's outcome, where it ran here
     warnings: list[str] = field(default_factory=list)
@@ -78,7 +86,7 @@ def serve_int8(ctx: StageContext, work: Path, source: Path, graph_shape: dict[st
     cal, tokenizer = calibration(ctx)
     held = held_out_cases(ctx.needs(ctx.artifacts.onnx, "onnx"), cal)
     served: ServedInt8 | None = None
-    tried: list[dict[str, Any]] = []
+    tried: list[JsonObject] = []
     search = None
     form_failures: list[str] = []
     qdq = ctx.artifacts.precision_onnx
@@ -133,7 +141,7 @@ def serve_int8(ctx: StageContext, work: Path, source: Path, graph_shape: dict[st
     return served
 
 
-def describe_form(ctx: StageContext, form: Any, rows: list[VerificationRow],
+def describe_form(ctx: StageContext, form: CpuInt8Form, rows: list[VerificationRow],
                   work: Path) -> ServedInt8:
     """A CPU INT8 form with its gates: the per-sample rows and ``--min-int8-share``."""
     from trtpack.precision.cpu.int8 import CPU_INT8_FORM, form_layer_names
@@ -187,7 +195,7 @@ def served_share(path: Path, work: Path) -> tuple[tuple[int, int], dict[str, int
     return (quantized, total), kernels
 
 
-def qdq_weight_matmuls(model: Any) -> int:
+def qdq_weight_matmuls(model: onnx.ModelProto) -> int:
     """MatMul/Gemm nodes of a Q/DQ graph whose second input is a weight (a constant or a
     DequantizeLinear of one)."""
     inits = {i.name for i in model.graph.initializer}
@@ -222,7 +230,7 @@ def run_search(ctx: StageContext) -> StageOutcome:
     return convert(dataclasses.replace(ctx, stage_dir=folder), "int8", share_gate=False)
 
 
-def calibration(ctx: StageContext) -> tuple[Any, Any]:
+def calibration(ctx: StageContext) -> tuple[CalibrationData, Tokenizer | None]:
     """The INT8 build's calibration data (the same file, seed and splits as the precision
     stage's) and the tokenizer it was read with."""
     from trtpack.precision.calibration.data import (
