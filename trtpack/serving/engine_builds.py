@@ -8,10 +8,11 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from trtpack.engine.provenance import PLAN_FILENAME, EngineProvenance, provenance_path
 from trtpack.errors import UserInputError
+from trtpack.json_data import JsonValue
 from trtpack.machine.targets import resolve_target
 from trtpack.onnx_tools.files import sha256_file
 from trtpack.out_files import REPOSITORY
@@ -184,7 +185,7 @@ def check_compatible(builds: Sequence[EngineBuild]) -> None:
                                   f"its model '{model}' differs from {first.folder}'s")
 
 
-def _short(value: Any) -> str:
+def _short(value: JsonValue) -> str:
     text = json.dumps(value) if not isinstance(value, str) else value
     return text if len(text) <= 60 else text[:57] + "..."
 

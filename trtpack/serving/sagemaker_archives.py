@@ -10,11 +10,14 @@ import gzip
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from trtpack.errors import UserInputError
 from trtpack.out_files import REPOSITORY
 from trtpack.serving.config import read_config
+
+if TYPE_CHECKING:
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -53,12 +56,13 @@ def find_model_repository(path: Path) -> Path:
     )
 
 
-def model_configs(repository: Path) -> dict[str, Any]:
+def model_configs(repository: Path) -> dict[str, ModelConfig]:
     """Each model folder's name -> its parsed ``config.pbtxt``."""
     return {p.parent.name: read_config(p) for p in sorted(repository.glob("*/config.pbtxt"))}
 
 
-def ensemble_members(name: str, configs: dict[str, Any], seen: tuple[str, ...] = ()) -> list[str]:
+def ensemble_members(name: str, configs: dict[str, ModelConfig],
+                     seen: tuple[str, ...] = ()) -> list[str]:
     """An ensemble's member models, nested ensembles included, in first-use order."""
     if name in seen:
         raise UserInputError(f"ensemble '{name}' contains itself")

@@ -7,7 +7,7 @@ release: no older than the features the archives use, and one whose TensorRT loa
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from trtpack.engine.triton_release import (
     CACHE_CONFIG,
@@ -22,8 +22,11 @@ from trtpack.engine.triton_release import (
 from trtpack.serving.layout import engine_triton_serving
 from trtpack.serving.sagemaker_archives import SageMakerArchive, SageMakerPackage
 
+if TYPE_CHECKING:
+    from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-def largest_python_tensor_bytes(repository: Path, configs: dict[str, Any]) -> int:
+
+def largest_python_tensor_bytes(repository: Path, configs: dict[str, ModelConfig]) -> int:
     """Bytes of the largest tensor a Python model exchanges, with dynamic dims at 512."""
     from tritonclient.grpc import model_config_pb2 as pb
 
@@ -119,7 +122,7 @@ def container_section(serving: TritonServing | None, shared: dict[str, list[str]
             + "\n".join(lines) + "\n")
 
 
-def sagemaker_note(package: SageMakerPackage, configs: dict[str, Any]) -> str:
+def sagemaker_note(package: SageMakerPackage, configs: dict[str, ModelConfig]) -> str:
     """The text of ``SAGEMAKER.md`` for ``package``."""
     rows = "\n".join(
         f"| `{a.target_model}` | `{a.entry}` | {', '.join(f'`{m}`' for m in a.members)} |"

@@ -13,9 +13,10 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from trtpack.errors import UserInputError
+from trtpack.json_data import JsonObject
 from trtpack.model_io import ModelIO, TensorIO
 from trtpack.onnx_tools.files import link_or_copy
 from trtpack.serving.config import python_model_config
@@ -76,7 +77,7 @@ def prepare_tokenizer(tokenizer_dir: Path, dst: Path) -> TokenizerInfo:
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(dst / "tokenizer.json"))
-    settings: dict[str, Any] = {}
+    settings: JsonObject = {}
     if (dst / "tokenizer_config.json").is_file():
         settings = json.loads((dst / "tokenizer_config.json").read_text(encoding="utf-8"))
     pad_id: int | None = None
