@@ -13,7 +13,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from trtpack.cases import Case, save_cases, with_outputs
 from trtpack.errors import UserInputError
@@ -31,6 +31,9 @@ from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 from trtpack.verify.sample_files import SampleInputs, file_state
 from trtpack.verify.samples import fed_values_text, make_inputs
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass
@@ -58,7 +61,7 @@ def tokenizer_folder(options: BuildOptions) -> Path:
     return source_path(options).parent
 
 
-def _file_state(path: Path) -> list[Any]:
+def _file_state(path: Path) -> list[str | int]:
     return [path.name, path.stat().st_size, int(path.stat().st_mtime)] if path.is_file() else []
 
 
@@ -158,7 +161,7 @@ def _copy_range(path: Path, start: int, length: int | None, out: BinaryIO,
 
 # Ops between an int8 (or any) weight initializer and the float table a Gather reads:
 # weight-only quantization writes Cast/Mul or DequantizeLinear in front of the embedding.
-def _tokenizer(folder: Path, stage_dir: Path) -> tuple[Any, Path | None]:
+def _tokenizer(folder: Path, stage_dir: Path) -> tuple[PreTrainedTokenizerBase, Path | None]:
     files = tokenizer_files(folder)
     if not has_tokenizer(folder):
         raise UserInputError(f"recipe says tokenizer: true but there are no tokenizer files "
@@ -232,7 +235,7 @@ def run(ctx: StageContext) -> StageOutcome:
     except Exception as e:  # onnxruntime's own errors: the model does not load
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise UserInputError(f"ONNX Runtime cannot load {src.name}: {first}") from None
-    outputs: list[dict[str, Any]] = []
+    outputs: list[dict[str, np.ndarray]] = []
     for case in cases:
         try:
             outputs.extend({k: np.asarray(v) for k, v in out.items()}

@@ -14,7 +14,7 @@ import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,6 +34,7 @@ from trtpack.verify.samples import make_inputs
 
 if TYPE_CHECKING:
     import torch
+    from torch.export import Dim
 
 
 def _example_inputs(options: BuildOptions) -> dict[str, np.ndarray]:
@@ -129,12 +130,12 @@ def export_onnx(wrapper: torch.nn.Module, options: BuildOptions, path: Path,
                     decomposition=decomposition.summary())
 
 
-def _dynamic_shapes(options: BuildOptions) -> tuple[dict[int, Any], ...]:
+def _dynamic_shapes(options: BuildOptions) -> tuple[dict[int, Dim], ...]:
     """torch.export dims, one per axis name (shared by the inputs that have it), bounded by
     the largest profile max, so the exported graph names its dynamic axes as the recipe."""
     from torch.export import Dim
 
-    dims: dict[str, Any] = {}
+    dims: dict[str, Dim] = {}
     for spec in options.recipe.input_specs():
         for d, axis in spec.dynamic_axes.items():
             if axis not in dims:
