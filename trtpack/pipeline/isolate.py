@@ -24,13 +24,18 @@ import sys
 import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TypeAlias
 
 from trtpack.errors import StageError, StageKilledError, TrtpackError, no_space_cause
 from trtpack.options import BuildOptions
 from trtpack.pipeline.stage import Stage
 from trtpack.processes import die_with_parent, kill_group
+from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import ProgressEvent, StageContext, StageOutcome, stage_logger
+
+# what the build sends a stage's process: the stage's name, the options, its folder, the build
+# folder, the artifacts it reads and its log
+StageJob: TypeAlias = tuple[str, BuildOptions, Path, Path, Artifacts, Path]
 
 
 class ChildStageError(TrtpackError):
@@ -73,10 +78,11 @@ class StageProcess:
         keeps its message and exit code; anything else becomes this process's exception with
         the traceback in the stage log."""
         name = self.stage.name
+        job: StageJob = (name, ctx.options, ctx.stage_dir, ctx.build_dir, ctx.artifacts,
+                         log_path)
         try:
             try:
-                self._jobs.send((name, ctx.options, ctx.stage_dir, ctx.build_dir,
-                                 ctx.artifacts, log_path))
+                self._jobs.send(job)
             except (BrokenPipeError, ConnectionResetError):
                 self._ended(name)  # it died while warming up
             while True:
@@ -123,7 +129,7 @@ class StageProcess:
         self._messages.close()
 
 
-def _run_job(module_name: str, job: tuple[Any, ...], messages: Connection) -> None:
+def _run_job(module_name: str, job: StageJob, messages: Connection) -> None:
     name, options, stage_dir, build_dir, artifacts, log_path = job
     logger, handler = stage_logger(f"trtpack.stage.{name}.process", log_path)
 
