@@ -49,10 +49,9 @@ from trtpack.bench.timing import (
 )
 from trtpack.cases import Case, load_cases
 from trtpack.errors import UserInputError
-from trtpack.json_data import JsonObject
 from trtpack.out_files import record_files
 from trtpack.pipeline.build_folder import open_build
-from trtpack.report import REPORT, BuildReport
+from trtpack.report import REPORT, BuildReport, JsonObject
 from trtpack.timing import Timing, measure_interleaved
 
 SERVED, ONNX_FP32, CPU_FP32, PYTORCH = "served", "onnx-fp32", "cpu-fp32", "pytorch"

@@ -30,8 +30,8 @@ from pathlib import Path
 from trtpack.bench.timing import ProgressFn
 from trtpack.cases import load_cases
 from trtpack.errors import MissingEnvironmentError, UserInputError
-from trtpack.json_data import JsonObject, JsonValue
 from trtpack.pipeline.build_folder import BuildFolder
+from trtpack.report import JsonObject, JsonValue
 from trtpack.shapes import CORNERS
 
 CHECK_TIMEOUT_S = 3.0

@@ -28,9 +28,9 @@ from typing import Any
 
 import trtpack
 from trtpack import __version__
-from trtpack.json_data import JsonObject
 from trtpack.onnx_tools.files import link_tree
 from trtpack.out_files import pid_is_live_build
+from trtpack.report import JsonObject
 from trtpack.stages.artifacts import Artifacts
 
 META = "trtpack-stage.json"

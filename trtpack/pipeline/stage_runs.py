@@ -12,14 +12,13 @@ from pathlib import Path
 from types import ModuleType
 
 from trtpack.errors import StageError, StageKilledError, TrtpackError, no_space_cause
-from trtpack.json_data import JsonObject
 from trtpack.options import BuildOptions
 from trtpack.pipeline.build_folder import artifact_records
 from trtpack.pipeline.cache import StageCache, relative_artifacts, stage_key
 from trtpack.pipeline.faults import killed_message, oom_kills
 from trtpack.pipeline.isolate import StageProcess
 from trtpack.pipeline.stage import STAGES, Stage
-from trtpack.report import Artifact, StageResult, VerificationRow
+from trtpack.report import Artifact, JsonObject, StageResult, VerificationRow
 from trtpack.resources import ResourceMeter
 from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import ProgressCallback, StageContext, StageOutcome, stage_logger

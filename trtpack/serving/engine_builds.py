@@ -12,11 +12,10 @@ from typing import TYPE_CHECKING
 
 from trtpack.engine.provenance import PLAN_FILENAME, EngineProvenance, provenance_path
 from trtpack.errors import UserInputError
-from trtpack.json_data import JsonValue
 from trtpack.machine.targets import resolve_target
 from trtpack.onnx_tools.files import sha256_file
 from trtpack.out_files import REPOSITORY
-from trtpack.report import REPORT
+from trtpack.report import REPORT, JsonValue
 from trtpack.serving.config import CONFIG_FILE, ENGINE_PLATFORM, config_text, read_config
 from trtpack.serving.layout import VERSION
 

@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING
 
 from trtpack.engine.provenance import provenance_path
 from trtpack.errors import UserInputError
-from trtpack.json_data import JsonObject
 from trtpack.onnx_tools.files import link_or_copy
 from trtpack.out_files import ARTIFACTS, REPOSITORY
+from trtpack.report import JsonObject
 from trtpack.serving.config import CONFIG_FILE, check_config, read_config, write_config
 from trtpack.serving.engine_builds import (
     EngineBuild,

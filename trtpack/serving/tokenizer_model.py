@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from trtpack.errors import UserInputError
-from trtpack.json_data import JsonObject
 from trtpack.model_io import ModelIO, TensorIO
 from trtpack.onnx_tools.files import link_or_copy
+from trtpack.report import JsonObject
 from trtpack.serving.config import python_model_config
 from trtpack.serving.triton_rules import (
     engine_max_batch_size,

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trtpack.json_data import JsonObject
+from trtpack.report import JsonObject
 from trtpack.serving.config import CONFIG_FILE, read_config
 from trtpack.shapes import ShapeProfile
 from trtpack.sources.recipe import TritonSettings

@@ -22,9 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from trtpack.cases import Case
 from trtpack.errors import AccuracyError
-from trtpack.json_data import JsonObject
 from trtpack.options import BuildOptions
-from trtpack.report import VerificationRow
+from trtpack.report import JsonObject, VerificationRow
 from trtpack.stages.base import StageContext, StageOutcome
 
 if TYPE_CHECKING:

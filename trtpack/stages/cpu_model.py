@@ -19,12 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from trtpack.cases import Case, load_cases
-from trtpack.json_data import JsonObject
 from trtpack.onnx_tools.files import save_model
 from trtpack.options import BuildOptions
 from trtpack.precision.cpu.int8 import search_on_demand
 from trtpack.precision.metrics import JsonValue as MetricsValue
-from trtpack.report import VerificationRow
+from trtpack.report import JsonObject, VerificationRow
 from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 from trtpack.stages.cpu_int8_serving import (

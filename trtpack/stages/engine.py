@@ -26,13 +26,13 @@ from trtpack.engine.provenance import (
     provenance_path,
 )
 from trtpack.engine.triton_release import triton_serving
-from trtpack.json_data import JsonObject
 from trtpack.machine.gpus import cuda_driver_version
 from trtpack.machine.local_targets import check_engine_environment
 from trtpack.machine.packages import parse_version
 from trtpack.model_io import engine_model_io, model_io_from_onnx
 from trtpack.onnx_tools.files import sha256_file
 from trtpack.options import BuildOptions
+from trtpack.report import JsonObject
 from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 from trtpack.verify.compare import compare_cases

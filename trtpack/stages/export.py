@@ -16,7 +16,6 @@ import numpy as np
 
 from trtpack.cases import Case, save_cases
 from trtpack.errors import UserInputError
-from trtpack.json_data import JsonObject
 from trtpack.onnx_tools.files import graph_summary
 from trtpack.options import BuildOptions
 from trtpack.pytorch.models import (
@@ -25,6 +24,7 @@ from trtpack.pytorch.models import (
     load_model,
     source_directory,
 )
+from trtpack.report import JsonObject
 from trtpack.sources.recipe import Recipe
 from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from trtpack.cases import Case, save_cases, with_outputs
 from trtpack.errors import UserInputError
-from trtpack.json_data import JsonObject
 from trtpack.onnx_tools.files import (
     LARGE_INITIALIZER_BYTES,
     data_path,
@@ -26,6 +25,7 @@ from trtpack.onnx_tools.files import (
 )
 from trtpack.onnx_tools.vocab import vocab_from_graph
 from trtpack.options import BuildOptions
+from trtpack.report import JsonObject
 from trtpack.sources.tokenizer_files import has_tokenizer, tokenizer_files
 from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trtpack.json_data import JsonObject
 from trtpack.options import BuildOptions
 from trtpack.out_files import REPOSITORY, TUNING
+from trtpack.report import JsonObject
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 
 if TYPE_CHECKING:

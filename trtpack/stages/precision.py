@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from trtpack.errors import StageError, UserInputError
-from trtpack.json_data import JsonObject
 from trtpack.options import BuildOptions
 from trtpack.precision.calibration.data import DEFAULT_TEXT, calibration_path
 from trtpack.precision.calibration.files import file_sha256
@@ -31,6 +30,7 @@ from trtpack.precision.int8.fallback import (
 from trtpack.precision.metrics import Fp16Metrics, Int8Metrics
 from trtpack.precision.modelopt_jobs import ModelOptWorker
 from trtpack.precision.source import prepare_source
+from trtpack.report import JsonObject
 from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 

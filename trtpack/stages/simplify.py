@@ -14,11 +14,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtpack.json_data import JsonObject
 from trtpack.onnx_tools.files import graph_summary
 from trtpack.onnx_tools.simplify_graph import import_onnxsim, simplify_file
 from trtpack.options import BuildOptions
 from trtpack.processes import NO_SPACE_EXIT, run_forked
+from trtpack.report import JsonObject
 from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trtpack.cases import load_cases, save_cases, with_outputs
-from trtpack.json_data import JsonObject
 from trtpack.options import BuildOptions
+from trtpack.report import JsonObject
 from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 from trtpack.verify.compare import compare_cases, run_onnxruntime, saved_tokenizer_text
