@@ -414,9 +414,12 @@ def build(request: BuildRequest, progress: ProgressCallback | None = None,
     report."""
     options, warnings = resolve_options(request)
     if not request.skip_memory_check:
-        from trtpack.pipeline.memory_check import check_build_memory
+        from trtpack.pipeline.memory_check import check_build_memory, traced_in_export
 
-        warnings += check_build_memory(options)  # an absurd profile: exit 2 before any work
+        # an absurd profile: exit 2 before any work
+        warnings += check_build_memory(options, trace_in_export=True)
+        if traced_in_export(options):
+            options = replace(options, check_memory_in_export=True)
     for w in warnings:
         if on_warning is not None:
             on_warning(w)

@@ -44,6 +44,11 @@ class UserInputError(TrtpackError):
     exit_code = ExitCode.BAD_INPUT
 
 
+class MemoryRefusal(UserInputError):
+    """A profile corner whose memory estimate exceeds what this machine has (exit 2): the
+    build stops with nothing written (``pipeline.memory_check``)."""
+
+
 class RecipeError(UserInputError):
     """A recipe file that does not load or validate; the message names the file and field."""
 
