@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 from trtpack.onnx_tools.files import sha256_file
 
 REPORT = "report.json"  # every build folder's report, beside model_repository/
+
+JsonValue: TypeAlias = (str | int | float | bool | Sequence["JsonValue"]
+                        | Mapping[str, "JsonValue"] | None)
+"""A value JSON (and YAML's safe subset) holds: report.json's records, stage fingerprints."""
+
+JsonObject: TypeAlias = dict[str, JsonValue]
+"""A JSON object as trtpack builds one (a report record, a fingerprint)."""
 
 StageStatus = Literal["ok", "failed", "skipped"]
 

@@ -19,7 +19,7 @@ PACKAGE = Path(trtpack.__file__).parent
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("core", ("trtpack", "trtpack.errors", "trtpack.report", "trtpack.shapes", "trtpack.options",
               "trtpack.cases", "trtpack.processes", "trtpack.resources", "trtpack.timing",
-              "trtpack.model_io", "trtpack.out_files", "trtpack.json_data",
+              "trtpack.model_io", "trtpack.out_files",
               "trtpack.sources", "trtpack.machine", "trtpack.onnx_tools")),
     ("runtimes", ("trtpack.runtimes",)),
     ("engine", ("trtpack.engine",)),  # builder settings, provenance: never serving
