@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from trtpack.onnx_tools.files import sha256_file
+
+JsonValue = (str | int | float | bool | None | Sequence["JsonValue"]
+             | Mapping[str, "JsonValue"])
+"""The one type of free-form JSON and YAML data (a ``config.json``, a recipe file, a report's
+metrics): a recursive union, so a reader checks a value's type before it uses it."""
+JsonObject = Mapping[str, JsonValue]
+"""A JSON (or YAML) object: names to values."""
 
 REPORT = "report.json"  # every build folder's report, beside model_repository/
 
