@@ -6,18 +6,18 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 from trtpack.onnx_tools.files import sha256_file
 
-JsonValue = (str | int | float | bool | None | Sequence["JsonValue"]
-             | Mapping[str, "JsonValue"])
-"""The one type of free-form JSON and YAML data (a ``config.json``, a recipe file, a report's
-metrics): a recursive union, so a reader checks a value's type before it uses it."""
-JsonObject = Mapping[str, JsonValue]
-"""A JSON (or YAML) object: names to values."""
-
 REPORT = "report.json"  # every build folder's report, beside model_repository/
+
+JsonValue: TypeAlias = (str | int | float | bool | Sequence["JsonValue"]
+                        | Mapping[str, "JsonValue"] | None)
+"""A value JSON (and YAML's safe subset) holds: report.json's records, stage fingerprints."""
+
+JsonObject: TypeAlias = dict[str, JsonValue]
+"""A JSON object as trtpack builds one (a report record, a fingerprint)."""
 
 StageStatus = Literal["ok", "failed", "skipped"]
 

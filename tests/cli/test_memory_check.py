@@ -90,3 +90,19 @@ def test_a_rebuild_reads_the_stored_estimate(tmp_path: Path) -> None:
     options, _ = resolve_options(BuildRequest("tiny-bert", target="cpu", use_cache=False,
                                               cache_dir=tmp_path / "cache"))
     assert stored_estimate(options) is None
+
+
+def test_cpu_model_estimate_follows_the_precision() -> None:
+    """The FP32 CPU model's fusions leave the weights on disk (the stage then runs like
+    verify); an INT8 build's CPU forms still hold copies of them: its estimate is higher."""
+    from trtpack.pipeline.memory_check import lower_bounds
+
+    def cpu_model_bytes(precision: str) -> int:
+        options, _ = resolve_options(BuildRequest("tiny-bert", target="cpu",
+                                                  precision=precision))
+        return max(e.stages["cpu_model"] for e in lower_bounds(options))
+
+    verify = max(e.stages["verify"] for e in lower_bounds(resolve_options(
+        BuildRequest("tiny-bert", target="cpu", precision="fp32"))[0]))
+    assert cpu_model_bytes("fp32") < verify + 100 * 2**20  # like verify, not 6x the weights
+    assert cpu_model_bytes("int8") != cpu_model_bytes("fp32")

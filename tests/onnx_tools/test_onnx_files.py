@@ -42,3 +42,47 @@ def test_save_model_ignores_a_sidecar_named_alike_in_the_working_directory(
     x = rng.standard_normal((1, 256)).astype(np.float32)
     (got,) = ort.InferenceSession(str(target)).run(None, {"x": x})
     np.testing.assert_allclose(got, x @ weight, rtol=1e-5, atol=1e-5)
+
+
+def test_save_model_streams_weights_left_on_disk_into_the_same_files(tmp_path: Path) -> None:
+    """A model loaded without its weights (the CPU model's fusions run so) and saved with
+    ``weights_dir`` writes the same bytes as the model with its weights loaded: tensors
+    are copied from the old sidecar one at a time; a small one goes inline, a pruned one is
+    not copied; a Constant's external tensor comes back inline."""
+    rng = np.random.default_rng(1)
+    model, weight = _matmul_model(rng)
+    small = rng.standard_normal((8,)).astype(np.float32)
+    pruned = rng.standard_normal((128, 256)).astype(np.float32)
+    const = rng.standard_normal((256,)).astype(np.float32)
+    model.graph.initializer.extend([numpy_helper.from_array(pruned, "unused"),
+                                    numpy_helper.from_array(small, "b")])
+    model.graph.node.extend([
+        helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(const, "c")),
+        helper.make_node("Add", ["y", "c"], ["z"])])
+    model.graph.output[0].name = "z"
+    source = tmp_path / "src" / "model.onnx"
+    source.parent.mkdir()
+    onnx.save_model(model, str(source), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="model.onnx.data",
+                    size_threshold=0, convert_attribute=True)  # even b and c external
+
+    def edit(m: onnx.ModelProto) -> None:
+        del m.graph.initializer[1]  # "unused"
+
+    loaded = onnx.load(str(source))
+    edit(loaded)
+    (tmp_path / "loaded").mkdir()
+    save_model(loaded, tmp_path / "loaded" / "model.onnx")
+    lazy = onnx.load(str(source), load_external_data=False)
+    edit(lazy)
+    streamed = tmp_path / "streamed" / "model.onnx"
+    streamed.parent.mkdir()
+    save_model(lazy, streamed, weights_dir=source.parent)
+    for name in ("model.onnx", "model.onnx.data"):
+        assert (streamed.parent / name).read_bytes() == (tmp_path / "loaded" / name).read_bytes()
+    assert data_path(streamed).stat().st_size == weight.nbytes  # only the kept weight
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    (got,) = ort.InferenceSession(str(streamed)).run(None, {"x": x})
+    np.testing.assert_allclose(got, x @ weight + const, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="no folder"):
+        save_model(onnx.load(str(source), load_external_data=False), tmp_path / "x.onnx")

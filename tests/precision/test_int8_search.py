@@ -354,3 +354,28 @@ def test_the_conservative_choice_keeps_the_least_sensitive_groups_up_to_the_mini
     assert conservative_share(ranked, quantized, 0.3) == {"mm7", "mm6", "mm5"}
     assert conservative_share(ranked, quantized, 0.0) == set()
     assert conservative_share(ranked, quantized, 1.0) == {f"mm{i}" for i in range(8)}
+
+
+def test_the_search_margin_grows_with_the_spread_of_the_worst_cases() -> None:
+    """The judge's margin comes from its own worst cases: the lowest cosine less the gap up
+    to the ``spread_rank``-th lowest must meet the (floor-tightened) gate. The same worst
+    case passes with a tight tail and fails behind a lone bad sample."""
+    from trtpack.precision.int8.search import Evaluator, Score
+    from trtpack.sources.recipe_files import RECIPES_DIR, load_recipe_file
+
+    recipe = load_recipe_file(RECIPES_DIR / "minilm.yaml")
+    gate = recipe.verify.tolerance("int8", "last_hidden_state").min_cosine
+    assert gate is not None
+    judge = Evaluator(recipe, "int8", [], margin=0.1, spread_rank=2)
+    floor = 1.0 - (1.0 - gate) * 0.9
+
+    def scores(*cosines: float) -> list[Score]:
+        return [Score(True, c, 1.0 - c) for c in cosines]
+
+    worst = floor + 0.002
+    assert judge.spread_reasons(scores(worst, worst + 0.0005, worst + 0.001, 0.9999)) == []
+    lone = judge.spread_reasons(scores(worst, worst + 0.002, worst + 0.003, 0.9999))
+    assert lone and "spread" in lone[0]
+    # too few cases to measure a spread: the floor alone decides
+    assert judge.spread_reasons(scores(worst, 0.9999)) == []
+    assert Evaluator(recipe, "int8", [], margin=0.1).spread_rank == 0

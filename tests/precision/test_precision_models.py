@@ -128,10 +128,6 @@ def test_minilm_int8_holds_per_sentence_on_text_it_never_saw(
     assert "# encoder.layer." in overlay_text  # module paths beside the node names
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 36, open: since the Q/DQ search also decides on 48 short replies of the default "
-    "text (short unseen sentences fell to 0.9866 without them), the everyday-50 graph keeps "
-    "35/48 MatMul/Gemm INT8 (73%); strict, so the marker goes when 75% holds again"))
 def test_minilm_int8_keeps_three_quarters_of_matmuls_in_int8(
         minilm_int8: tuple[Path, BuildReport, str]) -> None:
     _, report, _ = minilm_int8

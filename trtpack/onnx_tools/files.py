@@ -62,22 +62,81 @@ def fits_in_protobuf(model: onnx.ModelProto) -> bool:
     return True
 
 
-def save_model(model: onnx.ModelProto, path: Path) -> None:
-    """Save an in-memory ONNX model in the layout above (an old sidecar is replaced)."""
+def save_model(model: onnx.ModelProto, path: Path, weights_dir: Path | None = None) -> None:
+    """Save an in-memory ONNX model in the layout above (an old sidecar is replaced).
+
+    ``weights_dir``: the folder of the files a model loaded without its weights
+    (``onnx.load(load_external_data=False)``) still refers to; each such tensor is copied
+    from there into the new sidecar one at a time, so its weights never sit in memory
+    together. The files written are the same as for the model with its weights loaded."""
     import onnx
-    from onnx.external_data_helper import set_external_data
+    from onnx.external_data_helper import uses_external_data
 
     data = data_path(path)
     if data.exists():
         data.unlink()
-    # the tensors are marked here (onnx's own size test) rather than by
-    # save_model(save_as_external_data=True): that refuses a sidecar name that exists relative
-    # to the *working directory* (onnx checks os.path.exists(location) unjoined)
-    for tensor in _initializers(model.graph):
-        large = sys.getsizeof(tensor.raw_data) >= LARGE_INITIALIZER_BYTES
-        if tensor.HasField("raw_data") and large:
-            set_external_data(tensor, data.name)
+    # the tensors are written here, in onnx's order and without alignment, as onnx.save_model
+    # writes tensors marked external, rather than by save_model(save_as_external_data=True):
+    # that refuses a sidecar name that exists relative to the *working directory* (onnx
+    # checks os.path.exists(location) unjoined)
+    sidecar = None
+    try:
+        for tensor in _initializers(model.graph):
+            blob = _external_bytes(tensor, weights_dir) if uses_external_data(tensor) \
+                else tensor.raw_data if tensor.HasField("raw_data") else None
+            if blob is None:
+                continue
+            if sys.getsizeof(blob) < LARGE_INITIALIZER_BYTES:  # small: inline
+                if uses_external_data(tensor):  # as onnx.load leaves it
+                    _load_inline(tensor, blob)
+                continue
+            if sidecar is None:
+                sidecar = open(data, "wb")  # noqa: SIM115 - closed below
+            offset = sidecar.tell()
+            sidecar.write(blob)
+            tensor.ClearField("raw_data")
+            # what onnx's set_external_data writes (it wants the data in raw_data first)
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+            del tensor.external_data[:]
+            for key, value in (("location", data.name), ("offset", offset),
+                               ("length", len(blob))):
+                tensor.external_data.add(key=key, value=str(value))
+            del blob
+        for tensor in _attribute_tensors(model.graph):  # inline, as onnx.load leaves them
+            if uses_external_data(tensor):
+                _load_inline(tensor, _external_bytes(tensor, weights_dir))
+    finally:
+        if sidecar is not None:
+            sidecar.close()
     onnx.save_model(model, str(path))
+
+
+def _load_inline(tensor: onnx.TensorProto, blob: bytes) -> None:
+    """What onnx's ``load_external_data_for_tensor`` does, with the bytes read already."""
+    import onnx
+
+    tensor.raw_data = blob
+    tensor.data_location = onnx.TensorProto.DEFAULT
+    del tensor.external_data[:]
+
+
+def _external_bytes(tensor: onnx.TensorProto, weights_dir: Path | None) -> bytes:
+    """The bytes of a tensor whose data is in a file of ``weights_dir``."""
+    entries = {e.key: e.value for e in tensor.external_data}
+    if weights_dir is None:
+        raise ValueError(f"tensor {tensor.name!r} refers to {entries.get('location')!r}, "
+                         "and no folder was given to read it from")
+    location = weights_dir / entries["location"]
+    if location.parent.resolve() != weights_dir.resolve():
+        raise ValueError(f"tensor {tensor.name!r}: {entries['location']!r} is not a file of "
+                         f"{weights_dir}")
+    with open(location, "rb") as f:
+        f.seek(int(entries.get("offset", 0)))
+        length = entries.get("length")
+        blob = f.read(int(length)) if length is not None else f.read()
+    if length is not None and len(blob) != int(length):
+        raise ValueError(f"tensor {tensor.name!r}: {location} ends before its data")
+    return blob
 
 
 def _initializers(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
@@ -89,6 +148,20 @@ def _initializers(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
                 yield from _initializers(attribute.g)
             for sub in attribute.graphs:
                 yield from _initializers(sub)
+
+
+def _attribute_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """The tensors in the attributes of ``graph``'s nodes (``Constant`` values), in it and in
+    its subgraphs (whose initializers are not among them)."""
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.HasField("t"):
+                yield attribute.t
+            yield from attribute.tensors
+            if attribute.HasField("g"):
+                yield from _attribute_tensors(attribute.g)
+            for sub in attribute.graphs:
+                yield from _attribute_tensors(sub)
 
 
 def all_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:

@@ -110,7 +110,8 @@ def refers_to_itself(value: object, inside: tuple[int, ...] = ()) -> bool:
     return any(refers_to_itself(child, (*inside, id(value))) for child in children)
 
 
-def _deep_merge(base: JsonObject, override: JsonObject) -> dict[str, JsonValue]:
+def _deep_merge(base: Mapping[str, JsonValue], override: Mapping[str, JsonValue]
+                ) -> dict[str, JsonValue]:
     merged = dict(base)
     for key, value in override.items():
         current = merged.get(key)

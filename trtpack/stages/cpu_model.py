@@ -124,18 +124,18 @@ def run(ctx: StageContext) -> StageOutcome:
         search_note = ""
         try:
             graph = cpu_graph(source, config_model_type=model_type, num_heads=heads,
-                              hidden_size=hidden, mask_input=mask)
+                              hidden_size=hidden, mask_input=mask, load_weights=False)
         except Exception as e:  # an optimizer crash on an unusual graph: serve the plain one
             import onnx
 
             ctx.log.exception("ONNX Runtime's transformer optimizer failed")
             warnings.append(f"ONNX Runtime's transformer optimizer failed ({type(e).__name__}: "
                             f"{str(e)[:200]}); the CPU model is the plain FP32 graph")
-            graph = CpuGraph(onnx.load(str(source)), None, {})
+            graph = CpuGraph(onnx.load(str(source), load_external_data=False), None, {})
         fp32_dir = ctx.stage_dir / "fp32"
         fp32_dir.mkdir()
         fp32_path = fp32_dir / "model.onnx"
-        save_model(graph.model, fp32_path)
+        save_model(graph.model, fp32_path, weights_dir=work)  # weights streamed from work
         cases = load_cases(ctx.needs(ctx.artifacts.fp32_outputs, "fp32_outputs"))
         rows = verify_rows(ctx, fp32_path, cases, CHECK_FP32, "fp32")
         metrics = CpuModelMetrics(

@@ -10,7 +10,9 @@ the FP32 outputs by the stage, like every variant."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -62,28 +64,54 @@ def fused_counts(model: onnx.ModelProto) -> dict[str, int]:
 
 
 def cpu_graph(source: Path, *, config_model_type: str | None, num_heads: int | None,
-              hidden_size: int | None, mask_input: str | None) -> CpuGraph:
+              hidden_size: int | None, mask_input: str | None,
+              load_weights: bool = True) -> CpuGraph:
     """``source`` (an FP32 model file; its sidecar must not be hard-linked: onnx refuses it)
     fused for ONNX Runtime on the CPU. ``num_heads``/``hidden_size`` from the model's config
     (None: the optimizer and the attention fusion read them from the graph, where they can);
-    ``mask_input``: the graph input holding the 0/1 attention mask."""
-    import onnx
+    ``mask_input``: the graph input holding the 0/1 attention mask.
 
+    The fusions run on the graph with its weights left in ``source``'s sidecar (ONNX
+    Runtime's optimizer copies the model several times over, in its shape inference: on the
+    loaded weights that was 6x the weights); the few it reads (the packed attention
+    projections) are read from the file. ``load_weights=False``: the model returned still
+    refers to that sidecar for its weights (save it with ``files.save_model(...,
+    weights_dir=source.parent)``), else its weights are loaded."""
+    import onnx
+    from onnx.external_data_helper import load_external_data_for_model
+
+    model = onnx.load(str(source), load_external_data=False)
     model_type = optimizer_model_type(config_model_type)
     if model_type is None:
-        return CpuGraph(onnx.load(str(source)), None, {})
-    from onnxruntime.transformers.fusion_options import FusionOptions
-    from onnxruntime.transformers.optimizer import optimize_model
+        found = CpuGraph(model, None, {})
+    else:
+        from onnxruntime.transformers.fusion_options import FusionOptions
+        from onnxruntime.transformers.optimizer import optimize_model
 
-    optimized = optimize_model(
-        str(source), model_type=model_type, num_heads=num_heads or 0,
-        hidden_size=hidden_size or 0, optimization_options=FusionOptions(model_type),
-        opt_level=0, use_gpu=False, only_onnxruntime=False)
-    model = optimized.model
-    sources = fuse_dynamo_attention(model, num_heads, mask_input) if num_heads else {}
-    fused = fused_counts(model)  # what matched, before the kernel choice below
-    add_missing_opset_imports(model)
-    return CpuGraph(model, model_type, fused, sources, split_skip_layer_norms(model))
+        # the optimizer reads a weight's values by onnx's loader relative to the working
+        # folder (it is given no base folder): run it in the model's (this stage's process)
+        with _working_folder(source.parent):
+            model = optimize_model(
+                model, model_type=model_type, num_heads=num_heads or 0,
+                hidden_size=hidden_size or 0, optimization_options=FusionOptions(model_type),
+                opt_level=0, use_gpu=False, only_onnxruntime=False).model
+            sources = fuse_dynamo_attention(model, num_heads, mask_input) if num_heads else {}
+        fused = fused_counts(model)  # what matched, before the kernel choice below
+        add_missing_opset_imports(model)
+        found = CpuGraph(model, model_type, fused, sources, split_skip_layer_norms(model))
+    if load_weights:
+        load_external_data_for_model(found.model, str(source.parent))
+    return found
+
+
+@contextmanager
+def _working_folder(folder: Path) -> Iterator[None]:
+    before = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(before)
 
 
 def add_missing_opset_imports(model: onnx.ModelProto) -> list[str]:

@@ -136,8 +136,10 @@ class Evaluator:
     and ``damage`` then cover the cases run so far): a search judge, not a ranking."""
 
     def __init__(self, recipe: Recipe, precision: str, cases: Sequence[Case],
-                 margin: float = 0.0, fail_fast: bool = False, workers: int = 1) -> None:
+                 margin: float = 0.0, fail_fast: bool = False, workers: int = 1,
+                 spread_rank: int = 0) -> None:
         self.recipe = recipe
+        self.spread_rank = spread_rank
         self.precision = precision
         self.cases = list(cases)
         self.margin = margin
@@ -166,9 +168,29 @@ class Evaluator:
                 if not all(sc.passed for sc in scores):
                     break
         worst = [sc.worst for sc in scores if sc.worst is not None]
-        return Score(all(sc.passed for sc in scores), min(worst) if worst else None,
-                     max(sc.damage for sc in scores),
-                     [r for sc in scores for r in sc.reasons])
+        reasons = [r for sc in scores for r in sc.reasons]
+        if not reasons and self.spread_rank:
+            reasons = self.spread_reasons(scores)
+        return Score(not reasons, min(worst) if worst else None,
+                     max(sc.damage for sc in scores), reasons)
+
+    def spread_reasons(self, scores: Sequence[Score]) -> list[str]:
+        """The margin from the spread of the worst cases: the lowest case's cosine, less the
+        gap up to the ``spread_rank``-th lowest, must still meet the gate. Near the tail the
+        gaps between successive lowest samples are about the size of the gap to the next,
+        unseen one (the endpoint estimate X(1) - (X(k+1) - X(1))): a tight tail needs little
+        room, a lone bad sample much."""
+        gates = [self.gate.verify.tolerance(self.precision, o.name).min_cosine
+                 for o in self.recipe.outputs if o.metric in ("cosine", "pooled_cosine")]
+        floor = max((g for g in gates if g is not None), default=None)
+        lows = sorted(1.0 - sc.damage for sc in scores)
+        if floor is None or len(lows) <= self.spread_rank:
+            return []
+        spread = lows[self.spread_rank] - lows[0]
+        if lows[0] - spread >= floor:
+            return []
+        return [f"worst cosine {lows[0]:.6f} less the spread of the worst cases "
+                f"({spread:.6f}) < {floor:.6f}"]
 
 
 class Trial(TypedDict):
