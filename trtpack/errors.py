@@ -1,7 +1,7 @@
 """Error types and the exit codes the CLI maps them to.
 
 A ``TrtpackError`` is something the user can act on: the CLI prints its message on one
-line and exits with its code. Any other exception is a bug and keeps its traceback.
+line and exits with its code. Every other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
