@@ -346,13 +346,13 @@ def _report_summary(out: Path) -> dict[str, Any] | None:
 
 
 def run_trtpack(model: str, profile_text: str, precision: str, workdir: Path,
-                env: dict[str, str]) -> list[StepResult]:
+                env: dict[str, str], target: str = "cpu") -> list[StepResult]:
     out = workdir / "trtpack-out"
     cache = workdir / "trtpack-cache"
     logs = workdir / "trtpack-logs"
     for path in (out, out.with_name(out.name + ".failed"), cache, logs):
         shutil.rmtree(path, ignore_errors=True)
-    base = [*_trtpack_command(), "build", model, "--random-weights", "--target", "cpu",
+    base = [*_trtpack_command(), "build", model, "--random-weights", "--target", target,
             "--precision", precision, "--no-engine", "--profile", profile_text,
             "--out", str(out), "--cache-dir", str(cache)]
     runs = [("trtpack build --no-cache", [*base, "--no-cache"]),
@@ -473,6 +473,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="bert-large", help="a trtpack recipe name")
     parser.add_argument("--profile", default="1x16:4x64:8x128")
     parser.add_argument("--precision", default="fp16", choices=["fp16"])
+    parser.add_argument("--target", default="cpu",
+                        help="trtpack's --target (built with --no-engine): cpu, or a GPU "
+                             "family such as g5 for the ONNX a GPU build serves")
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--json", type=Path, help="write every number here")
     parser.add_argument("--exporter", choices=["legacy", "dynamo"], default="legacy",
@@ -503,7 +506,8 @@ def main(argv: list[str] | None = None) -> int:
         results.notes.append("trtpack was not run: the trtpack CLI (trtpack.cli) is missing")
     else:
         print(f"trtpack build on {recipe.name} in {workdir}", flush=True)
-        results.trtpack = run_trtpack(args.model, args.profile, args.precision, workdir, env)
+        results.trtpack = run_trtpack(args.model, args.profile, args.precision, workdir, env,
+                                      args.target)
     summary = summarize(results)
     print()
     print(markdown(results, summary))

@@ -3,10 +3,10 @@ place a build's flags are validated."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, cast, get_args
+from typing import cast, get_args
 
 from trtpack.errors import RecipeError, TrtpackError, UserInputError, require_modules
 from trtpack.machine.packages import required_modules
@@ -47,6 +47,7 @@ from trtpack.sources.recipe_files import (
     check_small_integer_inputs,
 )
 from trtpack.sources.resolve import resolve_model
+from trtpack.sources.torch_sources import DescribedSource, DescribeRequest, InputSpec
 from trtpack.stages.base import ProgressCallback
 
 CPU_FP16_NOTE = (
@@ -289,14 +290,14 @@ def resolve_recipe(request: BuildRequest, cache_dir: Path) -> tuple[Recipe, str 
     return recipe, str(described["source_files"])
 
 
-def describe_torch(source: Mapping[str, Any], request: BuildRequest, cache_dir: Path,
-                   recipe: Recipe | None = None) -> dict[str, Any]:
+def describe_torch(source: dict[str, str], request: BuildRequest, cache_dir: Path,
+                   recipe: Recipe | None = None) -> DescribedSource:
     """The description of a PyTorch source (``trtpack.pytorch.describe``) with the user's
     ``--input`` descriptions and constants (or a recipe's inputs)."""
     from trtpack.pytorch.describe import describe_in_process
 
-    inputs: dict[str, dict[str, Any]] = {}
-    arguments: dict[str, Any] = {}
+    inputs: dict[str, InputSpec] = {}
+    arguments: dict[str, object] = {}  # constants, written as JSON for the model's process
     if recipe is not None:
         inputs = {i.name: {"dtype": i.dtype, "axes": list(i.axes)} for i in recipe.inputs}
         arguments = dict(recipe.source.arguments)
@@ -310,8 +311,8 @@ def describe_torch(source: Mapping[str, Any], request: BuildRequest, cache_dir: 
             arguments[described.name] = described.value.constant
     from trtpack.pipeline.cache import source_digest
 
-    request_data = {"source": source, "inputs": inputs, "arguments": arguments,
-                    "trtpack": source_digest()}  # a description is trtpack's reading
+    request_data: DescribeRequest = {  # a description is trtpack's reading
+        "source": source, "inputs": inputs, "arguments": arguments, "trtpack": source_digest()}
     return describe_in_process(request_data, cache_dir)
 
 
@@ -414,9 +415,12 @@ def build(request: BuildRequest, progress: ProgressCallback | None = None,
     report."""
     options, warnings = resolve_options(request)
     if not request.skip_memory_check:
-        from trtpack.pipeline.memory_check import check_build_memory
+        from trtpack.pipeline.memory_check import check_build_memory, traced_in_export
 
-        warnings += check_build_memory(options)  # an absurd profile: exit 2 before any work
+        # an absurd profile: exit 2 before any work
+        warnings += check_build_memory(options, trace_in_export=True)
+        if traced_in_export(options):
+            options = replace(options, check_memory_in_export=True)
     for w in warnings:
         if on_warning is not None:
             on_warning(w)

@@ -1,7 +1,7 @@
 """Error types and the exit codes the CLI maps them to.
 
 A ``TrtpackError`` is something the user can act on: the CLI prints its message on one
-line and exits with its code. Any other exception is a bug and keeps its traceback.
+line and exits with its code. Every other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -42,6 +42,11 @@ class UserInputError(TrtpackError):
     """Bad usage, recipe, profile or path (exit 2)."""
 
     exit_code = ExitCode.BAD_INPUT
+
+
+class MemoryRefusal(UserInputError):
+    """A profile corner whose memory estimate exceeds what this machine has (exit 2): the
+    build stops with nothing written (``pipeline.memory_check``)."""
 
 
 class RecipeError(UserInputError):

@@ -290,6 +290,9 @@ class BuildPlan:
     sample_inputs: Path | None = None  # --sample-inputs FILE.npz: real inputs for verification
     # a PyTorch source's identity: its files' contents (``sources.torch_sources.SourceFiles``)
     source_files: str | None = None
+    # the export stage's process traces the PyTorch model for the memory pre-check before the
+    # export (``pipeline.memory_check.check_in_export``); ``api.build`` sets it
+    check_memory_in_export: bool = False
 
     @property
     def name(self) -> str:

@@ -106,3 +106,29 @@ def test_cpu_model_estimate_follows_the_precision() -> None:
         BuildRequest("tiny-bert", target="cpu", precision="fp32"))[0]))
     assert cpu_model_bytes("fp32") < verify + 100 * 2**20  # like verify, not 6x the weights
     assert cpu_model_bytes("int8") != cpu_model_bytes("fp32")
+
+
+def test_a_cold_pytorch_build_is_traced_in_the_export_stage(tmp_path: Path) -> None:
+    """``trace_in_export``: without a stored estimate, the PyTorch model is traced in the
+    export stage's process (which imports torch anyway), not in a process of its own; that
+    trace refuses a corner over the memory given and stores the estimate for a rebuild."""
+    from dataclasses import replace
+
+    from trtpack.errors import MemoryRefusal
+    from trtpack.pipeline.memory_check import check_in_export, stored_estimate, traced_in_export
+
+    options, _ = resolve_options(BuildRequest("tiny-bert", target="cpu",
+                                              cache_dir=tmp_path / "cache"))
+    stored = stored_estimate(options)
+    assert stored is not None and traced_in_export(options)
+    assert check_build_memory(options, AvailableMemory(64 * 2**30, "test"),
+                              trace_in_export=True) == []
+    assert not stored.exists()  # nothing traced yet: the export stage will
+    assert check_in_export(options, AvailableMemory(64 * 2**30, "test")) == []  # not asked
+    options = replace(options, check_memory_in_export=True)
+    with pytest.raises(MemoryRefusal) as refused:
+        check_in_export(options, AvailableMemory(100 * 2**20, "a 100 MB test figure"))
+    assert str(refused.value).startswith("profile 0 max (input_ids=4x16")
+    assert "about" in str(refused.value) and "in the export stage" in str(refused.value)
+    assert stored.is_file() and not traced_in_export(options)  # a rebuild reads it back
+

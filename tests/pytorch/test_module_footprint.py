@@ -30,3 +30,18 @@ def test_tiny_bert_footprint_from_its_module() -> None:
     assert abs(runtime[2].activations / runtime[1].activations - 2) < 0.05
     assert runtime[1].activations >= 4 * 2 * cfg["num_attention_heads"] * 128 * 128
     assert all(r.activations >= e.activations for r, e in zip(runtime, eager, strict=True))
+
+
+def test_a_module_that_returns_a_tensor() -> None:
+    """A module whose forward returns a plain tensor (a tensor has ``.values()`` too, for
+    sparse tensors: it must not be read as a dict of outputs)."""
+    import torch
+
+    from trtpack.pytorch.footprint import module_footprint
+
+    with torch.device("meta"):
+        module = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                                     torch.nn.Linear(256, 8))
+    found = module_footprint(module, {"input": torch.empty(4, 64, device="meta")})
+    assert found.weights == 4 * (64 * 256 + 256 + 256 * 8 + 8)
+    assert found.activations >= 4 * 4 * 256  # the hidden [4, 256] at least

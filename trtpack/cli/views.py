@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rich.markup import escape
 from rich.table import Table
@@ -18,18 +19,19 @@ from trtpack.timing import SLICES
 
 if TYPE_CHECKING:
     from trtpack.bench.benchmark import BenchOutcome
-    from trtpack.diagnostics.inspection import Inspection
+    from trtpack.diagnostics.doctor import EnvironmentReport
+    from trtpack.diagnostics.inspection import ConfigTensor, Inspection
     from trtpack.machine.local_targets import TargetRow
     from trtpack.serving.merge import MergeResult
     from trtpack.serving.package_formats import PackageResult
 
 
-def print_json(data: Any) -> None:
+def print_json(data: object) -> None:  # json.dumps refuses what is not JSON
     """Plain JSON on stdout, never wrapped to the terminal's width."""
     sys.stdout.write(json.dumps(data, indent=2) + "\n")
 
 
-def print_doctor(report: dict[str, Any]) -> None:
+def print_doctor(report: EnvironmentReport) -> None:
     table = Table(title="trtpack doctor")
     for col in ("component", "found", "needed for"):
         table.add_column(col)
@@ -65,13 +67,25 @@ def print_targets(rows: list[TargetRow]) -> None:
 class _ConfigTensor:
     """A config.pbtxt tensor (name, TYPE_*, dims) as ``io_table`` shows it."""
 
-    def __init__(self, tensor: dict[str, Any], batched: bool) -> None:
+    def __init__(self, tensor: ConfigTensor, batched: bool) -> None:
         self.name = tensor["name"]
         self.dtype = tensor["data_type"].removeprefix("TYPE_").lower()
-        self.shape = ["batch", *tensor["dims"]] if batched else tensor["dims"]
+        self.shape: list[str | int] = ["batch", *tensor["dims"]] if batched else [
+            *tensor["dims"]]
 
 
-def io_table(inputs: list[Any], outputs: list[Any]) -> Table:
+class _ShownTensor(Protocol):
+    """What ``io_table`` shows of a tensor (a ``TensorIO``, a config.pbtxt tensor)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def shape(self) -> Sequence[str | int]: ...
+
+
+def io_table(inputs: Sequence[_ShownTensor], outputs: Sequence[_ShownTensor]) -> Table:
     table = Table(show_header=True, box=None, pad_edge=False)
     for col in ("", "tensor", "dtype", "shape"):
         table.add_column(col)

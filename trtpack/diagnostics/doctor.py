@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 
-def environment_report() -> dict[str, Any]:
+class Component(TypedDict):
+    """A package (or the GPU) ``trtpack doctor`` looks for: its version, None when missing."""
+
+    name: str
+    version: str | None
+    purpose: str
+
+
+class EnvironmentReport(TypedDict):
+    components: list[Component]
+    summary: list[str]  # what the components allow, one line each
+
+
+def environment_report() -> EnvironmentReport:
     from trtpack.errors import MissingEnvironmentError, require_modules
     from trtpack.machine.gpus import cuda_visible_gpus
     from trtpack.machine.local_targets import local_target
     from trtpack.machine.packages import PACKAGES, TENSORRT_INSTALL, required_modules
 
     # TensorRT is installed as 'tensorrt' (NGC) or 'tensorrt-cu12/-cu13' (pip): any of them
-    components = [{"name": p.name, "version": p.version(), "purpose": p.purpose}
+    components: list[Component] = [{"name": p.name, "version": p.version(), "purpose": p.purpose}
                   for p in PACKAGES if p.shown]
     seen = cuda_visible_gpus()
     gpu = seen.first

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from trtpack.diagnostics.model_files import (
     BuildRecord,
@@ -62,6 +62,14 @@ class EngineInspection:
     reasons: list[str] = field(default_factory=list)
 
 
+class ConfigTensor(TypedDict):
+    """A tensor as config.pbtxt declares it."""
+
+    name: str
+    data_type: str  # TYPE_FP32, ...
+    dims: list[int]
+
+
 @dataclass
 class ModelInspection:
     """One model of a Triton repository: its config and the engines of its versions."""
@@ -70,8 +78,8 @@ class ModelInspection:
     path: str
     platform: str
     max_batch_size: int
-    inputs: list[dict[str, Any]]  # {name, data_type, dims} as config.pbtxt declares them
-    outputs: list[dict[str, Any]]
+    inputs: list[ConfigTensor]
+    outputs: list[ConfigTensor]
     instance_kind: str
     profiles: list[str]
     engines: list[EngineInspection] = field(default_factory=list)
@@ -173,7 +181,7 @@ def inspect_engine(plan: Path, machine: MachineFacts) -> EngineInspection:
     return EngineInspection(str(plan), prov, prov.model_io(), ok, reasons)
 
 
-def _dims(tensors: Iterable[ModelInput | ModelOutput]) -> list[dict[str, Any]]:
+def _dims(tensors: Iterable[ModelInput | ModelOutput]) -> list[ConfigTensor]:
     from tritonclient.grpc import model_config_pb2 as pb
 
     return [{"name": t.name, "data_type": pb.DataType.Name(t.data_type), "dims": list(t.dims)}

@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TypeAlias
 
-from trtpack.errors import StageError, StageKilledError, TrtpackError, no_space_cause
+from trtpack.errors import MemoryRefusal, StageError, StageKilledError, TrtpackError, no_space_cause
 from trtpack.options import BuildOptions
 from trtpack.pipeline.stage import Stage
 from trtpack.processes import die_with_parent, kill_group
@@ -36,6 +36,10 @@ from trtpack.stages.base import ProgressEvent, StageContext, StageOutcome, stage
 # what the build sends a stage's process: the stage's name, the options, its folder, the build
 # folder, the artifacts it reads and its log
 StageJob: TypeAlias = tuple[str, BuildOptions, Path, Path, Artifacts, Path]
+
+# the stage whose process traces a PyTorch model for the memory pre-check
+# (``memory_check.check_in_export``), before its own work
+MEMORY_TRACED_IN = "export"
 
 
 class ChildStageError(TrtpackError):
@@ -98,6 +102,9 @@ class StageProcess:
                 elif kind == "no_space":
                     number, strerror, filename = payload
                     raise OSError(number, strerror, filename)
+                elif kind == "memory_refused":
+                    message, hint = payload
+                    raise MemoryRefusal(message, hint=hint)
                 elif kind == "user_error":
                     message, exit_code, hint = payload
                     raise ChildStageError(message, exit_code, hint)
@@ -139,7 +146,16 @@ def _run_job(module_name: str, job: StageJob, messages: Connection) -> None:
     ctx = StageContext(options, name, stage_dir, build_dir, artifacts, logger, forward)
     try:
         module = importlib.import_module(module_name)
-        messages.send(("outcome", module.run(ctx)))
+        warnings = []
+        if name == MEMORY_TRACED_IN:  # torch and the model code are imported here anyway
+            from trtpack.pipeline.memory_check import check_in_export
+
+            warnings = check_in_export(options)
+        outcome = module.run(ctx)
+        outcome.warnings[:0] = warnings
+        messages.send(("outcome", outcome))
+    except MemoryRefusal as e:
+        messages.send(("memory_refused", (str(e), e.hint)))
     except TrtpackError as e:
         message = e.message if isinstance(e, StageError) else str(e)
         messages.send(("user_error", (message, e.exit_code, e.hint)))

@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from trtpack.errors import UserInputError
+from trtpack.errors import MemoryRefusal
 from trtpack.onnx_tools.footprint import Footprint
 from trtpack.options import BuildOptions
 from trtpack.processes import run_forked
@@ -203,11 +203,7 @@ def estimate_in_child(options: BuildOptions, timeout: float = 120.0
                 if code is None else f"exit {code}"
             return why
         if stored is not None:
-            with contextlib.suppress(OSError):
-                stored.parent.mkdir(parents=True, exist_ok=True)
-                partial = stored.with_name(f"{stored.name}.tmp-{os.getpid()}")
-                partial.write_text(result.read_text())
-                partial.replace(stored)
+            _store(stored, result.read_text())
         return [CornerEstimate(**e) for e in json.loads(result.read_text())]
 
 
@@ -218,7 +214,7 @@ def gb(n: float) -> str:
 
 
 def refusal(estimate: CornerEstimate, available: AvailableMemory,
-            lower_bound: bool = False) -> UserInputError:
+            lower_bound: bool = False) -> MemoryRefusal:
     stage, needed = estimate.largest
     model = next(m for m in (*STAGE_MEMORY, CPU_MODEL_INT8) if m.stage == stage)
     activations = estimate.activations.get(model.runs, estimate.activations["runtime"])
@@ -226,26 +222,77 @@ def refusal(estimate: CornerEstimate, available: AvailableMemory,
             f"{gb(activations)})" if lower_bound else
             f"about {gb(needed)} in the {stage} stage (weights {gb(estimate.weights)}, "
             f"activations {gb(activations)})")
-    return UserInputError(
+    return MemoryRefusal(
         f"profile {estimate.profile} {estimate.corner} ({estimate.shapes_text()}) needs {what},"
         f" and {gb(available.bytes)} is available ({available.source})",
         hint="choose a smaller --profile, or add --skip-memory-check to build anyway")
 
 
-def check_build_memory(options: BuildOptions,
-                       available: AvailableMemory | None = None) -> list[str]:
-    """Refuse (``UserInputError``) a build whose estimate at some corner exceeds the memory
-    available, naming the corner; the warnings when nothing could be estimated."""
+def check_build_memory(options: BuildOptions, available: AvailableMemory | None = None,
+                       trace_in_export: bool = False) -> list[str]:
+    """Refuse (``MemoryRefusal``, exit 2) a build whose estimate at some corner exceeds the
+    memory available, naming the corner; the warnings when nothing could be estimated.
+    ``trace_in_export``: a PyTorch model whose estimate is not stored is traced in the export
+    stage's own process instead (``check_in_export``), which imports torch and its model code
+    anyway, rather than in a process of its own that imports them once more."""
     available = available or available_memory()
     if available is None:
         return ["memory not checked: this system does not say how much memory is available"]
     over = [e for e in lower_bounds(options) if e.largest[1] > available.bytes]
     if over:  # known without loading the model
         raise refusal(max(over, key=lambda e: e.largest[1]), available, lower_bound=True)
-    estimates = estimate_in_child(options)
+    if trace_in_export and traced_in_export(options):
+        return []
+    return _check_estimates(estimate_in_child(options), available)
+
+
+def traced_in_export(options: BuildOptions) -> bool:
+    """A PyTorch model whose estimate is not stored: ``check_build_memory(trace_in_export=
+    True)`` leaves its trace to the export stage (``check_in_export``)."""
+    if options.recipe.source.onnx:
+        return False
+    stored = stored_estimate(options)
+    return stored is None or not stored.is_file()
+
+
+def _check_estimates(estimates: list[CornerEstimate] | str,
+                     available: AvailableMemory) -> list[str]:
     if isinstance(estimates, str):
         return [f"memory not estimated ({estimates}); the build goes on unchecked"]
     over = [e for e in estimates if e.largest[1] > available.bytes]
     if over:
         raise refusal(max(over, key=lambda e: e.largest[1]), available)
     return []
+
+
+def check_in_export(options: BuildOptions,
+                    available: AvailableMemory | None = None) -> list[str]:
+    """``check_build_memory``'s trace of a PyTorch model, in the export stage's process
+    before the export starts (torch and the model code are imported there anyway): the
+    estimate is stored for a rebuild (``stored_estimate``), a corner over the memory
+    available is refused (``MemoryRefusal``: the build stops and writes nothing), and the
+    warnings when nothing could be estimated."""
+    if not options.check_memory_in_export or options.recipe.source.onnx:
+        return []
+    available = available or available_memory()
+    if available is None:
+        return []  # check_build_memory said so already
+    stored = stored_estimate(options)
+    if stored is not None and stored.is_file():
+        return []  # check_build_memory checked it
+    try:
+        estimates: list[CornerEstimate] | str = estimate_corners(options)
+    except Exception as e:  # the model's own failure: the export itself says it
+        lines = [line for line in str(e).splitlines() if line.strip()]
+        estimates = f"{type(e).__name__}: {lines[0].strip()}" if lines else type(e).__name__
+    if stored is not None and not isinstance(estimates, str):
+        _store(stored, json.dumps([asdict(e) for e in estimates]))
+    return _check_estimates(estimates, available)
+
+
+def _store(stored: Path, text: str) -> None:
+    with contextlib.suppress(OSError):
+        stored.parent.mkdir(parents=True, exist_ok=True)
+        partial = stored.with_name(f"{stored.name}.tmp-{os.getpid()}")
+        partial.write_text(text)
+        partial.replace(stored)

@@ -21,7 +21,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtpack.errors import AccuracyError, StageError, TrtpackError, UserInputError, no_space_cause
+from trtpack.errors import (
+    AccuracyError,
+    MemoryRefusal,
+    StageError,
+    TrtpackError,
+    UserInputError,
+    no_space_cause,
+)
 from trtpack.options import BuildOptions
 from trtpack.out_files import (
     ARTIFACTS,
@@ -134,6 +141,10 @@ class Pipeline:
                 self.stages.stop_processes()
                 raise disk_full_error(full, self.options, work, out,
                                       self.current_stage) from e
+        except MemoryRefusal:  # refused before the work started, as the pre-check refuses
+            self.stages.stop_processes()
+            shutil.rmtree(work, ignore_errors=True)
+            raise
         except TrtpackError as e:
             self.stages.stop_processes()
             if isinstance(e, StageError) and e.log_path is not None \

@@ -9,7 +9,8 @@ from dataclasses import asdict, dataclass, field
 from trtpack.precision.graph import LowPrecisionCounts
 from trtpack.report import VerificationRow
 
-# What report.json holds: the value of each key ``as_dict`` writes there.
+# What report.json holds: the value of each key ``as_dict`` writes there (``report.JsonValue``
+# with the low-precision counts, a dataclass that ``asdict`` turns into JSON).
 JsonValue = (str | int | float | bool | None | Sequence["JsonValue"] | Mapping[str, "JsonValue"]
              | LowPrecisionCounts)
 

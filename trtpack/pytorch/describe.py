@@ -16,10 +16,18 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NotRequired, SupportsInt, TypedDict
+from typing import TYPE_CHECKING, Any, SupportsInt
 
 from trtpack.errors import TrtpackError, UserInputError
 from trtpack.shapes import BATCH_AXIS, TensorSpec
+from trtpack.sources.torch_sources import (
+    DescribedSource,
+    DescribeRequest,
+    Description,
+    FolderDescription,
+    InputDescription,
+    OutputDescription,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -28,53 +36,6 @@ DEFAULT_SIZES = {BATCH_AXIS: 2}  # an example size per axis when none is describ
 DEFAULT_SIZE = 16
 TORCH_DTYPES = {"float32": "float32", "float16": "float16", "int64": "int64", "int32": "int32",
                 "uint8": "uint8", "bool": "bool", "bfloat16": "float32", "float64": "float32"}
-
-
-class InputSpec(TypedDict):
-    """A tensor input as the user describes it (``--input NAME=DTYPE[DIM,...]``)."""
-
-    dtype: str
-    axes: list[str | int]  # a name is a dynamic dim
-
-
-class InputDescription(InputSpec):
-    name: str
-    kind: NotRequired[str]  # the sample generator's kind (``TensorSpec.kind``)
-
-
-class OutputDescription(TypedDict):
-    name: str
-    axes: list[str | int]
-
-
-class DescribeRequest(TypedDict, total=False):
-    """What ``describe`` is asked (JSON, written by the build's process)."""
-
-    source: dict[str, str]  # a recipe ``source:``: factory, torchscript or exported_program
-    inputs: dict[str, InputSpec]
-    arguments: dict[str, object]  # constants for forward's non-tensor arguments
-    sizes: dict[str, int]  # an example size per axis
-    trtpack: str
-
-
-class Description(TypedDict):
-    """What a module or program is: its inputs, constants, outputs and dim ranges."""
-
-    kind: str  # "module"
-    inputs: list[InputDescription]
-    arguments: dict[str, object]
-    outputs: list[OutputDescription]
-    ranges: dict[str, list[int | None]]
-    vocab_size: NotRequired[int | None]
-    files: NotRequired[list[str]]
-
-
-class FolderDescription(TypedDict):
-    """A factory that returned a model directory (a package that ships weights)."""
-
-    kind: str  # "folder"
-    folder: str
-    files: list[str]
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -410,7 +371,7 @@ def _lowest_that_runs(program: torch.export.ExportedProgram,
 DESCRIBE_TIMEOUT_S = 900
 
 
-def describe_in_process(request: dict[str, Any], cache_dir: Path) -> dict[str, Any]:
+def describe_in_process(request: DescribeRequest, cache_dir: Path) -> DescribedSource:
     """``describe(request)`` in a fresh Python process (torch and the user's code stay out
     of the caller's), recorded with its files beside the stage cache; a recorded
     description whose files are unchanged is returned without starting anything."""
@@ -423,8 +384,9 @@ def describe_in_process(request: dict[str, Any], cache_dir: Path) -> dict[str, A
     memo = memo_path(cache_dir, request)
     recorded = read_memo(memo)
     if recorded is not None:
-        description, files = recorded
-        return {**description, "source_files": files.key()}
+        described, files = recorded
+        described["source_files"] = files.key()
+        return described
     memo.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="trtpack-describe-") as tmp:
         request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
@@ -448,10 +410,11 @@ def describe_in_process(request: dict[str, Any], cache_dir: Path) -> dict[str, A
         missing = result.get("exit_code") == MissingEnvironmentError.exit_code
         raise (MissingEnvironmentError if missing else UserInputError)(
             result["error"], hint=result.get("hint"))
-    description = result["ok"]
-    files = SourceFiles.of(description.pop("files"))
+    files = SourceFiles.of(result["ok"].pop("files"))
+    description: DescribedSource = result["ok"]  # its files apart: they key the memo
     write_memo(memo, description, files)
-    return {**description, "source_files": files.key()}
+    description["source_files"] = files.key()
+    return description
 
 
 def main() -> None:

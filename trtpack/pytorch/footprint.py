@@ -78,7 +78,8 @@ def module_footprint(module: torch.nn.Module, inputs: Mapping[str, torch.Tensor]
         out = module(**inputs)
     for key in weights:  # a weight an op wrote in place is still a weight
         sizes.pop(key, None)
-    returned = list(out.values()) if hasattr(out, "values") else out  # a ModelOutput, a dict
+    # a ModelOutput or a dict (a tensor has a .values() too: of a sparse tensor)
+    returned = list(out.values()) if isinstance(out, Mapping) else out
     outputs = [_storage(t) for t in tree_flatten(returned)[0] if isinstance(t, torch.Tensor)]
     input_keys = {_storage(v) for v in inputs.values()}
     for key in input_keys:

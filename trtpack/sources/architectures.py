@@ -7,8 +7,10 @@ through it; a model type not in the table gets ``DEFAULT``, which tries every fa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+
+from trtpack.report import JsonObject, JsonValue
 
 HIDDEN_SIZE_KEYS = ("hidden_size", "dim", "n_embd", "d_model")
 """config.json keys that hold a text model's hidden size, in the order they are tried."""
@@ -48,85 +50,101 @@ ARCHITECTURES: tuple[Architecture, ...] = (
 )
 
 
+def config_int(value: JsonValue) -> int:
+    """A config.json number (or a number written as text) as an int."""
+    if isinstance(value, int | float | str):
+        return int(value)
+    raise TypeError(f"expected a number, got {value!r}")
+
+
+def _model_type(config: JsonObject) -> str:
+    return str(config.get("model_type", ""))
+
+
 def architecture(model_type: str) -> Architecture:
     """The table's entry for ``model_type`` (``DEFAULT`` when it has none)."""
     return next((a for a in ARCHITECTURES if model_type in a.model_types), DEFAULT)
 
 
-def hidden_size(config: dict[str, Any]) -> int:
+def hidden_size(config: JsonObject) -> int:
     """A text model's hidden size: the family's key, else any family's, else 768."""
-    arch = architecture(str(config.get("model_type", "")))
+    arch = architecture(_model_type(config))
     keys = (*arch.hidden_size_keys, *HIDDEN_SIZE_KEYS)
-    return int(next((config[k] for k in keys if config.get(k)), DEFAULT_HIDDEN_SIZE))
+    return config_int(next((config[k] for k in keys if config.get(k)), DEFAULT_HIDDEN_SIZE))
 
 
-def max_positions(config: dict[str, Any]) -> int:
+def max_positions(config: JsonObject) -> int:
     """The longest sequence a text model takes: the family's key, else any family's, else
     512."""
-    arch = architecture(str(config.get("model_type", "")))
+    arch = architecture(_model_type(config))
     keys = (*arch.position_keys, *POSITION_KEYS)
-    return int(next((config[k] for k in keys if config.get(k)), DEFAULT_POSITIONS))
+    return config_int(next((config[k] for k in keys if config.get(k)), DEFAULT_POSITIONS))
 
 
-def attention_heads(config: dict[str, Any]) -> int | None:
+def attention_heads(config: JsonObject) -> int | None:
     """A transformer's attention heads (None: the config does not say)."""
-    return next((int(config[k]) for k in HEAD_COUNT_KEYS if config.get(k)), None)
+    return next((config_int(config[k]) for k in HEAD_COUNT_KEYS if config.get(k)), None)
 
 
-def hidden_layers(config: dict[str, Any]) -> int | None:
+def hidden_layers(config: JsonObject) -> int | None:
     """A transformer's layers (None: the config does not say)."""
-    return next((int(config[k]) for k in LAYERS_KEYS if config.get(k)), None)
+    return next((config_int(config[k]) for k in LAYERS_KEYS if config.get(k)), None)
 
 
-def config_hidden_size(config: dict[str, Any]) -> int | None:
+def config_hidden_size(config: JsonObject) -> int | None:
     """The hidden size the config states (None: it does not say; ``hidden_size`` guesses)."""
-    arch = architecture(str(config.get("model_type", "")))
-    return next((int(config[k]) for k in (*arch.hidden_size_keys, *HIDDEN_SIZE_KEYS)
+    arch = architecture(_model_type(config))
+    return next((config_int(config[k]) for k in (*arch.hidden_size_keys, *HIDDEN_SIZE_KEYS)
                  if config.get(k)), None)
 
 
-def head_split_problem(config: dict[str, Any]) -> str | None:
+def head_split_problem(config: JsonObject) -> str | None:
     """Why the hidden size cannot be split evenly across the attention heads (every
     transformers attention layer refuses it when the model is built), or None."""
-    arch = architecture(str(config.get("model_type", "")))
+    arch = architecture(_model_type(config))
     hidden_key = next((k for k in (*arch.hidden_size_keys, *HIDDEN_SIZE_KEYS)
                        if isinstance(config.get(k), int)), None)
     heads_key = next((k for k in HEAD_COUNT_KEYS if isinstance(config.get(k), int)), None)
-    if hidden_key is None or heads_key is None or config[heads_key] <= 0:
+    if hidden_key is None or heads_key is None:
         return None
-    if config[hidden_key] % config[heads_key]:
+    hidden, heads = config_int(config[hidden_key]), config_int(config[heads_key])
+    if heads <= 0:
+        return None
+    if hidden % heads:
         return (f"config.{hidden_key} {config[hidden_key]} is not a multiple of "
                 f"config.{heads_key} {config[heads_key]} (each attention head takes an equal "
                 "share of the hidden size)")
     return None
 
 
-def vocab_size(config: dict[str, Any]) -> int:
-    return int(config.get("vocab_size") or DEFAULT_VOCAB_SIZE)
+def vocab_size(config: JsonObject) -> int:
+    return config_int(config.get("vocab_size") or DEFAULT_VOCAB_SIZE)
 
 
-def takes_token_type_ids(config: dict[str, Any]) -> bool:
+def takes_token_type_ids(config: JsonObject) -> bool:
     """Whether a text model has a ``token_type_ids`` input: its family uses them and its
     config has two types or more."""
-    arch = architecture(str(config.get("model_type", "")))
-    return arch.token_type_ids and int(config.get("type_vocab_size") or 0) >= 2
+    arch = architecture(_model_type(config))
+    return arch.token_type_ids and config_int(config.get("type_vocab_size") or 0) >= 2
 
 
-def vision_hidden_size(config: dict[str, Any]) -> int:
+def vision_hidden_size(config: JsonObject) -> int:
     """A vision model's pooled width: the last stage's (``hidden_sizes``, convolutional
     models) or ``hidden_size`` (ViT), else 768."""
-    return int((config.get("hidden_sizes") or [config.get("hidden_size",
-                                                           DEFAULT_HIDDEN_SIZE)])[-1])
+    stages = config.get("hidden_sizes")
+    if isinstance(stages, Sequence) and not isinstance(stages, str) and stages:
+        return config_int(stages[-1])
+    return config_int(config.get("hidden_size", DEFAULT_HIDDEN_SIZE))
 
 
-def image_size(config: dict[str, Any]) -> int:
+def image_size(config: JsonObject) -> int:
     size = config.get("image_size", DEFAULT_IMAGE_SIZE)
-    return int(size[0] if isinstance(size, list) else size)
+    return config_int(size[0] if isinstance(size, list) else size)
 
 
-def pooler_axes(config: dict[str, Any]) -> list[str | int]:
+def pooler_axes(config: JsonObject) -> list[str | int]:
     """The axes of a vision base model's ``pooler_output``."""
     hidden = vision_hidden_size(config)
-    if architecture(str(config.get("model_type", ""))).pooled_spatial:
+    if architecture(_model_type(config)).pooled_spatial:
         return ["batch", hidden, 1, 1]
     return ["batch", hidden]

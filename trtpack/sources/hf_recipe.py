@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from trtpack.errors import UserInputError
+from trtpack.report import JsonObject, JsonValue
 from trtpack.sources.architectures import (
+    config_int,
     hidden_size,
     image_size,
     max_positions,
@@ -28,7 +29,7 @@ from trtpack.sources.recipe import Recipe, safe_name
 from trtpack.sources.tokenizer_files import has_tokenizer
 
 
-def read_config(path: Path) -> dict[str, Any]:
+def read_config(path: Path) -> dict[str, JsonValue]:
     try:
         data = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
@@ -38,7 +39,7 @@ def read_config(path: Path) -> dict[str, Any]:
     return data
 
 
-def _sentence_transformers(path: Path) -> tuple[Path, dict[str, Any]] | None:
+def _sentence_transformers(path: Path) -> tuple[Path, dict[str, str | bool]] | None:
     """(the transformer's folder, pooling settings) of a sentence-transformers directory."""
     modules_file = path / "modules.json"
     if not modules_file.is_file():
@@ -51,7 +52,7 @@ def _sentence_transformers(path: Path) -> tuple[Path, dict[str, Any]] | None:
         raise UserInputError(f"{modules_file} is not a list of modules (JSON objects with "
                              "type and path)")
     transformer = path
-    pooling: dict[str, Any] = {"mode": "mean", "normalize": False}
+    pooling: dict[str, str | bool] = {"mode": "mean", "normalize": False}
     for module in modules:
         kind = str(module.get("type", "")).rsplit(".", 1)[-1]
         folder = path / str(module.get("path", ""))
@@ -81,7 +82,7 @@ def _sentence_transformers(path: Path) -> tuple[Path, dict[str, Any]] | None:
     return transformer, pooling
 
 
-def _pooling_settings(config_file: Path) -> dict[str, Any]:
+def _pooling_settings(config_file: Path) -> dict[str, JsonValue]:
     """The Pooling module's config.json ({} when there is none)."""
     if not config_file.is_file():
         return {}
@@ -94,7 +95,7 @@ def _pooling_settings(config_file: Path) -> dict[str, Any]:
     return settings
 
 
-def _is_vision(config: dict[str, Any], task: str) -> bool:
+def _is_vision(config: JsonObject, task: str) -> bool:
     if task == "image-classification":
         return True
     if "vocab_size" in config or task not in ("feature-extraction",):
@@ -119,7 +120,8 @@ def recipe_for_hf_dir(path: Path, task: str | None = None, name: str | None = No
             f"{model_dir}: encoder-decoder models ({config.get('model_type')}) are not "
             f"supported; trtpack builds these heads: {supported()}")
     model_type = str(config.get("model_type", ""))
-    archs: list[str] = list(config.get("architectures") or [])
+    listed = config.get("architectures")
+    archs = [str(a) for a in listed] if isinstance(listed, list) else []
     model_class: str | None
     if task == "sentence-embedding" and st is None:
         raise UserInputError(f"--task sentence-embedding needs a sentence-transformers "
@@ -141,22 +143,24 @@ def recipe_for_hf_dir(path: Path, task: str | None = None, name: str | None = No
         task, model_class = head.task, archs[0]
     else:
         task, model_class = "feature-extraction", "AutoModel"
-    recipe: dict[str, Any] = {"name": name or safe_name(path.resolve().name), "task": task,
+    recipe: dict[str, object] = {"name": name or safe_name(path.resolve().name), "task": task,
                               "model_class": model_class,
                               "source": {"path": str(model_dir.resolve())}}
-    labels = len(config.get("id2label") or {}) or int(config.get("num_labels", 2))
+    id2label = config.get("id2label")
+    labels = (len(id2label) if isinstance(id2label, dict | list) else 0) or config_int(
+        config.get("num_labels", 2))
     if _is_vision(config, task):
         size = image_size(config)
         recipe.update(
             inputs=[{"name": "pixel_values", "dtype": "float32", "kind": "image",
-                     "axes": ["batch", int(config.get("num_channels", 3)), size, size]}],
+                     "axes": ["batch", config_int(config.get("num_channels", 3)), size, size]}],
             outputs=text_outputs(task, labels=labels) if task == "image-classification" else
             [{"name": "pooler_output", "axes": pooler_axes(config), "metric": "cosine"}],
             profiles=["1:4:8"])
         return Recipe.model_validate(recipe)
     hidden = hidden_size(config)
     vocab = vocab_size(config)
-    inputs: list[dict[str, Any]] = [
+    inputs: list[dict[str, str | list[str]]] = [
         {"name": "input_ids", "dtype": "int64", "axes": ["batch", "sequence"], "kind": "token_ids"},
         {"name": "attention_mask", "dtype": "int64", "axes": ["batch", "sequence"],
          "kind": "attention_mask"},

@@ -195,8 +195,8 @@ def _task_from_config(folder: Path) -> str | None:
     from trtpack.sources.heads import head_of_architecture
     from trtpack.sources.hf_recipe import read_config
 
-    archs = read_config(folder).get("architectures") or []
-    head = head_of_architecture(archs[0]) if archs else None
+    archs = read_config(folder).get("architectures")
+    head = head_of_architecture(str(archs[0])) if isinstance(archs, list) and archs else None
     return head.task if head is not None else None
 
 

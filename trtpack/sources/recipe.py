@@ -140,7 +140,7 @@ class InputSpec(_Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _from_grammar(cls, data: Any) -> Any:
+    def _from_grammar(cls, data: object) -> object:  # raw input: pydantic validates it
         if not isinstance(data, str):
             return data
         try:
@@ -343,7 +343,7 @@ class Recipe(_Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _task_given(cls, data: Any) -> Any:
+    def _task_given(cls, data: object) -> object:  # raw input: pydantic validates it
         """A recipe without ``task:`` names the choices (not just "Field required")."""
         if isinstance(data, dict) and "task" not in data:
             raise ValueError("task: is required; choose one of " + ", ".join(tasks()) +
@@ -366,7 +366,8 @@ class Recipe(_Strict):
 
     @field_validator("inputs", "outputs")
     @classmethod
-    def _unique_names(cls, v: list[Any], info: ValidationInfo) -> list[Any]:
+    def _unique_names(cls, v: list[InputSpec] | list[OutputSpec], info: ValidationInfo
+                      ) -> list[InputSpec] | list[OutputSpec]:
         names = [t.name for t in v]
         if len(set(names)) != len(names) or not names:
             raise ValueError(f"{info.field_name} must be a non-empty list with unique names")

@@ -9,12 +9,12 @@ import difflib
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from trtpack.errors import RecipeError, UserInputError
+from trtpack.report import JsonObject, JsonValue
 from trtpack.shapes import TensorSpec
 from trtpack.sources.inputs import INTEGER_DTYPES, InputDescription, value_rule_problem
 from trtpack.sources.recipe import Recipe
@@ -40,22 +40,22 @@ def _validation_error_message(path: str, err: ValidationError) -> str:
 def _keys_at(loc: Sequence[int | str]) -> list[str]:
     """The field names a recipe accepts at ``loc`` (``("triton",)``: TritonSettings'),
     following nested models through lists and optionals; [] where it cannot tell."""
-    model: Any = Recipe
+    model: type[BaseModel] | None = Recipe
     for part in loc:
         if isinstance(part, int):
             continue  # an item of a list: the list's model is already the one
-        field = getattr(model, "model_fields", {}).get(str(part))
+        field = model.model_fields.get(str(part)) if model is not None else None
         if field is None:
             return []
         model = _model_in(field.annotation)
         if model is None:
             return []
-    return list(getattr(model, "model_fields", {}))
+    return list(model.model_fields) if model is not None else []
 
 
-def _model_in(annotation: Any) -> Any:
+def _model_in(annotation: object) -> type[BaseModel] | None:
     """The pydantic model inside ``annotation`` (itself, ``X | None``, ``list[X]``)."""
-    if isinstance(annotation, type) and hasattr(annotation, "model_fields"):
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in typing.get_args(annotation):
         found = _model_in(arg)
@@ -69,7 +69,7 @@ def builtin_recipe_names() -> list[str]:
     return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def _read_yaml(path: Path) -> dict[str, JsonValue]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
@@ -99,7 +99,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def refers_to_itself(value: Any, inside: tuple[int, ...] = ()) -> bool:
+def refers_to_itself(value: object, inside: tuple[int, ...] = ()) -> bool:
     """Whether a loaded YAML value contains itself (``&a [*a]``): YAML allows it, a recipe
     cannot be one."""
     if not isinstance(value, dict | list):
@@ -110,17 +110,19 @@ def refers_to_itself(value: Any, inside: tuple[int, ...] = ()) -> bool:
     return any(refers_to_itself(child, (*inside, id(value))) for child in children)
 
 
-def _deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+def _deep_merge(base: Mapping[str, JsonValue], override: Mapping[str, JsonValue]
+                ) -> dict[str, JsonValue]:
     merged = dict(base)
     for key, value in override.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = _deep_merge(merged[key], value)
+        current = merged.get(key)
+        if isinstance(value, Mapping) and isinstance(current, Mapping):
+            merged[key] = _deep_merge(current, value)
         else:
             merged[key] = value
     return merged
 
 
-def _recipe_data(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+def _recipe_data(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, JsonValue]:
     path = path.resolve()
     if path in seen:
         raise RecipeError(f"recipe {path} extends itself (through {', '.join(map(str, seen))})")
@@ -164,7 +166,7 @@ def apply_overrides(recipe: Recipe, overrides: list[str]) -> Recipe:
     The result is validated like a recipe file; errors name the override."""
     if not overrides:
         return recipe
-    changes: dict[str, Any] = {}
+    changes: dict[str, JsonValue] = {}
     for item in overrides:
         key, sep, text = item.partition("=")
         path = key.strip().split(".")
@@ -180,9 +182,10 @@ def apply_overrides(recipe: Recipe, overrides: list[str]) -> Recipe:
                                  "inside its own anchor)")
         node = changes
         for part in path[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
+            found = node.setdefault(part, {})
+            if not isinstance(found, dict):
                 raise UserInputError(f"--set '{item}' conflicts with another --set")
+            node = found
         node[path[-1]] = value
     try:
         updated = Recipe.model_validate(_deep_merge(recipe.model_dump(mode="json"), changes))
@@ -209,7 +212,7 @@ def apply_input_options(recipe: Recipe, descriptions: Sequence[InputDescription]
             raise UserInputError(
                 f"--input '{d}': '{recipe.name}' has no input '{d.name}'; its inputs are "
                 f"{', '.join(by_name)}")
-        update: dict[str, Any] = {}
+        update: dict[str, JsonValue] = {}
         if d.spec is not None:
             problem = _description_problem(current.spec(), d.spec)
             if problem is not None:
@@ -257,7 +260,7 @@ def _description_problem(declared: TensorSpec, given: TensorSpec) -> str | None:
     return None
 
 
-def overlay_document(recipe: Recipe, changes: dict[str, Any]) -> dict[str, Any]:
+def overlay_document(recipe: Recipe, changes: JsonObject) -> dict[str, JsonValue]:
     """A recipe file that is ``recipe`` with ``changes`` (nested, merged key by key) on top.
 
     It extends what the recipe came from: a built-in by name, a recipe file by its absolute

@@ -7,7 +7,7 @@ from pathlib import Path
 
 VOCABULARY_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model",
                     "sentencepiece.bpe.model", "spiece.model")
-"""Any one of these holds a vocabulary (``vocab.json`` is GPT-2 style, with ``merges.txt``)."""
+"""Each one of these holds a vocabulary (``vocab.json`` is GPT-2 style, with ``merges.txt``)."""
 TOKENIZER_FILES = (*VOCABULARY_FILES, "merges.txt", "tokenizer_config.json",
                    "special_tokens_map.json", "added_tokens.json")
 """Every file of a saved tokenizer: what is copied beside a model."""

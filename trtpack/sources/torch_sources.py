@@ -24,9 +24,10 @@ import json
 import os
 import re
 import zipfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Literal, NotRequired, TypedDict
 
 from pydantic import ValidationError
 
@@ -152,13 +153,65 @@ class SourceFiles:
         return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 
-def memo_path(cache_dir: Path, request: dict[str, Any]) -> Path:
+class InputSpec(TypedDict):
+    """A tensor input as the user describes it (``--input NAME=DTYPE[DIM,...]``)."""
+
+    dtype: str
+    axes: list[str | int]  # a name is a dynamic dim
+
+
+class InputDescription(InputSpec):
+    name: str
+    kind: NotRequired[str]  # the sample generator's kind (``TensorSpec.kind``)
+
+
+class OutputDescription(TypedDict):
+    name: str
+    axes: list[str | int]
+
+
+class DescribeRequest(TypedDict, total=False):
+    """What ``describe`` is asked (JSON, written by the build's process)."""
+
+    source: dict[str, str]  # a recipe ``source:``: factory, torchscript or exported_program
+    inputs: dict[str, InputSpec]
+    arguments: dict[str, object]  # constants for forward's non-tensor arguments
+    sizes: dict[str, int]  # an example size per axis
+    trtpack: str
+
+
+class Description(TypedDict):
+    """What a module or program is: its inputs, constants, outputs and dim ranges."""
+
+    kind: Literal["module"]
+    inputs: list[InputDescription]
+    arguments: dict[str, object]
+    outputs: list[OutputDescription]
+    ranges: dict[str, list[int | None]]
+    vocab_size: NotRequired[int | None]
+    files: NotRequired[list[str]]
+    source_files: NotRequired[str]  # the key of its files (``SourceFiles.key``)
+
+
+class FolderDescription(TypedDict):
+    """A factory that returned a model directory (a package that ships weights)."""
+
+    kind: Literal["folder"]
+    folder: str
+    files: NotRequired[list[str]]  # until the memo keeps them apart
+    source_files: NotRequired[str]
+
+
+DescribedSource = Description | FolderDescription
+
+
+def memo_path(cache_dir: Path, request: DescribeRequest) -> Path:
     """Where a description of ``request`` (the source and the input descriptions) is kept."""
     text = json.dumps({**request, "cwd": os.getcwd()}, sort_keys=True, default=str)
     return cache_dir / "sources" / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.json"
 
 
-def read_memo(path: Path) -> tuple[dict[str, Any], SourceFiles] | None:
+def read_memo(path: Path) -> tuple[DescribedSource, SourceFiles] | None:
     """A recorded description whose files are all unchanged, or None."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -172,7 +225,7 @@ def read_memo(path: Path) -> tuple[dict[str, Any], SourceFiles] | None:
     return data["description"], now
 
 
-def write_memo(path: Path, description: dict[str, Any], files: SourceFiles) -> None:
+def write_memo(path: Path, description: DescribedSource, files: SourceFiles) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"description": description,
@@ -181,7 +234,7 @@ def write_memo(path: Path, description: dict[str, Any], files: SourceFiles) -> N
     os.replace(tmp, path)
 
 
-def default_profile(inputs: list[dict[str, Any]], ranges: dict[str, list[int | None]],
+def default_profile(inputs: Sequence[InputDescription], ranges: dict[str, list[int | None]],
                     bounded: bool) -> str | None:
     """Sizes per dynamic axis in order: the batch 1:4:8 within its range; another axis (or a
     batch without a bound, when ``bounded``: an ExportedProgram's) has no default (None:
@@ -204,7 +257,7 @@ def default_profile(inputs: list[dict[str, Any]], ranges: dict[str, list[int | N
     return ":".join("x".join(str(v[i]) for v in sizes.values()) for i in range(3))
 
 
-def unsized_axes(inputs: list[dict[str, Any]], ranges: dict[str, list[int | None]]
+def unsized_axes(inputs: Sequence[InputDescription], ranges: dict[str, list[int | None]]
                  ) -> list[str]:
     """Dynamic axes with no default size: what --profile must give."""
     from trtpack.shapes import BATCH_AXIS
@@ -218,7 +271,7 @@ def unsized_axes(inputs: list[dict[str, Any]], ranges: dict[str, list[int | None
     return names
 
 
-def recipe_for_torch(source: dict[str, Any], description: dict[str, Any], *, name: str,
+def recipe_for_torch(source: dict[str, str], description: Description, *, name: str,
                      task: str | None, profiles: list[str]) -> Recipe:
     """The recipe of a described PyTorch source (``trtpack.pytorch.describe``): inputs and
     outputs as described, the generic task unless ``--task`` names a head, and a profile
@@ -227,9 +280,10 @@ def recipe_for_torch(source: dict[str, Any], description: dict[str, Any], *, nam
     from trtpack.sources.recipe import safe_name
 
     task = task or "generic"
-    inputs = [{"name": i["name"], "dtype": i["dtype"], "axes": list(i["axes"]),
-               "kind": input_kind(i["name"], i["dtype"], len(i["axes"]))}
-              for i in description["inputs"]]
+    inputs: list[InputDescription] = [
+        {"name": i["name"], "dtype": i["dtype"], "axes": list(i["axes"]),
+         "kind": input_kind(i["name"], i["dtype"], len(i["axes"]))}
+        for i in description["inputs"]]
     has_mask = any(i["kind"] == "attention_mask" for i in inputs)
     outputs = [{"name": o["name"], "axes": list(o["axes"]),
                 "metric": output_metric(o["name"], list(o["axes"]), task, has_mask)}
@@ -266,19 +320,19 @@ def recipe_for_torch(source: dict[str, Any], description: dict[str, Any], *, nam
                              ) from None
 
 
-def _axis_order(inputs: list[dict[str, Any]]) -> list[str]:
+def _axis_order(inputs: Sequence[InputDescription]) -> list[str]:
     names: list[str] = []
     for spec in inputs:
         names.extend(a for a in spec["axes"] if isinstance(a, str) and a not in names)
     return names
 
 
-def _example_sizes(inputs: list[dict[str, Any]], corner: int) -> list[int]:
+def _example_sizes(inputs: Sequence[InputDescription], corner: int) -> list[int]:
     from trtpack.shapes import BATCH_AXIS
 
     return [(1, 4, 8)[corner] if a == BATCH_AXIS else (16, 64, 128)[corner]
             for a in _axis_order(inputs)]
 
 
-def source_words(source: dict[str, Any]) -> str:
+def source_words(source: Mapping[str, object]) -> str:
     return Source.model_validate(source).describe()
