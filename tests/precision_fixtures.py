@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from trtpack.options import BuildOptions
+from trtpack.options import BuildPlan
 from trtpack.report import VerificationRow
 from trtpack.sources.recipe import Recipe
 from trtpack.stages.artifacts import Artifacts
@@ -35,7 +35,7 @@ def fp32_artifacts(build_dir: Path) -> dict[str, Path]:
 
 
 def build_options(model: str, precision: str, out: Path, profiles: list[str] | None = None,
-                  **changes: Any) -> BuildOptions:
+                  **changes: Any) -> BuildPlan:
     from trtpack.api import BuildRequest, resolve_options
 
     # FP16 is converted for a GPU target (--target cpu serves FP32 and skips it)
@@ -46,14 +46,14 @@ def build_options(model: str, precision: str, out: Path, profiles: list[str] | N
     return dataclasses.replace(options, **changes)
 
 
-def with_recipe(options: BuildOptions, **recipe_changes: Any) -> BuildOptions:
+def with_recipe(options: BuildPlan, **recipe_changes: Any) -> BuildPlan:
     """``options`` with recipe fields replaced (values validated through the Recipe model)."""
     data = options.recipe.model_dump()
     data.update(recipe_changes)
     return dataclasses.replace(options, recipe=Recipe.model_validate(data))
 
 
-def strict_gate(options: BuildOptions, precision: str, **tolerance: float) -> BuildOptions:
+def strict_gate(options: BuildPlan, precision: str, **tolerance: float) -> BuildPlan:
     """``options`` with the recipe's ``precision`` gate replaced by ``tolerance``
     (``min_cosine``, ``atol``, ...)."""
     verify = options.recipe.verify.model_dump()
@@ -61,7 +61,7 @@ def strict_gate(options: BuildOptions, precision: str, **tolerance: float) -> Bu
     return with_recipe(options, verify=verify)
 
 
-def make_context(options: BuildOptions, artifacts: dict[str, Path], stage_dir: Path
+def make_context(options: BuildPlan, artifacts: dict[str, Path], stage_dir: Path
                  ) -> tuple[StageContext, list[str], Path]:
     """A precision StageContext logging to a file; (context, progress messages, log path)."""
     stage_dir.mkdir(parents=True)
@@ -93,7 +93,7 @@ class PrecisionRun:
     message: str
 
 
-def run_stage(options: BuildOptions, artifacts: dict[str, Path], stage_dir: Path
+def run_stage(options: BuildPlan, artifacts: dict[str, Path], stage_dir: Path
               ) -> tuple[PrecisionRun, list[str], Path]:
     """Run the precision stage once; (outcome, progress messages, log file)."""
     from trtpack.stages import precision

@@ -308,6 +308,3 @@ class BuildPlan:
         """``--precision auto`` (CPU): the CPU model stage times the FP32 and INT8 forms and
         serves the fastest that passes (``trtpack.precision.cpu.auto_choice``)."""
         return isinstance(self.precision_choice, AutoPrecision)
-
-
-BuildOptions = BuildPlan  # the name the stages and the pipeline read it by

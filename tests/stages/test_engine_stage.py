@@ -12,7 +12,7 @@ import pytest
 from trtpack.errors import MissingEnvironmentError
 from trtpack.machine import gpus, packages
 from trtpack.machine.targets import resolve_target
-from trtpack.options import BuildOptions, FixedPrecision
+from trtpack.options import BuildPlan, FixedPrecision
 from trtpack.pipeline.stage import STAGES
 from trtpack.shapes import parse_profiles
 from trtpack.sources.resolve import resolve_model
@@ -26,9 +26,9 @@ needs_no_gpu = pytest.mark.skipif(
 )
 
 
-def _options(tmp_path: Path, **changes: object) -> BuildOptions:
+def _options(tmp_path: Path, **changes: object) -> BuildPlan:
     recipe = resolve_model("minilm")
-    options = BuildOptions(
+    options = BuildPlan(
         recipe=recipe, profiles=tuple(parse_profiles(recipe.profiles, recipe.input_specs())),
         precision_choice=FixedPrecision("fp16"), target=resolve_target("g5"),
         out_dir=tmp_path / "out", opset=18,
@@ -37,7 +37,7 @@ def _options(tmp_path: Path, **changes: object) -> BuildOptions:
     return replace(options, **changes)  # type: ignore[arg-type]
 
 
-def _context(options: BuildOptions, tmp_path: Path) -> StageContext:
+def _context(options: BuildPlan, tmp_path: Path) -> StageContext:
     stage_dir = tmp_path / "build" / "artifacts" / "engine"
     stage_dir.mkdir(parents=True)
     return StageContext(options=options, stage="engine", stage_dir=stage_dir,

@@ -22,7 +22,7 @@ from trtpack.errors import UserInputError
 from trtpack.machine.local_targets import check_engine_environment
 from trtpack.machine.targets import resolve_target
 from trtpack.onnx_tools.files import sha256_file
-from trtpack.options import BuildOptions, FixedPrecision, default_cache_dir
+from trtpack.options import BuildPlan, FixedPrecision, default_cache_dir
 from trtpack.out_files import ARTIFACTS, REPOSITORY
 from trtpack.pipeline.build_folder import load_build_report, load_recipe_of, stage_artifacts
 from trtpack.pipeline.runner import FinishedStage, Pipeline
@@ -104,7 +104,7 @@ def read_finished_build(root: Path) -> FinishedBuild:
 
 
 def engine_options(build: FinishedBuild, target: str, out: Path, cache_dir: Path | None = None,
-                   use_cache: bool = True) -> BuildOptions:
+                   use_cache: bool = True) -> BuildPlan:
     """The options of an engine build for ``target`` from ``build``: its recipe, precision,
     profiles and serving, the new target and OUT."""
     resolved = resolve_target(target)
@@ -115,7 +115,7 @@ def engine_options(build: FinishedBuild, target: str, out: Path, cache_dir: Path
         raise UserInputError(f"--out {out} is the build folder itself: give a new folder")
     recipe = build.recipe
     profiles = parse_profiles(build.report.profiles, recipe.input_specs())
-    return BuildOptions(
+    return BuildPlan(
         recipe=recipe, profiles=tuple(profiles),
         precision_choice=FixedPrecision.named(build.report.precision),
         target=resolved, out_dir=out, opset=recipe.opset, build_engine=True,

@@ -13,14 +13,14 @@ from pathlib import Path
 
 from trtpack.errors import StageError, TrtpackError
 from trtpack.onnx_tools.files import model_bytes
-from trtpack.options import BuildOptions
+from trtpack.options import BuildPlan
 from trtpack.out_files import ARTIFACTS, LOGS
 
 # how many copies of the weights a build writes: export, simplify, precision or engine
 WEIGHT_COPIES = 3
 
 
-def weight_bytes(options: BuildOptions, work: Path) -> int | None:
+def weight_bytes(options: BuildPlan, work: Path) -> int | None:
     """The model's weights in bytes, from what is known: the exported or imported ONNX, the
     user's ONNX, or the weight files of a local model directory."""
     for stage in ("export", "import"):
@@ -127,7 +127,7 @@ def killed_message(stage: str, signal_number: int, oom_before: int | None,
             f"{available_bytes(cgroup) / 2**30:.1f} GB available)")
 
 
-def disk_full_error(cause: OSError, options: BuildOptions, work: Path, out: Path,
+def disk_full_error(cause: OSError, options: BuildPlan, work: Path, out: Path,
                     stage: str | None) -> StageError:
     """The sentence for a full disk; the partial artifacts are removed (the failed
     folder keeps the report and the logs)."""

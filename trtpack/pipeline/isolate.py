@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TypeAlias
 
 from trtpack.errors import MemoryRefusal, StageError, StageKilledError, TrtpackError, no_space_cause
-from trtpack.options import BuildOptions
+from trtpack.options import BuildPlan
 from trtpack.pipeline.stage import Stage
 from trtpack.processes import die_with_parent, kill_group
 from trtpack.stages.artifacts import Artifacts
@@ -35,7 +35,7 @@ from trtpack.stages.base import ProgressEvent, StageContext, StageOutcome, stage
 
 # what the build sends a stage's process: the stage's name, the options, its folder, the build
 # folder, the artifacts it reads and its log
-StageJob: TypeAlias = tuple[str, BuildOptions, Path, Path, Artifacts, Path]
+StageJob: TypeAlias = tuple[str, BuildPlan, Path, Path, Artifacts, Path]
 
 # the stage whose process traces a PyTorch model for the memory pre-check
 # (``memory_check.check_in_export``), before its own work
@@ -54,7 +54,7 @@ class StageProcess:
     """The process one isolated stage will run in, started (and warming up) ahead of time.
     Its output (native libraries' messages) goes to ``log_path``."""
 
-    def __init__(self, stage: Stage, log_path: Path, options: BuildOptions,
+    def __init__(self, stage: Stage, log_path: Path, options: BuildPlan,
                  build_dir: Path) -> None:
         self.stage = stage
         jobs_r, jobs_w = os.pipe()  # build -> stage: the job

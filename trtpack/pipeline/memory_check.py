@@ -23,7 +23,7 @@ from pathlib import Path
 
 from trtpack.errors import MemoryRefusal
 from trtpack.onnx_tools.footprint import Footprint
-from trtpack.options import BuildOptions
+from trtpack.options import BuildPlan
 from trtpack.processes import run_forked
 from trtpack.resources import AvailableMemory, available_memory
 
@@ -80,7 +80,7 @@ class CornerEstimate:
         return ", ".join(f"{n}={'x'.join(str(d) for d in s)}" for n, s in self.shapes.items())
 
 
-def _stages(options: BuildOptions) -> list[StageMemory]:
+def _stages(options: BuildPlan) -> list[StageMemory]:
     from trtpack.pipeline.stage import STAGES
 
     applies = {s.name for s in STAGES if s.applies(options) and s.skip_reason(options) is None}
@@ -94,7 +94,7 @@ def stage_bytes(model: StageMemory, weights: int, activations: int) -> int:
                + model.activation_factor * activations)
 
 
-def estimate_corners(options: BuildOptions) -> list[CornerEstimate]:
+def estimate_corners(options: BuildPlan) -> list[CornerEstimate]:
     """Every corner of every profile of ``options``, estimated (imports torch for a PyTorch
     model: run it in a process of its own, ``estimate_in_child``)."""
     corners = [(index, which, shapes) for index, profile in enumerate(options.profiles)
@@ -122,7 +122,7 @@ def estimate_corners(options: BuildOptions) -> list[CornerEstimate]:
     return found
 
 
-def output_bytes(options: BuildOptions, shapes: dict[str, list[int]]) -> int | None:
+def output_bytes(options: BuildPlan, shapes: dict[str, list[int]]) -> int | None:
     """The bytes of the model's outputs at a corner, from the recipe's declared output axes
     (a name is the input axis of that name; FP32): they are activations too (kept to the
     end), so this is a lower bound of the activations known without loading anything. None
@@ -144,7 +144,7 @@ def output_bytes(options: BuildOptions, shapes: dict[str, list[int]]) -> int | N
     return total
 
 
-def lower_bounds(options: BuildOptions) -> list[CornerEstimate]:
+def lower_bounds(options: BuildPlan) -> list[CornerEstimate]:
     """Every corner's estimate with the weights left out and the outputs as the only
     activations (``output_bytes``): no import, no model loaded."""
     stages = _stages(options)
@@ -160,7 +160,7 @@ def lower_bounds(options: BuildOptions) -> list[CornerEstimate]:
     return found
 
 
-def _estimate_to_file(options: BuildOptions, path: str) -> int:
+def _estimate_to_file(options: BuildPlan, path: str) -> int:
     estimates = estimate_corners(options)
     Path(path).write_text(json.dumps([asdict(e) for e in estimates]))
     return 0
@@ -169,7 +169,7 @@ def _estimate_to_file(options: BuildOptions, path: str) -> int:
 ESTIMATES = "memory"  # the stage cache's folder of stored estimates (files: no cache entry)
 
 
-def stored_estimate(options: BuildOptions) -> Path | None:
+def stored_estimate(options: BuildPlan) -> Path | None:
     """Where the estimates of a PyTorch model's build are kept in the stage cache, keyed like
     its export stage (model files, recipe, profiles) and trtpack's code and packages: a
     rebuild does not trace the module again. None for an ONNX model (its graph is read in
@@ -184,7 +184,7 @@ def stored_estimate(options: BuildOptions) -> Path | None:
     return options.cache_dir / ESTIMATES / f"{key}.json"
 
 
-def estimate_in_child(options: BuildOptions, timeout: float = 120.0
+def estimate_in_child(options: BuildPlan, timeout: float = 120.0
                       ) -> list[CornerEstimate] | str:
     """``estimate_corners`` in a forked process (torch's imports do not stay in the build's
     own process), or as stored by an earlier build (``stored_estimate``); the estimates, or
@@ -228,7 +228,7 @@ def refusal(estimate: CornerEstimate, available: AvailableMemory,
         hint="choose a smaller --profile, or add --skip-memory-check to build anyway")
 
 
-def check_build_memory(options: BuildOptions, available: AvailableMemory | None = None,
+def check_build_memory(options: BuildPlan, available: AvailableMemory | None = None,
                        trace_in_export: bool = False) -> list[str]:
     """Refuse (``MemoryRefusal``, exit 2) a build whose estimate at some corner exceeds the
     memory available, naming the corner; the warnings when nothing could be estimated.
@@ -246,7 +246,7 @@ def check_build_memory(options: BuildOptions, available: AvailableMemory | None 
     return _check_estimates(estimate_in_child(options), available)
 
 
-def traced_in_export(options: BuildOptions) -> bool:
+def traced_in_export(options: BuildPlan) -> bool:
     """A PyTorch model whose estimate is not stored: ``check_build_memory(trace_in_export=
     True)`` leaves its trace to the export stage (``check_in_export``)."""
     if options.recipe.source.onnx:
@@ -265,7 +265,7 @@ def _check_estimates(estimates: list[CornerEstimate] | str,
     return []
 
 
-def check_in_export(options: BuildOptions,
+def check_in_export(options: BuildPlan,
                     available: AvailableMemory | None = None) -> list[str]:
     """``check_build_memory``'s trace of a PyTorch model, in the export stage's process
     before the export starts (torch and the model code are imported there anyway): the

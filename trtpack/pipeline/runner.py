@@ -29,7 +29,7 @@ from trtpack.errors import (
     UserInputError,
     no_space_cause,
 )
-from trtpack.options import BuildOptions
+from trtpack.options import BuildPlan
 from trtpack.out_files import (
     ARTIFACTS,
     LOGS,
@@ -70,7 +70,7 @@ class FinishedStage:
 
 
 class Pipeline:
-    def __init__(self, options: BuildOptions, progress: ProgressCallback | None = None,
+    def __init__(self, options: BuildPlan, progress: ProgressCallback | None = None,
                  warnings: Sequence[str] = (), finished: Sequence[FinishedStage] = (),
                  finished_rows: Sequence[VerificationRow] = ()) -> None:
         self.options = options
@@ -269,7 +269,7 @@ class Pipeline:
         return artifacts.merged(finished.artifacts.moved(finished.folder, stage_dir))
 
 
-def build(options: BuildOptions, progress: ProgressCallback | None = None,
+def build(options: BuildPlan, progress: ProgressCallback | None = None,
           warnings: Sequence[str] = ()) -> BuildReport:
     """Run the whole pipeline; raises ``TrtpackError`` (with ``.report``) on failure.
     ``warnings`` (about the request) come first in the report."""

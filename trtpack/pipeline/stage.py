@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
-from trtpack.options import BuildOptions
+from trtpack.options import BuildPlan
 from trtpack.precision.cpu.int8 import search_on_demand
 
 
@@ -19,7 +19,7 @@ class Stage:
 
     name: str
     module: str
-    skip_reason: Callable[[BuildOptions], str | None] = lambda o: None
+    skip_reason: Callable[[BuildPlan], str | None] = lambda o: None
     cacheable: bool = True
     gated: bool = True  # a failed verification row stops the build
     # Run in a process of its own: what the stage allocates (a whole PyTorch model) is
@@ -34,13 +34,13 @@ class Stage:
     # How many later isolated stages' processes warm up while this one runs.
     warm_beside: int = 2
     # False: the stage is not part of this build at all (not listed in the report)
-    applies: Callable[[BuildOptions], bool] = lambda o: True
+    applies: Callable[[BuildPlan], bool] = lambda o: True
 
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
 
 
-def _precision_skip(o: BuildOptions) -> str | None:
+def _precision_skip(o: BuildPlan) -> str | None:
     if o.precision == "fp32":
         return "fp32: nothing to convert"
     if search_on_demand(o):
@@ -49,7 +49,7 @@ def _precision_skip(o: BuildOptions) -> str | None:
     return None
 
 
-def _engine_skip(o: BuildOptions) -> str | None:
+def _engine_skip(o: BuildPlan) -> str | None:
     if not o.target.is_gpu:
         return "target cpu: ONNX Runtime serves the ONNX model"
     if not o.build_engine:
@@ -57,11 +57,11 @@ def _engine_skip(o: BuildOptions) -> str | None:
     return None
 
 
-def _cpu_served(o: BuildOptions) -> bool:
+def _cpu_served(o: BuildPlan) -> bool:
     return not o.target.is_gpu or o.fallback_cpu
 
 
-def _onnx_in(o: BuildOptions) -> bool:
+def _onnx_in(o: BuildPlan) -> bool:
     return o.recipe.source.onnx is not None
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from types import ModuleType
 
 from trtpack.errors import StageError, StageKilledError, TrtpackError, no_space_cause
-from trtpack.options import BuildOptions
+from trtpack.options import BuildPlan
 from trtpack.pipeline.build_folder import artifact_records
 from trtpack.pipeline.cache import StageCache, relative_artifacts, stage_key
 from trtpack.pipeline.faults import killed_message, oom_kills
@@ -38,7 +38,7 @@ class StageRuns:
     """Runs a build's stages for ``trtpack.pipeline.runner.Pipeline`` (which keeps the OUT
     folder and the report): ``processes`` are the stage processes alive now."""
 
-    def __init__(self, options: BuildOptions, progress: ProgressCallback) -> None:
+    def __init__(self, options: BuildPlan, progress: ProgressCallback) -> None:
         self.options = options
         self.progress = progress
         self.cache = StageCache(options.cache_dir)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 from trtpack.cases import load_cases
 from trtpack.errors import StageError
 from trtpack.onnx_tools.files import move_model
-from trtpack.options import BuildOptions
+from trtpack.options import BuildPlan
 from trtpack.precision.metrics import AttemptSummary, Fp16Metrics, Int8Metrics
 from trtpack.precision.modelopt_jobs import ModelOptJob, ModelOptWorker, WorkerResult
 from trtpack.precision.source import resolve_node_patterns
@@ -38,7 +38,7 @@ WORKER_TIMEOUT_SECONDS = 4 * 3600
 class ConversionContext(Protocol):
     """What a conversion sees of its stage (``trtpack.stages.base.StageContext`` is one)."""
 
-    options: BuildOptions
+    options: BuildPlan
     stage: str
     stage_dir: Path
     artifacts: dict[str, Path]

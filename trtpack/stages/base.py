@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from trtpack.errors import StageError
-from trtpack.options import BuildOptions
+from trtpack.options import BuildPlan
 from trtpack.report import StageResult, StageStatus, VerificationRow
 from trtpack.stages.artifacts import Artifacts
 
@@ -52,7 +52,7 @@ ProgressCallback = Callable[[ProgressEvent], None]
 class StageContext:
     """What a stage sees: the options, its own empty folder, upstream artifacts, a logger."""
 
-    options: BuildOptions
+    options: BuildPlan
     stage: str
     stage_dir: Path
     build_dir: Path  # the (temporary) output folder being built; renamed to OUT at the end

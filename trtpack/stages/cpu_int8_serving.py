@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from trtpack.cases import Case
 from trtpack.errors import AccuracyError
-from trtpack.options import BuildOptions
+from trtpack.options import BuildPlan
 from trtpack.report import JsonObject, VerificationRow
 from trtpack.stages.base import StageContext, StageOutcome
 
@@ -209,7 +209,7 @@ def qdq_weight_matmuls(model: onnx.ModelProto) -> int:
                if n.op_type in ("MatMul", "Gemm") and len(n.input) > 1 and constant(n.input[1]))
 
 
-def share_failures(options: BuildOptions, share: tuple[int, int]) -> list[str]:
+def share_failures(options: BuildPlan, share: tuple[int, int]) -> list[str]:
     """``--min-int8-share`` on a served CPU model (only where the CPU model is what the
     build serves: beside a GPU engine the engine's Q/DQ model is gated instead)."""
     quantized, total = share

@@ -20,7 +20,7 @@ from typing import Any
 
 from trtpack.cases import Case, load_cases
 from trtpack.onnx_tools.files import save_model
-from trtpack.options import BuildOptions
+from trtpack.options import BuildPlan
 from trtpack.precision.cpu.int8 import search_on_demand
 from trtpack.precision.metrics import JsonValue as MetricsValue
 from trtpack.report import JsonObject, VerificationRow
@@ -67,7 +67,7 @@ class CpuModelMetrics(StageMetrics):
     search: dict[str, MetricsValue] | None = None
 
 
-def fingerprint(options: BuildOptions) -> JsonObject:
+def fingerprint(options: BuildPlan) -> JsonObject:
     import importlib.metadata
 
     from trtpack.precision.calibration.data import calibration_path

@@ -31,7 +31,7 @@ from trtpack.machine.local_targets import check_engine_environment
 from trtpack.machine.packages import parse_version
 from trtpack.model_io import engine_model_io, model_io_from_onnx
 from trtpack.onnx_tools.files import sha256_file
-from trtpack.options import BuildOptions
+from trtpack.options import BuildPlan
 from trtpack.report import JsonObject
 from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
@@ -54,7 +54,7 @@ class EngineMetrics(StageMetrics):
     cases: int
     failed: int  # verification rows that failed
 
-def fingerprint(options: BuildOptions) -> JsonObject:
+def fingerprint(options: BuildPlan) -> JsonObject:
     from trtpack.machine.packages import tensorrt_version
 
     gpu = options.target.gpu

@@ -17,7 +17,7 @@ import numpy as np
 from trtpack.cases import Case, save_cases
 from trtpack.errors import UserInputError
 from trtpack.onnx_tools.files import graph_summary
-from trtpack.options import BuildOptions
+from trtpack.options import BuildPlan
 from trtpack.pytorch.models import (
     LoadedModel,
     call_program_module,
@@ -65,7 +65,7 @@ def _directory_fingerprint(path: Path | None) -> list[tuple[str, int, int]]:
     )
 
 
-def fingerprint(options: BuildOptions) -> JsonObject:
+def fingerprint(options: BuildPlan) -> JsonObject:
     r = options.recipe
     return {
         "source": r.source.model_dump(),
@@ -129,7 +129,7 @@ def _vocab_size(loaded: LoadedModel, recipe: Recipe) -> int:
     return 30522
 
 
-def build_cases(options: BuildOptions, loaded: LoadedModel) -> tuple[list[Case], list[str]]:
+def build_cases(options: BuildPlan, loaded: LoadedModel) -> tuple[list[Case], list[str]]:
     """The verification cases, and warnings (corners no --sample-inputs sample fits)."""
     specs = options.recipe.input_specs()
     samples = SampleInputs.of(options, _vocab_size(loaded, options.recipe))

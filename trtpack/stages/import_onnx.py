@@ -24,7 +24,7 @@ from trtpack.onnx_tools.files import (
     placed_tensors,
 )
 from trtpack.onnx_tools.vocab import vocab_from_graph
-from trtpack.options import BuildOptions
+from trtpack.options import BuildPlan
 from trtpack.report import JsonObject
 from trtpack.sources.tokenizer_files import has_tokenizer, tokenizer_files
 from trtpack.stages.artifacts import Artifacts
@@ -47,12 +47,12 @@ class ImportMetrics(StageMetrics):
     reference: str  # what the later stages are compared with
     op_types: dict[str, int]
 
-def source_path(options: BuildOptions) -> Path:
+def source_path(options: BuildPlan) -> Path:
     assert options.recipe.source.onnx is not None
     return Path(options.recipe.source.onnx).expanduser()
 
 
-def tokenizer_folder(options: BuildOptions) -> Path:
+def tokenizer_folder(options: BuildPlan) -> Path:
     """Where the ONNX's tokenizer is: the recipe's ``tokenizer_source`` (``--tokenizer``),
     else beside the ONNX."""
     source = options.recipe.tokenizer_source
@@ -65,7 +65,7 @@ def _file_state(path: Path) -> list[str | int]:
     return [path.name, path.stat().st_size, int(path.stat().st_mtime)] if path.is_file() else []
 
 
-def fingerprint(options: BuildOptions) -> JsonObject:
+def fingerprint(options: BuildPlan) -> JsonObject:
     r = options.recipe
     src = source_path(options)
     files = [_file_state(src)] + [_file_state(p) for p in sorted(src.parent.iterdir())

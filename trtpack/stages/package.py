@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trtpack.options import BuildOptions
+from trtpack.options import BuildPlan
 from trtpack.out_files import REPOSITORY, TUNING
 from trtpack.report import JsonObject
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
@@ -31,7 +31,7 @@ class PackageMetrics(StageMetrics):
     repository: str  # the repository folder's name inside OUT
     tuning: list[str]  # perf_analyzer / Model Analyzer files, relative to OUT
 
-def fingerprint(options: BuildOptions) -> JsonObject:
+def fingerprint(options: BuildPlan) -> JsonObject:
     return {"triton": options.recipe.triton.model_dump(), "serve": options.serve,
             "fallback_cpu": options.fallback_cpu}
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from trtpack.errors import StageError, UserInputError
-from trtpack.options import BuildOptions
+from trtpack.options import BuildPlan
 from trtpack.precision.calibration.data import DEFAULT_TEXT, calibration_path
 from trtpack.precision.calibration.files import file_sha256
 from trtpack.precision.fp16.conversion import FP16_FIRST_NODES, MAX_FP16_ROUNDS, Fp16Conversion
@@ -38,7 +38,7 @@ from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 ALGORITHM_VERSION = 5
 
 
-def fingerprint(options: BuildOptions) -> JsonObject:
+def fingerprint(options: BuildPlan) -> JsonObject:
     r = options.recipe
     path = calibration_path(options) if options.precision == "int8" else None
     if path is not None and not path.is_file():
@@ -66,7 +66,7 @@ def fingerprint(options: BuildOptions) -> JsonObject:
 _EARLY_WORKERS: dict[str, ModelOptWorker] = {}  # started by warm_up, by precision
 
 
-def warm_up(options: BuildOptions, build_dir: Path) -> None:
+def warm_up(options: BuildPlan, build_dir: Path) -> None:
     """In the stage's own process, before its job: start the ModelOpt worker so it imports
     ModelOpt while the stages before this one run."""
     if options.precision in ("fp16", "int8"):

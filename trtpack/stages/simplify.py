@@ -16,7 +16,7 @@ from pathlib import Path
 
 from trtpack.onnx_tools.files import graph_summary
 from trtpack.onnx_tools.simplify_graph import import_onnxsim, simplify_file
-from trtpack.options import BuildOptions
+from trtpack.options import BuildPlan
 from trtpack.processes import NO_SPACE_EXIT, run_forked
 from trtpack.report import JsonObject
 from trtpack.stages.artifacts import Artifacts
@@ -35,13 +35,13 @@ class SimplifyMetrics(StageMetrics):
     external_data: bool | None = None
 
 
-def warm_up(options: BuildOptions, build_dir: Path) -> None:
+def warm_up(options: BuildPlan, build_dir: Path) -> None:
     """Import onnxsim (without torch: ``import_onnxsim``) while the stages before run."""
     with contextlib.suppress(ImportError):  # not installed: run() says so
         import_onnxsim()
 
 
-def fingerprint(options: BuildOptions) -> JsonObject:
+def fingerprint(options: BuildPlan) -> JsonObject:
     return {"tool": "onnxsim", "node_metadata": 1}
 
 

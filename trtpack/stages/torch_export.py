@@ -20,7 +20,7 @@ import numpy as np
 
 from trtpack.errors import TrtpackError
 from trtpack.onnx_tools.files import DATA_SUFFIX, data_path, move_model, resave_with_sidecar
-from trtpack.options import BuildOptions
+from trtpack.options import BuildPlan
 from trtpack.pytorch.onnx_export import (
     Decomposition,
     exporter_failure,
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from torch.export import Dim
 
 
-def _example_inputs(options: BuildOptions) -> dict[str, np.ndarray]:
+def _example_inputs(options: BuildPlan) -> dict[str, np.ndarray]:
     """Example shapes for tracing: the opt shape, with dynamic sizes of 1 raised to 2 where
     the profile allows (an example size of 1 gets specialized away by the exporter)."""
     profile = options.profiles[0]
@@ -63,7 +63,7 @@ class Exported:
     decomposition: str
 
 
-def export_onnx(wrapper: torch.nn.Module, options: BuildOptions, path: Path,
+def export_onnx(wrapper: torch.nn.Module, options: BuildPlan, path: Path,
                 log: logging.Logger, saved: torch.nn.Module | None = None) -> Exported:
     """Export with the recipe's exporter. When the dynamo exporter fails, retry with the
     TorchScript exporter (``dynamo=False``, as Hugging Face Optimum does); the verify stage
@@ -130,7 +130,7 @@ def export_onnx(wrapper: torch.nn.Module, options: BuildOptions, path: Path,
                     decomposition=decomposition.summary())
 
 
-def _dynamic_shapes(options: BuildOptions) -> tuple[dict[int, Dim], ...]:
+def _dynamic_shapes(options: BuildPlan) -> tuple[dict[int, Dim], ...]:
     """torch.export dims, one per axis name (shared by the inputs that have it), bounded by
     the largest profile max, so the exported graph names its dynamic axes as the recipe."""
     from torch.export import Dim

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trtpack.cases import load_cases, save_cases, with_outputs
-from trtpack.options import BuildOptions
+from trtpack.options import BuildPlan
 from trtpack.report import JsonObject
 from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
@@ -26,7 +26,7 @@ CHECK = "onnx-vs-torch"
 CHECK_ONNX_IN = "simplified-vs-input-onnx"  # ONNX in: the reference is the user's ONNX
 
 
-def fingerprint(options: BuildOptions) -> JsonObject:
+def fingerprint(options: BuildPlan) -> JsonObject:
     r = options.recipe
     return {"tolerance": r.verify.model_dump(), "metrics": [o.model_dump() for o in r.outputs]}
 

@@ -19,7 +19,7 @@ from trtpack.shapes import BATCH_AXIS, Shape, TensorSpec
 from trtpack.sources.recipe import Recipe
 
 if TYPE_CHECKING:
-    from trtpack.options import BuildOptions
+    from trtpack.options import BuildPlan
 
 
 def _load(path: Path) -> dict[str, np.ndarray]:
@@ -129,8 +129,8 @@ class SampleInputs:
         self.unfitted: list[str] = []
 
     @classmethod
-    def of(cls, options: BuildOptions, vocab_size: int | None = None) -> SampleInputs:
-        """The samples of ``options.sample_inputs`` (a ``BuildOptions``), or none."""
+    def of(cls, options: BuildPlan, vocab_size: int | None = None) -> SampleInputs:
+        """The samples of ``options.sample_inputs`` (a ``BuildPlan``), or none."""
         path = options.sample_inputs
         recipe = options.recipe
         samples = read_sample_inputs(path, recipe, vocab_size) if path is not None else None

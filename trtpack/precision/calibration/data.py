@@ -43,7 +43,7 @@ from trtpack.shapes import ShapeProfile
 from trtpack.sources.recipe import Recipe
 
 if TYPE_CHECKING:
-    from trtpack.options import BuildOptions
+    from trtpack.options import BuildPlan
     from trtpack.verify.samples import Tokenizer
 from trtpack.verify.sample_files import check_token_ids
 
@@ -117,7 +117,7 @@ def short_samples(texts: Sequence[str], limit: int = MAX_SHORT_SAMPLES) -> list[
     return found[:limit]
 
 
-def calibration_path(options: BuildOptions) -> Path | None:
+def calibration_path(options: BuildPlan) -> Path | None:
     """``--calibration`` if given, else the recipe's ``precision_options.int8.calibration``."""
     if options.calibration is not None:
         return Path(options.calibration)

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import numpy as np
     import onnx
 
-    from trtpack.options import BuildOptions
+    from trtpack.options import BuildPlan
     from trtpack.precision.calibration.data import CalibrationData
     from trtpack.precision.cpu.outlier_channels import OutlierSplit
     from trtpack.verify.samples import TokenDecoder
@@ -43,7 +43,7 @@ SEARCH_LAYERS = "the int8 search's fp32 layers kept"
 EVERY_LAYER_SMOOTHED = ("LayerNormalization",)
 
 
-def search_on_demand(options: BuildOptions) -> bool:
+def search_on_demand(options: BuildPlan) -> bool:
     """INT8 served by ONNX Runtime alone (``--target cpu``, not ``--precision auto``): the
     first CPU INT8 form is gated first, and the Q/DQ search runs (in the CPU model stage)
     only when it fails; beside a GPU engine and for ``--precision auto`` it always runs."""
