@@ -25,14 +25,16 @@ class Measured:
     cpu_seconds: float = 0.0
 
 
-def run_measured(cmd: list[str], *, env: dict[str, str] | None = None,
+def run_measured(cmd: list[str], *, env: dict[str, str | None] | None = None,
                  cwd: str | None = None, interval: float = 0.05) -> Measured:
     """Wall time, CPU seconds and peak RSS (the process and all its children, summed) of a
-    command (CPU seconds: call it from one thread at a time)."""
+    command (CPU seconds: call it from one thread at a time). ``env``: variables to set on
+    top of this process's, a None value removes one."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    merged = {**os.environ, **(env or {})}
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})}, cwd=cwd)
+                            env={k: v for k, v in merged.items() if v is not None}, cwd=cwd)
     ps = psutil.Process(proc.pid)
     peak = 0.0
     while proc.poll() is None:

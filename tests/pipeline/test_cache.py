@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
+from trtpack.onnx_tools.files import sha256_file
 from trtpack.pipeline.cache import StageCache
 
 
@@ -46,6 +47,24 @@ def test_only_the_stages_after_a_change_run_again(tmp_path: Path) -> None:
     assert _ran(other_opset) == ["export", "simplify", "verify", "precision", "package"]
     forced = _build(out, cache, "--precision", "fp16", "--no-cache")
     assert _ran(forced) == ["export", "simplify", "verify", "precision", "package"]
+
+
+def test_records_and_cache_entries_written_beside_later_stages_are_whole(tmp_path: Path
+                                                                          ) -> None:
+    """A stage's sha256 records and its cache entry are made on a thread while the next
+    stages run (``StageRuns._record``): the report still lists every file of every stage
+    with its sha256, and the rebuild finds every entry stored, with the same records."""
+    cache, out = tmp_path / "cache", tmp_path / "out"
+    first = _build(out, cache, "--precision", "fp32")
+    made = {"export", "simplify", "verify", "cpu_model"}
+    assert {n for n, s in first.items() if s["artifacts"]} == made
+    for stage in first.values():
+        for record in stage["artifacts"]:
+            assert sha256_file(out / record["path"]) == record["sha256"], record["path"]
+    again = _build(out, cache, "--precision", "fp32")
+    assert _ran(again) == ["package"]
+    for name in made:
+        assert again[name]["artifacts"] == first[name]["artifacts"], name
 
 
 def test_half_written_cache_entries_are_never_hits(tmp_path: Path) -> None:

@@ -28,8 +28,9 @@ from typing import TypeAlias
 
 from trtpack.errors import MemoryRefusal, StageError, StageKilledError, TrtpackError, no_space_cause
 from trtpack.options import BuildPlan
-from trtpack.pipeline.stage import Stage
-from trtpack.processes import die_with_parent, kill_group
+from trtpack.pipeline.prestart import StartedProcess, start_stage_process
+from trtpack.pipeline.stage import STAGES, Stage
+from trtpack.processes import die_with_parent
 from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import ProgressEvent, StageContext, StageOutcome, stage_logger
 
@@ -51,27 +52,26 @@ class ChildStageError(TrtpackError):
 
 
 class StageProcess:
-    """The process one isolated stage will run in, started (and warming up) ahead of time.
-    Its output (native libraries' messages) goes to ``log_path``."""
+    """The process one isolated stage will run in, started (and warming up) ahead of time:
+    started here, or taken from those the command started first (``pipeline.prestart``).
+    Its output (native libraries' messages) goes to its stage log once ``prepare`` names it."""
 
-    def __init__(self, stage: Stage, log_path: Path, options: BuildPlan,
-                 build_dir: Path) -> None:
+    def __init__(self, stage: Stage, log_path: Path,
+                 started: StartedProcess | None = None) -> None:
         self.stage = stage
-        jobs_r, jobs_w = os.pipe()  # build -> stage: the job
-        messages_r, messages_w = os.pipe()  # stage -> build: progress, then the outcome
-        with open(log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "trtpack.pipeline.isolate", str(jobs_r),
-                 str(messages_w), stage.module, *stage.warm_modules],
-                pass_fds=(jobs_r, messages_w), start_new_session=True,
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-            )
-        os.close(jobs_r)
-        os.close(messages_w)
-        self._jobs = Connection(jobs_w, readable=False)
-        self._messages = Connection(messages_r, writable=False)
-        # what the stage may start ahead of its job (its module's ``warm_up``)
-        self._jobs.send((options, build_dir))
+        self._started = started or start_stage_process(stage.name, log_path)
+        self.process = self._started.process
+        self._jobs = self._started.jobs
+        self._messages = self._started.messages
+
+    def prepare(self, options: BuildPlan, build_dir: Path, log_path: Path) -> None:
+        """Send the build's plan (the stage module's ``warm_up`` may start on it) and the
+        stage log, where the process's output goes from now on (with what it wrote before,
+        when it was writing elsewhere)."""
+        moved = None if log_path == self._started.log_path else log_path
+        self._started.log_path = log_path
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # run() says why
+            self._jobs.send((options, build_dir, moved))
 
     @property
     def pid(self) -> int:
@@ -128,12 +128,7 @@ class StageProcess:
 
     def stop(self) -> None:
         """End the process and everything it started (at once), and close the pipes."""
-        if self.process.poll() is None:
-            kill_group(self.process.pid)
-        self.process.wait()
-        kill_group(self.process.pid)  # anything it started that is still running
-        self._jobs.close()
-        self._messages.close()
+        self._started.stop()
 
 
 def _run_job(module_name: str, job: StageJob, messages: Connection) -> None:
@@ -170,18 +165,33 @@ def _run_job(module_name: str, job: StageJob, messages: Connection) -> None:
         handler.close()
 
 
+def _output_to(log_path: Path, before: Path) -> None:
+    """From now on this process's output goes to ``log_path``, after what it wrote to
+    ``before`` (which is removed)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with contextlib.suppress(OSError):
+        written = before.read_bytes()
+        with open(log_path, "ab") as log:
+            log.write(written)
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        before.unlink()
+
+
 def main(argv: list[str]) -> int:
-    """The stage process: ``JOBS_FD MESSAGES_FD STAGE_MODULE [WARM_MODULE...]``. The
-    first message is ``(options, build_dir)`` for the stage module's optional
-    ``warm_up(options, build_dir)``; the second is the job."""
+    """The stage process: ``JOBS_FD MESSAGES_FD STAGE_NAME LOG_PATH``. It imports the stage's
+    module and its ``warm_modules`` first; the first message is ``(options, build_dir,
+    stage_log)`` for the module's optional ``warm_up(options, build_dir)`` (``stage_log``: where
+    the output goes from now on, None to stay at ``LOG_PATH``); the second is the job."""
     die_with_parent()
     jobs = Connection(int(argv[0]), writable=False)
     messages = Connection(int(argv[1]), readable=False)
-    try:
-        options, build_dir = jobs.recv()
-    except EOFError:
-        return 0
-    stage_module = importlib.import_module(argv[2])
+    stage = next(s for s in STAGES if s.name == argv[2])
+    stage_module = importlib.import_module(stage.module)
     # A stage may ask for other collector thresholds (export: tracing a model makes millions
     # of short-lived objects, and Python's default thresholds spend a good part of a small
     # model's export collecting them); what the imports made is frozen out of later
@@ -189,18 +199,24 @@ def main(argv: list[str]) -> int:
     thresholds = getattr(stage_module, "GC_THRESHOLDS", None)
     if thresholds is not None:
         gc.set_threshold(*thresholds)
+    for module in stage.warm_modules:
+        with contextlib.suppress(Exception):  # not installed: the stage says so when it runs
+            importlib.import_module(module)
+    try:
+        options, build_dir, stage_log = jobs.recv()
+    except EOFError:  # not needed after all (cache hit, or the build ended)
+        return 0
+    if stage_log is not None:
+        _output_to(stage_log, Path(argv[3]))
     warm_up = getattr(stage_module, "warm_up", None)
     if warm_up is not None:  # e.g. precision starts the ModelOpt worker
         warm_up(options, build_dir)
-    for module in argv[3:]:
-        with contextlib.suppress(Exception):  # not installed: the stage says so when it runs
-            importlib.import_module(module)
     gc.freeze()
     try:
         job = jobs.recv()
     except EOFError:  # not needed after all (cache hit, or the build ended)
         return 0
-    _run_job(argv[2], job, messages)
+    _run_job(stage.module, job, messages)
     messages.close()
     return 0
 

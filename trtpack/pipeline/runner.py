@@ -125,7 +125,7 @@ class Pipeline:
                 shutil.rmtree(work, ignore_errors=True)
                 work.mkdir()
                 self._run_stages(work, report)
-                self.stages.stop_processes()
+                self.stages.end()
                 if o.auto_precision:
                     report.name_served_precision()
                 report.total_seconds = time.perf_counter() - started
@@ -138,15 +138,15 @@ class Pipeline:
                 full = no_space_cause(e)
                 if full is None:
                     raise
-                self.stages.stop_processes()
+                self.stages.end(failed=True)
                 raise disk_full_error(full, self.options, work, out,
                                       self.current_stage) from e
         except MemoryRefusal:  # refused before the work started, as the pre-check refuses
-            self.stages.stop_processes()
+            self.stages.end(failed=True)
             shutil.rmtree(work, ignore_errors=True)
             raise
         except TrtpackError as e:
-            self.stages.stop_processes()
+            self.stages.end(failed=True)
             if isinstance(e, StageError) and e.log_path is not None \
                     and e.log_path.is_relative_to(work):
                 e.log_path = failed_dir / e.log_path.relative_to(work)
@@ -171,7 +171,7 @@ class Pipeline:
             e.report = report
             raise
         except BaseException:  # Ctrl-C, SIGTERM, a bug: nothing of this build stays
-            self.stages.stop_processes()
+            self.stages.end(failed=True)
             shutil.rmtree(work, ignore_errors=True)
             raise
         replaced = replace_out(work, out)

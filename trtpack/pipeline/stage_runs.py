@@ -1,18 +1,26 @@
 """The stages of one build: planned with their cache keys before anything runs, their
 processes started ahead so they warm up while earlier stages run, and each stage either
-reused from the cache or run (in its process, or in this one), measured and stored."""
+reused from the cache or run (in its process, or in this one), measured and stored.
+
+A stage that ran is recorded (its files' sha256 for the report, ``build_folder``) and stored
+in the cache (hard links and BLAKE3 hashes) on a thread of this process while the next stage
+runs: the hashing no longer waits between stages (bert-large's 1.3 GB of weights are hashed
+twice per stage that writes them). ``end`` waits for it before the report is written."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 import traceback
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
 
 from trtpack.errors import StageError, StageKilledError, TrtpackError, no_space_cause
 from trtpack.options import BuildPlan
+from trtpack.pipeline import prestart
 from trtpack.pipeline.build_folder import artifact_records
 from trtpack.pipeline.cache import StageCache, relative_artifacts, stage_key
 from trtpack.pipeline.faults import killed_message, oom_kills
@@ -43,6 +51,9 @@ class StageRuns:
         self.progress = progress
         self.cache = StageCache(options.cache_dir)
         self.processes: dict[str, StageProcess] = {}
+        # one stage's records and cache entry at a time, in the order the stages ran
+        self._records = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trtpack-records")
+        self._pending: list[Future[None]] = []
 
     def plan(self, versions: dict[str, str | None],
              finished: Mapping[str, str] | None = None) -> list[PlannedStage]:
@@ -75,13 +86,34 @@ class StageRuns:
         wanted = ahead[:beside + 1] if ahead and ahead[0] is planned[index] else ahead[:beside]
         for p in wanted:
             if p.stage.name not in self.processes:
-                self.processes[p.stage.name] = StageProcess(
-                    p.stage, logs / f"{p.stage.name}.log", self.options, logs.parent)
+                self._start(p.stage, logs / f"{p.stage.name}.log", logs.parent)
+        prestart.end_untaken()  # the build's first stage is not the one the command guessed
+
+    def _start(self, stage: Stage, log_path: Path, build_dir: Path) -> None:
+        """The stage's process: the one the command prestarted for it, or a new one."""
+        process = StageProcess(stage, log_path, prestart.take(stage.name))
+        process.prepare(self.options, build_dir, log_path)
+        self.processes[stage.name] = process
 
     def stop_processes(self) -> None:
         for process in self.processes.values():
             process.stop()
         self.processes.clear()
+        prestart.end_untaken()  # a build whose stages were all cached took none
+
+    def end(self, failed: bool = False) -> None:
+        """Stop the stage processes and wait for every stage's records and cache entry. A
+        failure of the records is raised (a full disk: the runner says so), unless the build
+        failed already (its own error is the one to show)."""
+        self.stop_processes()
+        pending, self._pending = self._pending, []
+        for future in pending:
+            if failed:
+                with contextlib.suppress(Exception):
+                    future.result()
+            else:
+                future.result()
+        self._records.shutdown(wait=True)
 
     def reuse(self, stage: Stage, key: str, stage_dir: Path
               ) -> tuple[tuple[StageResult, list[VerificationRow], Artifacts] | None, str | None]:
@@ -113,7 +145,7 @@ class StageRuns:
                            self.progress)
         if stage.isolated and stage.name not in self.processes:
             # planned as cached, but the entry went away
-            self.processes[stage.name] = StageProcess(stage, log_path, self.options, work)
+            self._start(stage, log_path, work)
         process = self.processes.get(stage.name)
         # the processes warming up for later stages are not this stage's memory
         meter = ResourceMeter(exclude={p.pid for p in self.processes.values()
@@ -145,17 +177,29 @@ class StageRuns:
             stage.name, outcome.status, seconds=meter.seconds, peak_memory_mb=meter.peak_mb,
             message=outcome.message, metrics=outcome.metrics.to_dict(),
             warnings=outcome.warnings,
-            artifacts=artifact_records(outcome.artifacts, stage_dir, work),
         )
+        stored: JsonObject | None = None
         if stage.cacheable and self.options.use_cache and outcome.status == "ok" and all(
             r.passed for r in outcome.verification
-        ):
-            meta: JsonObject = {
-                "artifacts": relative_artifacts(outcome.artifacts, stage_dir),
-                "records": [asdict(a) for a in result.artifacts],
-                "result": {k: v for k, v in asdict(result).items()
-                           if k not in ("artifacts", "cached", "log_path")},
-                "verification": [asdict(r) for r in outcome.verification],
-            }
-            self.cache.store(stage.name, plan.key, stage_dir, meta)
+        ):  # the result as stored, taken now: the runner adds to it (its log, warnings) later
+            stored = {k: v for k, v in asdict(result).items()
+                      if k not in ("artifacts", "cached", "log_path")}
+        self._pending.append(self._records.submit(
+            self._record, stage.name, plan.key, stored, stage_dir, work, outcome, result))
         return result, outcome.verification, outcome.artifacts
+
+    def _record(self, stage: str, key: str, stored: JsonObject | None, stage_dir: Path,
+                work: Path, outcome: StageOutcome, result: StageResult) -> None:
+        """``result``'s artifact records, and the cache entry of ``stored`` (None: not
+        stored). On the records thread, while later stages run: a stage writes only in its
+        own folder, so these files do not change any more."""
+        result.artifacts = artifact_records(outcome.artifacts, stage_dir, work)
+        if stored is None:
+            return
+        meta: JsonObject = {
+            "artifacts": relative_artifacts(outcome.artifacts, stage_dir),
+            "records": [asdict(a) for a in result.artifacts],
+            "result": stored,
+            "verification": [asdict(r) for r in outcome.verification],
+        }
+        self.cache.store(stage, key, stage_dir, meta)

@@ -1,0 +1,107 @@
+"""A build's first stage process, started as the ``trtpack build`` command starts.
+
+Before it starts the process of its first stage (``isolate.StageProcess``), a build imports
+its command line, resolves the recipe, checks the memory the profiles need and plans its
+stages: about half a second on 2 cores, and that process then spends 3 s importing torch and
+transformers (the export) before it can begin. ``prestart`` starts that process first, before
+the command line is even imported, so its imports run beside all of that. It needs no options
+to import: they come with ``StageProcess.prepare`` once the build has planned.
+
+Which stage: the export, unless MODEL names an ``.onnx`` file (the import stage). The build
+takes the process (``take``) when it plans that stage; one it does not take (the stage cache
+holds the export, or MODEL was a recipe file naming an ONNX model) is ended then
+(``end_untaken``): a rebuild spends under half a second of one core on it.
+
+This module imports nothing heavy: ``trtpack.cli.main`` calls it before anything else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from trtpack.processes import kill_group
+
+ISOLATE_MODULE = "trtpack.pipeline.isolate"  # the stage process's entry point
+
+
+@dataclass
+class StartedProcess:
+    """A stage's process, started and importing: the pipes to it, and where its output goes
+    (a prestarted one's: a temporary file, until its stage log is known)."""
+
+    process: subprocess.Popen[bytes]
+    jobs: Connection  # build -> stage: the plan, then the job
+    messages: Connection  # stage -> build: progress, then the outcome
+    log_path: Path
+
+    def stop(self) -> None:
+        """End the process and everything it started, and close the pipes."""
+        if self.process.poll() is None:
+            kill_group(self.process.pid)
+        self.process.wait()
+        kill_group(self.process.pid)  # anything it started that is still running
+        self.jobs.close()
+        self.messages.close()
+
+
+def start_stage_process(stage: str, log_path: Path) -> StartedProcess:
+    """``python -m trtpack.pipeline.isolate`` for the stage named ``stage``, in a session
+    (process group) of its own, its output appended to ``log_path``."""
+    jobs_r, jobs_w = os.pipe()
+    messages_r, messages_w = os.pipe()
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", ISOLATE_MODULE, str(jobs_r), str(messages_w), stage,
+             str(log_path)],
+            pass_fds=(jobs_r, messages_w), start_new_session=True,
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+        )
+    os.close(jobs_r)
+    os.close(messages_w)
+    return StartedProcess(process, Connection(jobs_w, readable=False),
+                          Connection(messages_r, writable=False), log_path)
+
+
+_PRESTARTED: dict[str, StartedProcess] = {}
+
+
+def first_stage(argv: list[str]) -> str | None:
+    """The stage a ``trtpack`` command line (without the program name) starts with, when it
+    is ``build MODEL ...`` and not asking for help: ``import`` for an ONNX file, else
+    ``export``."""
+    if len(argv) < 2 or argv[0] != "build" or argv[1].startswith("-"):
+        return None
+    if any(a in ("--help", "-h") for a in argv[1:]):
+        return None
+    return "import" if argv[1].lower().endswith(".onnx") else "export"
+
+
+def prestart(argv: list[str]) -> None:
+    """Start the first stage's process of the build ``argv`` asks for (see the module)."""
+    stage = first_stage(argv)
+    if stage is None or stage in _PRESTARTED:
+        return
+    with contextlib.suppress(OSError):  # no temporary folder: the build starts it later
+        handle, name = tempfile.mkstemp(prefix=f"trtpack-{stage}-", suffix=".log")
+        os.close(handle)
+        _PRESTARTED[stage] = start_stage_process(stage, Path(name))
+
+
+def take(stage: str) -> StartedProcess | None:
+    """The process prestarted for ``stage``, now the build's (None: there is none)."""
+    return _PRESTARTED.pop(stage, None)
+
+
+def end_untaken() -> None:
+    """End the prestarted processes no build took, and remove their output files."""
+    while _PRESTARTED:
+        _, started = _PRESTARTED.popitem()
+        started.stop()
+        started.log_path.unlink(missing_ok=True)
