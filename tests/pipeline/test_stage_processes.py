@@ -31,3 +31,10 @@ def test_only_the_next_stage_warms_up_beside_the_export(tmp_path: Path) -> None:
     assert alive["verify"] == ["cpu_model", "verify"]
     assert alive["cpu_model"] == ["cpu_model"]
     assert pipeline.processes == {}  # every one ended with the build
+    # the CPU model's fusion ran in its process while verify ran (its head start): the
+    # stage took it up instead of fusing again
+    cpu_model = next(s for s in report.stages if s.name == "cpu_model")
+    assert cpu_model.metrics["head_start_seconds"] > 0
+    log = (options.out_dir / "logs" / "cpu_model.log").read_text()
+    assert log.count("fusing the transformer graph") == 1
+    assert "the fusion ran while the stage before ran" in log

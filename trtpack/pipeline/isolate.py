@@ -22,8 +22,10 @@ import os
 import subprocess
 import sys
 import traceback
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
+from types import ModuleType
 from typing import TypeAlias
 
 from trtpack.errors import MemoryRefusal, StageError, StageKilledError, TrtpackError, no_space_cause
@@ -41,6 +43,16 @@ StageJob: TypeAlias = tuple[str, BuildPlan, Path, Path, Artifacts, Path]
 # the stage whose process traces a PyTorch model for the memory pre-check
 # (``memory_check.check_in_export``), before its own work
 MEMORY_TRACED_IN = "export"
+
+
+@dataclass(frozen=True)
+class HeadStart:
+    """What the build sends a ``Stage.head_start`` stage's process while the stage before it
+    runs: the artifacts made so far, its folder and its log."""
+
+    artifacts: Artifacts
+    stage_dir: Path
+    log_path: Path
 
 
 class ChildStageError(TrtpackError):
@@ -72,6 +84,11 @@ class StageProcess:
         self._started.log_path = log_path
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # run() says why
             self._jobs.send((options, build_dir, moved))
+
+    def head_start(self, head_start: HeadStart) -> None:
+        """Let the process start on its stage's work (``Stage.head_start``)."""
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # run() says why
+            self._jobs.send(head_start)
 
     @property
     def pid(self) -> int:
@@ -212,13 +229,35 @@ def main(argv: list[str]) -> int:
     if warm_up is not None:  # e.g. precision starts the ModelOpt worker
         warm_up(options, build_dir)
     gc.freeze()
-    try:
-        job = jobs.recv()
-    except EOFError:  # not needed after all (cache hit, or the build ended)
-        return 0
+    while True:
+        try:
+            job = jobs.recv()
+        except EOFError:  # not needed after all (cache hit, or the build ended)
+            return 0
+        # a StageJob is a tuple, a HeadStart is not (not an isinstance test: this process
+        # runs the module as __main__, and unpickles trtpack.pipeline.isolate's HeadStart)
+        if isinstance(job, tuple):
+            break
+        _head_start(stage.name, stage_module, options, build_dir, job)
     _run_job(stage.module, job, messages)
     messages.close()
     return 0
+
+
+def _head_start(name: str, module: ModuleType, options: BuildPlan, build_dir: Path,
+                head_start: HeadStart) -> None:
+    """The stage module's ``head_start(ctx)``. Whatever it raises is logged and left to the
+    stage's ``run``, which does that work itself when there is no head start."""
+    logger, handler = stage_logger(f"trtpack.stage.{name}.head_start", head_start.log_path)
+    ctx = StageContext(options, name, head_start.stage_dir, build_dir, head_start.artifacts,
+                       logger, lambda event: None)  # its progress is logged, not shown
+    try:
+        module.head_start(ctx)
+    except Exception:
+        logger.warning("the head start failed; the stage does that work when it runs",
+                       exc_info=True)
+    finally:
+        handler.close()
 
 
 def end_process(code: int) -> None:

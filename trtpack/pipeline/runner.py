@@ -209,9 +209,10 @@ class Pipeline:
             plan = planned[stage.name]
             if not plan.cached:
                 self.stages.start_ahead(order, order.index(plan), logs)
+            self.stages.head_start_next(order, plan, artifacts, work, logs)
             stage_dir = work / ARTIFACTS / stage.name
             self.current_stage = stage.name
-            stage_dir.mkdir(parents=True)
+            stage_dir.mkdir(parents=True, exist_ok=True)  # a head start may have made it
             self.progress(ProgressEvent(stage.name, "start"))
             log_path = logs / f"{stage.name}.log"
             discarded: str | None = None

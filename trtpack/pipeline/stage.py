@@ -33,6 +33,10 @@ class Stage:
     warm_modules: tuple[str, ...] = ()
     # How many later isolated stages' processes warm up while this one runs.
     warm_beside: int = 2
+    # An isolated stage whose module has ``head_start(ctx)``: its process starts that part of
+    # its work (on the artifacts made so far) while the stage before it runs, and ``run``
+    # takes it up (the CPU model fuses its graph while verify checks the ONNX model).
+    head_start: bool = False
     # False: the stage is not part of this build at all (not listed in the report)
     applies: Callable[[BuildPlan], bool] = lambda o: True
 
@@ -88,6 +92,7 @@ STAGES: tuple[Stage, ...] = (
     # the model ONNX Runtime serves on the CPU (--target cpu, --fallback-cpu): fused, and
     # INT8 on its integer kernels; the engine keeps the TensorRT-shaped graph
     Stage("cpu_model", "trtpack.stages.cpu_model", isolated=True, applies=_cpu_served,
+          head_start=True,
           warm_modules=("onnx", "onnxruntime", "onnxruntime.transformers.optimizer",
                         "onnxruntime.quantization")),
     Stage("engine", "trtpack.stages.engine", _engine_skip),

@@ -20,11 +20,12 @@ from types import ModuleType
 
 from trtpack.errors import StageError, StageKilledError, TrtpackError, no_space_cause
 from trtpack.options import BuildPlan
+from trtpack.out_files import ARTIFACTS
 from trtpack.pipeline import prestart
 from trtpack.pipeline.build_folder import artifact_records
 from trtpack.pipeline.cache import StageCache, relative_artifacts, stage_key
 from trtpack.pipeline.faults import killed_message, oom_kills
-from trtpack.pipeline.isolate import StageProcess
+from trtpack.pipeline.isolate import HeadStart, StageProcess
 from trtpack.pipeline.stage import STAGES, Stage
 from trtpack.report import Artifact, JsonObject, StageResult, VerificationRow
 from trtpack.resources import ResourceMeter
@@ -88,6 +89,22 @@ class StageRuns:
             if p.stage.name not in self.processes:
                 self._start(p.stage, logs / f"{p.stage.name}.log", logs.parent)
         prestart.end_untaken()  # the build's first stage is not the one the command guessed
+
+    def head_start_next(self, planned: list[PlannedStage], current: PlannedStage,
+                        artifacts: Artifacts, work: Path, logs: Path) -> None:
+        """As ``current`` starts, give the stage after it its head start
+        (``Stage.head_start``) on ``artifacts``, when it will run in a process already
+        started."""
+        index = planned.index(current)
+        if index + 1 >= len(planned):
+            return
+        later = planned[index + 1]
+        process = self.processes.get(later.stage.name)
+        if not later.stage.head_start or later.cached or process is None:
+            return
+        stage_dir = work / ARTIFACTS / later.stage.name
+        stage_dir.mkdir(parents=True, exist_ok=True)
+        process.head_start(HeadStart(artifacts, stage_dir, logs / f"{later.stage.name}.log"))
 
     def _start(self, stage: Stage, log_path: Path, build_dir: Path) -> None:
         """The stage's process: the one the command prestarted for it, or a new one."""

@@ -21,6 +21,7 @@ from typing import Any
 from trtpack.cases import Case, load_cases
 from trtpack.onnx_tools.files import save_model
 from trtpack.options import BuildPlan
+from trtpack.precision.cpu.fusion import CpuGraph
 from trtpack.precision.cpu.int8 import search_on_demand
 from trtpack.precision.metrics import JsonValue as MetricsValue
 from trtpack.report import JsonObject, VerificationRow
@@ -65,6 +66,8 @@ class CpuModelMetrics(StageMetrics):
     heldout_worst: float | None = None  # the served INT8 model's, on the held-out split
     # the Q/DQ search's metrics, where it ran in this stage (--target cpu, first form failed)
     search: dict[str, MetricsValue] | None = None
+    # the fusion's seconds when it ran while the stage before ran (not in this stage's time)
+    head_start_seconds: float | None = None
 
 
 def fingerprint(options: BuildPlan) -> JsonObject:
@@ -104,46 +107,108 @@ def model_shape(ctx: StageContext) -> tuple[str | None, int | None, int | None]:
     return config.get("model_type"), attention_heads(config), config_hidden_size(config)
 
 
-def run(ctx: StageContext) -> StageOutcome:
-    from trtpack.onnx_tools.files import graph_summary
-    from trtpack.precision.cpu.fusion import CpuGraph, cpu_graph
+@dataclass
+class FusedGraph:
+    """The fused FP32 graph, saved in the stage's folder (``fp32/model.onnx``), and what it
+    was made from: ``source`` is a copy of the simplified model in ``work`` (the stage's
+    scratch folder, which the INT8 forms use too)."""
 
-    recipe = ctx.options.recipe
-    mask = recipe.input_name("attention_mask")
+    onnx: Path  # the simplified model (the ``onnx`` artifact) it was made from
+    work: Path
+    source: Path
+    graph: CpuGraph
+    fp32_path: Path
+    warnings: list[str]
+    seconds: float
+
+
+_HEAD_STARTED: list[FusedGraph] = []  # this process's head start (one at most)
+
+
+def head_start(ctx: StageContext) -> None:
+    """The fusion, made while the stage before this one runs (``Stage.head_start``): the FP32
+    graph it reads is final once the simplify has run, and only the check of the fused
+    model needs the verify stage's FP32 outputs. ``run`` takes it up."""
+    _HEAD_STARTED.append(fuse(ctx))
+
+
+def fuse(ctx: StageContext) -> FusedGraph:
+    """The simplified model fused for ONNX Runtime on the CPU, saved as ``fp32/model.onnx``
+    in the stage's folder (the plain graph, with a warning, when the optimizer fails)."""
+    import time
+
+    from trtpack.precision.cpu.fusion import cpu_graph
+
+    started = time.perf_counter()
     model_type, heads, hidden = model_shape(ctx)
+    fp32_onnx = ctx.needs(ctx.artifacts.onnx, "onnx")
     work = Path(tempfile.mkdtemp(prefix=".work-", dir=ctx.stage_dir))
+    fp32_dir = ctx.stage_dir / "fp32"
     try:
         source = work / "model.onnx"
         # copies: onnx refuses a sidecar with several hard links (the stage cache's)
-        fp32_onnx = ctx.needs(ctx.artifacts.onnx, "onnx")
         shutil.copy2(fp32_onnx, source)
         data = fp32_onnx.with_name(fp32_onnx.name + ".data")
         if data.is_file():
             shutil.copy2(data, work / data.name)
         ctx.progress("fusing the transformer graph for ONNX Runtime on the CPU")
         warnings: list[str] = []
-        search_note = ""
         try:
             graph = cpu_graph(source, config_model_type=model_type, num_heads=heads,
-                              hidden_size=hidden, mask_input=mask, load_weights=False)
+                              hidden_size=hidden,
+                              mask_input=ctx.options.recipe.input_name("attention_mask"),
+                              load_weights=False)
         except Exception as e:  # an optimizer crash on an unusual graph: serve the plain one
             import onnx
 
             ctx.log.exception("ONNX Runtime's transformer optimizer failed")
-            warnings.append(f"ONNX Runtime's transformer optimizer failed ({type(e).__name__}: "
-                            f"{str(e)[:200]}); the CPU model is the plain FP32 graph")
+            warnings.append(f"ONNX Runtime's transformer optimizer failed ({type(e).__name__}"
+                            f": {str(e)[:200]}); the CPU model is the plain FP32 graph")
             graph = CpuGraph(onnx.load(str(source), load_external_data=False), None, {})
-        fp32_dir = ctx.stage_dir / "fp32"
         fp32_dir.mkdir()
         fp32_path = fp32_dir / "model.onnx"
         save_model(graph.model, fp32_path, weights_dir=work)  # weights streamed from work
+    except BaseException:  # nothing half-made stays in the stage's folder
+        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(fp32_dir, ignore_errors=True)
+        raise
+    return FusedGraph(fp32_onnx, work, source, graph, fp32_path, warnings,
+                      time.perf_counter() - started)
+
+
+def _head_started(ctx: StageContext) -> FusedGraph | None:
+    """The head start's fusion, when it was made from this stage's model into its folder."""
+    for fused in _HEAD_STARTED:
+        if fused.onnx == ctx.artifacts.onnx and fused.fp32_path.parent.parent == ctx.stage_dir:
+            _HEAD_STARTED.remove(fused)
+            return fused
+    return None
+
+
+def run(ctx: StageContext) -> StageOutcome:
+    from trtpack.onnx_tools.files import graph_summary
+
+    recipe = ctx.options.recipe
+    mask = recipe.input_name("attention_mask")
+    model_type, heads, hidden = model_shape(ctx)
+    fused = _head_started(ctx)
+    head_start_seconds = fused.seconds if fused is not None else None
+    if fused is not None:
+        ctx.log.info("the fusion ran while the stage before ran (%.1f s)", fused.seconds)
+    else:
+        fused = fuse(ctx)
+    work, source, graph, fp32_path = fused.work, fused.source, fused.graph, fused.fp32_path
+    warnings = list(fused.warnings)
+    search_note = ""
+    try:
         cases = load_cases(ctx.needs(ctx.artifacts.fp32_outputs, "fp32_outputs"))
         rows = verify_rows(ctx, fp32_path, cases, CHECK_FP32, "fp32")
         metrics = CpuModelMetrics(
             form="fp32, fused for ONNX Runtime" if graph.fused else "fp32 (no fusion matched)",
             optimizer_model_type=graph.model_type, fused_operators=graph.fused,
             nodes_before=graph_summary(source)["nodes"], nodes_after=len(graph.model.graph.node),
-            skip_layer_norms_split=graph.skip_layer_norms_split)
+            skip_layer_norms_split=graph.skip_layer_norms_split,
+            head_start_seconds=head_start_seconds)
         if graph.model_type is not None and not any(graph.fused.values()):
             warnings.append(f"ONNX Runtime's {graph.model_type} optimizer fused nothing: the "
                             "CPU model is the plain FP32 graph")
@@ -178,8 +243,8 @@ def run(ctx: StageContext) -> StageOutcome:
             warnings.append("fp16 build: the CPU model is the fused FP32 graph")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    fused = ", ".join(f"{n} {op}" for op, n in metrics.fused_operators.items() if n)
-    message = f"{metrics.form}: {fused or 'nothing fused'}"
+    fused_text = ", ".join(f"{n} {op}" for op, n in metrics.fused_operators.items() if n)
+    message = f"{metrics.form}: {fused_text or 'nothing fused'}"
     if metrics.skip_layer_norms_split:
         message += (f" ({metrics.skip_layer_norms_split} SkipLayerNormalization run as Sum + "
                     "LayerNormalization, faster on the CPU)")
