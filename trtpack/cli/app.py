@@ -141,6 +141,9 @@ def main() -> None:
     if code == ExitCode.INTERRUPTED:
         # cleaned up and said so: leave without the interpreter's shutdown, where about one
         # interrupted build in 20 ended by SIGINT (-2) instead of 130
+        from trtpack.pipeline.prestart import end_untaken
+
+        end_untaken()  # os._exit skips trtpack.cli.main's own cleanup
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(ExitCode.INTERRUPTED)

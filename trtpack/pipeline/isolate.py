@@ -30,7 +30,7 @@ from typing import TypeAlias
 
 from trtpack.errors import MemoryRefusal, StageError, StageKilledError, TrtpackError, no_space_cause
 from trtpack.options import BuildPlan
-from trtpack.pipeline.prestart import StartedProcess, start_stage_process
+from trtpack.pipeline.prestart import StartedProcess, move_output, start_stage_process
 from trtpack.pipeline.stage import STAGES, Stage
 from trtpack.processes import die_with_parent
 from trtpack.stages.artifacts import Artifacts
@@ -80,8 +80,8 @@ class StageProcess:
         """Send the build's plan (the stage module's ``warm_up`` may start on it) and the
         stage log, where the process's output goes from now on (with what it wrote before,
         when it was writing elsewhere)."""
-        moved = None if log_path == self._started.log_path else log_path
-        self._started.log_path = log_path
+        self._started.stage_log = log_path
+        moved = None if log_path == self._started.output else log_path
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # run() says why
             self._jobs.send((options, build_dir, moved))
 
@@ -184,19 +184,16 @@ def _run_job(module_name: str, job: StageJob, messages: Connection) -> None:
 
 def _output_to(log_path: Path, before: Path) -> None:
     """From now on this process's output goes to ``log_path``, after what it wrote to
-    ``before`` (which is removed)."""
+    ``before`` (removed once it is there; else the build moves it when it stops us)."""
     sys.stdout.flush()
     sys.stderr.flush()
-    with contextlib.suppress(OSError):
-        written = before.read_bytes()
-        with open(log_path, "ab") as log:
-            log.write(written)
+    if move_output(before, log_path):
+        with contextlib.suppress(OSError):
+            before.unlink()
     fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-    with contextlib.suppress(OSError):
-        before.unlink()
 
 
 def main(argv: list[str]) -> int:
@@ -216,9 +213,11 @@ def main(argv: list[str]) -> int:
     thresholds = getattr(stage_module, "GC_THRESHOLDS", None)
     if thresholds is not None:
         gc.set_threshold(*thresholds)
-    for module in stage.warm_modules:
-        with contextlib.suppress(Exception):  # not installed: the stage says so when it runs
-            importlib.import_module(module)
+    # The plan is here already when the build started this process (its warm_up, e.g. the
+    # ModelOpt worker, then starts before the imports); a prestarted one imports first.
+    planned = jobs.poll()
+    if not planned:
+        _import(stage.warm_modules)
     try:
         options, build_dir, stage_log = jobs.recv()
     except EOFError:  # not needed after all (cache hit, or the build ended)
@@ -228,6 +227,8 @@ def main(argv: list[str]) -> int:
     warm_up = getattr(stage_module, "warm_up", None)
     if warm_up is not None:  # e.g. precision starts the ModelOpt worker
         warm_up(options, build_dir)
+    if planned:
+        _import(stage.warm_modules)
     gc.freeze()
     while True:
         try:
@@ -242,6 +243,12 @@ def main(argv: list[str]) -> int:
     _run_job(stage.module, job, messages)
     messages.close()
     return 0
+
+
+def _import(modules: tuple[str, ...]) -> None:
+    for module in modules:
+        with contextlib.suppress(Exception):  # not installed: the stage says so when it runs
+            importlib.import_module(module)
 
 
 def _head_start(name: str, module: ModuleType, options: BuildPlan, build_dir: Path,

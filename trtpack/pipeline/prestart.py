@@ -17,7 +17,6 @@ This module imports nothing heavy: ``trtpack.cli.main`` calls it before anything
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
@@ -33,22 +32,50 @@ ISOLATE_MODULE = "trtpack.pipeline.isolate"  # the stage process's entry point
 
 @dataclass
 class StartedProcess:
-    """A stage's process, started and importing: the pipes to it, and where its output goes
-    (a prestarted one's: a temporary file, until its stage log is known)."""
+    """A stage's process, started and importing: the pipes to it, the file its output went
+    to from the start (``output``: a prestarted one's is temporary) and its stage log, once
+    the build has named it (``StageProcess.prepare``); the process moves its output there
+    when it reads that."""
 
     process: subprocess.Popen[bytes]
     jobs: Connection  # build -> stage: the plan, then the job
     messages: Connection  # stage -> build: progress, then the outcome
-    log_path: Path
+    output: Path
+    stage_log: Path | None = None
 
     def stop(self) -> None:
-        """End the process and everything it started, and close the pipes."""
+        """End the process and everything it started, close the pipes, and keep what it
+        wrote: a temporary output it had not moved yet (it died importing, or the build
+        ended first) goes into the stage log, or is removed when there is none."""
         if self.process.poll() is None:
             kill_group(self.process.pid)
         self.process.wait()
         kill_group(self.process.pid)  # anything it started that is still running
         self.jobs.close()
         self.messages.close()
+        if self.stage_log is None or self.output == self.stage_log:
+            if self.stage_log is None:
+                self.output.unlink(missing_ok=True)
+            return
+        if move_output(self.output, self.stage_log):
+            self.output.unlink(missing_ok=True)
+
+
+def move_output(output: Path, stage_log: Path) -> bool:
+    """Append what ``output`` holds to ``stage_log``: whether it is there now (nothing to
+    move is there too)."""
+    try:
+        written = output.read_bytes()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    try:
+        with open(stage_log, "ab") as log:
+            log.write(written)
+    except OSError:
+        return False
+    return True
 
 
 def start_stage_process(stage: str, log_path: Path) -> StartedProcess:
@@ -88,10 +115,15 @@ def prestart(argv: list[str]) -> None:
     stage = first_stage(argv)
     if stage is None or stage in _PRESTARTED:
         return
-    with contextlib.suppress(OSError):  # no temporary folder: the build starts it later
+    try:
         handle, name = tempfile.mkstemp(prefix=f"trtpack-{stage}-", suffix=".log")
-        os.close(handle)
+    except OSError:  # no temporary folder: the build starts the process itself, later
+        return
+    os.close(handle)
+    try:
         _PRESTARTED[stage] = start_stage_process(stage, Path(name))
+    except OSError:
+        Path(name).unlink(missing_ok=True)
 
 
 def take(stage: str) -> StartedProcess | None:
@@ -104,4 +136,3 @@ def end_untaken() -> None:
     while _PRESTARTED:
         _, started = _PRESTARTED.popitem()
         started.stop()
-        started.log_path.unlink(missing_ok=True)

@@ -10,6 +10,7 @@ twice per stage that writes them). ``end`` waits for it before the report is wri
 from __future__ import annotations
 
 import contextlib
+import shutil
 import time
 import traceback
 from collections.abc import Mapping
@@ -55,6 +56,8 @@ class StageRuns:
         # one stage's records and cache entry at a time, in the order the stages ran
         self._records = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trtpack-records")
         self._pending: list[Future[None]] = []
+        # stages whose process got a head start (stage -> its folder), until they run
+        self._head_started: dict[str, Path] = {}
 
     def plan(self, versions: dict[str, str | None],
              finished: Mapping[str, str] | None = None) -> list[PlannedStage]:
@@ -104,6 +107,7 @@ class StageRuns:
             return
         stage_dir = work / ARTIFACTS / later.stage.name
         stage_dir.mkdir(parents=True, exist_ok=True)
+        self._head_started[later.stage.name] = stage_dir
         process.head_start(HeadStart(artifacts, stage_dir, logs / f"{later.stage.name}.log"))
 
     def _start(self, stage: Stage, log_path: Path, build_dir: Path) -> None:
@@ -121,16 +125,30 @@ class StageRuns:
     def end(self, failed: bool = False) -> None:
         """Stop the stage processes and wait for every stage's records and cache entry. A
         failure of the records is raised (a full disk: the runner says so), unless the build
-        failed already (its own error is the one to show)."""
+        failed already: then its own error is the one to show, the records not started yet
+        are dropped, and what head starts made for stages that never ran is removed (the
+        folder of a failed build holds what ran)."""
         self.stop_processes()
         pending, self._pending = self._pending, []
         for future in pending:
             if failed:
+                future.cancel()
                 with contextlib.suppress(Exception):
                     future.result()
             else:
                 future.result()
         self._records.shutdown(wait=True)
+        if failed:
+            for stage_dir in self._head_started.values():
+                shutil.rmtree(stage_dir, ignore_errors=True)
+        self._head_started.clear()
+
+    def _raise_record_failures(self) -> None:
+        """A stage's records or cache entry that failed (a full disk): raised now, before
+        the next stage runs, not after every later stage."""
+        for future in self._pending:
+            if future.done() and not future.cancelled():
+                future.result()
 
     def reuse(self, stage: Stage, key: str, stage_dir: Path
               ) -> tuple[tuple[StageResult, list[VerificationRow], Artifacts] | None, str | None]:
@@ -165,8 +183,12 @@ class StageRuns:
             self._start(stage, log_path, work)
         process = self.processes.get(stage.name)
         # the processes warming up for later stages are not this stage's memory
-        meter = ResourceMeter(exclude={p.pid for p in self.processes.values()
-                                       if p is not process})
+        self._raise_record_failures()
+        self._head_started.pop(stage.name, None)
+        # the processes warming up for later stages are not this stage's memory; one working
+        # on its head start beside this stage is
+        meter = ResourceMeter(exclude={p.pid for name, p in self.processes.items()
+                                       if p is not process and name not in self._head_started})
         oom_before = oom_kills()
         try:
             with meter:

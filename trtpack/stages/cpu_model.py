@@ -122,7 +122,7 @@ class FusedGraph:
     seconds: float
 
 
-_HEAD_STARTED: list[FusedGraph] = []  # this process's head start (one at most)
+_HEAD_STARTED: list[FusedGraph] = []  # this process's head start: one at most
 
 
 def head_start(ctx: StageContext) -> None:
@@ -144,6 +144,7 @@ def fuse(ctx: StageContext) -> FusedGraph:
     fp32_onnx = ctx.needs(ctx.artifacts.onnx, "onnx")
     work = Path(tempfile.mkdtemp(prefix=".work-", dir=ctx.stage_dir))
     fp32_dir = ctx.stage_dir / "fp32"
+    made_fp32_dir = False
     try:
         source = work / "model.onnx"
         # copies: onnx refuses a sidecar with several hard links (the stage cache's)
@@ -166,22 +167,27 @@ def fuse(ctx: StageContext) -> FusedGraph:
                             f": {str(e)[:200]}); the CPU model is the plain FP32 graph")
             graph = CpuGraph(onnx.load(str(source), load_external_data=False), None, {})
         fp32_dir.mkdir()
+        made_fp32_dir = True
         fp32_path = fp32_dir / "model.onnx"
         save_model(graph.model, fp32_path, weights_dir=work)  # weights streamed from work
     except BaseException:  # nothing half-made stays in the stage's folder
         shutil.rmtree(work, ignore_errors=True)
-        shutil.rmtree(fp32_dir, ignore_errors=True)
+        if made_fp32_dir:
+            shutil.rmtree(fp32_dir, ignore_errors=True)
         raise
     return FusedGraph(fp32_onnx, work, source, graph, fp32_path, warnings,
                       time.perf_counter() - started)
 
 
 def _head_started(ctx: StageContext) -> FusedGraph | None:
-    """The head start's fusion, when it was made from this stage's model into its folder."""
-    for fused in _HEAD_STARTED:
+    """The head start's fusion, when it was made from this stage's model into its folder;
+    one made from another model is removed (``run`` fuses again)."""
+    while _HEAD_STARTED:
+        fused = _HEAD_STARTED.pop()
         if fused.onnx == ctx.artifacts.onnx and fused.fp32_path.parent.parent == ctx.stage_dir:
-            _HEAD_STARTED.remove(fused)
             return fused
+        shutil.rmtree(fused.work, ignore_errors=True)
+        shutil.rmtree(fused.fp32_path.parent, ignore_errors=True)
     return None
 
 
