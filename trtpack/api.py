@@ -10,6 +10,7 @@ from typing import cast, get_args
 
 from trtpack.errors import RecipeError, TrtpackError, UserInputError, require_modules
 from trtpack.machine.packages import required_modules
+from trtpack.machine.paths import default_cache_dir
 from trtpack.machine.targets import (
     AUTO,
     CPU,
@@ -27,7 +28,6 @@ from trtpack.options import (
     FixedPrecision,
     PrecisionChoice,
     Serve,
-    default_cache_dir,
 )
 from trtpack.pipeline.runner import build as run_pipeline
 from trtpack.report import BuildReport

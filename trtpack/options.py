@@ -6,13 +6,13 @@ it; the pipeline and every stage read it)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 from trtpack.errors import UserInputError
+from trtpack.machine.paths import default_cache_dir
 from trtpack.machine.targets import AUTO, HARDWARE_COMPATIBILITY, Target
 from trtpack.shapes import ShapeProfile
 from trtpack.sources.heads import task_help
@@ -28,11 +28,6 @@ from trtpack.sources.recipe import (
 )
 
 Fallback = Literal["auto", "off"]
-
-
-def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(os.environ.get("TRTPACK_CACHE_DIR", str(Path(base) / "trtpack")))
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,9 @@ import numpy as np
 
 from trtpack.api import build as run_build
 from trtpack.errors import UserInputError
+from trtpack.machine.paths import default_cache_dir
 from trtpack.options import (
     BuildRequest,
-    default_cache_dir,
     keyword,
     keyword_default,
     option_spec,

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 
 from tests.conftest import ROOT
-from trtpack.pipeline.prestart import first_stage
+from trtpack.pipeline.prestart import first_stage, may_reuse, option_value
 
 BUILD = ("build", "tiny-bert", "--random-weights", "--target", "cpu", "--precision", "fp32",
          "--profile", "1x4:2x8:4x16")
@@ -67,14 +67,26 @@ def test_the_build_takes_the_prestarted_export_process(tmp_path: Path) -> None:
     assert "exporting to ONNX" in (out / "logs" / "export.log").read_text()
     assert list((tmp_path / "tmp").glob("trtpack-*.log")) == []  # its temporary log moved, removed
 
-    # a rebuild takes none: the one it started is ended, its temporary log removed
+    # a rebuild (the cache holds an export) starts none: it would not be used
     proc = _start(tmp_path, *BUILD, "--out", str(out), "--cache-dir", str(cache))
     seen = _stage_processes(proc)
     _, stderr = proc.communicate()
     assert proc.returncode == 0, stderr
-    assert all(not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
-               for pid in seen)
+    assert seen == {}
     assert list((tmp_path / "tmp").glob("trtpack-*.log")) == []
+
+
+def test_a_cache_holding_the_stage_or_no_cache_decides(tmp_path: Path) -> None:
+    argv = ["build", "minilm", "--cache-dir", str(tmp_path / "cache")]
+    assert option_value(argv, "--cache-dir") == str(tmp_path / "cache")
+    assert option_value(["build", "x", f"--cache-dir={tmp_path}"], "--cache-dir") == str(tmp_path)
+    assert not may_reuse(argv, "export")  # no cache folder yet
+    entries = tmp_path / "cache" / "stages" / "export"
+    (entries / "k1.tmp-42").mkdir(parents=True)  # a store in progress is no entry
+    assert not may_reuse(argv, "export")
+    (entries / "k1").mkdir()
+    assert may_reuse(argv, "export") and not may_reuse(argv, "import")
+    assert not may_reuse([*argv, "--no-cache"], "export")
 
 
 def test_a_usage_error_leaves_no_prestarted_process_behind(tmp_path: Path) -> None:

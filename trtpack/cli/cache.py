@@ -16,7 +16,7 @@ from rich.table import Table
 from trtpack.cli.console import out, print_warning
 from trtpack.cli.exits import handle_errors
 from trtpack.errors import UserInputError
-from trtpack.options import default_cache_dir
+from trtpack.machine.paths import default_cache_dir
 from trtpack.pipeline.cache import StageCache
 
 commands = typer.Typer(help="The stage cache: show, check or empty it.",

@@ -44,7 +44,7 @@ def recipes_show(
     import yaml
 
     from trtpack.api import BuildRequest, resolve_recipe
-    from trtpack.options import default_cache_dir
+    from trtpack.machine.paths import default_cache_dir
 
     recipe, _ = resolve_recipe(BuildRequest(model=name, task=task, inputs=inputs or [],
                                             profiles=profile or []), default_cache_dir())

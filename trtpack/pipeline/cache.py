@@ -192,6 +192,14 @@ class StageCache:
     def has(self, stage: str, key: str) -> bool:
         return (self._entry(stage, key) / META).is_file()
 
+    def holds_any(self, stage: str) -> bool:
+        """Whether any entry of ``stage`` is stored (one folder listing, no key: the command
+        line asks before it has a build plan, ``pipeline.prestart``)."""
+        folder = self.root / stage
+        with contextlib.suppress(OSError):
+            return any("." not in entry.name for entry in folder.iterdir())
+        return False
+
     def load(self, stage: str, key: str, dst: Path) -> Loaded:
         """Link the entry's files into ``dst`` and check them (sizes, then BLAKE3 of the
         linked files themselves, so what is checked is what the build uses)."""

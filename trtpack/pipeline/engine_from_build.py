@@ -20,9 +20,10 @@ from pathlib import Path
 
 from trtpack.errors import UserInputError
 from trtpack.machine.local_targets import check_engine_environment
+from trtpack.machine.paths import default_cache_dir
 from trtpack.machine.targets import resolve_target
 from trtpack.onnx_tools.files import sha256_file
-from trtpack.options import BuildPlan, FixedPrecision, default_cache_dir
+from trtpack.options import BuildPlan, FixedPrecision
 from trtpack.out_files import ARTIFACTS, REPOSITORY
 from trtpack.pipeline.build_folder import load_build_report, load_recipe_of, stage_artifacts
 from trtpack.pipeline.runner import FinishedStage, Pipeline

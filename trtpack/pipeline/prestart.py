@@ -7,10 +7,11 @@ transformers (the export) before it can begin. ``prestart`` starts that process 
 the command line is even imported, so its imports run beside all of that. It needs no options
 to import: they come with ``StageProcess.prepare`` once the build has planned.
 
-Which stage: the export, unless MODEL names an ``.onnx`` file (the import stage). The build
-takes the process (``take``) when it plans that stage; one it does not take (the stage cache
-holds the export, or MODEL was a recipe file naming an ONNX model) is ended then
-(``end_untaken``): a rebuild spends under half a second of one core on it.
+Which stage: the export, unless MODEL names an ``.onnx`` file (the import stage); and only
+when the stage cache holds no entry of that stage at all (or ``--no-cache``): a rebuild
+starts no process it would not use. The build takes the process (``take``) when it plans
+that stage; one it does not take (MODEL was a recipe file naming an ONNX model) is ended
+then (``end_untaken``).
 
 This module imports nothing heavy: ``trtpack.cli.main`` calls it before anything else.
 """
@@ -110,10 +111,33 @@ def first_stage(argv: list[str]) -> str | None:
     return "import" if argv[1].lower().endswith(".onnx") else "export"
 
 
+def option_value(argv: list[str], flag: str) -> str | None:
+    """The value of ``flag`` on a command line (``--flag VALUE`` or ``--flag=VALUE``)."""
+    for index, arg in enumerate(argv):
+        if arg == flag and index + 1 < len(argv):
+            return argv[index + 1]
+        if arg.startswith(flag + "="):
+            return arg[len(flag) + 1:]
+    return None
+
+
+def may_reuse(argv: list[str], stage: str) -> bool:
+    """Whether the build may find ``stage`` in its stage cache: the cache it names holds any
+    entry of that stage (a rebuild; then the process would only be ended at the plan, and
+    its imports take a core from the rebuild's own 0.8 s)."""
+    from trtpack.machine.paths import default_cache_dir
+    from trtpack.pipeline.cache import StageCache
+
+    if "--no-cache" in argv:
+        return False
+    folder = option_value(argv, "--cache-dir")
+    return StageCache(Path(folder) if folder else default_cache_dir()).holds_any(stage)
+
+
 def prestart(argv: list[str]) -> None:
     """Start the first stage's process of the build ``argv`` asks for (see the module)."""
     stage = first_stage(argv)
-    if stage is None or stage in _PRESTARTED:
+    if stage is None or stage in _PRESTARTED or may_reuse(argv, stage):
         return
     try:
         handle, name = tempfile.mkstemp(prefix=f"trtpack-{stage}-", suffix=".log")
