@@ -115,30 +115,6 @@ def test_fp16_autocast_keeps_io_types_and_matches_fp32(tiny: dict[str, Path], tm
     _assert_no_modelopt_leftovers(tmp_path)
 
 
-def test_fp16_cases_run_in_the_worker_and_the_stage_opens_no_session(
-        tiny: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The worker runs AutoCast's model on the cases in the session of its own check; the
-    stage compares those outputs (a session made in the stage's process would fail here),
-    and they are the model's: an independent run gives the same rows' outputs."""
-    from trtpack.cases import load_cases
-    from trtpack.runtimes import onnxruntime as runtime
-
-    def no_session(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the stage made an ONNX Runtime session")
-
-    options = build_options("tiny-bert", "fp16", tmp_path / "out", TINY_PROFILES)
-    monkeypatch.setattr(runtime, "cpu_session", no_session)
-    outcome, _, _ = run_stage(options, tiny, tmp_path / "precision")
-    monkeypatch.undo()
-    assert len(outcome.verification) == 6 and all(r.passed for r in outcome.verification)
-    session = ort.InferenceSession(str(outcome.artifacts["precision_onnx"]))
-    for case, row in zip(load_cases(tiny["fp32_outputs"]), outcome.verification, strict=True):
-        (got,) = session.run(None, case.inputs)
-        expected = np.abs(got - case.outputs["last_hidden_state"]).max()
-        assert row.max_abs_diff == pytest.approx(float(expected), rel=1e-6, abs=1e-9)
-    assert not list((tmp_path / "precision").glob("*cases*"))
-
-
 def test_fp16_recipe_keeps_nodes_and_op_types_in_fp32(tiny: dict[str, Path], tmp_path: Path
                                                       ) -> None:
     fp32 = onnx.load(str(tiny["onnx"]), load_external_data=False)

@@ -174,20 +174,15 @@ class Conversion:
         finally:
             worker.close()
 
-    def verify(self, path: Path, session: CpuSession | None = None, workers: int = 1,
-               ran: Path | None = None) -> list[VerificationRow]:
+    def verify(self, path: Path, session: CpuSession | None = None, workers: int = 1
+               ) -> list[VerificationRow]:
         """Rows of the profile corners (``session``: one already open on ``path``, run
-        from ``workers`` threads; None: one made for these few runs; ``ran``: the cases
-        with the outputs of ``path`` already run in the worker, ``trtpack.cases``)."""
+        from ``workers`` threads; None: one made for these few runs)."""
         from trtpack.runtimes.onnxruntime import cpu_session, run_session
         from trtpack.verify.compare import compare_cases
 
-        if ran is not None:
-            by_label = {c.label: c.outputs for c in load_cases(ran)}
-            outputs = [by_label[c.label] for c in self.cases]
-        else:
-            outputs = run_session(session or cpu_session(path, few_runs=True),
-                                  [c.inputs for c in self.cases], workers)
+        outputs = run_session(session or cpu_session(path, few_runs=True),
+                              [c.inputs for c in self.cases], workers)
         return compare_cases(self.check, self.recipe, self.precision, self.cases, outputs,
                              self.sample_text())
 

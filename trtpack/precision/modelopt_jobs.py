@@ -60,20 +60,15 @@ class Int8Job:
 
 @dataclass(frozen=True)
 class Fp16Job:
-    """ModelOpt AutoCast. ``reference_inputs``: one .npz feed for the I/O range rule (and the
-    check that the converted model runs); ``range_nodes_file``: where the nodes that rule
-    keeps in FP32 are kept between conversions."""
+    """ModelOpt AutoCast. ``reference_inputs``: one .npz feed for the I/O range rule;
+    ``range_nodes_file``: where the nodes that rule keeps in FP32 are kept between
+    conversions."""
 
     keep_io_types: bool = True
     nodes_to_exclude: list[str] = field(default_factory=list)
     op_types_to_exclude: list[str] = field(default_factory=list)
     reference_inputs: str | None = None
     range_nodes_file: str | None = None
-    # with reference inputs: the cases (``trtpack.cases``) the stage verifies on; the worker
-    # runs the converted model on their inputs in the session of its own check, and writes
-    # them with those outputs to ``case_outputs`` (the stage opens no session of its own)
-    cases: str | None = None
-    case_outputs: str | None = None
     # "autocast" (ModelOpt), or "float16": onnxconverter-common's convert_float_to_float16,
     # the fallback when AutoCast cannot convert a graph
     # (trtpack.precision.fp16.onnxconverter_fallback)

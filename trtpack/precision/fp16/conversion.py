@@ -94,18 +94,14 @@ class Fp16Conversion(Conversion):
             with open(reference, "wb") as f:
                 np.savez(f, allow_pickle=False,
                          **autocast_reference_inputs(self.cases, self.recipe))
-        ran = self.work / f"{label}-cases.npz"  # the worker runs the cases (AutoCast)
         job = ModelOptJob("fp16", fp16=Fp16Job(
             keep_io_types=s.keep_io_types, nodes_to_exclude=list(keep_fp32),
             op_types_to_exclude=list(s.keep_fp32_op_types), reference_inputs=str(reference),
-            range_nodes_file=str(self.range_nodes_file), converter=self.converter,
-            cases=str(self.ctx.artifact("fp32_outputs")), case_outputs=str(ran)))
+            range_nodes_file=str(self.range_nodes_file), converter=self.converter))
         if self.converter == "autocast":
             try:
                 path = self.modelopt(job, label)
-                rows = self.verify(path, ran=ran if ran.is_file() else None)
-                ran.unlink(missing_ok=True)
-                return Attempt(label, path, list(keep_fp32), rows)
+                return Attempt(label, path, list(keep_fp32), self.verify(path))
             except (StageError, RuntimeError) as e:  # an exception, a crash, a bad model
                 self.autocast_failure = " ".join(str(e).split())[:300]
                 self.converter = "float16"

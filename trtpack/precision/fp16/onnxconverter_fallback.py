@@ -15,7 +15,6 @@ onnx, onnxruntime and onnxconverter-common are imported inside the functions.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,28 +34,20 @@ _NODE_NAME = re.compile(r"Name:\s*'([^']*)'|[Nn]ode \(([^)]*)\)")
 def run_problem(model: Path | onnx.ModelProto, feed: dict[str, np.ndarray]) -> str | None:
     """Why ONNX Runtime cannot run ``model`` (a path or a ModelProto) on ``feed``: its error
     message, or None when it runs and its outputs are finite."""
-    return run_checked(model, feed, [])[0]
-
-
-def run_checked(model: Path | onnx.ModelProto, feed: dict[str, np.ndarray],
-                feeds: Sequence[Mapping[str, np.ndarray]]
-                ) -> tuple[str | None, list[dict[str, np.ndarray]]]:
-    """``run_problem`` of ``model`` on ``feed`` and, when there is none, every output of it
-    for each of ``feeds``, from the same session (an error there is a problem too)."""
     import numpy as np
 
-    from trtpack.runtimes.onnxruntime import cpu_session, run_session
+    from trtpack.runtimes.onnxruntime import cpu_session
 
     try:
         session = cpu_session(model, few_runs=True)
         inputs = {i.name for i in session.get_inputs()}
         outputs = session.run(None, {k: v for k, v in feed.items() if k in inputs})
-        if not all(np.isfinite(np.asarray(o, dtype=np.float64)).all() for o in outputs
-                   if np.issubdtype(np.asarray(o).dtype, np.floating)):
-            return "non-finite outputs", []
-        return None, run_session(session, feeds)
     except Exception as e:  # ONNX Runtime's own errors (kernels, shapes, buffers)
-        return " ".join(str(e).split()) or type(e).__name__, []
+        return " ".join(str(e).split()) or type(e).__name__
+    if not all(np.isfinite(np.asarray(o, dtype=np.float64)).all() for o in outputs
+               if np.issubdtype(np.asarray(o).dtype, np.floating)):
+        return "non-finite outputs"
+    return None
 
 
 def failing_node(message: str, containers: dict[str, str]) -> str | None:
