@@ -198,3 +198,79 @@ def test_range_rule_matches_every_tensor_taken_out_and_measured(tmp_path: Path) 
         assert out_of_range_nodes(src, feed, threshold) == expected
         assert 0 < len(expected) < len(model.graph.node) or threshold == 0.5
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # the probe is gone
+
+
+AUTOCAST_CLEANUP_BOTH_WAYS = """
+import contextlib, json, sys
+from types import SimpleNamespace
+import onnx
+from onnx import TensorProto, helper
+from modelopt.onnx.autocast.precisionconverter import PrecisionConverter
+from trtpack.precision.fp16.autocast_cleanup import indexed_autocast_cleanup
+
+F16 = TensorProto.FLOAT16
+nodes = [
+    helper.make_node("Cast", ["x"], ["x16"], to=F16, name="used_cast"),
+    helper.make_node("Relu", ["x16"], ["r"], name="relu"),
+    helper.make_node("Cast", ["r"], ["y"], to=TensorProto.FLOAT, name="to_output"),
+    helper.make_node("Cast", ["x"], ["dead16"], to=F16, name="dead_cast"),
+    helper.make_node("Cast", ["dead16"], ["dead32"], to=TensorProto.FLOAT, name="dead_after"),
+    helper.make_node("Relu", ["r"], ["unread"], name="dead_relu"),
+    helper.make_node("Split", ["x"], ["s0", "s1"], axis=0, num_outputs=2, name="half_read"),
+    helper.make_node("Identity", ["s1"], ["z"], name="second_output"),
+    helper.make_node("Dropout", ["x"], ["d", ""], name="optional_output_unread"),
+]
+graph = helper.make_graph(
+    nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4]),
+     helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 4])])
+model = helper.make_model(graph)
+removed = {}
+for way in ("modelopt", "indexed"):
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    patch = indexed_autocast_cleanup() if way == "indexed" else contextlib.nullcontext()
+    with patch as on:
+        PrecisionConverter._cleanup_no_consumer_nodes(SimpleNamespace(model=copy))
+    kept = {m.name for m in copy.graph.node}
+    removed[way] = [n.name for n in model.graph.node if n.name not in kept]
+    removed[way + "_applied"] = on
+print(json.dumps(removed))
+"""
+
+
+def test_indexed_autocast_cleanup_removes_what_modelopts_own_removes() -> None:
+    """AutoCast's dead-node cleanup, indexed, removes the same nodes as ModelOpt's own
+    (ModelOpt in a subprocess, as everywhere in the tests)."""
+    if importlib.util.find_spec("modelopt") is None:
+        pytest.skip("the precision stage needs nvidia-modelopt")
+    proc = subprocess.run([sys.executable, "-c", AUTOCAST_CLEANUP_BOTH_WAYS],
+                          capture_output=True, text=True, check=False, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    removed = json.loads(proc.stdout.strip().splitlines()[-1])
+    # one pass, as ModelOpt's: the Cast feeding a dead Cast stays
+    assert removed["modelopt"] == ["dead_after", "dead_relu", "optional_output_unread"]
+    assert removed["indexed"] == removed["modelopt"]
+    # the installed ModelOpt is the one the patch is written for (else it would not apply)
+    assert removed["indexed_applied"] is True
+
+
+def test_fp16_values_convert_as_autocast_does_a_chunk_at_a_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunked, the conversion equals AutoCast's rule applied to the whole weight at once
+    (clamp to FP16's range, non-zero values below its smallest subnormal set to it)."""
+    from trtpack.precision.fp16 import autocast_weights
+
+    rng = np.random.default_rng(11)
+    values = rng.normal(0, 0.05, (37, 53)).astype(np.float32)
+    values.flat[:8] = [1e-9, -1e-9, 3e-8, -4e-8, 0.0, 1e5, -1e6, np.nan]
+    values.flat[-3:] = [-2e-8, 7e4, 5e-9]  # in the last, partial chunk
+    top, lowest = np.finfo(np.float16).max, np.finfo(np.float16).smallest_subnormal
+    clipped = np.clip(values, -top, top)
+    expected = np.where((clipped != 0) & (np.abs(clipped) < lowest), lowest,
+                        clipped).astype(np.float16)
+    monkeypatch.setattr(autocast_weights, "FP16_CHUNK", 100)  # 20 chunks, the last partial
+    got = autocast_weights.fp16_values(values)
+    assert got.dtype == np.float16 and got.shape == values.shape
+    np.testing.assert_array_equal(got, expected)  # NaN where NaN
+    assert got.flat[1] == lowest and got.flat[5] == top and got.flat[6] == -top

@@ -5,6 +5,7 @@ PyTorch does either way (real torch.onnx exports, checked with ONNX Runtime)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -119,3 +120,59 @@ def test_torchlib_listing_without_parsing_is_the_listing() -> None:
     assert onnxscript_apis.get_torchlib_ops is original  # restored after the block
     assert registry.is_registered(torch.ops.aten.gelu.default)
     assert registry.is_registered(torch.ops.aten.bitwise_and.Tensor)
+
+
+def _two_halves(slices_read_one_tensor: bool) -> Any:
+    """x -> Relu -> two Slices (first and second half of the last axis) -> Add; the Slices
+    read one tensor (what SlicesSplit fuses into a Split) or two."""
+    import onnx
+    import onnx_ir as ir
+    from onnx import TensorProto, helper, numpy_helper
+
+    consts = {"b0": [0], "e0": [4], "b1": [4], "e1": [8], "ax": [-1]}
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["x"], ["n"]),
+             helper.make_node("Slice", ["r", "b0", "e0", "ax"], ["lo"]),
+             helper.make_node("Slice", ["r" if slices_read_one_tensor else "n", "b1", "e1", "ax"],
+                              ["hi"]),
+             helper.make_node("Add", ["lo", "hi"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "halves", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+        [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in consts.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    return ir.serde.deserialize_model(onnx.shape_inference.infer_shapes(model))
+
+
+@pytest.mark.parametrize("one_tensor", [True, False])
+def test_anchored_multi_output_rules_rewrite_what_the_optimizer_rewrites(
+        one_tensor: bool) -> None:
+    """With the multi-output rules tried only on nodes of their first pattern node's op, the
+    optimizer makes the same graph, and the matcher of SlicesSplit sees the Slice nodes only
+    (it listed the whole graph for every node)."""
+    import onnxscript.optimizer
+    import onnxscript.rewriter
+
+    from trtpack.pytorch.onnx_export import anchored_multi_output_rules
+
+    (rule,) = [r for r in onnxscript.rewriter._DEFAULT_REWRITE_RULES if r.name == "SlicesSplit"]
+    seen: list[str] = []
+    matcher = rule._matcher
+
+    class Spy:
+        def match(self, model: object, graph: object, node: Any,
+                  **kwargs: object) -> object:
+            seen.append(node.op_type)
+            return matcher.match(model, graph, node, **kwargs)
+
+    plain, anchored = _two_halves(one_tensor), _two_halves(one_tensor)
+    onnxscript.optimizer.optimize_ir(plain, num_iterations=1)
+    rule._matcher = Spy()
+    try:
+        with anchored_multi_output_rules():
+            onnxscript.optimizer.optimize_ir(anchored, num_iterations=1)
+    finally:
+        rule._matcher = matcher
+    assert [n.op_type for n in anchored.graph] == [n.op_type for n in plain.graph]
+    assert seen == ["Slice", "Slice"]
+    # and the rules are the library's own again afterwards
+    assert all("try_rewrite" not in vars(r) for r in onnxscript.rewriter._DEFAULT_REWRITE_RULES)

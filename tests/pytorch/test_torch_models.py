@@ -209,3 +209,50 @@ def test_hugging_face_module_object_through_the_python_api(tmp_path: Path) -> No
                if s.status == "ok" and s.name != "package")
     assert os.path.samefile(again.served_model, built.served_model) or \
         again.served_model.read_bytes() == built.served_model.read_bytes()
+
+
+@pytest.mark.parametrize("config", [
+    {"model_type": "bert", "vocab_size": 300, "hidden_size": 32, "num_hidden_layers": 2,
+     "num_attention_heads": 4, "intermediate_size": 64, "max_position_embeddings": 64},
+    {"model_type": "gpt2", "vocab_size": 300, "n_embd": 32, "n_layer": 2, "n_head": 4,
+     "n_positions": 64},
+    {"model_type": "resnet", "num_channels": 3, "embedding_size": 8, "hidden_sizes": [8, 16],
+     "depths": [1, 1], "layer_type": "bottleneck"},
+])
+def test_random_weights_initialized_once_match_a_plain_build(config: dict[str, Any]) -> None:
+    """Random weights built on the meta device and initialized once by the model's own
+    init_weights have a plain build's parameters and buffers: the same names and shapes,
+    the same buffers (position ids, batch-norm statistics), weights of the same scale; and
+    the same seed gives the same weights."""
+    import torch
+
+    from trtpack.pytorch.models import model_config, model_module
+    from trtpack.sources.resolve import resolve_model
+
+    recipe = resolve_model("tiny-bert").model_copy(update={"config": config})
+    built = {}
+    for init_once in (False, True, True):
+        torch.manual_seed(5)
+        module = model_module(recipe, model_config(recipe), init_once=init_once).eval()
+        built.setdefault(init_once, []).append(module)
+    plain, once, again = built[False][0], built[True][0], built[True][1]
+    plain_params, once_params = dict(plain.named_parameters()), dict(once.named_parameters())
+    assert {k: v.shape for k, v in once_params.items()} == \
+        {k: v.shape for k, v in plain_params.items()}
+    for name, buffer in plain.named_buffers():
+        assert torch.equal(dict(once.named_buffers())[name], buffer), name
+    for name, param in once_params.items():
+        assert torch.isfinite(param).all(), name
+        assert torch.equal(param, dict(again.named_parameters())[name]), name  # seeded
+        if param.numel() >= 256:  # a weight matrix: the scale of the plain build's
+            ratio = float(param.detach().std() / plain_params[name].detach().std())
+            assert 0.8 < ratio < 1.25, (name, ratio)
+    # not a plain build after all (its generator draws differ: the constructors drew none)
+    assert any(not torch.equal(p, plain_params[n]) for n, p in once_params.items())
+    # the model runs on them
+    with torch.inference_mode():
+        if config["model_type"] == "resnet":
+            out = once(pixel_values=torch.randn(2, 3, 32, 32)).last_hidden_state
+        else:
+            out = once(input_ids=torch.randint(0, 300, (2, 9))).last_hidden_state
+    assert torch.isfinite(out).all()

@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trtpack.onnx_tools.files import save_model
+from trtpack.onnx_tools.files import data_path, save_model
+from trtpack.precision.fp16.autocast_cleanup import indexed_autocast_cleanup
 from trtpack.precision.fp16.autocast_weights import (
     out_of_range_nodes,
     restore_weights,
@@ -198,20 +199,23 @@ def run_autocast(job: ModelOptJob, work: Path) -> WorkerResult:
         weights, beyond = strip_weights(source, onnx_path)
         excluded += beyond
     try:
-        model = convert_to_mixed_precision(
-            onnx_path=str(onnx_path),
-            low_precision_type="fp16",
-            keep_io_types=spec.keep_io_types,
-            nodes_to_exclude=exact(list(dict.fromkeys(excluded))) or None,
-            op_types_to_exclude=list(spec.op_types_to_exclude) or None,
-            data_max=np.inf if reference else DEFAULT_DATA_MAX,
-            providers=["cpu"],
-        )
+        with indexed_autocast_cleanup():  # its dead-node cleanup without a scan per tensor
+            model = convert_to_mixed_precision(
+                onnx_path=str(onnx_path),
+                low_precision_type="fp16",
+                keep_io_types=spec.keep_io_types,
+                nodes_to_exclude=exact(list(dict.fromkeys(excluded))) or None,
+                op_types_to_exclude=list(spec.op_types_to_exclude) or None,
+                data_max=np.inf if reference else DEFAULT_DATA_MAX,
+                providers=["cpu"],
+            )
     finally:
         if onnx_path != source:
             onnx_path.unlink(missing_ok=True)
-    pending = restore_weights(model, weights, source.parent)
-    save_converted(model, Path(job.output), pending, source.parent)
+    output = Path(job.output)
+    with open(data_path(output), "wb") as data:  # the FP16 weights go there as they are made
+        pending = restore_weights(model, weights, source.parent, data)
+    save_converted(model, output, pending, source.parent)
     if reference:
         # AutoCast's model must run where it is verified: a failure (a shape mismatch in a
         # Cast it inserted, a crash) is this worker's, and the stage falls back

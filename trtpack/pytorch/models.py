@@ -333,7 +333,7 @@ def load_model(recipe: Recipe, *, random_weights: bool, seed: int = 0) -> Loaded
     model_dir = source_directory(source)
     if random_weights:
         config = model_config(recipe)
-        module = model_module(recipe, config)
+        module = model_module(recipe, config, init_once=True)
         weights = "random"
     else:
         location = str(model_dir) if model_dir is not None else source.hf_id
@@ -374,13 +374,42 @@ def model_config(recipe: Recipe, from_hub: bool = False) -> PretrainedConfig:
     raise UserInputError(f"recipe {recipe.name} has no 'config' to build random weights from")
 
 
-def model_module(recipe: Recipe, config: PretrainedConfig) -> torch.nn.Module:
+def model_module(recipe: Recipe, config: PretrainedConfig,
+                 init_once: bool = False) -> torch.nn.Module:
     """The recipe's module built from ``config`` (random weights; on the meta device inside
-    ``torch.device("meta")``), with its head's settings and pooling."""
+    ``torch.device("meta")``), with its head's settings and pooling.
+
+    ``init_once``: its weights initialized once, by the model's own ``init_weights``. Built
+    as usual, every ``Linear`` and ``Embedding`` first draws torch's default initialization,
+    which the model's own then overwrites (bert-large: 1.4 s of 2.8 s). Here it is built on
+    the meta device, given memory, and ``init_weights`` fills every weight and buffer, as
+    transformers' ``from_pretrained`` does for what a checkpoint lacks. The weights differ
+    from a plain build's (fewer draws from the seeded generator) and are as deterministic
+    (memory is zeroed first: whatever the model's init would leave is 0). A model its
+    constructor cannot build on the meta device is built as usual."""
+    import torch
+
     cls = _model_class(recipe)
-    # Auto classes build from a config with from_config; a concrete class
-    # (ResNetForImageClassification) is constructed from it
-    module = cls.from_config(config) if hasattr(cls, "from_config") else cls(config)
+
+    def build() -> PreTrainedModel:
+        # Auto classes build from a config with from_config; a concrete class
+        # (ResNetForImageClassification) is constructed from it
+        return cls.from_config(config) if hasattr(cls, "from_config") else cls(config)
+
+    if not init_once:
+        return with_head_and_pooling(recipe, build())
+    try:
+        with torch.device("meta"):
+            empty = build()
+    except Exception:  # a constructor that needs real tensors: built as usual
+        return with_head_and_pooling(recipe, build())
+    if not callable(getattr(empty, "init_weights", None)):
+        return with_head_and_pooling(recipe, build())
+    module = empty.to_empty(device="cpu")
+    with torch.no_grad():
+        for tensor in (*module.parameters(), *module.buffers()):
+            tensor.zero_()  # what its init would miss is 0, never leftover memory
+        module.init_weights()
     return with_head_and_pooling(recipe, module)
 
 

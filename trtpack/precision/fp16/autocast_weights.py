@@ -9,7 +9,7 @@ Runs in the ModelOpt worker; onnx and onnxruntime are imported inside the functi
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from trtpack.onnx_tools.files import LARGE_INITIALIZER_BYTES, data_path, tensor_bytes
 
@@ -125,16 +125,44 @@ def _weight_array(tensor: onnx.TensorProto, folder: Path) -> np.ndarray:
                      shape=tuple(tensor.dims))
 
 
-def fp16_initializer(values: np.ndarray, name: str) -> onnx.TensorProto:
-    """``values`` as an FP16 initializer, the way AutoCast converts one: clamped to FP16's
-    range, non-zero values below its smallest subnormal set to that subnormal."""
+FP16_CHUNK = 1 << 20
+"""Elements converted at a time: the temporaries of one chunk stay in the CPU's cache."""
+
+
+def fp16_values(values: np.ndarray) -> np.ndarray:
+    """``values`` in FP16 the way AutoCast converts a weight: clamped to FP16's range,
+    non-zero values below its smallest subnormal set to that subnormal. Converted a chunk at
+    a time (one pass over the weight, not one per step)."""
     import numpy as np
-    from onnx import numpy_helper
 
     top, lowest = np.finfo(np.float16).max, np.finfo(np.float16).smallest_subnormal
-    array = np.clip(np.asarray(values, dtype=np.float32), -top, top)
-    array = np.where((array != 0.0) & (np.abs(array) < lowest), lowest, array)
-    return numpy_helper.from_array(array.astype(np.float16), name)
+    flat = np.asarray(values).reshape(-1)
+    out = np.empty(flat.shape, dtype=np.float16)
+    for start in range(0, flat.size, FP16_CHUNK):
+        array = np.clip(np.asarray(flat[start:start + FP16_CHUNK], dtype=np.float32), -top, top)
+        tiny = (array != 0.0) & (np.abs(array) < lowest)
+        if tiny.any():
+            array[tiny] = lowest
+        out[start:start + FP16_CHUNK] = array
+    return out.reshape(np.shape(values))
+
+
+def _fp16_external(values: np.ndarray, name: str, data: BinaryIO) -> onnx.TensorProto:
+    """``values`` as an FP16 initializer whose bytes are appended to ``data`` (the model's
+    external data file, opened for writing) rather than held in the protobuf."""
+    import onnx
+
+    array = fp16_values(values)
+    proto = onnx.TensorProto(name=name, data_type=onnx.TensorProto.FLOAT16,
+                             dims=list(array.shape))
+    offset = data.tell()
+    array.tofile(data)
+    proto.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", Path(data.name).name), ("offset", str(offset)),
+                       ("length", str(array.nbytes))):
+        entry = proto.external_data.add()
+        entry.key, entry.value = key, value
+    return proto
 
 
 def strip_weights(source: Path, graph_path: Path
@@ -171,12 +199,15 @@ def strip_weights(source: Path, graph_path: Path
     return weights, beyond
 
 
-def restore_weights(model: onnx.ModelProto, weights: dict[str, onnx.TensorProto], folder: Path
-                    ) -> list[onnx.TensorProto]:
+def restore_weights(model: onnx.ModelProto, weights: dict[str, onnx.TensorProto], folder: Path,
+                    data: BinaryIO) -> list[onnx.TensorProto]:
     """Put the stripped weights back into AutoCast's result: an FP16 initializer where it
     made the weight FP16 (a graph input of type FP16, or Cast-to-FP16 nodes reading it, which
-    are removed), the FP32 one where a node still reads it as FP32. FP32 weights that are in
-    an external data file stay there: they are returned for ``save_converted`` to copy."""
+    are removed), the FP32 one where a node still reads it as FP32. The FP16 weights are made
+    one at a time and written to ``data`` (the output's external data file, open for
+    writing) as they are made: none is held in memory, in the protobuf or beside it. FP32
+    weights that are in an external data file stay there: they are returned for
+    ``save_converted`` to copy."""
     import onnx
 
     graph = model.graph
@@ -191,34 +222,33 @@ def restore_weights(model: onnx.ModelProto, weights: dict[str, onnx.TensorProto]
     graph.ClearField("node")
     graph.node.extend(nodes)
     readers = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
-    restored, external = [], set()
+    external = set()
     for name, tensor in weights.items():
         values = _weight_array(tensor, folder)
         as_input = inputs.get(name)
         if as_input is not None and \
                 as_input.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16:
-            restored.append(fp16_initializer(values, name))
+            graph.initializer.append(_fp16_external(values, name, data))
             continue
         for output in cast_outputs.get(name, []):
-            restored.append(fp16_initializer(values, output))
+            graph.initializer.append(_fp16_external(values, output, data))
         if name in readers:
-            fp32 = onnx.TensorProto()
-            fp32.CopyFrom(tensor)
-            restored.append(fp32)
-            if fp32.data_location == onnx.TensorProto.EXTERNAL:
+            graph.initializer.append(tensor)
+            if tensor.data_location == onnx.TensorProto.EXTERNAL:
                 external.add(name)
     kept_inputs = [i for i in graph.input if i.name not in weights]
     graph.ClearField("input")
     graph.input.extend(kept_inputs)
-    graph.initializer.extend(restored)
     return [t for t in graph.initializer if t.name in external]  # the graph's own copies
 
 
 def save_converted(model: onnx.ModelProto, path: Path, external_weights: list[onnx.TensorProto],
                    source_folder: Path
                    ) -> None:
-    """Save AutoCast's result as ``save_model`` does. ``external_weights`` are initializers
-    still pointing into the source's data file: copied into ``<name>.data`` in chunks."""
+    """Save AutoCast's result as ``save_model`` does, its data file ``<name>.data`` begun by
+    ``restore_weights``: the initializers still in the protobuf are appended to it, and
+    ``external_weights`` (initializers still pointing into the source's data file) are
+    copied into it in chunks."""
     import onnx
     from onnx.external_data_helper import (
         ExternalDataInfo,
@@ -227,7 +257,6 @@ def save_converted(model: onnx.ModelProto, path: Path, external_weights: list[on
     )
 
     data = data_path(path)
-    data.write_bytes(b"")
     for t in model.graph.initializer:
         if t.HasField("raw_data") and len(t.raw_data) >= LARGE_INITIALIZER_BYTES:
             set_external_data(t, location=data.name)
