@@ -84,7 +84,7 @@ def test_a_stage_process_killed_by_sigkill_is_said_in_words(tmp_path: Path) -> N
     proc = start(out, cache)
     wait_for(lambda: stage_started(out, proc, "export"), proc, "the export started")
     stage = next(p for p in psutil.Process(proc.pid).children()
-                 if "trtpack.stages.export" in " ".join(p.cmdline()))
+                 if "trtpack.pipeline.isolate" in p.cmdline() and p.cmdline()[-2] == "export")
     stage.send_signal(signal.SIGKILL)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 4, stderr
