@@ -84,7 +84,7 @@ STAGES: tuple[Stage, ...] = (
           warm_modules=("onnx", "onnxruntime")),  # and onnxsim, in its warm_up
     # isolated: ONNX Runtime's memory for the FP32 model goes back before precision starts
     Stage("verify", "trtpack.stages.verify", isolated=True,
-          warm_modules=("onnx", "onnxruntime", "polygraphy.backend.onnxrt")),
+          warm_modules=("onnx", "onnxruntime", "polygraphy.comparator")),  # what it uses
     # isolated: a Ctrl-C landing while its ONNX Runtime threads ran crashed the build's own
     # process (SIGSEGV, once in the test suite); in a process of its own it is simply ended
     Stage("precision", "trtpack.stages.precision", _precision_skip, isolated=True,
@@ -94,7 +94,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("cpu_model", "trtpack.stages.cpu_model", isolated=True, applies=_cpu_served,
           head_start=True,
           warm_modules=("onnx", "onnxruntime", "onnxruntime.transformers.optimizer",
-                        "onnxruntime.quantization")),
+                        "onnxruntime.quantization", "polygraphy.comparator")),
     Stage("engine", "trtpack.stages.engine", _engine_skip),
     Stage("package", "trtpack.stages.package", cacheable=False),
 )
