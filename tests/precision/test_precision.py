@@ -188,38 +188,6 @@ def test_models_with_external_data_convert_and_save_their_data_beside(
     np.testing.assert_array_equal(a, b)
 
 
-def test_fp16_links_the_weights_and_what_loads_them_with_onnx_gets_a_copy(
-        tiny: dict[str, Path], tmp_path: Path) -> None:
-    """The FP16 conversion hard-links the source's data file instead of copying it; the
-    fallback's ranking (which loads the weights with onnx, which refuses hard-linked data)
-    still runs, and the artifact's data file is left as it was."""
-    import hashlib
-
-    from trtpack.onnx_tools.files import save_model
-    from trtpack.precision.source import own_data
-
-    folder = tmp_path / "simplify"
-    folder.mkdir()
-    source = tmp_path / "artifact"
-    shutil.copytree(tiny["onnx"].parent, source)
-    save_model(onnx.load(str(source / tiny["onnx"].name)), folder / "model.onnx")
-    data = folder / "model.onnx.data"
-    os.link(data, tmp_path / "cache-entry.data")  # as the stage cache links build files
-    digest = hashlib.sha256(data.read_bytes()).hexdigest()
-    linked = prepare_source(folder / "model.onnx", tmp_path / "work" / "source", link_data=True)
-    assert (linked.parent / data.name).stat().st_nlink == 3  # no copy made
-    own_data(linked)
-    assert (linked.parent / data.name).stat().st_nlink == 1 and data.stat().st_nlink == 2
-    assert onnx.load(str(linked)).graph.initializer  # onnx loads its weights now
-    options = strict_gate(build_options("tiny-bert", "fp16", tmp_path / "out", TINY_PROFILES),
-                          "fp16", atol=1e-3, min_cosine=0.999)
-    outcome, _, _ = run_stage(options, {**tiny, "onnx": folder / "model.onnx"},
-                              tmp_path / "precision")
-    assert outcome.metrics["fallback"]["rounds"] >= 1 and outcome.metrics["after"]["passed"]
-    assert data.stat().st_nlink == 2
-    assert hashlib.sha256(data.read_bytes()).hexdigest() == digest
-
-
 # ----------------------------------------------------------------------------- INT8
 
 

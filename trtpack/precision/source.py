@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 from collections.abc import Sequence
@@ -29,28 +28,21 @@ def external_locations(model: onnx.ModelProto) -> set[str]:
     return found
 
 
-def prepare_source(onnx_path: Path, folder: Path, link_data: bool = False) -> Path:
+def prepare_source(onnx_path: Path, folder: Path) -> Path:
     """The FP32 model in a folder of our own, every node with a unique name.
 
     ModelOpt writes temporary files beside its input, and names unnamed nodes itself; the
     exclusions written to the overlay must name the nodes the same way on the next build,
     so unnamed nodes get deterministic names (``<op type>_<index>``) here first.
-
-    The weights are copied: onnx (>= 1.23) refuses external data files that are symlinks or
-    have more than one hard link, and the stage cache hard-links build files. ``link_data``:
-    hard-linked instead, for a conversion that reads them only with ONNX Runtime and numpy
-    (the FP16 one: bert-large's 1.3 GB copy took 2-4 s); what would load them with onnx
-    calls ``own_data`` first.
     """
     import onnx
 
     folder.mkdir(parents=True)
     model = onnx.load(str(onnx_path), load_external_data=False)
     for location in external_locations(model):
-        if link_data:
-            link_or_copy(onnx_path.parent / location, folder / location)
-        else:
-            shutil.copyfile(onnx_path.parent / location, folder / location)
+        # A copy, not a link: onnx (>= 1.23) refuses external data files that are symlinks
+        # or have more than one hard link, and the stage cache hard-links build files.
+        shutil.copyfile(onnx_path.parent / location, folder / location)
     dst = folder / "model.onnx"
     seen: set[str] = set()
     renamed = False
@@ -68,20 +60,6 @@ def prepare_source(onnx_path: Path, folder: Path, link_data: bool = False) -> Pa
     else:
         link_or_copy(onnx_path, dst)
     return dst
-
-
-def own_data(onnx_path: Path) -> None:
-    """Make the external data files of ``onnx_path`` files of their own (a copy in place of
-    a hard link: ``prepare_source``'s ``link_data``), so that onnx loads its weights."""
-    import onnx
-
-    model = onnx.load(str(onnx_path), load_external_data=False)
-    for location in external_locations(model):
-        path = onnx_path.parent / location
-        if path.stat().st_nlink > 1:
-            copy = path.with_name(path.name + ".copy")
-            shutil.copyfile(path, copy)
-            os.replace(copy, path)
 
 
 def resolve_node_patterns(names: Sequence[str], patterns: Sequence[str]

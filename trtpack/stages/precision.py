@@ -120,9 +120,7 @@ def convert(ctx: StageContext, precision: str, share_gate: bool = True) -> Stage
     # the first conversion's worker imports ModelOpt while its job is prepared here
     worker = _EARLY_WORKERS.pop(precision, None) or ModelOptWorker(precision, ctx.stage_dir)
     try:
-        # FP16 reads the source's weights with ONNX Runtime and numpy: linked, not copied
-        source = prepare_source(ctx.needs(ctx.artifacts.onnx, "onnx"), work / "source",
-                                link_data=precision == "fp16")
+        source = prepare_source(ctx.needs(ctx.artifacts.onnx, "onnx"), work / "source")
         view = ConversionView(ctx)
         result = (Fp16Conversion(view, work, source, worker).run() if precision == "fp16"
                   else Int8Conversion(view, work, source, worker, share_gate=share_gate).run())

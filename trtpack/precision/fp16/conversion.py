@@ -19,7 +19,6 @@ from trtpack.precision.conversion import Attempt, Conversion, ConversionResult, 
 from trtpack.precision.graph import DATA_MOVEMENT
 from trtpack.precision.metrics import FallbackSummary, Fp16Metrics
 from trtpack.precision.modelopt_jobs import Fp16Job, ModelOptJob, ModelOptWorker
-from trtpack.precision.source import own_data
 from trtpack.runtimes.onnxruntime import cpu_session
 from trtpack.shapes import BATCH_AXIS
 
@@ -105,7 +104,6 @@ class Fp16Conversion(Conversion):
             except (StageError, RuntimeError) as e:  # an exception, a crash, a bad model
                 self.autocast_failure = " ".join(str(e).split())[:300]
                 self.converter = "float16"
-                own_data(self.source)  # the float16 converter loads the weights with onnx
                 self.ctx.progress("AutoCast could not convert this graph; onnxconverter-common"
                                   "'s float16 instead")
                 shutil.rmtree(self.work / label, ignore_errors=True)
@@ -129,7 +127,6 @@ class Fp16Conversion(Conversion):
                 failing = [c for c, r in zip(self.cases, self._case_pass(final), strict=True)
                            if not r] or self.cases
                 probe = min(failing, key=lambda c: sum(v.size for v in c.inputs.values()))
-                own_data(self.source)  # the ranking loads the weights with onnx
                 ranked = rank_fp16_nodes(self.source, final.path, probe.inputs,
                                          skip=[*user_nodes, *added])
                 take = FP16_FIRST_NODES * 2 ** (rounds - 1)
