@@ -4,6 +4,7 @@ PyTorch does either way (real torch.onnx exports, checked with ONNX Runtime)."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ ort = pytest.importorskip("onnxruntime")
 
 from trtpack.pytorch.onnx_export import (  # noqa: E402
     optimize_program,
+    promotion_only_where_needed,
     quick_torchlib_registry,
     save_program,
     skip_needless_decomposition,
@@ -50,12 +52,39 @@ class Counting(torch.nn.Module):
         return self.lin(x)
 
 
-def export(module: torch.nn.Module, x: torch.Tensor, path: Path) -> str:
+class Plain(torch.nn.Module):
+    """Float tensors and float scalars only: no cast to insert."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(16, 32)
+        self.b = torch.nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.nn.functional.gelu(self.a(x))) * 0.5
+
+
+class Positions(torch.nn.Module):
+    """A float tensor times int64 positions: the exporter's type promotion casts them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(x.shape[1])
+        return self.lin(x) * positions[None, :, None]
+
+
+def export(module: torch.nn.Module, x: torch.Tensor, path: Path,
+           promotion_where_needed: bool = True) -> str:
     from torch.export import Dim
 
     torch.manual_seed(0)
     module.eval()
-    with skip_needless_decomposition() as decomposition, quick_torchlib_registry():
+    promotion = (promotion_only_where_needed() if promotion_where_needed
+                 else contextlib.nullcontext())
+    with skip_needless_decomposition() as decomposition, quick_torchlib_registry(), promotion:
         program = torch.onnx.export(
             module, (x,), input_names=["x"], output_names=["y"], opset_version=18,
             dynamo=True, optimize=False,
@@ -84,6 +113,58 @@ def test_translatable_graph_skips_the_retrace_and_matches_torch(tmp_path: Path) 
             expected = module(torch.from_numpy(sample)).numpy()
         np.testing.assert_allclose(run_onnx(tmp_path / "m.onnx", sample), expected,
                                    rtol=1e-5, atol=1e-5)
+
+
+def _model_bytes(path: Path) -> bytes:
+    """The model and its weights, without the node metadata (stack traces of this file)."""
+    import onnx
+
+    model = onnx.load(str(path))
+    for node in model.graph.node:
+        del node.metadata_props[:]
+    return model.SerializeToString() + Path(f"{path}.data").read_bytes()
+
+
+@pytest.mark.parametrize(("module_type", "casts"),
+                         [(Plain, False), (Block, True), (Positions, True)])
+def test_type_promotion_pass_runs_where_a_node_needs_a_cast(
+        module_type: type[torch.nn.Module], casts: bool, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``needs_promotion`` answers what the exporter's pass does: no cast, and the pass is
+    skipped with the same model written; a cast (``Block``: an int scalar compared with a
+    float tensor; ``Positions``: int64 times float), and the pass runs. The model matches
+    torch either way."""
+    from torch.onnx._internal.fx.passes import type_promotion
+
+    import trtpack.pytorch.onnx_export as onnx_export
+
+    answers: list[bool] = []
+    needs = onnx_export.needs_promotion
+    monkeypatch.setattr(onnx_export, "needs_promotion",
+                        lambda graph_module: answers.append(needs(graph_module)) or answers[-1])
+    created: list[object] = []
+    create = type_promotion._TypePromotionInterpreter._create_node
+
+    def spy(self: object, *args: Any, **kwargs: Any) -> object:
+        created.append(args[2])  # the op of the cast the pass inserts
+        return create(self, *args, **kwargs)
+
+    monkeypatch.setattr(type_promotion._TypePromotionInterpreter, "_create_node", spy)
+    torch.manual_seed(0)
+    module = module_type()
+    x = torch.randn(2, 5, 16)
+    export(module, x, tmp_path / "plain.onnx", promotion_where_needed=False)
+    assert bool(created) == casts  # what the pass itself did
+    created.clear()
+    export(module, x, tmp_path / "m.onnx")
+    assert answers == [casts]
+    assert bool(created) == casts  # it ran only when needed
+    assert _model_bytes(tmp_path / "m.onnx") == _model_bytes(tmp_path / "plain.onnx")
+    sample = np.random.default_rng(2).standard_normal((3, 9, 16)).astype(np.float32)
+    with torch.inference_mode():
+        expected = module(torch.from_numpy(sample)).numpy()
+    np.testing.assert_allclose(run_onnx(tmp_path / "m.onnx", sample), expected,
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_mutating_graph_keeps_the_retrace(tmp_path: Path) -> None:
@@ -144,35 +225,52 @@ def _two_halves(slices_read_one_tensor: bool) -> Any:
 
 
 @pytest.mark.parametrize("one_tensor", [True, False])
-def test_anchored_multi_output_rules_rewrite_what_the_optimizer_rewrites(
-        one_tensor: bool) -> None:
-    """With the multi-output rules tried only on nodes of their first pattern node's op, the
-    optimizer makes the same graph, and the matcher of SlicesSplit sees the Slice nodes only
-    (it listed the whole graph for every node)."""
+def test_anchored_rules_rewrite_what_the_optimizer_rewrites(one_tensor: bool) -> None:
+    """With each rule tried only on nodes of its pattern's first output op, the optimizer
+    makes the same graph, and each rule's matcher sees only the nodes of that op it saw
+    before: SlicesSplit's (two output nodes) the Slice nodes only (it listed the whole graph
+    for every node), the single-output rules theirs (they were tried on every node)."""
     import onnxscript.optimizer
     import onnxscript.rewriter
 
-    from trtpack.pytorch.onnx_export import anchored_multi_output_rules
+    from trtpack.pytorch.onnx_export import anchored_rules
 
-    (rule,) = [r for r in onnxscript.rewriter._DEFAULT_REWRITE_RULES if r.name == "SlicesSplit"]
-    seen: list[str] = []
-    matcher = rule._matcher
+    rules = [r for r in onnxscript.rewriter._DEFAULT_REWRITE_RULES
+             if getattr(r, "_target_pattern", None) is not None
+             and r._target_pattern.output_nodes[0].op_identifier() is not None]
+    seen: dict[int, list[str]] = {id(r): [] for r in rules}
+    matchers = {id(r): r._matcher for r in rules}
 
     class Spy:
+        def __init__(self, key: int) -> None:
+            self.key = key
+
         def match(self, model: object, graph: object, node: Any,
                   **kwargs: object) -> object:
-            seen.append(node.op_type)
-            return matcher.match(model, graph, node, **kwargs)
+            seen[self.key].append(node.op_type)
+            return matchers[self.key].match(model, graph, node, **kwargs)
 
-    plain, anchored = _two_halves(one_tensor), _two_halves(one_tensor)
+    plain, spied, anchored = (_two_halves(one_tensor), _two_halves(one_tensor),
+                              _two_halves(one_tensor))
     onnxscript.optimizer.optimize_ir(plain, num_iterations=1)
-    rule._matcher = Spy()
+    for r in rules:
+        r._matcher = Spy(id(r))
     try:
-        with anchored_multi_output_rules():
+        onnxscript.optimizer.optimize_ir(spied, num_iterations=1)
+        unanchored = {key: list(ops) for key, ops in seen.items()}
+        for ops in seen.values():
+            ops.clear()
+        with anchored_rules():
             onnxscript.optimizer.optimize_ir(anchored, num_iterations=1)
     finally:
-        rule._matcher = matcher
+        for r in rules:
+            r._matcher = matchers[id(r)]
     assert [n.op_type for n in anchored.graph] == [n.op_type for n in plain.graph]
-    assert seen == ["Slice", "Slice"]
+    (slices_split,) = [r for r in rules if r.name == "SlicesSplit"]
+    assert seen[id(slices_split)] == ["Slice", "Slice"]
+    for r in rules:
+        op = r._target_pattern.output_nodes[0].op_type
+        assert seen[id(r)] == [o for o in unanchored[id(r)] if o == op], r.name
+    assert sum(map(len, unanchored.values())) > 4 * sum(map(len, seen.values()))
     # and the rules are the library's own again afterwards
     assert all("try_rewrite" not in vars(r) for r in onnxscript.rewriter._DEFAULT_REWRITE_RULES)

@@ -25,6 +25,7 @@ from trtpack.pytorch.onnx_export import (
     Decomposition,
     exporter_failure,
     optimize_program,
+    promotion_only_where_needed,
     quick_torchlib_registry,
     save_program,
     skip_needless_decomposition,
@@ -95,7 +96,7 @@ def export_onnx(wrapper: torch.nn.Module, options: BuildPlan, path: Path,
         if exporter == "dynamo":
             try:
                 with skip_needless_decomposition() as decomposition, \
-                        quick_torchlib_registry():
+                        quick_torchlib_registry(), promotion_only_where_needed():
                     program = torch.onnx.export(
                         wrapper, args, input_names=input_names, output_names=output_names,
                         opset_version=options.opset, dynamo=True, optimize=False,
