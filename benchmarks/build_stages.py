@@ -4,16 +4,20 @@
         --precision fp32 --json benchmarks/results/build-bert-large-fp32.json
 
     python benchmarks/build_stages.py --recipe minilm --pretrained --profile "" \
-        --precision fp32 --warm-up --max-cold-seconds 10 --max-rebuild-seconds 1 \
+        --precision fp32 --warm-up --repeat 3 --max-cold-seconds 8 --max-rebuild-seconds 1 \
         --json benchmarks/results/build-minilm-fp32.json
 
-Runs the CLI in a child process with an empty stage cache (a cold build), then once more
-with the warm cache (a rebuild with nothing changed), and prints both. ``--warm-up`` first
+Runs the CLI in a child process cold, as the build-cost issue defines it (``--no-cache`` and
+an empty cache folder: nothing read, nothing stored), then once more storing the stage cache
+(the first build on a machine: shown, not judged), then a rebuild with nothing changed from
+that cache, and prints the three. ``--warm-up`` first
 runs one untimed build with a throwaway cache, so the cold build finds the OS file cache
 warm (the model's files, the Python packages) as on a machine that has built before;
 ``--pretrained`` uses the recipe's real weights instead of ``--random-weights``; an empty
 ``--profile`` uses the recipe's own profiles. ``--repeat N`` runs N cold builds (each with a
-new empty cache, each followed by its rebuild) and judges their medians.
+new empty cache, each followed by its storing build and rebuild) and judges the medians of
+the cold builds and of the rebuilds. Figures before 2026-11-27 timed the storing build as the
+cold one (hashing the artifacts into the cache on a thread beside the later stages).
 ``--max-cold-seconds`` and ``--max-rebuild-seconds`` are targets: the script says whether
 each was met and exits 1 if one was not (the build-cost issue's: minilm at most 8 s cold,
 median of 3, and 1 s rebuilt).
@@ -71,6 +75,7 @@ def main() -> None:
     if not args.pretrained:
         args.extra = ["--random-weights", *args.extra]
     colds: list[tuple[dict, float, float, float]] = []
+    storing: list[tuple[dict, float, float, float]] = []
     warms: list[tuple[dict, float, float, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
         if args.warm_up:
@@ -79,11 +84,14 @@ def main() -> None:
         for k in range(args.repeat):
             cache, out = Path(tmp) / f"cache-{k}", Path(tmp) / f"out-{k}"
             colds.append(build(args.recipe, args.profile, args.precision, out, cache,
-                               args.extra))
+                               [*args.extra, "--no-cache"]))
+            storing.append(build(args.recipe, args.profile, args.precision, out, cache,
+                                 args.extra))
             warms.append(build(args.recipe, args.profile, args.precision, out, cache,
                                args.extra))
     # the median run (the upper middle one of an even count) is the one shown and judged
     cold, cold_s, cold_peak, cold_cpu = sorted(colds, key=lambda c: c[1])[len(colds) // 2]
+    stored_s = sorted(b[1] for b in storing)[len(storing) // 2]
     warm, warm_s, warm_peak, warm_cpu = sorted(warms, key=lambda w: w[1])[len(warms) // 2]
     profile = f" --profile {args.profile}" if args.profile else ""
     print(f"trtpack build {args.recipe} {' '.join(args.extra)} --target cpu --precision "
@@ -95,10 +103,12 @@ def main() -> None:
         print(f"| {s['name']} | {s['status']} | {s['seconds']:.1f} | {peak} | {s['message']} |")
     runs = ", ".join(f"{c[1]:.1f}" for c in colds)
     rebuilds = ", ".join(f"{w[1]:.2f}" for w in warms)
-    print(f"| **whole command** | | {cold_s:.1f} | {cold_peak:,.0f} | cold cache, median of "
-          f"{len(colds)} ({runs} s); "
+    print(f"| **whole command** | | {cold_s:.1f} | {cold_peak:,.0f} | cold (`--no-cache`, an "
+          f"empty cache folder), median of {len(colds)} ({runs} s); "
           f"{cold_cpu:.1f} CPU s (user + system); load average "
           f"{machine()['load_average_at_start']:.2f} at the end |")
+    print(f"| first build, storing the cache | | {stored_s:.1f} | | median of {len(storing)} "
+          f"({', '.join(f'{b[1]:.1f}' for b in storing)} s); not judged |")
     print(f"| **rebuild, nothing changed** | | {warm_s:.1f} | {warm_peak:,.0f} | median of "
           f"{len(warms)} ({rebuilds} s); stages reused: "
           f"{sum(s['cached'] for s in warm['stages'])} |")
@@ -117,7 +127,9 @@ def main() -> None:
             "flags": args.extra, "warm_up": args.warm_up,
             "precision": args.precision,
             "cold": {"seconds": cold_s, "runs": [c[1] for c in colds],
-                     "cpu_seconds": cold_cpu, "peak_mb": cold_peak, "report": cold},
+                     "cpu_seconds": cold_cpu, "peak_mb": cold_peak, "report": cold,
+                     "flags": ["--no-cache"]},
+            "storing": {"seconds": stored_s, "runs": [b[1] for b in storing]},
             "warm": {"seconds": warm_s, "runs": [w[1] for w in warms],
                      "cpu_seconds": warm_cpu, "peak_mb": warm_peak, "report": warm},
             "targets": targets, "met": met}, indent=2))

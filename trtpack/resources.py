@@ -47,6 +47,10 @@ class ResourceMeter:
         self._thread: threading.Thread | None = None
         self._start = 0.0
 
+    def exclude_process(self, pid: int) -> None:
+        """Leave ``pid`` (and its children) out from the next sample on."""
+        self.exclude = self.exclude | {pid}
+
     def _sample(self) -> None:
         value = _rss_mb(self.exclude)
         if value is not None and (self.peak_mb is None or value > self.peak_mb):

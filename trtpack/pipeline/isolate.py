@@ -113,6 +113,8 @@ class StageProcess:
                     self._ended(name)
                 if kind == "progress":  # the stage process logged it already
                     ctx.on_progress(ProgressEvent(name, "update", payload))
+                elif kind == "spare_core":
+                    ctx.spare_core(payload)
                 elif kind == "outcome":
                     self._finish()
                     return payload  # type: ignore[no-any-return]
@@ -155,7 +157,11 @@ def _run_job(module_name: str, job: StageJob, messages: Connection) -> None:
     def forward(event: ProgressEvent) -> None:
         messages.send(("progress", event.message))
 
-    ctx = StageContext(options, name, stage_dir, build_dir, artifacts, logger, forward)
+    def spare_core(model_bytes: int) -> None:
+        messages.send(("spare_core", model_bytes))
+
+    ctx = StageContext(options, name, stage_dir, build_dir, artifacts, logger, forward,
+                       spare_core)
     try:
         module = importlib.import_module(module_name)
         warnings = []

@@ -77,7 +77,8 @@ STAGES: tuple[Stage, ...] = (
     Stage("import", "trtpack.stages.import_onnx", isolated=True, applies=_onnx_in,
           warm_modules=("onnx", "onnxruntime")),
     # warm_beside=1: the export holds the whole PyTorch model, the build's memory peak (each
-    # warming process holds 80-140 MB of imports); verify's process starts with the simplify
+    # warming process holds 80-140 MB of imports); verify's process starts with the simplify,
+    # or, for a small model, once the exporter works on one core (StageRuns.warm_on_spare_core)
     Stage("export", "trtpack.stages.export", isolated=True, applies=lambda o: not _onnx_in(o),
           warm_modules=_TORCH, warm_beside=1),
     Stage("simplify", "trtpack.stages.simplify", isolated=True,

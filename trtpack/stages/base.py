@@ -48,6 +48,10 @@ class ProgressEvent:
 ProgressCallback = Callable[[ProgressEvent], None]
 
 
+def _ignore(model_bytes: int) -> None:
+    pass
+
+
 @dataclass
 class StageContext:
     """What a stage sees: the options, its own empty folder, upstream artifacts, a logger."""
@@ -59,10 +63,18 @@ class StageContext:
     artifacts: Artifacts  # what the stages before this one made
     log: logging.Logger
     on_progress: ProgressCallback
+    # told by ``spare_core`` (the build may start later stages' processes then)
+    on_spare_core: Callable[[int], None] = _ignore
 
     def progress(self, message: str) -> None:
         self.log.info(message)
         self.on_progress(ProgressEvent(self.stage, "update", message))
+
+    def spare_core(self, model_bytes: int) -> None:
+        """From here on the stage works on one core (the exporter's Python) and holds a
+        model of ``model_bytes``: the build may let later stages' processes import on the
+        other core now (``StageRuns.warm_on_spare_core``)."""
+        self.on_spare_core(model_bytes)
 
     def needs(self, path: Path | None, name: str) -> Path:
         """``path``, an artifact of an earlier stage (``name`` says which); ``StageError``

@@ -196,6 +196,9 @@ def run(ctx: StageContext) -> StageOutcome:
     run_torch(wrapper, recipe, cases, fresh)
     reference = ctx.stage_dir / "reference.npz"
     save_cases(reference, cases)
+    # the exporter traces in Python, on one core: later stages' processes may import on the other
+    ctx.spare_core(sum(t.numel() * t.element_size() for t in
+                       (*loaded.module.parameters(), *loaded.module.buffers())))
     exporter = "legacy" if recipe.source.torchscript else recipe.exporter
     ctx.progress(f"exporting to ONNX (opset {options.opset}, {exporter} exporter)")
     onnx_path = ctx.stage_dir / "model.onnx"
