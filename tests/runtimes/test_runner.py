@@ -88,3 +88,30 @@ def test_tensorrt_runner_casts_the_feed_to_the_engine_types(
     assert feed["attention_mask"].dtype == np.int64
     with pytest.raises(InactiveRunnerError, match="tensorrt is not active"):
         runner.infer({"input_ids": ids, "attention_mask": ids})
+
+
+def test_few_long_runs_prepack_the_weights_few_short_ones_do_not(tmp_path: Path) -> None:
+    """A few runs skip ONNX Runtime's weight pre-packing unless they push many rows through
+    each weight (``few_runs_prepacked``: bert-large's design card, not minilm's profile)."""
+    from trtpack.runtimes.onnxruntime import PREPACK_FROM_ROWS, cpu_session, few_runs_prepacked
+
+    def tokens(*shapes: tuple[int, int]) -> list[dict[str, np.ndarray]]:
+        return [{"input_ids": np.ones(s, np.int64), "attention_mask": np.ones(s, np.int64)}
+                for s in shapes]
+
+    assert not few_runs_prepacked(tokens((1, 8), (4, 32), (8, 128)))  # minilm: 1,160 rows
+    assert not few_runs_prepacked(tokens((1, 16), (4, 64), (8, 128)))  # 1,296
+    assert few_runs_prepacked(tokens((1, 128), (16, 128), (128, 128)))  # 18,560
+    assert few_runs_prepacked(tokens((1, PREPACK_FROM_ROWS)))
+    assert not few_runs_prepacked(tokens((1, PREPACK_FROM_ROWS - 1)))
+    model = scale_and_shift(tmp_path / "m.onnx")
+
+    def disabled(**kwargs: bool) -> bool:
+        options = cpu_session(model, **kwargs).get_session_options()
+        try:
+            return bool(options.get_session_config_entry("session.disable_prepacking") == "1")
+        except RuntimeError:  # ONNX Runtime's answer for an entry never set
+            return False
+
+    assert disabled(few_runs=True)
+    assert not disabled(few_runs=True, prepacked=True)

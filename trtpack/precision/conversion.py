@@ -178,11 +178,12 @@ class Conversion:
                ) -> list[VerificationRow]:
         """Rows of the profile corners (``session``: one already open on ``path``, run
         from ``workers`` threads; None: one made for these few runs)."""
-        from trtpack.runtimes.onnxruntime import cpu_session, run_session
+        from trtpack.runtimes.onnxruntime import cpu_session, few_runs_prepacked, run_session
         from trtpack.verify.compare import compare_cases
 
-        outputs = run_session(session or cpu_session(path, few_runs=True),
-                              [c.inputs for c in self.cases], workers)
+        feeds = [c.inputs for c in self.cases]
+        outputs = run_session(session or cpu_session(
+            path, few_runs=True, prepacked=few_runs_prepacked(feeds)), feeds, workers)
         return compare_cases(self.check, self.recipe, self.precision, self.cases, outputs,
                              self.sample_text())
 

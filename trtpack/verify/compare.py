@@ -232,9 +232,11 @@ def run_onnxruntime(model_path: Path, cases: Sequence[Case], threads: int | None
                     ) -> list[dict[str, np.ndarray]]:
     """Run an ONNX model on each case's inputs in ONNX Runtime (CPU). (Not through
     polygraphy's runner: it imports torch, 1.8 s here, to ask whether each output is a torch
-    tensor.) The session is made for a few runs (``cpu_session``'s ``few_runs``)."""
-    from trtpack.runtimes.onnxruntime import cpu_session, run_session
+    tensor.) The session is made for a few runs (``cpu_session``'s ``few_runs``), its
+    weights pre-packed when the runs are long (``few_runs_prepacked``)."""
+    from trtpack.runtimes.onnxruntime import cpu_session, few_runs_prepacked, run_session
 
-    outputs = run_session(cpu_session(model_path, threads, few_runs=True),
-                          [c.inputs for c in cases])
+    feeds = [c.inputs for c in cases]
+    outputs = run_session(cpu_session(model_path, threads, few_runs=True,
+                                      prepacked=few_runs_prepacked(feeds)), feeds)
     return [{k: np.asarray(v) for k, v in out.items()} for out in outputs]
