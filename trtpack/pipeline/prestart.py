@@ -54,11 +54,10 @@ class StartedProcess:
         kill_group(self.process.pid)  # anything it started that is still running
         self.jobs.close()
         self.messages.close()
-        if self.stage_log is None or self.output == self.stage_log:
-            if self.stage_log is None:
-                self.output.unlink(missing_ok=True)
-            return
-        if move_output(self.output, self.stage_log):
+        # no stage log: nothing to keep; else what the log does not hold yet goes there
+        moved = self.stage_log is None or (self.output != self.stage_log
+                                           and move_output(self.output, self.stage_log))
+        if moved:
             self.output.unlink(missing_ok=True)
 
 
