@@ -184,7 +184,7 @@ def run(ctx: StageContext) -> StageOutcome:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import numpy as np
 
-    from trtpack.runtimes.onnxruntime import cpu_session, run_session
+    from trtpack.runtimes.onnxruntime import cpu_session, few_runs_prepacked, run_session
 
     options = ctx.options
     recipe = options.recipe
@@ -230,8 +230,9 @@ def run(ctx: StageContext) -> StageOutcome:
             "where the candidate's shape equals the reference's, reported 'not verified' "
             "where it does not")
     ctx.progress(f"the FP32 ONNX in ONNX Runtime on {len(cases)} cases (the reference)")
-    try:
-        session = cpu_session(onnx_path, few_runs=True)
+    try:  # packed as the verify stage's session of the same cases (an FP32 import is exact)
+        session = cpu_session(onnx_path, few_runs=True,
+                              prepacked=few_runs_prepacked(c.inputs for c in cases))
     except Exception as e:  # onnxruntime's own errors: the model does not load
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise UserInputError(f"ONNX Runtime cannot load {src.name}: {first}") from None
