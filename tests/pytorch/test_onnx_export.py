@@ -52,13 +52,8 @@ class Counting(torch.nn.Module):
         return self.lin(x)
 
 
-class Plain(torch.nn.Module):
-    """Float tensors and float scalars only: no cast to insert."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = torch.nn.Linear(16, 32)
-        self.b = torch.nn.Linear(32, 16)
+class Plain(Block):
+    """Block's layers on float tensors and float scalars only: no cast to insert."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.b(torch.nn.functional.gelu(self.a(x))) * 0.5

@@ -177,13 +177,12 @@ class Conversion:
     def verify(self, path: Path, session: CpuSession | None = None, workers: int = 1
                ) -> list[VerificationRow]:
         """Rows of the profile corners (``session``: one already open on ``path``, run
-        from ``workers`` threads; None: one made for these few runs)."""
-        from trtpack.runtimes.onnxruntime import cpu_session, few_runs_prepacked, run_session
-        from trtpack.verify.compare import compare_cases
+        from ``workers`` threads; None: ``run_onnxruntime``'s, made for these few runs)."""
+        from trtpack.runtimes.onnxruntime import run_session
+        from trtpack.verify.compare import compare_cases, run_onnxruntime
 
-        feeds = [c.inputs for c in self.cases]
-        outputs = run_session(session or cpu_session(
-            path, few_runs=True, prepacked=few_runs_prepacked(feeds)), feeds, workers)
+        outputs = (run_onnxruntime(path, self.cases) if session is None
+                   else run_session(session, [c.inputs for c in self.cases], workers))
         return compare_cases(self.check, self.recipe, self.precision, self.cases, outputs,
                              self.sample_text())
 
