@@ -191,7 +191,7 @@ class Pipeline:
                                  {name: f.key for name, f in self.finished.items()})
         planned = {p.stage.name: p for p in order}
         if order:
-            self.stages.start_ahead(order, 0, logs)
+            self.stages.start_ahead(order[0], logs)
         report.verification.extend(self.finished_rows)
         for stage in STAGES:
             if not stage.applies(o):
@@ -208,8 +208,8 @@ class Pipeline:
                 continue
             plan = planned[stage.name]
             if not plan.cached:
-                self.stages.start_ahead(order, order.index(plan), logs)
-            self.stages.head_start_next(order, plan, artifacts, work, logs)
+                self.stages.start_ahead(plan, logs)
+            self.stages.head_start_next(plan, artifacts, work, logs)
             stage_dir = work / ARTIFACTS / stage.name
             self.current_stage = stage.name
             stage_dir.mkdir(parents=True, exist_ok=True)  # a head start may have made it
@@ -225,7 +225,7 @@ class Pipeline:
                     for later in order[order.index(plan) + 1:]:
                         later.cached = later.cached and self.stages.cache.has(
                             later.stage.name, later.key)
-                    self.stages.start_ahead(order, order.index(plan), logs)
+                    self.stages.start_ahead(plan, logs)
                 result, rows, made = self.stages.execute(stage, plan, stage_dir, artifacts,
                                                          work, log_path)
                 artifacts = artifacts.merged(made)

@@ -89,14 +89,14 @@ class StageRuns:
         self._planned = planned
         return planned
 
-    def start_ahead(self, planned: list[PlannedStage], index: int, logs: Path) -> None:
-        """Make sure the process of the stage about to run (``planned[index]``) and those of
-        the next isolated stages to run (as many as its ``warm_beside``) exist: they warm up
+    def start_ahead(self, current: PlannedStage, logs: Path) -> None:
+        """Make sure the process of the stage about to run (``current``) and those of the
+        next isolated stages to run (as many as its ``warm_beside``) exist: they warm up
         while this one runs (the stages after the export are short). Not all at once: each
         warming process holds its imports' memory."""
-        ahead = [p for p in planned[index:] if p.stage.isolated and not p.cached]
-        beside = planned[index].stage.warm_beside
-        wanted = ahead[:beside + 1] if ahead and ahead[0] is planned[index] else ahead[:beside]
+        ahead = [p for p in self._from(current) if p.stage.isolated and not p.cached]
+        beside = current.stage.warm_beside
+        wanted = ahead[:beside + 1] if ahead and ahead[0] is current else ahead[:beside]
         for p in wanted:
             if p.stage.name not in self.processes:
                 self._start(p.stage, logs / f"{p.stage.name}.log", logs.parent)
@@ -112,22 +112,21 @@ class StageRuns:
         imports beside the stage's peak. They are not ``current``'s memory (``meter``)."""
         if model_bytes > SMALL_MODEL_BYTES or current not in self._planned:
             return
-        index = self._planned.index(current)
-        ahead = [p for p in self._planned[index + 1:] if p.stage.isolated and not p.cached]
+        ahead = [p for p in self._from(current)[1:] if p.stage.isolated and not p.cached]
         for p in ahead[:WARM_ON_SPARE_CORE]:
             if p.stage.name not in self.processes:
                 self._start(p.stage, logs / f"{p.stage.name}.log", logs.parent)
                 meter.exclude_process(self.processes[p.stage.name].pid)
 
-    def head_start_next(self, planned: list[PlannedStage], current: PlannedStage,
-                        artifacts: Artifacts, work: Path, logs: Path) -> None:
+    def head_start_next(self, current: PlannedStage, artifacts: Artifacts, work: Path,
+                        logs: Path) -> None:
         """As ``current`` starts, give the stage after it its head start
         (``Stage.head_start``) on ``artifacts``, when it will run in a process already
         started."""
-        index = planned.index(current)
-        if index + 1 >= len(planned):
+        after = self._from(current)[1:]
+        if not after:
             return
-        later = planned[index + 1]
+        later = after[0]
         process = self.processes.get(later.stage.name)
         if not later.stage.head_start or later.cached or process is None:
             return
@@ -135,6 +134,10 @@ class StageRuns:
         stage_dir.mkdir(parents=True, exist_ok=True)
         self._head_started[later.stage.name] = stage_dir
         process.head_start(HeadStart(artifacts, stage_dir, logs / f"{later.stage.name}.log"))
+
+    def _from(self, current: PlannedStage) -> list[PlannedStage]:
+        """``current`` and the planned stages after it."""
+        return self._planned[self._planned.index(current):]
 
     def _start(self, stage: Stage, log_path: Path, build_dir: Path) -> None:
         """The stage's process: the one the command prestarted for it, or a new one."""
