@@ -51,8 +51,9 @@ STAGE_MEMORY: tuple[StageMemory, ...] = (
     StageMemory("import", 150 * MB, 1.5, 4.0, "runtime"),
     StageMemory("verify", 150 * MB, 1.5, 4.0, "runtime"),
     # FP32/FP16: the fusions run with the weights left on disk, then ONNX Runtime checks the
-    # fused model at the corners, as verify does (bert-base, bert-large: benchmarks/README.md)
-    StageMemory("cpu_model", 200 * MB, 1.5, 4.0, "runtime"),
+    # fused model at the corners, as verify does (bert-base, bert-large: benchmarks/README.md);
+    # its imports alone measured 196-201 MB on tiny-bert
+    StageMemory("cpu_model", 250 * MB, 1.5, 4.0, "runtime"),
 )
 # INT8 builds: the CPU forms load the fused model's weights, split the outlier channels and
 # quantize (ONNX Runtime's quantizer holds its own copies); fitted before the FP32 fusions
