@@ -192,3 +192,32 @@ def test_simplify_carries_node_metadata_over() -> None:
         [helper.make_node("Gemm", ["x", "w", "b"], ["y"], name="fused")], "g", [], []))
     assert reattach_node_metadata(after, carried) == 1
     assert after.graph.node[0].metadata_props[0].value.endswith("'model.fc', 'linear']")
+
+
+def test_a_comparison_computes_no_statistics_for_the_silenced_log(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``quiet_polygraphy``: polygraphy's INFO lines of output statistics (medians and
+    quantiles of each output and each difference: 2.7 s of a 16.8M-value comparison) are not
+    built while its log is silent, and its loggers are polygraphy's own again after; the
+    comparison's max differences are still polygraphy's, equal to numpy's."""
+    from polygraphy.comparator import util as compare_util
+
+    from trtpack.verify.compare import quiet_polygraphy
+
+    built: list[str] = []
+    original = compare_util.str_output_stats
+    monkeypatch.setattr(compare_util, "str_output_stats",
+                        lambda *a, **k: built.append("stats") or original(*a, **k))
+    loggers = compare_util.log_output_stats, compare_util.log_compared_output_stats
+    inputs, ref, out = _batch_with_one_bad_short_sample()
+    rows = compare_cases("fp16-vs-fp32", resolve_model("tiny-bert"), "fp16",
+                         [Case(0, "opt", inputs, {"last_hidden_state": ref})],
+                         [{"last_hidden_state": out}])
+    assert built == []
+    (row,) = rows
+    assert row.max_abs_diff == pytest.approx(float(np.abs(ref - out).max()), rel=1e-6)
+    assert (compare_util.log_output_stats, compare_util.log_compared_output_stats) == loggers
+    with quiet_polygraphy():
+        pass
+    compare_util.log_output_stats(ref, False, "reference")  # outside: polygraphy's own
+    assert built == ["stats"]
