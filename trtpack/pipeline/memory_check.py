@@ -61,8 +61,7 @@ STAGE_MEMORY: tuple[StageMemory, ...] = (
 CPU_MODEL_INT8 = StageMemory("cpu_model", 200 * MB, 6.0, 1.5, "runtime")
 # A stage with a head start (``Stage.head_start``: the CPU model fusing its graph, weights
 # left on disk) runs its process beside the stage before it, which counts it in its peak:
-# verify measured 110-200 MB more with it on tiny-bert, minilm and bert-base
-# (benchmarks/README.md)
+# verify measured 130-200 MB more with it on tiny-bert and minilm (benchmarks/README.md)
 HEAD_START = 200 * MB
 
 
@@ -93,12 +92,12 @@ def _stages(options: BuildPlan) -> list[StageMemory]:
     from trtpack.pipeline.stage import STAGES
 
     runs = [s for s in STAGES if s.applies(options) and s.skip_reason(options) is None]
-    beside_head_start = {s.name for s, after in itertools.pairwise(runs)
-                         if after.head_start}
+    names = {s.name for s in runs}
+    beside_head_start = {s.name for s, after in itertools.pairwise(runs) if after.head_start}
     int8 = options.precision == "int8" or options.auto_precision
     found = []
     for m in STAGE_MEMORY:
-        if m.stage not in {s.name for s in runs}:
+        if m.stage not in names:
             continue
         m = CPU_MODEL_INT8 if int8 and m.stage == CPU_MODEL_INT8.stage else m
         found.append(replace(m, base=m.base + HEAD_START) if m.stage in beside_head_start
