@@ -155,7 +155,6 @@ def test_a_cold_pytorch_build_is_traced_in_the_export_stage(tmp_path: Path) -> N
     assert stored.is_file() and not traced_in_export(options)  # a rebuild reads it back
 
 
-
 def test_each_stage_peak_of_a_cpu_build_is_within_its_estimate(tmp_path: Path) -> None:
     """The estimate is an upper bound of what each stage measured (report.json), as
     benchmarks/memory_estimate.py shows for larger profiles: verify's peak counts the CPU
@@ -171,8 +170,9 @@ def test_each_stage_peak_of_a_cpu_build_is_within_its_estimate(tmp_path: Path) -
     assert result.returncode == 0, result.stderr
     options, _ = resolve_options(BuildRequest("tiny-bert", profiles=["1x4:2x8:4x16"],
                                               target="cpu", random_weights=True))
-    estimated = {stage: max(e.stages[stage] for e in estimate_corners(options)) / 2**20
-                 for stage in estimate_corners(options)[0].stages}
+    corners = estimate_corners(options)
+    estimated = {stage: max(e.stages[stage] for e in corners) / 2**20
+                 for stage in corners[0].stages}
     measured = {s["name"]: s["peak_memory_mb"]
                 for s in json.loads((out / "report.json").read_text())["stages"]}
     assert {"export", "verify", "cpu_model"} <= estimated.keys()
