@@ -85,3 +85,25 @@ def run_forked(target: Callable[..., int], args: tuple[object, ...], timeout: fl
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
         raise
+
+
+# Run by every Python child process trtpack starts, before anything is imported: ``python -c``
+# puts the working directory first on ``sys.path`` ('' ; ``-m`` puts its full path there),
+# so a folder named ``trtpack/`` (or ``triton/``, ``onnx/``) where the user stands would
+# shadow the installed packages. ``-P`` / ``PYTHONSAFEPATH`` would do this, from Python 3.11
+# only; with them nothing is put there and nothing is dropped.
+_SAFE_PATH = "import sys\nif sys.path and sys.path[0] == '':\n    del sys.path[0]\n"
+_RUN_MODULE = (_SAFE_PATH + "import runpy\nmodule = sys.argv.pop(1)\n"
+               "runpy.run_module(module, run_name='__main__', alter_sys=True)\n")
+
+
+def python_module_command(module: str, *args: str) -> list[str]:
+    """The command line of ``python -m module args...`` in this interpreter, importing the
+    installed packages wherever it is started (never the working directory's)."""
+    return [sys.executable, "-c", _RUN_MODULE, module, *args]
+
+
+def python_code_command(code: str) -> list[str]:
+    """The command line of ``python -c code`` in this interpreter, importing the installed
+    packages wherever it is started (never the working directory's)."""
+    return [sys.executable, "-c", _SAFE_PATH + code]

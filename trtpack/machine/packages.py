@@ -9,10 +9,11 @@ import functools
 import importlib.util
 import re
 import subprocess
-import sys
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Literal
+
+from trtpack.processes import python_code_command
 
 MIN_TENSORRT = (10, 12)
 """The oldest TensorRT the engine stage supports (strongly typed networks, tiling level)."""
@@ -162,7 +163,7 @@ def probe_tensorrt(timeout: float = 120) -> TensorRTProbe:
         return TensorRTProbe(False, None, "the Python package 'tensorrt' is not installed")
     code = "import tensorrt; print(tensorrt.__version__)"
     try:
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+        done = subprocess.run(python_code_command(code), capture_output=True, text=True,
                               timeout=timeout, check=False)
     except (OSError, subprocess.SubprocessError) as e:
         return TensorRTProbe(False, None, f"importing tensorrt failed: {e}")

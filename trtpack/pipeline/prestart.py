@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from trtpack.processes import kill_group
+from trtpack.processes import kill_group, python_module_command
 
 ISOLATE_MODULE = "trtpack.pipeline.isolate"  # the stage process's entry point
 
@@ -85,8 +84,8 @@ def start_stage_process(stage: str, log_path: Path) -> StartedProcess:
     messages_r, messages_w = os.pipe()
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", ISOLATE_MODULE, str(jobs_r), str(messages_w), stage,
-             str(log_path)],
+            python_module_command(ISOLATE_MODULE, str(jobs_r), str(messages_w), stage,
+                                  str(log_path)),
             pass_fds=(jobs_r, messages_w), start_new_session=True,
             stdin=subprocess.DEVNULL, stdout=log, stderr=log,
         )

@@ -14,12 +14,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TypedDict
+
+from trtpack.processes import python_module_command
 
 WORKER_MODULE = "trtpack.precision.modelopt_worker"
 
@@ -115,7 +116,7 @@ class ModelOptWorker:
         with open(self.cwd / "stdout.txt", "wb") as out, \
                 open(self.cwd / "stderr.txt", "wb") as err:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", WORKER_MODULE, "--preload", mode],
+                python_module_command(WORKER_MODULE, "--preload", mode),
                 cwd=self.cwd, env=env, stdin=subprocess.PIPE, stdout=out, stderr=err)
 
     @property

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, SupportsInt
 
 from trtpack.errors import TrtpackError, UserInputError
+from trtpack.processes import python_module_command
 from trtpack.shapes import BATCH_AXIS, TensorSpec
 from trtpack.sources.torch_sources import (
     DescribedSource,
@@ -397,9 +398,10 @@ def describe_in_process(request: DescribeRequest, cache_dir: Path) -> DescribedS
         env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
         with open(log, "wb") as out:
             done = subprocess.run(
-                [sys.executable, "-m", "trtpack.pytorch.describe", str(request_path),
-                 str(result_path)], stdout=out, stderr=subprocess.STDOUT, env=env,
-                timeout=DESCRIBE_TIMEOUT_S, check=False)
+                python_module_command("trtpack.pytorch.describe", str(request_path),
+                                      str(result_path)),
+                stdout=out, stderr=subprocess.STDOUT, env=env, timeout=DESCRIBE_TIMEOUT_S,
+                check=False)
         if not result_path.is_file():
             tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()
             raise StageError("describe", f"loading the PyTorch model failed (exit "
