@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from trtpack.api import BuildRequest, resolve_options, timing_cache_warnings
+from trtpack.api import BuildRequest, resolve_options
+from trtpack.api.plan import timing_cache_warnings
 
 
 @pytest.mark.parametrize("target, build_engine, option", [

@@ -15,11 +15,13 @@ torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
 
 from trtpack.pytorch.onnx_export import (  # noqa: E402
-    optimize_program,
     promotion_only_where_needed,
-    quick_torchlib_registry,
     save_program,
     skip_needless_decomposition,
+)
+from trtpack.pytorch.onnxscript_speedups import (  # noqa: E402
+    optimize_program,
+    quick_torchlib_registry,
     torchlib_ops_without_parsing,
 )
 
@@ -228,7 +230,7 @@ def test_anchored_rules_rewrite_what_the_optimizer_rewrites(one_tensor: bool) ->
     import onnxscript.optimizer
     import onnxscript.rewriter
 
-    from trtpack.pytorch.onnx_export import anchored_rules
+    from trtpack.pytorch.onnxscript_speedups import anchored_rules
 
     rules = [r for r in onnxscript.rewriter._DEFAULT_REWRITE_RULES
              if getattr(r, "_target_pattern", None) is not None

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from trtpack.api import check_triton_profiles
+from trtpack.api.plan import check_triton_profiles
 from trtpack.serving.engine_builds import (
     one_engine_per_compute_capability,
     target_compute_capability,

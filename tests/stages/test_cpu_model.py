@@ -302,7 +302,7 @@ def test_auto_with_target_auto_resolved_to_a_gpu_is_refused(
     """``--target auto`` resolves after the precision is read: on a GPU machine with
     TensorRT it becomes the local family. STAND-IN: there is no GPU here, so the resolution
     is replaced by one that answers g5, as ``local_targets`` would there."""
-    import trtpack.api as api
+    import trtpack.api.plan as api
     from trtpack.machine.targets import resolve_target
 
     monkeypatch.setattr(api, "resolve_target_for_build",

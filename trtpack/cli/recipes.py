@@ -43,8 +43,9 @@ def recipes_show(
     """Show a recipe with every default filled in (as YAML)."""
     import yaml
 
-    from trtpack.api import BuildRequest, resolve_recipe
+    from trtpack.api.recipes import resolve_recipe
     from trtpack.machine.paths import default_cache_dir
+    from trtpack.options import BuildRequest
 
     recipe, _ = resolve_recipe(BuildRequest(model=name, task=task, inputs=inputs or [],
                                             profiles=profile or []), default_cache_dir())

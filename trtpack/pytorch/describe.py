@@ -3,9 +3,10 @@ ranges of its dynamic dims), the non-tensor arguments given as constants, its ou
 from what the module returns: a tensor, a tuple or a dict) and the files it came from (a
 factory's source, the user's modules it imported, the files it read: weights).
 
-It runs in a process of its own (``python -m trtpack.pytorch.describe REQUEST RESULT``):
-importing torch and the user's code never touches the build's process, and the result is kept
-beside the stage cache (``sources.torch_sources``) until one of those files changes.
+It runs in a process of its own (``python -m trtpack.pytorch.describe REQUEST RESULT``, started
+by ``pytorch.describe_process``): importing torch and the user's code never touches the build's
+process, and the result is kept beside the stage cache (``sources.torch_sources``) until one of
+those files changes.
 """
 
 from __future__ import annotations
@@ -19,10 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, SupportsInt
 
 from trtpack.errors import TrtpackError, UserInputError
-from trtpack.processes import python_module_command
 from trtpack.shapes import BATCH_AXIS, TensorSpec
 from trtpack.sources.torch_sources import (
-    DescribedSource,
     DescribeRequest,
     Description,
     FolderDescription,
@@ -87,7 +86,7 @@ def describe(request: DescribeRequest) -> Description | FolderDescription:
     descriptions ``request["inputs"]`` (name -> {dtype, axes}) and constants
     ``request["arguments"]`` (name -> value); ``request["sizes"]`` gives example sizes per
     axis (the first profile's opt)."""
-    from trtpack.pytorch.models import (
+    from trtpack.pytorch.user_modules import (
         call_factory,
         load_exported_program,
         load_torchscript,
@@ -351,7 +350,7 @@ def _lowest_that_runs(program: torch.export.ExportedProgram,
     whose program runs at size 1 has min 1, otherwise 2."""
     import torch
 
-    from trtpack.pytorch.models import call_program_module
+    from trtpack.pytorch.user_modules import call_program_module
 
     module = program.module()
     for name, (low, high) in ranges.items():
@@ -367,56 +366,6 @@ def _lowest_that_runs(program: torch.export.ExportedProgram,
         except Exception:  # the program refuses size 1 (a guard or the model's own code)
             ranges[name] = [max(2, low or 2), high]
     return ranges
-
-
-DESCRIBE_TIMEOUT_S = 900
-
-
-def describe_in_process(request: DescribeRequest, cache_dir: Path) -> DescribedSource:
-    """``describe(request)`` in a fresh Python process (torch and the user's code stay out
-    of the caller's), recorded with its files beside the stage cache; a recorded
-    description whose files are unchanged is returned without starting anything."""
-    import subprocess
-    import tempfile
-
-    from trtpack.errors import MissingEnvironmentError, StageError
-    from trtpack.sources.torch_sources import SourceFiles, memo_path, read_memo, write_memo
-
-    memo = memo_path(cache_dir, request)
-    recorded = read_memo(memo)
-    if recorded is not None:
-        described, files = recorded
-        described["source_files"] = files.key()
-        return described
-    memo.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="trtpack-describe-") as tmp:
-        request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
-        request_path.write_text(json.dumps(request), encoding="utf-8")
-        log = memo.with_suffix(".log")
-        env = dict(os.environ)
-        root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
-        with open(log, "wb") as out:
-            done = subprocess.run(
-                python_module_command("trtpack.pytorch.describe", str(request_path),
-                                      str(result_path)),
-                stdout=out, stderr=subprocess.STDOUT, env=env, timeout=DESCRIBE_TIMEOUT_S,
-                check=False)
-        if not result_path.is_file():
-            tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()
-            raise StageError("describe", f"loading the PyTorch model failed (exit "
-                             f"{done.returncode}): {tail[-1] if tail else 'no output'}",
-                             log_path=log)
-        result = json.loads(result_path.read_text(encoding="utf-8"))
-    if "error" in result:
-        missing = result.get("exit_code") == MissingEnvironmentError.exit_code
-        raise (MissingEnvironmentError if missing else UserInputError)(
-            result["error"], hint=result.get("hint"))
-    files = SourceFiles.of(result["ok"].pop("files"))
-    description: DescribedSource = result["ok"]  # its files apart: they key the memo
-    write_memo(memo, description, files)
-    description["source_files"] = files.key()
-    return description
 
 
 def main() -> None:

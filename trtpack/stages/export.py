@@ -18,12 +18,8 @@ from trtpack.cases import Case, save_cases
 from trtpack.errors import UserInputError
 from trtpack.onnx_tools.files import graph_summary
 from trtpack.options import BuildPlan
-from trtpack.pytorch.models import (
-    LoadedModel,
-    call_program_module,
-    load_model,
-    source_directory,
-)
+from trtpack.pytorch.models import LoadedModel, load_model, source_directory
+from trtpack.pytorch.user_modules import call_program_module
 from trtpack.report import JsonObject
 from trtpack.sources.recipe import Recipe
 from trtpack.stages.artifacts import Artifacts
@@ -187,7 +183,7 @@ def run(ctx: StageContext) -> StageOutcome:
     wrapper = output_selector(loaded.module, recipe)
     fresh = None
     if recipe.source.torchscript:
-        from trtpack.pytorch.models import load_torchscript
+        from trtpack.pytorch.user_modules import load_torchscript
 
         path = recipe.source.torchscript
         fresh = lambda: output_selector(load_torchscript(path), recipe)  # noqa: E731

@@ -24,13 +24,12 @@ from trtpack.options import BuildPlan
 from trtpack.pytorch.onnx_export import (
     Decomposition,
     exporter_failure,
-    optimize_program,
     promotion_only_where_needed,
-    quick_torchlib_registry,
     save_program,
     skip_needless_decomposition,
     torch_logs_to,
 )
+from trtpack.pytorch.onnxscript_speedups import optimize_program, quick_torchlib_registry
 from trtpack.verify.samples import make_inputs
 
 if TYPE_CHECKING:

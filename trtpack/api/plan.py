@@ -1,20 +1,20 @@
-"""Library entry points; the CLI is a thin wrapper over these. ``resolve_options`` is the one
-place a build's flags are validated."""
+"""A build's plan: the request's recipe, precision, profiles and target (``plan_build``), and
+what the plan needs from the user's files and this machine (``check_plan``), all checked before
+any work starts."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
 from pathlib import Path
 from typing import cast, get_args
 
-from trtpack.errors import RecipeError, TrtpackError, UserInputError, require_modules
+from trtpack.api.recipes import request_recipe
+from trtpack.errors import UserInputError, require_modules
 from trtpack.machine.packages import required_modules
 from trtpack.machine.paths import default_cache_dir
 from trtpack.machine.targets import (
     AUTO,
     CPU,
-    HARDWARE_COMPATIBILITY,
     HardwareCompatibility,
     Target,
     engine_support_problem,
@@ -29,26 +29,14 @@ from trtpack.options import (
     PrecisionChoice,
     Serve,
 )
-from trtpack.pipeline.runner import build as run_pipeline
-from trtpack.report import BuildReport
 from trtpack.shapes import ShapeProfile, parse_profiles
-from trtpack.sources.architectures import head_split_problem
 from trtpack.sources.heads import head_for
-from trtpack.sources.inputs import parse_input_options
 from trtpack.sources.recipe import (
     AUTO_PRECISION,
     CALIBRATION_METHODS,
     SERVE_MODES,
     Recipe,
 )
-from trtpack.sources.recipe_files import (
-    apply_input_options,
-    apply_overrides,
-    check_small_integer_inputs,
-)
-from trtpack.sources.resolve import resolve_model
-from trtpack.sources.torch_sources import DescribedSource, DescribeRequest, InputSpec
-from trtpack.stages.base import ProgressCallback
 
 CPU_FP16_NOTE = (
     "--precision fp16 on --target cpu: serving the FP32 model, the FP16 conversion skipped "
@@ -82,47 +70,6 @@ def resolve_target_for_build(name: str, build_engine: bool,
                                  "models only")
         local_targets.check_engine_environment(target, hardware_compatibility)
     return target, []
-
-
-def _lower(word: str | None) -> str | None:
-    return None if word is None else word.strip().lower()
-
-
-def resolve_options(request: BuildRequest) -> tuple[BuildPlan, list[str]]:
-    """Validate everything the build needs before any work starts, and plan it: the request
-    becomes a recipe, a precision choice, profiles and a target (``plan_build``), then the
-    plan's files and packages are checked (``check_plan``). The words of a choice
-    (--precision FP16, --target CPU, --serve Text) are read case-insensitively."""
-    plan, warnings = plan_build(replace(
-        request, precision=_lower(request.precision), fallback=request.fallback.strip().lower(),
-        serve=_lower(request.serve), portable=_lower(request.portable),
-        calibration_method=_lower(request.calibration_method)))
-    check_plan(plan)
-    return plan, warnings
-
-
-def request_recipe(request: BuildRequest, cache_dir: Path) -> tuple[Recipe, str | None]:
-    """The recipe the request builds: MODEL's (``resolve_recipe``) with ``--set``, ``--input``,
-    ``--tokenizer`` and ``--portable`` applied, and the key of a PyTorch source's files."""
-    resolved, source_files = resolve_recipe(request, cache_dir)
-    recipe: Recipe = apply_overrides(resolved, list(request.overrides))
-    problem = head_split_problem(recipe.config)
-    if problem is not None:  # else transformers refuses it inside the export stage (exit 4)
-        raise RecipeError(f"recipe '{recipe.name}': {problem}")
-    recipe = apply_input_options(recipe, [
-        d for d in parse_input_options(request.inputs)
-        if d.name not in recipe.source.arguments])  # those are folded into the graph
-    check_small_integer_inputs(recipe)
-    if request.tokenizer is not None:
-        recipe = with_tokenizer(recipe, request.tokenizer)
-    if request.portable is not None:
-        if request.portable not in HARDWARE_COMPATIBILITY:
-            raise UserInputError(
-                f"--portable must be ampere+, same_compute_capability or none, not "
-                f"'{request.portable}'")
-        recipe = recipe.model_copy(update={"engine": recipe.engine.model_copy(
-            update={"hardware_compatibility": request.portable})})
-    return recipe, source_files
 
 
 def precision_choice(request: BuildRequest, recipe: Recipe) -> PrecisionChoice:
@@ -254,68 +201,6 @@ def check_plan(plan: BuildPlan) -> None:
         require_hub_weights(recipe.source.hf_id)
 
 
-def resolve_recipe(request: BuildRequest, cache_dir: Path) -> tuple[Recipe, str | None]:
-    """The recipe for ``request.model``, and for a PyTorch source the key of its files: a
-    factory, ``.pt2`` or TorchScript file is described by loading it once in a process of its
-    own (``trtpack.pytorch.describe``), and the description is reused until its files
-    change; anything else resolves as before (``sources.resolve``)."""
-    from trtpack.sources.torch_sources import recipe_for_torch, torch_source
-
-    model = str(request.model)
-    source = torch_source(model)
-    if source is None:
-        recipe = resolve_model(model, request.task)
-        if recipe.source.torch_kind is None:
-            return recipe, None
-        try:
-            described = describe_torch(recipe.source.model_dump(exclude_defaults=True),
-                                       request, cache_dir, recipe)
-        except TrtpackError:  # the export stage loads it again and reports it, in its log
-            return recipe, None
-        return recipe, str(described["source_files"])
-    described = describe_torch(source, request, cache_dir)
-    if described["kind"] == "folder":  # a factory returning a model folder: a package
-        from trtpack.sources.hf_recipe import recipe_for_hf_dir
-        from trtpack.sources.recipe import Source
-
-        folder = Path(described["folder"])
-        recipe = recipe_for_hf_dir(folder, request.task).model_copy(
-            update={"source": Source(package=source["factory"])})
-        return recipe.with_origin(folder), str(described["source_files"])
-    ref = source.get("factory") or model
-    stem = Path(ref.rpartition(":")[0] if "factory" in source else ref).stem
-    name = stem.rpartition(".")[2] if "factory" in source else stem
-    recipe = recipe_for_torch(source, described, name=name, task=request.task,
-                              profiles=list(request.profiles))
-    return recipe, str(described["source_files"])
-
-
-def describe_torch(source: dict[str, str], request: BuildRequest, cache_dir: Path,
-                   recipe: Recipe | None = None) -> DescribedSource:
-    """The description of a PyTorch source (``trtpack.pytorch.describe``) with the user's
-    ``--input`` descriptions and constants (or a recipe's inputs)."""
-    from trtpack.pytorch.describe import describe_in_process
-
-    inputs: dict[str, InputSpec] = {}
-    arguments: dict[str, object] = {}  # constants, written as JSON for the model's process
-    if recipe is not None:
-        inputs = {i.name: {"dtype": i.dtype, "axes": list(i.axes)} for i in recipe.inputs}
-        arguments = dict(recipe.source.arguments)
-    # NAME=DTYPE[...] describes a tensor input; NAME=VALUE alone gives a non-tensor argument
-    # (sr=16000), folded into the graph; a tensor input's values (=LOW..HIGH) apply later
-    for described in parse_input_options(request.inputs):
-        if described.spec is not None:
-            inputs[described.name] = {"dtype": described.spec.dtype,
-                                      "axes": list(described.spec.axes)}
-        elif described.value is not None and described.value.constant is not None:
-            arguments[described.name] = described.value.constant
-    from trtpack.pipeline.cache import source_digest
-
-    request_data: DescribeRequest = {  # a description is trtpack's reading
-        "source": source, "inputs": inputs, "arguments": arguments, "trtpack": source_digest()}
-    return describe_in_process(request_data, cache_dir)
-
-
 def _refuse_auto_precision_on_gpu(target_name: str) -> None:
     """``--precision auto`` times fp32 against int8 on ONNX Runtime: a CPU build's choice.
     A GPU target is refused on every machine, also ``--target auto`` once it resolved to a
@@ -357,24 +242,6 @@ def check_triton_profiles(profiles: Sequence[ShapeProfile], recipe: Recipe,
     return [warning] if warning else []
 
 
-def with_tokenizer(recipe: Recipe, path: Path) -> Recipe:
-    """``recipe`` with its tokenizer taken from ``path`` (``--tokenizer``): a folder holding a
-    saved tokenizer, or one of its files (``tokenizer.json``, ``vocab.txt`` ...)."""
-    from trtpack.sources.recipe import Source
-    from trtpack.sources.tokenizer_files import VOCABULARY_FILES, has_tokenizer
-
-    folder = path.expanduser()
-    if folder.is_file():
-        folder = folder.parent
-    if not folder.is_dir():
-        raise UserInputError(f"--tokenizer '{path}' does not exist")
-    if not has_tokenizer(folder):
-        raise UserInputError(f"--tokenizer '{path}' holds no tokenizer (none of "
-                             f"{', '.join(VOCABULARY_FILES)})")
-    return recipe.model_copy(update={
-        "tokenizer": True, "tokenizer_source": Source(path=str(folder.resolve()))})
-
-
 def _timing_cache_dir(path: Path | None) -> Path | None:
     """``--timing-cache DIR``: a folder (created when missing), not a file: it holds one
     cache per GPU (model and compute capability) and TensorRT version, so a CI matrix can
@@ -397,32 +264,3 @@ def timing_cache_warnings(path: Path, no_engine: str | None) -> list[str]:
         return [f"--timing-cache '{path}' will be created as a folder, not a file: it holds "
                 "one timing cache per GPU and TensorRT version"]
     return []
-
-
-@dataclass(frozen=True)
-class BuildResult:
-    """A finished build: its report, and the output folder as the request named it."""
-
-    report: BuildReport
-    out_dir: Path  # --out, or build/<recipe name>
-
-
-def build(request: BuildRequest, progress: ProgressCallback | None = None,
-          on_warning: Callable[[str], None] | None = None) -> BuildResult:
-    """Validate ``request`` (``resolve_options``), check the memory each profile corner
-    needs against what this machine has (``pipeline.memory_check``), then run the pipeline.
-    Warnings about the request go to ``on_warning`` before any work starts, and into the
-    report."""
-    options, warnings = resolve_options(request)
-    if not request.skip_memory_check:
-        from trtpack.pipeline.memory_check import check_build_memory, traced_in_export
-
-        # an absurd profile: exit 2 before any work
-        warnings += check_build_memory(options, trace_in_export=True)
-        if traced_in_export(options):
-            options = replace(options, check_memory_in_export=True)
-    for w in warnings:
-        if on_warning is not None:
-            on_warning(w)
-    report = run_pipeline(options, progress, warnings)
-    return BuildResult(report, options.out_dir)
