@@ -37,6 +37,7 @@ from trtpack.options import (
     request_from_keywords,
 )
 from trtpack.out_files import REPOSITORY
+from trtpack.pipeline.build_folder import served_model_file
 from trtpack.report import BuildReport
 from trtpack.shapes import BATCH_AXIS, TensorSpec, parse_profiles
 from trtpack.sources.recipe import safe_name
@@ -112,8 +113,9 @@ def build(model: str | Path | TorchModule, *, example_inputs: ExampleInputs | No
                                      "input": inputs, "set": overrides, "cache_dir": cache})
     built = run_build(request, progress, on_warning)
     repository = built.out_dir / REPOSITORY
-    served = next(repository.glob("*/1/model.*"), repository)
-    return BuiltModel(built.report, built.out_dir, repository, served)
+    served = served_model_file(built.report, built.out_dir)
+    return BuiltModel(built.report, built.out_dir, repository,
+                      repository if served is None else served)
 
 
 def as_list(value: OptionValue) -> list[str]:

@@ -135,15 +135,25 @@ def test_user_errors_name_what_is_missing(saved: dict[str, Path], tmp_path: Path
 
 
 def test_python_build_of_a_recipe_name_serves_what_the_cli_serves(tmp_path: Path) -> None:
-    """A built-in recipe by name through ``trtpack.build`` (as ``trtpack build tiny-bert``);
-    ``run`` on the served model answers as the PyTorch reference the export recorded."""
+    """A built-in recipe by name through ``trtpack.build`` (as ``trtpack build tiny-bert``),
+    with ``--serve text`` (minilm's tokenizer): the repository also holds the tokenizer's
+    ``model.py`` and an ensemble, and the model's weights sit beside it in ``model.onnx.data``.
+    ``served_model`` is the file the package stage recorded (a glob of ``*/1/model.*`` once took the
+    tokenizer's ``model.py`` or the weights, by directory order), and ``run`` on it answers
+    as the PyTorch reference the export recorded."""
     import numpy as np
 
     import trtpack as api
+    from tests.hf_models import minilm_dir
     from trtpack.cases import load_cases
 
     built = api.build("tiny-bert", random_weights=True, target="cpu", profile="1x4:2x8:4x16",
+                      set="config.vocab_size=30522", tokenizer=minilm_dir(), serve="text",
                       out=tmp_path / "out", cache_dir=tmp_path / "cache")
+    version = built.model_repository / "tiny-bert" / "1"
+    assert built.served_model == version / "model.onnx"
+    assert (version / "model.onnx.data").is_file()  # external weights beside it
+    assert (built.model_repository / "tiny-bert_tokenizer" / "1" / "model.py").is_file()
     case = load_cases(tmp_path / "out" / "artifacts" / "export" / "reference.npz")[-1]
     outputs = built.run(case.inputs)
     for name, want in case.outputs.items():

@@ -50,8 +50,8 @@ def print_targets(rows: list[TargetRow]) -> None:
         table.add_column(col)
     problems = []
     for r in rows:
-        gpu = r.gpu if r.name == "cpu" else f"{r.gpu} {r.memory_gb} GB"
-        engines = "—" if r.name == "cpu" else "yes" if r.engine_problem is None else "no *"
+        gpu = f"{r.gpu} {r.memory_gb} GB" if r.is_gpu else r.gpu
+        engines = "—" if not r.is_gpu else "yes" if r.engine_problem is None else "no *"
         if r.engine_problem is not None:
             problems.append(r.engine_problem)
         table.add_row(r.name, gpu, r.compute_capability, r.architecture, ", ".join(r.aliases),

@@ -29,6 +29,7 @@ from trtpack.machine.targets import (
     Target,
     engine_support_problem,
     gpu_mismatch,
+    is_gpu_target,
     local_gpu_target,
     portability_problem,
 )
@@ -157,6 +158,10 @@ class TargetRow:
     aliases: tuple[str, ...]
     local: bool
     engine_problem: str | None = None  # why trtpack cannot build engines for it at all
+
+    @property
+    def is_gpu(self) -> bool:
+        return is_gpu_target(self.name)
 
 
 def targets_table(local_gpu: LocalGpu | None = None) -> list[TargetRow]:

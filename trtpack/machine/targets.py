@@ -105,6 +105,12 @@ def fleet_families() -> tuple[Target, ...]:
     return tuple(chosen.values())
 
 
+def is_gpu_target(name: str) -> bool:
+    """Whether the target named ``name`` (as a report records it) is a GPU's: every target
+    but ``cpu`` is. The one spelling of that test for a target known only by its name."""
+    return name.strip().lower() != CPU.name
+
+
 def resolve_target(name: str) -> Target:
     """Look up a target by family (``g5``), instance type (``g5.xlarge``) or GPU (``a10g``)."""
     key = name.strip().lower()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from trtpack.engine.provenance import PLAN_FILENAME
 from trtpack.errors import UserInputError
+from trtpack.machine.targets import is_gpu_target
 from trtpack.onnx_tools.files import data_path
 from trtpack.out_files import RECIPE_FILE, REPOSITORY
 from trtpack.report import REPORT, Artifact, BuildReport, StageResult
@@ -18,6 +19,9 @@ from trtpack.serving.config import ONNX_FILENAME
 from trtpack.serving.layout import VERSION
 from trtpack.sources.recipe import Recipe
 from trtpack.stages.artifacts import Artifacts
+from trtpack.stages.package import SERVED
+
+PACKAGE_STAGE = "package"
 
 
 def artifact_records(artifacts: Artifacts, stage_dir: Path, root: Path
@@ -114,11 +118,7 @@ def open_build(out: Path) -> BuildFolder:
     missing = [] if fp32_onnx is not None and fp32_onnx.is_file() else ["the FP32 ONNX"]
     if reference is None or not reference.is_file():
         missing.append("the recorded inputs (reference.npz)")
-    served = None
-    if fp32_onnx is not None:  # its copy in the repository
-        model = artifacts.served_model(gpu=report.target != "cpu")
-        served = out / REPOSITORY / report.model / VERSION / (
-            PLAN_FILENAME if model.suffix == ".plan" else ONNX_FILENAME)
+    served = served_model_file(report, out)
     if served is None or not served.is_file():
         missing.append(f"{REPOSITORY}/{report.model}/{VERSION}/{ONNX_FILENAME} or {PLAN_FILENAME}")
     if missing:
@@ -128,6 +128,23 @@ def open_build(out: Path) -> BuildFolder:
     cpu = artifacts.cpu_fp32_onnx
     return BuildFolder(out, report, served, fp32_onnx, reference,
                        cpu if cpu is not None and cpu.is_file() else None)
+
+
+def served_model_file(report: BuildReport, root: Path, role: str = "model") -> Path | None:
+    """The file the build at ``root`` serves in ``role`` (``model``, or ``cpu_fallback``) as
+    its package stage recorded it in report.json (``stages.package.served_records``); None
+    when it served none. A report written before that record: the model's file derived once
+    from the recorded artifacts (``Artifacts.served_model``)."""
+    package = report.stage(PACKAGE_STAGE)
+    if package is not None and SERVED in package.metrics:
+        return next((root / entry["file"] for entry in package.metrics[SERVED]
+                     if entry["role"] == role), None)
+    artifacts = recorded_artifacts(report, root)
+    if package is None or role != "model" or artifacts.onnx is None:
+        return None
+    model = artifacts.served_model(gpu=is_gpu_target(report.target))
+    return root / REPOSITORY / report.model / VERSION / (
+        PLAN_FILENAME if model.suffix == ".plan" else ONNX_FILENAME)
 
 
 def recorded_artifacts(report: BuildReport, root: Path) -> Artifacts:

@@ -21,7 +21,7 @@ from pathlib import Path
 from trtpack.errors import UserInputError
 from trtpack.machine.local_targets import check_engine_environment
 from trtpack.machine.paths import default_cache_dir
-from trtpack.machine.targets import resolve_target
+from trtpack.machine.targets import is_gpu_target, resolve_target
 from trtpack.onnx_tools.files import sha256_file
 from trtpack.options import BuildPlan, FixedPrecision
 from trtpack.out_files import ARTIFACTS, REPOSITORY
@@ -80,7 +80,7 @@ def read_finished_build(root: Path) -> FinishedBuild:
     if report.status != "ok":
         raise UserInputError(f"'{root}' is a build that did not finish ({report.status})")
     engine = report.stage(ENGINE_STAGE)
-    if report.target == "cpu" or engine is None:
+    if not is_gpu_target(report.target) or engine is None:
         raise UserInputError(f"'{root}' is a --target cpu build: build the folder for a GPU "
                              "target with --no-engine (the ONNX and references an engine is "
                              "built and verified from)")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from trtpack.engine.provenance import PLAN_FILENAME, EngineProvenance, provenance_path
 from trtpack.errors import UserInputError
-from trtpack.machine.targets import resolve_target
+from trtpack.machine.targets import is_gpu_target, resolve_target
 from trtpack.onnx_tools.files import sha256_file
 from trtpack.out_files import REPOSITORY
 from trtpack.report import REPORT, JsonValue
@@ -109,7 +109,7 @@ def read_engine_build(folder: Path) -> EngineBuild:
         name, target = str(report["model"]), str(report["target"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise build_error(folder, f"{REPORT} is not a trtpack build report ({e})") from None
-    if target == "cpu":
+    if not is_gpu_target(target):
         raise build_error(folder, "is a CPU-only build (--target cpu): it has no TensorRT engine")
     model_dir = folder / REPOSITORY / name
     if not (model_dir / CONFIG_FILE).is_file():

@@ -24,7 +24,9 @@ from trtpack.errors import UserInputError
 from trtpack.onnx_tools.files import link_or_copy
 from trtpack.serving.config import (
     CONFIG_FILE,
+    ENGINE_PLATFORM,
     ONNX_FILENAME,
+    ONNX_PLATFORM,
     check_config,
     engine_model_config,
     write_config,
@@ -46,6 +48,13 @@ class ServedModel:
     path: Path
     backend: str  # tensorrt_plan | onnxruntime_onnx | python | ensemble
     members: tuple[str, ...] = ()  # ensembles: the models their steps call
+
+    @property
+    def model_file(self) -> Path | None:
+        """The model file its runtime loads: ``1/model.plan`` (TensorRT), ``1/model.onnx``
+        (ONNX Runtime, its external data beside it); None for Python and ensemble models."""
+        names = {ENGINE_PLATFORM: PLAN_FILENAME, ONNX_PLATFORM: ONNX_FILENAME}
+        return self.path / VERSION / names[self.backend] if self.backend in names else None
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """The files stages hand each other: one typed record, a field per artifact. Each stage reads
 the fields it needs from ``StageContext.artifacts`` and returns the ones it made in its
 ``StageOutcome.artifacts``; the pipeline merges them in stage order. Which model is served
-is decided here, once (``Artifacts.served_model``)."""
+is decided here, once (``Artifacts.served_model``, ``Artifacts.cpu_fallback_model``); the
+package stage records what it served in report.json, and a finished build is read back from
+that record (``pipeline.build_folder.served_model_file``)."""
 
 from __future__ import annotations
 
@@ -44,6 +46,11 @@ class Artifacts:
         if served is None:
             raise ValueError("no model: the export (or import) stage has not run")
         return served
+
+    def cpu_fallback_model(self) -> Path | None:
+        """The ONNX ``--fallback-cpu`` serves on ONNX Runtime's CPU: the CPU model, else the
+        FP32 ONNX."""
+        return self.cpu_onnx or self.onnx
 
     def named(self) -> dict[str, Path]:
         """The artifacts set, by field name (what the stage cache and report.json record)."""

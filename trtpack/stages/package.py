@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,8 +21,9 @@ from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 
 if TYPE_CHECKING:
     from trtpack.cases import Case
+    from trtpack.serving.layout import ModelRepository
 
-
+SERVED = "served"  # PackageMetrics' field naming what is served: the readers' key
 
 
 @dataclass
@@ -30,6 +31,10 @@ class PackageMetrics(StageMetrics):
     models: dict[str, str]  # model name -> Triton backend or platform
     repository: str  # the repository folder's name inside OUT
     tuning: list[str]  # perf_analyzer / Model Analyzer files, relative to OUT
+    # what is served: per model with a model file (the model, --fallback-cpu's CPU model) its
+    # role, its file relative to OUT and its runtime (the Triton platform)
+    served: list[dict[str, str]] = field(default_factory=list)
+
 
 def fingerprint(options: BuildPlan) -> JsonObject:
     return {"triton": options.recipe.triton.model_dump(), "serve": options.serve,
@@ -52,7 +57,7 @@ def run(ctx: StageContext) -> StageOutcome:
         gpu=options.target.is_gpu,
         serve=options.serve,
         fallback_cpu=options.fallback_cpu,
-        fallback_onnx=ctx.artifacts.cpu_onnx or ctx.needs(ctx.artifacts.onnx, "onnx"),
+        fallback_onnx=ctx.needs(ctx.artifacts.cpu_fallback_model(), "onnx"),
         tokenizer_dir=ctx.artifacts.tokenizer,
         model_config_json=ctx.artifacts.model_config,
         tuning_dir=tmp_tuning,
@@ -67,10 +72,19 @@ def run(ctx: StageContext) -> StageOutcome:
         metrics=PackageMetrics(
             models={m.name: m.backend for m in repo.models}, repository=REPOSITORY,
             # relative to OUT (the folder being built here is renamed to OUT at the end)
-            tuning=[str(Path(TUNING) / p.relative_to(tmp_tuning)) for p in repo.tuning_files]),
+            tuning=[str(Path(TUNING) / p.relative_to(tmp_tuning)) for p in repo.tuning_files],
+            served=served_records(repo, tmp, Path(REPOSITORY))),
         warnings=list(repo.warnings),
         message=f"{REPOSITORY}/: {', '.join(models)}",
     )
+
+
+def served_records(repo: ModelRepository, written: Path, final: Path) -> list[dict[str, str]]:
+    """PackageMetrics.served: each model of ``repo`` (written under ``written``) that has a
+    model file, by role, its file as a path under ``final`` (relative to OUT)."""
+    return [{"role": m.role, "model": m.name, "runtime": m.backend,
+             "file": str(final / m.model_file.relative_to(written))}
+            for m in repo.models if m.model_file is not None]
 
 
 def _verified_inputs(ctx: StageContext) -> list[Case]:
