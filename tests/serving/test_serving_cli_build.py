@@ -80,6 +80,6 @@ def test_cli_tuning_files_point_at_the_built_repository(built: Path) -> None:
     import yaml
 
     tuning = built / "tuning"
-    config = yaml.safe_load((tuning / "model_analyzer.yaml").read_text())
+    config = yaml.safe_load((tuning / "model_analyzer_p0.yaml").read_text())
     assert (tuning / config["model_repository"]).resolve() == (built / "model_repository"
                                                                 ).resolve()

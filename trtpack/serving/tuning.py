@@ -3,8 +3,9 @@
 Shapes come from the shape profiles, so the measured requests are ones the engine accepts:
 one perf_analyzer run per profile at its opt and its max shape (batch from ``-b``, the other
 dims from ``--shape``, which leaves the batch out), and, for text serving, one run of the
-ensemble with real sentences. The Model Analyzer config sweeps the serving options the
-recipe sets (instances, queue delay) around the recipe's values.
+ensemble with real sentences. One Model Analyzer config per profile sweeps the serving
+options the recipe sets (instances, queue delay) around the recipe's values, at that
+profile's opt shape and batches.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from trtpack.report import JsonObject
 from trtpack.serving.config import CONFIG_FILE, read_config
+from trtpack.serving.triton_rules import preferred_batch_sizes
 from trtpack.shapes import ShapeProfile
 from trtpack.sources.recipe import TritonSettings
 
@@ -26,7 +28,6 @@ if TYPE_CHECKING:
     from trtpack.serving.layout import ModelRepository
 
 PERF_SCRIPT = "perf_analyzer.sh"
-MODEL_ANALYZER_CONFIG = "model_analyzer.yaml"
 TEXT_INPUT_DATA = "perf_text_inputs.json"
 README = "README.md"
 SAMPLE_SENTENCES = (
@@ -88,50 +89,84 @@ def _quote(cmd: list[str]) -> str:
                     else shlex.quote(a) for a in cmd)
 
 
-def model_analyzer_config(repo: ModelRepository, model: str, profiles: Sequence[ShapeProfile],
-                          settings: TritonSettings, *, kind: str, integer_inputs: bool,
-                          repository_path: str) -> JsonObject:
-    """``repository_path`` as Model Analyzer will see it (relative to where it runs)."""
+def model_analyzer_config_name(profile: int) -> str:
+    """The Model Analyzer config of one profile (``profile_models`` is keyed by model name, so
+    one file sweeps one profile)."""
+    return f"model_analyzer_p{profile}.yaml"
+
+
+def model_analyzer_configs(repo: ModelRepository, model: str, profiles: Sequence[ShapeProfile],
+                           settings: TritonSettings, *, kind: str, integer_inputs: bool,
+                           repository_path: str) -> dict[int, JsonObject]:
+    """One Model Analyzer config per profile (keyed by its index), each asking only for shapes
+    that profile holds: its opt shape, batch sizes inside its batch range (its min, opt and
+    max batch, capped at ``max_batch_size``), ``max_batch_size`` capped at its max batch, and
+    (engines) an instance group with that profile alone. Model Analyzer sends every batch size
+    with the one ``--shape`` (``perf_analyzer_flags``) and the dynamic batcher merges those
+    requests into any batch up to ``max_batch_size``: with profile 0's length at every batch
+    up to the largest profile's max, batches above profile 0's range hold no profile, and
+    Triton fails them ("request specifies invalid shape", tensorrt_backend ``src/instance_state.cc``
+    line 4293 at e2ef6d7). ``repository_path`` as Model Analyzer will see it (relative to
+    where it runs)."""
     config = read_config(repo.root / model / CONFIG_FILE)
     mbs = int(config.max_batch_size)
     batched = mbs > 0
-    _, shapes = _shape_flags(profiles[0], "opt", batched)
-    flags: JsonObject = {"shape": shapes}
-    if integer_inputs:
-        flags["input-data"] = "zero"
-    batch_sizes = sorted({1, *(min(p.axis_range(0)[1], mbs) for p in profiles), mbs}) \
-        if batched else [1]
+    listed = {int(p) for g in config.instance_group for p in g.profile}
     delays = sorted({0, settings.max_queue_delay_us, 100, 500, 1000})
     counts = sorted({1, 2, settings.instance_count})
-    group: JsonObject = {"kind": kind, "count": counts}
-    # Model Analyzer replaces a list-valued field whole (base_model_config_generator.py,
-    # _apply_value_to_dict), so a group without the profiles would serve profile 0 alone;
-    # a list of strings is one value of the repeated field, not a sweep (ConfigSweep)
-    listed = [str(p) for g in config.instance_group for p in g.profile]
-    if listed:
-        group["profile"] = listed
-    params: JsonObject = {"instance_group": [group]}
-    if batched:
-        params["max_batch_size"] = [mbs]
-        params["dynamic_batching"] = {"max_queue_delay_microseconds": delays}
-    return {
-        "model_repository": repository_path,
-        "output_model_repository_path": "./model_analyzer_repository",
-        "override_output_model_repository": True,
-        "export_path": "./model_analyzer_results",
-        "run_config_search_disable": True,
-        "batch_sizes": batch_sizes,
-        "concurrency": [1, 2, 4, 8, 16],
-        "profile_models": {
-            model: {"perf_analyzer_flags": flags, "model_config_parameters": params},
-        },
-    }
+    configs: dict[int, JsonObject] = {}
+    for index, profile in enumerate(profiles):
+        if listed and index not in listed:
+            continue  # the written config never serves it
+        _, shapes = _shape_flags(profile, "opt", batched)
+        flags: JsonObject = {"shape": shapes}
+        if integer_inputs:
+            flags["input-data"] = "zero"
+        group: JsonObject = {"kind": kind, "count": counts}
+        # Model Analyzer replaces a list-valued field whole (base_model_config_generator.py,
+        # _apply_value_to_dict); a list of strings is one value of the repeated field, not a
+        # sweep (ConfigSweep): the instances serve this profile alone
+        if listed:
+            group["profile"] = [str(index)]
+        params: JsonObject = {"instance_group": [group]}
+        batch_sizes = [1]
+        if batched:
+            low, opt, high = profile.axis_range(0)
+            cap = min(high, mbs)
+            batch_sizes = sorted({b for b in (low, opt, cap) if low <= b <= cap})
+            params["max_batch_size"] = [cap]
+            params["dynamic_batching"] = {
+                "max_queue_delay_microseconds": delays,
+                # the base config's sizes reach the largest profile's max batch, and Triton
+                # refuses a preferred size above max_batch_size
+                "preferred_batch_size": preferred_batch_sizes([profile], cap)}
+        warmups = [w for w in config.model_warmup if w.name == f"profile_{index}_opt"]
+        if config.model_warmup:
+            # the other profiles' warm-up shapes are outside this instance's one profile
+            from google.protobuf import json_format
+
+            params["model_warmup"] = [json_format.MessageToDict(
+                w, preserving_proto_field_name=True) for w in warmups]
+        configs[index] = {
+            "model_repository": repository_path,
+            "output_model_repository_path": f"./model_analyzer_repository_p{index}",
+            "override_output_model_repository": True,
+            "export_path": f"./model_analyzer_results_p{index}",
+            "run_config_search_disable": True,
+            "batch_sizes": batch_sizes,
+            "concurrency": [1, 2, 4, 8, 16],
+            "profile_models": {
+                model: {"perf_analyzer_flags": flags, "model_config_parameters": params},
+            },
+        }
+    return configs
 
 
 def write_tuning_files(dest: Path, repo: ModelRepository, profiles: Sequence[ShapeProfile],
                        settings: TritonSettings, repository_ref: str | None = None,
                        cases: Sequence[Case] = ()) -> list[Path]:
-    """Write the perf_analyzer script, the Model Analyzer config and a README into ``dest``.
+    """Write the perf_analyzer script, a Model Analyzer config per profile and a README into
+    ``dest``.
 
     ``repository_ref`` is how they name the repository, relative to ``dest`` (default: the
     path from ``dest`` to ``repo.root`` now; give the final one when both are renamed later).
@@ -191,22 +226,25 @@ def write_tuning_files(dest: Path, repo: ModelRepository, profiles: Sequence[Sha
 
     kind = main_config.instance_group[0].kind if main_config.instance_group else 0
     kind_name = "KIND_GPU" if kind == 1 else "KIND_CPU"
-    ma = model_analyzer_config(repo, main.name, profiles, settings, kind=kind_name,
-                               integer_inputs=integer_inputs, repository_path=rel)
-    ma_path = dest / MODEL_ANALYZER_CONFIG
-    ma_path.write_text(
-        "# Model Analyzer sweep for the model trtpack built; run from this folder with\n"
-        f"#   model-analyzer profile -f {MODEL_ANALYZER_CONFIG}\n"
-        + yaml.safe_dump(ma, sort_keys=False), encoding="utf-8")
-    written.append(ma_path)
+    configs = model_analyzer_configs(repo, main.name, profiles, settings, kind=kind_name,
+                                     integer_inputs=integer_inputs, repository_path=rel)
+    for index, ma in configs.items():
+        name = model_analyzer_config_name(index)
+        ma_path = dest / name
+        ma_path.write_text(
+            f"# Model Analyzer sweep of profile {index} ({profiles[index]}) of the model trtpack\n"
+            f"# built; run from this folder with\n#   model-analyzer profile -f {name}\n"
+            + yaml.safe_dump(ma, sort_keys=False), encoding="utf-8")
+        written.append(ma_path)
 
     readme = dest / README
-    readme.write_text(_readme(repo, mbs, rel), encoding="utf-8")
+    sweeps = [model_analyzer_config_name(i) for i in configs]
+    readme.write_text(_readme(repo, mbs, rel, sweeps), encoding="utf-8")
     written.append(readme)
     return written
 
 
-def _readme(repo: ModelRepository, mbs: int, rel: str) -> str:
+def _readme(repo: ModelRepository, mbs: int, rel: str, sweeps: Sequence[str]) -> str:
     rows = "\n".join(f"| `{m.name}` | {m.role} | {m.backend} |" for m in repo.models)
     python = [m.name for m in repo.models if m.backend == "python"]
     deps = ""
@@ -239,7 +277,9 @@ def _readme(repo: ModelRepository, mbs: int, rel: str) -> str:
         " --cache-config local,size=268435456   # the cache only if response_cache is on\n"
         f"{engine}\n"
         f"Measure it: `./{PERF_SCRIPT}` (perf_analyzer, one run per profile corner).\n"
-        f"Sweep the serving options: `model-analyzer profile -f {MODEL_ANALYZER_CONFIG}`.\n"
+        "Sweep the serving options, one shape profile per Model Analyzer config (each asks "
+        "only for shapes its profile holds): "
+        + ", ".join(f"`model-analyzer profile -f {name}`" for name in sweeps) + ".\n"
     )
 
 
