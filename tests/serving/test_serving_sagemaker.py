@@ -98,6 +98,22 @@ def test_note_names_the_container_environment(packaged) -> None:  # type: ignore
     assert "conda-pack" not in note and "EXECUTION_ENV_PATH" not in note
 
 
+def test_note_says_invoking_both_archives_loads_the_model_twice(  # type: ignore[no-untyped-def]
+        packaged) -> None:
+    """Issue 45, item 5: ``minilm/`` is in minilm.tar.gz and in minilm_ensemble.tar.gz, and
+    SageMaker's front end registers each archive as its own repository before loading the
+    target model from it (tritonserver ``src/sagemaker_server.cc``, ``SageMakerMMELoadModel``,
+    lines 1087-1125 at e1db8a6), so invoking both loads two copies; SAGEMAKER.md said
+    nothing of it."""
+    from trtpack.serving.sagemaker_note import shared_models
+
+    assert "minilm" in shared_models(packaged.archives)  # the fact the note must tell
+    note = (packaged.dest / "SAGEMAKER.md").read_text()
+    section = note.split("## Invoke one archive per model", 1)[1].split("\n## ", 1)[0]
+    assert "`minilm` is in the archives `minilm.tar.gz` and `minilm_ensemble.tar.gz`" in section
+    assert "loads that model twice" in section and "GPU memory" in section
+
+
 def test_cli_package_sagemaker(minilm_text_repo: ModelRepository, tmp_path: Path) -> None:
     result = run_cli("package", str(minilm_text_repo.root.parent), "--sagemaker",
                      "--dest", str(tmp_path / "sm"))

@@ -53,6 +53,30 @@ def shared_models(archives: tuple[SageMakerArchive, ...]) -> dict[str, list[str]
     return {m: names for m, names in where.items() if len(names) > 1}
 
 
+def loaded_twice_section(shared: dict[str, list[str]]) -> str:
+    """Why a client should invoke one archive of each shared model folder: SageMaker's
+    front end registers every archive as a repository of its own and loads the target model
+    from it (tritonserver ``src/sagemaker_server.cc``, ``SageMakerMMELoadModel``: lines
+    1087-1125 at e1db8a6; ``TRITONSERVER_ServerRegisterModelRepository`` per archive), so
+    a model folder packed in two archives that are both invoked is loaded twice: two copies
+    of its weights (an engine: in GPU memory) under the two namespaces."""
+    if not shared:
+        return ""
+    rows = "\n".join(f"- `{model}` is in the archives {' and '.join(f'`{n}`' for n in names)}"
+                     for model, names in shared.items())
+    return (
+        "\n## Invoke one archive per model\n\n"
+        "SageMaker registers each archive as a repository of its own and loads the invoked "
+        "model from it, members included:\n\n"
+        f"{rows}\n\n"
+        "so invoking both archives of one model folder loads that model twice: two copies of "
+        "its weights (an engine's in GPU memory) and two sets of instances. Serve text through "
+        "the ensemble's archive alone, or tensors through the model's archive alone; a "
+        "client that needs both pays for both copies (`SAGEMAKER_TRITON_MODEL_LOAD_GPU_LIMIT` "
+        "below lets SageMaker unload the idle one).\n"
+    )
+
+
 def server_features(shared: bool, cache: bool, python: bool,
                      args: bool) -> list[ServerFeature]:
     """What these archives need of the Triton release, besides the engine's TensorRT."""
@@ -178,6 +202,7 @@ def sagemaker_note(package: SageMakerPackage, configs: dict[str, ModelConfig]) -
         + "\n".join(e for e in env if e) + "\n"
         "\nFor a single-model endpoint instead (one archive as `model.tar.gz`), set "
         "`SAGEMAKER_TRITON_DEFAULT_MODEL_NAME` to the model to load (the ensemble for text).\n"
+        + loaded_twice_section(shared)
         + container_section(serving, shared, cache, bool(python), bool(args))
         + deps
     )
