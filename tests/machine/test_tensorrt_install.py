@@ -8,8 +8,12 @@ import re
 import subprocess
 from pathlib import Path
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: tomli (the dev extras)
+    import tomli as tomllib
+
 import pytest
-import tomllib
 
 from trtpack.errors import MissingEnvironmentError
 from trtpack.machine import gpus, local_targets, packages

@@ -9,10 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: tomli (the dev extras)
+    import tomli as tomllib
+
 import numpy as np
 import onnxruntime as ort
 import pytest
-import tomllib
 
 from tests.conftest import run_cli
 from tests.precision_fixtures import (

@@ -192,7 +192,7 @@ def build_record(path: Path, levels: int = 5) -> BuildRecord | None:
         except (OSError, ValueError, TypeError, KeyError):
             return None
         written = datetime.datetime.fromtimestamp(report_file.stat().st_mtime,
-                                                  datetime.UTC)
+                                                  datetime.timezone.utc)
         return BuildRecord(str(candidate), report.model, report.precision, report.target,
                            tuple(report.profiles), report.status,
                            report.versions.get("trtpack"),

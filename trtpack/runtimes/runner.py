@@ -10,9 +10,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from types import TracebackType
-from typing import Self
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # typing.Self is Python 3.11+
+    from typing_extensions import Self
 
 
 class ModelRunner(ABC):

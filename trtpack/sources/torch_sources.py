@@ -23,13 +23,19 @@ import hashlib
 import json
 import os
 import re
+import sys
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, NotRequired, TypedDict
+from typing import Literal, TypedDict
 
 from pydantic import ValidationError
+
+if sys.version_info >= (3, 11):
+    from typing import NotRequired
+else:  # Python 3.10 (Ubuntu 22.04): a dependency there (pyproject.toml)
+    from typing_extensions import NotRequired
 
 from trtpack.errors import UserInputError
 from trtpack.sources.recipe import Recipe, Source
