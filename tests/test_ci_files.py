@@ -8,7 +8,7 @@ command is parsed by the real typer app (click's ``make_context``: unknown comma
 options, missing arguments, bad choices fail) without running anything.
 
 The GPU families have one home, ``trtpack.machine.targets``: the Makefile's per-family targets, the
-GPU workflow's matrix (and its ``merge`` of one family per compute capability) and the
+GPU workflow's matrix (and its ``fleet`` repositories of one engine per GPU model) and the
 README's / docs' lists of families are checked against it.
 """
 
@@ -240,12 +240,13 @@ def makefile_family_problems(text: str) -> list[str]:
 
 
 def workflow_family_problems(workflow: dict[str, Any]) -> list[str]:
-    """Where the GPU workflow's matrix (one job per family, ``merge`` for one family per
-    compute capability) differs from ``ci_families()`` / ``fleet_families()``."""
-    from trtpack.machine.targets import ci_families, fleet_families
+    """Where the GPU workflow's matrix (one job per family, ``fleet``: the fleet repository
+    its engine is merged into, 0 for none) differs from ``ci_families()`` /
+    ``fleet_repositories()``."""
+    from trtpack.machine.targets import ci_families, fleet_repositories
 
-    merged = {t.name for t in fleet_families()}
-    expected = [{"target": t.name, "merge": t.name in merged} for t in ci_families()]
+    fleet = {t.name: k for k, repo in enumerate(fleet_repositories(), 1) for t in repo}
+    expected = [{"target": t.name, "fleet": fleet.get(t.name, 0)} for t in ci_families()]
     found = workflow["jobs"]["engines"]["strategy"]["matrix"].get("include", [])
     if found != expected:
         return [f"gpu.yml: the engines matrix is {found}, trtpack.machine.targets says {expected}"]
@@ -295,10 +296,12 @@ def test_the_family_checks_catch_a_missing_or_extra_family() -> None:
     workflow = yaml.safe_load(GPU_WORKFLOW.read_text(encoding="utf-8"))
     assert workflow_family_problems(workflow) == []
     include = workflow["jobs"]["engines"]["strategy"]["matrix"]["include"]
-    include.insert(4, {"target": "p3", "merge": True})  # Volta: TensorRT 10.5 dropped it
+    include.insert(4, {"target": "p3", "fleet": 1})  # Volta: TensorRT 10.5 dropped it
     assert workflow_family_problems(workflow)
     include.pop(4)
-    include[3]["merge"] = True  # g6e beside g6: two engines for compute capability 8.9
+    include[3]["fleet"] = 1  # g6e beside g6: two engines for compute capability 8.9
+    assert workflow_family_problems(workflow)
+    include[3]["fleet"] = 0  # g6e's L40S served by g6's L4 engine (issue 45, item 2)
     assert workflow_family_problems(workflow)
     listing = "Build for `g4dn`, `g5`, `g6`, `g6e`, `p4d`, `p5` or `p7`."
     assert "p7" in family_list_problems("README.md", listing)[0]

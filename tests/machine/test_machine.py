@@ -126,7 +126,9 @@ def test_this_machine_check_without_injection() -> None:
 
 def test_targets_table_marks_local_matches() -> None:
     rows = {r.name: r for r in local_targets.targets_table(LocalGpu("NVIDIA L4", (8, 9)))}
-    assert rows["g6"].local and rows["g6e"].local and not rows["g5"].local
+    # an L4 builds g6's engines; g6e's L40S needs its own (issue 45, item 2: kNONE engines
+    # are meant for the GPU model they were built on)
+    assert rows["g6"].local and not rows["g6e"].local and not rows["g5"].local
     assert rows["g5"].compute_capability == "8.6"
     assert not any(r.local for r in local_targets.targets_table(None) if r.name != "cpu")
 

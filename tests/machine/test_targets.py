@@ -83,9 +83,41 @@ def test_mismatch_names_both_gpus() -> None:
     assert gpu_mismatch(resolve_target("cpu"), "Tesla T4", (7, 5)) is None
 
 
-def test_same_compute_capability_is_enough() -> None:
-    # an L4 builds L40S engines: both are compute capability 8.9
-    assert gpu_mismatch(resolve_target("g6e"), "NVIDIA L4", (8, 9)) is None
+def test_same_compute_capability_is_enough_only_when_built_so() -> None:
+    """Issue 45, item 2: with hardware compatibility ``none`` an engine is meant for the GPU
+    model it was built on (TensorRT ``include/NvInfer.h`` at a892d22, lines 10396-10423:
+    ``kNONE``; ``kSAME_COMPUTE_CAPABILITY`` is the opt-in for other models of that compute
+    capability), so an L4 does not build g6e's L40S engine unless asked to, though both are
+    8.9. Before: compute capability alone was compared."""
+    why = gpu_mismatch(resolve_target("g6e"), "NVIDIA L4", (8, 9))
+    assert why is not None and "L40S" in why and "NVIDIA L4" in why
+    assert "same_compute_capability" in why
+    assert gpu_mismatch(resolve_target("g6e"), "NVIDIA L4", (8, 9),
+                        "same_compute_capability") is None
+    assert gpu_mismatch(resolve_target("g6e"), "NVIDIA L40S", (8, 9)) is None
+    # the device names as drivers report them, normalized
+    assert gpu_mismatch(resolve_target("p5"), "NVIDIA H100 80GB HBM3", (9, 0)) is None
+    assert gpu_mismatch(resolve_target("p5e"), "NVIDIA H100 80GB HBM3", (9, 0)) is not None
+    assert gpu_mismatch(resolve_target("p4d"), "NVIDIA A100-SXM4-80GB", (8, 0)) is not None
+    assert gpu_mismatch(resolve_target("g4dn"), "Tesla T4", (7, 5)) is None
+
+
+def test_a_gpu_model_outside_the_table_is_its_own_target() -> None:
+    """An A10 (8.6) is not g5's A10G: ``--target auto`` names it after its compute
+    capability, and its engines are meant for it."""
+    target = local_gpu_target("NVIDIA A10", (8, 6))
+    assert target.name == "sm86"
+    assert gpu_mismatch(target, "NVIDIA A10", (8, 6)) is None
+    assert gpu_mismatch(resolve_target("g5"), "NVIDIA A10", (8, 6)) is not None
+
+
+def test_fleet_repositories_hold_one_engine_per_gpu_model() -> None:
+    from trtpack.machine.targets import fleet_repositories
+
+    names = [[t.name for t in repo] for repo in fleet_repositories()]
+    assert names == [["g4dn", "g5", "g6", "p4d", "p5"], ["g6e", "p4de", "p5e"]]
+    shared = [[t.name for t in repo] for repo in fleet_repositories("same_compute_capability")]
+    assert shared == [["g4dn", "g5", "g6", "p4d", "p5"]]
 
 
 def test_ampere_plus_builds_on_any_ampere_or_newer_gpu() -> None:

@@ -52,29 +52,66 @@ def _uploads_for_merge(step: dict[str, Any], entry: dict[str, Any]) -> bool:
     raise AssertionError(f"unexpected condition on '{MERGE_UPLOAD}': {condition}")
 
 
-def test_the_families_merged_have_one_engine_per_compute_capability() -> None:
+def _fleet_of(step: dict[str, Any], entry: dict[str, Any]) -> str | None:
+    """The fleet repository an entry's upload goes to (None: not uploaded), from the upload
+    step's ``if`` and artifact name."""
+    if not _uploads_for_merge(step, entry):
+        return None
+    name = str(step["with"]["name"])
+    return name.replace("${{ matrix.fleet }}", str(entry.get("fleet"))).split("-")[3]
+
+
+def test_each_fleet_has_one_engine_per_gpu_model_and_compute_capability() -> None:
+    """Issue 45, item 2: the families whose build folders reach one ``trtpack merge`` have
+    one compute capability each (merge's own rule), and every family built finds, in some
+    fleet repository, an engine built on its own GPU model: engines are built with hardware
+    compatibility ``none``, meant for the GPU model they were built on (TensorRT
+    ``include/NvInfer.h`` at a892d22, lines 10396-10423: ``kNONE`` vs the opt-in
+    ``kSAME_COMPUTE_CAPABILITY``). Before: g6's L4 engine was merged to serve g6e's L40S."""
+    from trtpack.machine.targets import families_served, resolve_target
+
     jobs = _workflow()["jobs"]
     engines = jobs["engines"]
     (upload,) = [s for s in engines["steps"] if s.get("name") == MERGE_UPLOAD]
-    assert upload["with"]["name"].startswith("build-minilm-fp16-")
+    assert upload["with"]["name"].startswith("build-minilm-fp16-fleet")
     (download,) = [s for s in jobs["merge"]["steps"] if s.get("uses", "").startswith(
         "actions/download-artifact")]
-    assert download["with"]["pattern"] == "build-minilm-fp16-*"
+    assert download["with"]["pattern"] == "build-minilm-fp16-fleet*"
+    merge_script = next(s["run"] for s in jobs["merge"]["steps"]
+                        if "trtpack merge" in str(s.get("run", "")))
+    assert 'builds/build-minilm-fp16-fleet"$fleet"-*' in merge_script  # one merge per fleet
     entries = _matrix_entries(engines)
-    built = [e["target"] for e in entries]
-    merged = [e["target"] for e in entries if _uploads_for_merge(upload, e)]
-    keyed = []
-    for target in merged:
-        cc = target_compute_capability(target)
-        assert cc is not None, target
-        keyed.append((f"{cc[0]}.{cc[1]}", target))
-    assert one_engine_per_compute_capability(keyed) == [], keyed  # merge's own rule
-    # every family built finds its compute capability in the merged cc_model_filenames
-    merged_ccs = {cc for cc, _ in keyed}
-    for target in built:
-        cc = target_compute_capability(target)
-        assert cc is not None and f"{cc[0]}.{cc[1]}" in merged_ccs, target
-    assert len(merged) >= 2  # merge needs two builds
+    fleets: dict[str, list[str]] = {}
+    for entry in entries:
+        fleet = _fleet_of(upload, entry)
+        if fleet is not None:
+            fleets.setdefault(fleet, []).append(entry["target"])
+    assert fleets
+    for fleet, merged in fleets.items():
+        keyed = []
+        for target in merged:
+            cc = target_compute_capability(target)
+            assert cc is not None, target
+            keyed.append((f"{cc[0]}.{cc[1]}", target))
+        assert one_engine_per_compute_capability(keyed) == [], (fleet, keyed)
+        assert len(merged) >= 2, fleet  # merge needs two builds
+    merged_all = [t for merged in fleets.values() for t in merged]
+    for entry in entries:
+        target = resolve_target(entry["target"])
+        assert target.gpu is not None
+        served_by = [m for m in merged_all
+                     if target in families_served("none", _device_name(m),
+                                                  target.gpu.compute_capability)]
+        assert served_by, f"{target.name}'s GPU ({target.gpu.name}) gets no engine of its own"
+
+
+def _device_name(target: str) -> str:
+    """The device name the driver reports for a family's GPU (``NVIDIA <name>``)."""
+    from trtpack.machine.targets import resolve_target
+
+    gpu = resolve_target(target).gpu
+    assert gpu is not None
+    return f"NVIDIA {gpu.name}"
 
 
 def _convert_builds() -> list[list[str]]:

@@ -119,9 +119,12 @@ def test_inspect_lists_the_gpu_families_and_runs_on_any_of_them(
     assert run_cli("merge", *map(str, fleet), "--out", str(out)).exit_code == 0
     on_a10g = inspect_path(out, MachineFacts("NVIDIA A10G", (8, 6), TENSORRT))
     (model,) = on_a10g.models
-    assert [(f.compute_capability, f.filename, f.targets) for f in model.gpu_families] == [
-        ("7.5", "model.sm75.plan", ("g4dn",)), ("8.0", "model.sm80.plan", ("p4d", "p4de")),
-        ("8.6", "model.sm86.plan", ("g5",))]
+    # an engine built with hardware compatibility none serves its GPU model alone: p4d's
+    # A100-SXM4-40GB engine is not p4de's (issue 45, item 2)
+    assert [(f.compute_capability, f.filename, f.targets, f.not_for)
+            for f in model.gpu_families] == [
+        ("7.5", "model.sm75.plan", ("g4dn",), ()), ("8.0", "model.sm80.plan", ("p4d",), ("p4de",)),
+        ("8.6", "model.sm86.plan", ("g5",), ())]
     assert len(model.engines) == 3 and model.problems == []
     assert on_a10g.runs_here is True
     assert inspect_path(out, MachineFacts("NVIDIA L4", (8, 9), TENSORRT)).runs_here is False
@@ -171,7 +174,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(
     out.parent.mkdir()
     _refused([], out, "two or more", "no build folder")
     _refused([g5], out, "one build folder", g5)
-    _refused([g5, g5], out, g5, "compute capability 8.6", "one engine per GPU family")
+    _refused([g5, g5], out, g5, "compute capability 8.6", "one engine per compute capability")
     _refused([g5, str(no_engine)], out, str(no_engine), "not a TensorRT engine")
     plain = tmp_path / "plain"
     plain.mkdir()
@@ -276,3 +279,50 @@ def test_ampere_plus_engines_are_filed_under_the_family_they_were_built_for(
     g5_again = engine_build(no_engine, tmp_path / "g5-l4", "g5", gpu_name="NVIDIA L4",
                             compute_capability="8.9", build_options=options)
     _refused([str(g5), str(g5_again)], tmp_path / "again", "compute capability 8.6")
+
+
+def test_two_gpu_models_of_one_compute_capability(no_engine: Path, tmp_path: Path) -> None:
+    """Issue 45, item 2: g6 (L4) and g6e (L40S) are both 8.9, and Triton's
+    cc_model_filenames holds one engine per compute capability. With hardware compatibility
+    none each engine is meant for the GPU model it was built on (TensorRT
+    ``include/NvInfer.h`` at a892d22, lines 10396-10423), so merge refuses them together (one
+    repository per GPU model); built with same_compute_capability, the first serves both, the
+    other is left out with a warning, and the config and ``inspect`` say so. Before: one
+    engine per compute capability was all that was checked, and g6's served g6e."""
+    same_cc = builder_settings(EngineSettings(hardware_compatibility="same_compute_capability"),
+                               (10, 13, 0, 35)).to_dict()
+    g6 = engine_build(no_engine, tmp_path / "g6", "g6")
+    g6e = engine_build(no_engine, tmp_path / "g6e", "g6e")
+    g5 = engine_build(no_engine, tmp_path / "g5", "g5")
+    _refused([str(g5), str(g6), str(g6e)], tmp_path / "refused", "compute capability 8.9",
+             "merge each GPU model into its own repository", "same_compute_capability")
+    # one repository per GPU model
+    for name, folders in (("l4", [g5, g6]), ("l40s", [g5, g6e])):
+        assert run_cli("merge", str(folders[0]), str(folders[1]),
+                       "--out", str(tmp_path / name)).exit_code == 0
+    (l4,) = inspect_path(tmp_path / "l4", MachineFacts(None, None, None)).models
+    (family,) = [f for f in l4.gpu_families if f.compute_capability == "8.9"]
+    assert family.targets == ("g6",) and family.not_for == ("g6e",)
+    assert family.serves is not None and "NVIDIA L4 alone" in family.serves
+    # built with same_compute_capability: one engine serves both
+    g6_shared = engine_build(no_engine, tmp_path / "g6-shared", "g6", build_options=same_cc)
+    g6e_shared = engine_build(no_engine, tmp_path / "g6e-shared", "g6e", build_options=same_cc)
+    out = tmp_path / "shared"
+    result = run_cli("merge", str(g5), str(g6_shared), str(g6e_shared), "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert "serves compute capability 8.9 through same_compute_capability" in \
+        " ".join(result.output.split())
+    text = (out / "model_repository" / "tiny-bert" / "config.pbtxt").read_text()
+    config = read_config(out / "model_repository" / "tiny-bert" / "config.pbtxt")
+    assert dict(config.cc_model_filenames) == {"8.6": "model.sm86.plan",
+                                               "8.9": "model.sm89.plan"}
+    comments = " ".join(line.lstrip("# ") for line in text.splitlines() if line.startswith("#"))
+    assert ("model.sm89.plan is meant for every GPU of compute capability 8.9, through "
+            "hardware compatibility same_compute_capability") in comments
+    assert "model.sm86.plan is meant for the NVIDIA A10G alone" in comments
+    (shared,) = inspect_path(out, MachineFacts(None, None, None)).models
+    (family,) = [f for f in shared.gpu_families if f.compute_capability == "8.9"]
+    assert family.targets == ("g6", "g6e") and family.not_for == ()
+    shown = " ".join(run_cli("inspect", str(out)).stdout.split())
+    assert "meant for every GPU of compute capability 8.9, through hardware compatibility " \
+        "same_compute_capability (built on NVIDIA L4)" in shown

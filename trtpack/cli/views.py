@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from trtpack.cli.console import out
+from trtpack.machine.targets import engine_serves
 from trtpack.shapes import ShapeProfile
 from trtpack.timing import SLICES
 
@@ -135,7 +136,11 @@ def print_inspection(result: Inspection) -> None:
                 where = ", ".join(fam.targets) + (f" ({', '.join(fam.gpus)})" if fam.gpus else "")
                 out.print(f"    compute capability {fam.compute_capability}: {fam.filename}"
                           f"  {escape(where) or 'no listed instance family'}"
-                          + ("" if fam.present else "  [red]file missing[/]"))
+                          + ("" if fam.present else "  [red]file missing[/]"), soft_wrap=True)
+                if fam.serves is not None:
+                    out.print(f"      meant for {escape(fam.serves)}"
+                              + (f"; not for {', '.join(fam.not_for)}" if fam.not_for else ""),
+                              soft_wrap=True)
         for problem in model.problems:
             out.print(f"  [red]config does not match the engine:[/] {problem}")
         if model.onnx is not None:
@@ -157,6 +162,8 @@ def print_inspection(result: Inspection) -> None:
             out.print(f"  plan sha256 {prov.plan_sha256[:16]}…, onnx sha256 "
                       f"{prov.onnx_sha256[:16]}…, options {prov.build_options}")
             out.print(f"  Triton: {escape(prov.triton_serving().summary())}")
+            meant = engine_serves(prov.hardware_compatibility, prov.gpu_name, prov.cc)
+            out.print(f"  meant for {escape(meant)}", soft_wrap=True)
         if engine.io is not None:
             out.print(io_table(list(engine.io.inputs), list(engine.io.outputs)))
         out.print(f"  runs on this machine: {mark[engine.runs_here]}"

@@ -116,9 +116,11 @@ class GpuFamily:
 
     compute_capability: str
     filename: str
-    targets: tuple[str, ...]  # the instance families with that compute capability
+    targets: tuple[str, ...]  # the instance families its engine is meant for
     gpus: tuple[str, ...]
     present: bool  # the file is in the version folder
+    serves: str | None = None  # which GPUs the engine is meant for, in words (None: unknown)
+    not_for: tuple[str, ...] = ()  # families of that compute capability it is not meant for
 
 
 @dataclass
@@ -227,8 +229,10 @@ def inspect_model_dir(model_dir: Path, machine: MachineFacts,
 
     built_for = {e.path: "{}.{}".format(*served_compute_capability(e.provenance))
                  for e in model.engines if e.provenance is not None}
+    provenances = {e.path: e.provenance for e in model.engines}
     for cc, file in by_cc.items():
-        model.gpu_families.append(_gpu_family(cc, file, (latest / file).is_file()))
+        model.gpu_families.append(_gpu_family(cc, file, (latest / file).is_file(),
+                                              provenances.get(str(latest / file))))
         if not (latest / file).is_file():
             model.problems.append(f"cc_model_filenames names {file} for compute capability "
                                   f"{cc}, which is not in version {latest.name}")
@@ -239,15 +243,26 @@ def inspect_model_dir(model_dir: Path, machine: MachineFacts,
     return model
 
 
-def _gpu_family(cc: str, filename: str, present: bool) -> GpuFamily:
-    from trtpack.machine.targets import TARGETS
+def _gpu_family(cc: str, filename: str, present: bool,
+                prov: EngineProvenance | None = None) -> GpuFamily:
+    """The families a ``cc_model_filenames`` entry serves: with the engine's provenance, those
+    its hardware compatibility is meant for (``none``: its GPU model alone), else every
+    family of that compute capability."""
+    from trtpack.machine.targets import TARGETS, engine_serves, families_served
 
     major, _, minor = cc.partition(".")
     key = (int(major), int(minor or 0)) if major.isdigit() and (minor or "0").isdigit() \
         else None
     same = [t for t in TARGETS if t.gpu is not None and t.gpu.compute_capability == key]
-    return GpuFamily(cc, filename, tuple(t.name for t in same),
-                     tuple(dict.fromkeys(t.gpu.name for t in same if t.gpu)), present)
+    serves = None
+    served = same
+    if prov is not None and key is not None:
+        level = prov.hardware_compatibility
+        served = list(families_served(level, prov.gpu_name, key))
+        serves = engine_serves(level, prov.gpu_name, key)
+    return GpuFamily(cc, filename, tuple(t.name for t in served),
+                     tuple(dict.fromkeys(t.gpu.name for t in served if t.gpu)), present,
+                     serves, tuple(t.name for t in same if t not in served))
 
 
 def _model_dirs(repo: Path) -> list[Path]:

@@ -5,8 +5,16 @@ it was built with, so the target is part of what an engine *is*.
 
 ``TARGETS`` is the one list of GPU families and what each supports: the Makefile has one
 target per GPU family (``gpu_families``), the GPU workflow one job per family TensorRT 10.12+
-builds engines for (``ci_families``: not p3, Volta) and merges one family per compute
-capability (``fleet_families``); tests/test_ci_files.py fails when they disagree.
+builds engines for (``ci_families``: not p3, Volta) and merges the families into fleet
+repositories of one engine per GPU model and compute capability (``fleet_repositories``);
+tests/test_ci_files.py fails when they disagree.
+
+An engine built with hardware compatibility ``none`` (TensorRT's ``kNONE``) is meant for the
+GPU model it was built on: TensorRT's ``NvInfer.h`` (NVIDIA/TensorRT a892d22, lines
+10396-10423) makes ``kSAME_COMPUTE_CAPABILITY`` the opt-in for other GPU models of that compute
+capability, and TensorRT warns when a plan is used across device models that it "is likely to
+affect performance or even cause errors" (NVIDIA/TensorRT#2900). So an L4 (g6) engine does not
+serve an L40S (g6e), though both are compute capability 8.9.
 """
 
 from __future__ import annotations
@@ -94,15 +102,43 @@ def ci_families() -> tuple[Target, ...]:
     return tuple(t for t in TARGETS if t.builds_engines)
 
 
-def fleet_families() -> tuple[Target, ...]:
-    """Of ``ci_families``, the first of each compute capability: its engine goes into the
-    fleet repository (``trtpack merge`` takes one engine per compute capability) and serves
-    the families sharing it."""
-    chosen: dict[tuple[int, int], Target] = {}
+def fleet_repositories(level: HardwareCompatibility = "none") -> tuple[tuple[Target, ...], ...]:
+    """The families of ``ci_families`` whose engines ``trtpack merge`` puts into each fleet
+    repository (Triton's ``cc_model_filenames`` holds one engine per compute capability).
+
+    ``none``: an engine serves only its GPU model, so each GPU model gets its own engine (the
+    first family of a GPU model builds it; p5en's H200 is p5e's) and a repository holds at
+    most one GPU model per compute capability: g4dn, g5, g6, p4d, p5 in the first, g6e,
+    p4de, p5e in the second. ``same_compute_capability`` (or ``ampere+``): one repository, the
+    first family of each compute capability, whose engine serves the others."""
+    repositories: list[dict[tuple[int, int], Target]] = []
+    models: set[Gpu] = set()
     for target in ci_families():
         assert target.gpu is not None
-        chosen.setdefault(target.gpu.compute_capability, target)
-    return tuple(chosen.values())
+        cc = target.gpu.compute_capability
+        if level != "none":
+            if not repositories:
+                repositories.append({})
+            repositories[0].setdefault(cc, target)
+            continue
+        if target.gpu in models:
+            continue  # another family of this GPU model builds its engine
+        models.add(target.gpu)
+        free = next((r for r in repositories if cc not in r), None)
+        if free is None:
+            free = {}
+            repositories.append(free)
+        free[cc] = target
+    return tuple(tuple(r.values()) for r in repositories)
+
+
+def same_gpu_model(gpu: Gpu, device_name: str) -> bool:
+    """Whether the device the driver names ``device_name`` ("NVIDIA L40S", "Tesla T4",
+    "NVIDIA H100 80GB HBM3") is ``gpu``'s model: every word of the table's name among the
+    device name's words, case and dashes aside ("L4" is not "NVIDIA L40S", "A100-SXM4-40GB"
+    is not "NVIDIA A100-SXM4-80GB")."""
+    words = device_name.lower().replace("-", " ").split()
+    return all(w in words for w in gpu.name.lower().replace("-", " ").split())
 
 
 def is_gpu_target(name: str) -> bool:
@@ -128,13 +164,39 @@ def resolve_target(name: str) -> Target:
     )
 
 
+def families_served(level: str, built_on: str,
+                    compute_capability: tuple[int, int]) -> tuple[Target, ...]:
+    """The families of ``compute_capability`` an engine built on the GPU ``built_on`` with
+    hardware compatibility ``level`` is meant for: with ``none`` those of its GPU model only,
+    else all of them."""
+    same = [t for t in TARGETS if t.gpu is not None and t.gpu.compute_capability ==
+            compute_capability]
+    if level == "none":
+        return tuple(t for t in same if t.gpu is not None and same_gpu_model(t.gpu, built_on))
+    return tuple(same)
+
+
+def engine_serves(level: str, built_on: str, compute_capability: tuple[int, int]) -> str:
+    """Which GPUs an engine is meant for, in words (``inspect``, the merged config)."""
+    cc = f"{compute_capability[0]}.{compute_capability[1]}"
+    if level == "same_compute_capability":
+        return (f"every GPU of compute capability {cc}, through hardware compatibility "
+                f"same_compute_capability (built on {built_on})")
+    if level == "ampere+":
+        return (f"every GPU of compute capability 8.0 or newer, through hardware compatibility "
+                f"ampere+ (built on {built_on})")
+    return (f"the {built_on} alone (hardware compatibility none: other GPU models of compute "
+            f"capability {cc} need their own engine, or one built with "
+            f"same_compute_capability)")
+
+
 def target_for_gpu(gpu_name: str, compute_capability: tuple[int, int]) -> Target | None:
     """The first target whose GPU has this compute capability and (loosely) this name."""
     words = gpu_name.lower().replace("-", " ").split()
     same_cc = [t for t in TARGETS if t.gpu and t.gpu.compute_capability == compute_capability]
     for target in same_cc:  # the full name first: A100-SXM4-80GB is p4de, not p4d
         assert target.gpu is not None
-        if all(w in words for w in target.gpu.name.lower().split("-")):
+        if same_gpu_model(target.gpu, gpu_name):
             return target
     for target in same_cc:
         assert target.gpu is not None
@@ -156,9 +218,10 @@ def architecture_for(compute_capability: tuple[int, int]) -> str:
 
 def local_gpu_target(gpu_name: str, compute_capability: tuple[int, int]) -> Target:
     """The target of a local GPU: its family from the table, or one named after its
-    compute capability (``sm86``) when no listed instance family has that GPU."""
+    compute capability (``sm86``) when no listed instance family has that GPU model (an A10
+    is not g5's A10G: an engine built on it is meant for the A10)."""
     known = target_for_gpu(gpu_name, compute_capability)
-    if known is not None:
+    if known is not None and known.gpu is not None and same_gpu_model(known.gpu, gpu_name):
         return known
     major, minor = compute_capability
     gpu = Gpu(gpu_name, compute_capability, architecture_for(compute_capability), 0)
@@ -190,9 +253,10 @@ def gpu_mismatch(target: Target, gpu_name: str, compute_capability: tuple[int, i
                  hardware_compatibility: HardwareCompatibility = "none") -> str | None:
     """Why an engine for ``target`` cannot be built or run on this GPU, or None if it can.
 
-    An engine runs on the compute capability it was built for; with hardware
-    compatibility ``ampere+`` it runs on any GPU of compute capability 8.0 or newer, so
-    any such GPU can build it for any such target.
+    With hardware compatibility ``none`` an engine is meant for the GPU model it was built on
+    (the device names compared, ``same_gpu_model``); with ``same_compute_capability`` for any
+    GPU of its compute capability; with ``ampere+`` for any GPU of compute capability 8.0 or
+    newer, so any such GPU can build it for any such target.
     """
     if target.gpu is None:
         return None
@@ -209,5 +273,12 @@ def gpu_mismatch(target: Target, gpu_name: str, compute_capability: tuple[int, i
         return (
             f"target '{target.name}' is {target.gpu.name} (compute capability {target.gpu.sm}) "
             f"but this machine's GPU is {gpu_name} (compute capability {cc})"
+        )
+    if hardware_compatibility == "none" and not same_gpu_model(target.gpu, gpu_name):
+        return (
+            f"target '{target.name}' is {target.gpu.name} but this machine's GPU is {gpu_name} "
+            f"(both compute capability {cc}): an engine built with hardware compatibility "
+            f"'none' is meant for the GPU model it was built on (TensorRT's kNONE); build on "
+            f"the {target.gpu.name}, or with --portable same_compute_capability"
         )
     return None

@@ -228,8 +228,13 @@ def config_text(config: ModelConfig) -> str:
     return str(text_format.MessageToString(config))
 
 
-def write_config(path: Path, config: ModelConfig) -> None:
-    path.write_text(config_text(config), encoding="utf-8")
+def write_config(path: Path, config: ModelConfig, notes: Sequence[str] = ()) -> None:
+    """``config.pbtxt``; ``notes`` go above it as ``#`` comments (protobuf text format's
+    comments, which Triton's parser skips)."""
+    import textwrap
+
+    header = "".join(f"# {line}\n" for note in notes for line in textwrap.wrap(note, 96))
+    path.write_text(header + config_text(config), encoding="utf-8")
 
 
 def read_config(path: Path) -> ModelConfig:

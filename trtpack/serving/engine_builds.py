@@ -86,11 +86,38 @@ def one_engine_per_compute_capability(keyed: Sequence[tuple[str, str]]) -> list[
     problems = []
     for cc, who in keyed:
         if cc in seen:
-            problems.append(f"{who} has an engine for compute capability {cc}, as {seen[cc]} "
-                            "does: one engine per GPU family")
+            problems.append(
+                f"{who} has an engine for compute capability {cc}, as {seen[cc]} does: "
+                "Triton's cc_model_filenames holds one engine per compute capability, and an "
+                "engine built with hardware compatibility 'none' is meant for the GPU model it "
+                "was built on (TensorRT's kNONE): merge each GPU model into its own repository, "
+                "or build these engines with --portable same_compute_capability (one of them "
+                "then serves every GPU of that compute capability)")
         else:
             seen[cc] = who
     return problems
+
+
+def engines_to_file(builds: Sequence[EngineBuild]) -> tuple[list[EngineBuild], list[str]]:
+    """The builds whose engines go into ``cc_model_filenames``, and a note for each one left
+    out: of two builds of one compute capability the later is left out only when both were
+    built with ``same_compute_capability`` (the first one's engine serves its GPU too);
+    otherwise both stay and ``one_engine_per_compute_capability`` refuses them."""
+    filed: list[EngineBuild] = []
+    notes: list[str] = []
+    first: dict[str, EngineBuild] = {}
+    for build in builds:
+        earlier = first.setdefault(build.cc_key, build)
+        shared = {earlier.provenance.hardware_compatibility,
+                  build.provenance.hardware_compatibility} == {"same_compute_capability"}
+        if earlier is not build and shared:
+            notes.append(f"{build.folder} ({build.target}, {build.provenance.gpu_name}) is not "
+                         f"merged: {earlier.folder}'s engine ({earlier.provenance.gpu_name}) "
+                         f"serves compute capability {build.cc_key} through "
+                         "same_compute_capability")
+            continue
+        filed.append(build)
+    return filed, notes
 
 
 def build_error(folder: Path, problem: str) -> UserInputError:
@@ -149,10 +176,10 @@ def tree_files(root: Path) -> dict[str, str]:
 
 def check_compatible(builds: Sequence[EngineBuild]) -> None:
     """Every build against the first: same model, ONNX, precision, profiles, I/O, TensorRT,
-    Triton config and other models; one engine per compute capability."""
+    Triton config and other models; one engine per compute capability (``engines_to_file``)."""
     first = builds[0]
     clashes = one_engine_per_compute_capability(
-        [(b.cc_key, f"{b.folder} ({b.provenance.gpu_name})") for b in builds])
+        [(b.cc_key, f"{b.folder} ({b.provenance.gpu_name})") for b in engines_to_file(builds)[0]])
     if clashes:
         raise UserInputError(clashes[0])
     for build in builds:

@@ -17,8 +17,12 @@ so one model directory can hold them all and each server loads the one for its G
 Each BUILD_DIR is the ``--out`` of ``trtpack build`` for one GPU target. The builds must be
 of the same ONNX (sha256), precision, profiles, engine I/O, TensorRT version and Triton
 settings, one per compute capability; anything else is a ``UserInputError`` naming the
-folder and the mismatch, raised before anything is written. Nothing here runs an engine:
-the merge handles files and configs.
+folder and the mismatch, raised before anything is written. An engine built with hardware
+compatibility ``none`` is meant for its own GPU model, so two GPU models of one compute
+capability (g6's L4, g6e's L40S) need two repositories, unless both engines were built with
+``same_compute_capability``: then the first serves both and the other is left out (a
+warning). ``config.pbtxt`` says, in comments, which GPUs each engine is meant for. Nothing
+here runs an engine: the merge handles files and configs.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import TYPE_CHECKING
 
 from trtpack.engine.provenance import provenance_path
 from trtpack.errors import UserInputError
+from trtpack.machine.targets import engine_serves
 from trtpack.onnx_tools.files import link_or_copy
 from trtpack.out_files import ARTIFACTS, REPOSITORY
 from trtpack.report import JsonObject
@@ -40,6 +45,7 @@ from trtpack.serving.engine_builds import (
     EngineBuild,
     build_error,
     check_compatible,
+    engines_to_file,
     model_names,
     read_engine_build,
     tree_files,
@@ -107,11 +113,12 @@ def merge_builds(build_dirs: Sequence[Path], out: Path,
     _check_out(out, build_dirs)
     builds = [read_engine_build(Path(d)) for d in build_dirs]
     check_compatible(builds)
+    builds, left_out = engines_to_file(builds)
     first = builds[0]
     name = first.name
     others = sorted(model_names(first) - {name})
     cpu_source: Path | None = None
-    warnings: list[str] = []
+    warnings: list[str] = list(left_out)
     if fallback_cpu and f"{name}{CPU_SUFFIX}" not in others:
         cpu_source = first.folder / ARTIFACTS / "simplify" / "model.onnx"
         if not cpu_source.is_file():
@@ -135,7 +142,10 @@ def merge_builds(build_dirs: Sequence[Path], out: Path,
             link_or_copy(build.plan, version_dir / filename)
             link_or_copy(provenance_path(build.plan), version_dir / f"{filename}.json")
             engines[build.cc_key] = filename
-        write_config(repo / name / CONFIG_FILE, config)
+        write_config(repo / name / CONFIG_FILE, config, notes=[
+            f"{engine_filename(b.served_cc)} is meant for "
+            + engine_serves(b.provenance.hardware_compatibility, b.provenance.gpu_name,
+                            b.served_cc) for b in sorted(builds, key=lambda b: b.served_cc)])
         read_config(repo / name / CONFIG_FILE)  # parses back with Triton's schema
         for model in others:
             for rel in tree_files(first.folder / REPOSITORY / model):
