@@ -15,6 +15,11 @@ from typer.testing import CliRunner
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# The compile check (TensorRT-RTX, GPU builds with --no-engine) is off for the test builds
+# whose subject is something else: each would compile for 1-10 s. Its own tests
+# (tests/stages/test_compile_check.py) switch it back on with COMPILE_CHECK_ON.
+os.environ.setdefault("TRTPACK_NO_COMPILE_CHECK", "1")
+COMPILE_CHECK_ON = {"TRTPACK_NO_COMPILE_CHECK": "0"}
 
 
 @dataclass

@@ -6,6 +6,7 @@ it; the pipeline and every stage read it)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
@@ -28,6 +29,15 @@ from trtpack.sources.recipe import (
 )
 
 Fallback = Literal["auto", "off"]
+NO_COMPILE_CHECK_ENV = "TRTPACK_NO_COMPILE_CHECK"
+"""Set to 1: every build skips the compile check, as ``--no-compile-check`` (a test suite or
+CI job whose subject is not the check)."""
+
+
+def compile_check_wanted(requested: bool) -> bool:
+    """The compile check runs when asked for (the default) and not switched off for the
+    whole environment (``NO_COMPILE_CHECK_ENV``)."""
+    return requested and os.environ.get(NO_COMPILE_CHECK_ENV, "0") in ("", "0")
 
 
 @dataclass(frozen=True)
@@ -101,6 +111,11 @@ class BuildRequest:
     build_engine: bool = field(default=True, metadata=spec(
         "Stop before the TensorRT engine (everything else is built).",
         flags=("--no-engine",), inverted=True))
+    compile_check: bool = field(default=True, metadata=spec(
+        "GPU builds with --no-engine: do not compile the engine's network with TensorRT-RTX "
+        "on this CPU (the compile check; on when tensorrt_rtx is installed; also off with "
+        f"{NO_COMPILE_CHECK_ENV}=1).",
+        flags=("--no-compile-check",), inverted=True))
     calibration: Path | None = field(default=None, metadata=spec(
         "INT8 calibration data: a text file (one sample a line), a "
         ".jsonl (its \"text\" field, one object a line) or a .npz of inputs.",
@@ -271,6 +286,7 @@ class BuildPlan:
     opset: int
     random_weights: bool = BuildRequest.random_weights
     build_engine: bool = BuildRequest.build_engine
+    compile_check: bool = BuildRequest.compile_check
     calibration: Path | None = None
     fallback: Fallback = "auto"
     serve: Serve = "tensor"

@@ -30,6 +30,23 @@ TENSORRT_INSTALL = (
 """How to get TensorRT: the exit-3 hint, ``trtpack doctor`` and the docs (GPU and TensorRT)
 say this."""
 
+TENSORRT_RTX_MODULE = "tensorrt_rtx"
+TENSORRT_RTX_DISTRIBUTIONS = ("tensorrt-rtx-cu12", "tensorrt-rtx", "tensorrt-rtx-cu13")
+"""TensorRT for RTX (the compile check's builder, without a GPU): its import name and the
+names it is installed under."""
+TENSORRT_RTX_INSTALL = "pip install 'trtpack[tensorrt-rtx]'; make run installs it"
+USE_TENSORRT_RTX = "POLYGRAPHY_USE_TENSORRT_RTX"
+"""The variable polygraphy reads when it is imported (``polygraphy/config.py``): its TensorRT
+loaders then use ``tensorrt_rtx`` (``polygraphy/mod/trt_importer.py``)."""
+
+
+def tensorrt_rtx_version() -> str | None:
+    """TensorRT-RTX's version from the installed distribution's metadata (no import)."""
+    if not module_installed(TENSORRT_RTX_MODULE):
+        return None
+    return distribution_version(*TENSORRT_RTX_DISTRIBUTIONS)
+
+
 # --- packages -------------------------------------------------------------------------------
 
 NeededFor = Literal["build", "modelopt", "engine", "serving", "report"]
@@ -81,6 +98,10 @@ PACKAGES: tuple[Package, ...] = (
     Package("tensorrt", "tensorrt", "engine",
             "TensorRT engines (pip install 'trtpack[tensorrt-cu12]', or NGC)",
             distributions=TENSORRT_DISTRIBUTIONS),
+    # not recorded: only the compile check's cache key holds its version (its fingerprint)
+    Package("tensorrt-rtx-cu12", TENSORRT_RTX_MODULE, "report",
+            "compile check without a GPU (--no-engine builds for a GPU)", recorded=False,
+            distributions=TENSORRT_RTX_DISTRIBUTIONS),
     Package("tritonclient", "tritonclient", "serving", "Triton config schema", recorded=False),
 )
 

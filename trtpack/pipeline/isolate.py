@@ -71,7 +71,8 @@ class StageProcess:
     def __init__(self, stage: Stage, log_path: Path,
                  started: StartedProcess | None = None) -> None:
         self.stage = stage
-        self._started = started or start_stage_process(stage.name, log_path)
+        self._started = started or start_stage_process(stage.name, log_path,
+                                                       stage.environment)
         self.process = self._started.process
         self._jobs = self._started.jobs
         self._messages = self._started.messages

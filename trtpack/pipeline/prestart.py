@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -77,9 +78,11 @@ def move_output(output: Path, stage_log: Path) -> bool:
     return True
 
 
-def start_stage_process(stage: str, log_path: Path) -> StartedProcess:
+def start_stage_process(stage: str, log_path: Path,
+                        environment: Sequence[tuple[str, str]] = ()) -> StartedProcess:
     """``python -m trtpack.pipeline.isolate`` for the stage named ``stage``, in a session
-    (process group) of its own, its output appended to ``log_path``."""
+    (process group) of its own, its output appended to ``log_path``; ``environment``: the
+    variables its process has from its start (``Stage.environment``)."""
     jobs_r, jobs_w = os.pipe()
     messages_r, messages_w = os.pipe()
     with open(log_path, "ab") as log:
@@ -88,6 +91,7 @@ def start_stage_process(stage: str, log_path: Path) -> StartedProcess:
                                   str(log_path)),
             pass_fds=(jobs_r, messages_w), start_new_session=True,
             stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            env={**os.environ, **dict(environment)} if environment else None,
         )
     os.close(jobs_r)
     os.close(messages_w)

@@ -9,6 +9,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
+from trtpack.machine.packages import (
+    TENSORRT_RTX_INSTALL,
+    TENSORRT_RTX_MODULE,
+    USE_TENSORRT_RTX,
+    module_installed,
+)
 from trtpack.options import BuildPlan
 from trtpack.precision.cpu.int8 import search_on_demand
 
@@ -37,6 +43,9 @@ class Stage:
     # its work (on the artifacts made so far) while the stage before it runs, and ``run``
     # takes it up (the CPU model fuses its graph while verify checks the ONNX model).
     head_start: bool = False
+    # Environment variables an isolated stage's process has from its start, before anything
+    # is imported (the compile check's polygraphy picks TensorRT-RTX when it is imported)
+    environment: tuple[tuple[str, str], ...] = ()
     # False: the stage is not part of this build at all (not listed in the report)
     applies: Callable[[BuildPlan], bool] = lambda o: True
 
@@ -58,6 +67,20 @@ def _engine_skip(o: BuildPlan) -> str | None:
         return "target cpu: ONNX Runtime serves the ONNX model"
     if not o.build_engine:
         return "--no-engine"
+    return None
+
+
+def _compile_check_applies(o: BuildPlan) -> bool:
+    """A GPU build whose engine no local TensorRT builds here (``--no-engine``: the convert
+    job of the fleet flow, the folder ``trtpack engine`` takes)."""
+    return o.target.is_gpu and not o.build_engine
+
+
+def _compile_check_skip(o: BuildPlan) -> str | None:
+    if not o.compile_check:
+        return "--no-compile-check"
+    if not module_installed(TENSORRT_RTX_MODULE):
+        return f"TensorRT-RTX is not installed ({TENSORRT_RTX_INSTALL})"
     return None
 
 
@@ -96,6 +119,12 @@ STAGES: tuple[Stage, ...] = (
           head_start=True,
           warm_modules=("onnx", "onnxruntime", "onnxruntime.transformers.optimizer",
                         "onnxruntime.quantization", "polygraphy.comparator")),
+    # the engine stage's network and builder config compiled by TensorRT for RTX on this
+    # machine's CPU (no GPU, nothing run; the plan is not kept). Isolated: its process imports
+    # polygraphy with POLYGRAPHY_USE_TENSORRT_RTX=1, and TensorRT-RTX's memory goes back after
+    Stage("compile_check", "trtpack.stages.compile_check", _compile_check_skip, isolated=True,
+          applies=_compile_check_applies, environment=((USE_TENSORRT_RTX, "1"),),
+          warm_modules=("onnx", "polygraphy.backend.trt")),
     Stage("engine", "trtpack.stages.engine", _engine_skip),
     Stage("package", "trtpack.stages.package", cacheable=False),
 )

@@ -1,9 +1,11 @@
-"""The only module that touches TensorRT: build, deserialize, read I/O, run.
+"""The only module that imports TensorRT: build, deserialize, read I/O, run.
 
 Engines are built through polygraphy's TensorRT loaders (``NetworkFromOnnxPath``,
 ``CreateConfig``, ``Profile``, ``EngineBytesFromNetwork``; the timing cache is trtpack's) and
 run with its ``TrtRunner``.
-TensorRT and polygraphy's TensorRT backend are imported inside the functions; the values
+TensorRT and polygraphy's TensorRT backend are imported inside the functions, TensorRT as
+the module polygraphy picks (``tensorrt_module``: ``tensorrt_rtx`` in the compile check's
+process); the values
 passed to them come from ``trtpack.engine.builder`` (plain data, tested on CPU).
 Polygraphy's and TensorRT's log messages go to the given ``logging.Logger``, never stdout
 (``polygraphy_setup``: the logging, the profiles, the CUDA versions, without TensorRT).
@@ -50,9 +52,20 @@ class BuilderSettings(Protocol):
     def to_dict(self) -> Mapping[str, object]: ...
 
 
-def tensorrt_version() -> str:
-    import tensorrt as trt
+def tensorrt_module() -> ModuleType:
+    """The TensorRT module polygraphy's loaders use (``polygraphy.mod.trt_importer``):
+    ``tensorrt``, or ``tensorrt_rtx`` in a process where ``POLYGRAPHY_USE_TENSORRT_RTX=1`` was
+    set before polygraphy was imported (the compile check's). Every TensorRT name this module
+    and ``tensorrt_rtx`` (the compile check) take comes from it, so the objects they make
+    and polygraphy's are of one library."""
+    from polygraphy.mod.trt_importer import lazy_import_trt
 
+    module: ModuleType = lazy_import_trt()
+    return module
+
+
+def tensorrt_version() -> str:
+    trt = tensorrt_module()
     return str(trt.__version__)
 
 
@@ -139,8 +152,9 @@ def engine_loaders(onnx: Path, profiles: Sequence[TrtProfile], settings: Builder
     ("TF32 is disabled ..." since trtpack passes ``tf32=False``), and polygraphy's logger
     writes to stdout unless it is routed, which would break ``trtpack build --json``.
     """
-    import tensorrt as trt
     from polygraphy.backend.trt import CreateConfig, NetworkFromOnnxPath
+
+    trt = tensorrt_module()
 
     config = CreateConfig(
         profiles=polygraphy_profiles(profiles),
@@ -195,7 +209,7 @@ def load_engine(plan: Path, log: logging.Logger | None = None) -> trt.ICudaEngin
 
 def engine_tensors(engine: trt.ICudaEngine) -> list[EngineTensor]:
     """The I/O tensors of a deserialized engine, through the TensorRT 10/11 tensor API."""
-    import tensorrt as trt
+    trt = tensorrt_module()
 
     tensors = []
     for i in range(engine.num_io_tensors):
