@@ -26,6 +26,7 @@ NO_RECIPE_KEY = {
     "target": "where the build runs and what it serves on: the run's, not the model's",
     "out": "where this run writes",
     "build_engine": "how far this run goes",
+    "compile_check": "what this run checks on this machine (TensorRT-RTX installed or not)",
     "fallback": "how this run's INT8 search behaves",
     "overrides": "--set itself writes recipe keys",
     "cache_dir": "this machine's cache",

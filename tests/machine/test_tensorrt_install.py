@@ -62,7 +62,12 @@ def test_extras_pin_the_supported_tensorrt_and_stay_out_of_all() -> None:
         assert match, requirement
         assert packages.parse_version(match[1])[:2] >= packages.MIN_TENSORRT
         assert int(match[2]) == 12  # 10.x and 11.x: the majors trtpack's engine code handles
-    assert not any("tensorrt" in e for e in extras["all"])
+    # TensorRT's extras (NVIDIA's index at install time) stay out of `all`; TensorRT-RTX (the
+    # compile check's builder, whole on PyPI) is in it, pinned
+    (everything,) = extras["all"]
+    assert not re.search(r"tensorrt-cu1\d", everything), everything
+    assert "tensorrt-rtx" in everything
+    assert extras["tensorrt-rtx"] == ["tensorrt-rtx-cu12==1.7.1.116"]
 
 
 def test_the_docs_say_how_to_install_tensorrt() -> None:

@@ -139,7 +139,8 @@ def plan_build(request: BuildRequest) -> tuple[BuildPlan, list[str]]:
         recipe=recipe, profiles=tuple(profiles), precision_choice=choice, target=target,
         out_dir=out, opset=request.opset or recipe.opset,
         random_weights=request.random_weights or recipe.source.random_weights,
-        build_engine=request.build_engine, compile_check=compile_check_wanted(request.compile_check),
+        build_engine=request.build_engine,
+        compile_check=compile_check_wanted(request.compile_check),
         calibration=request.calibration or (request.sample_inputs if choice.built == "int8"
                                             else None),
         fallback=fallback, serve=serve, sample_inputs=request.sample_inputs,

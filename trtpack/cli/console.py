@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from trtpack.engine.tensorrt_rtx import COMPILE_CHECK_STAGE, record_lines
 from trtpack.errors import AccuracyError, StageError, TrtpackError
 from trtpack.report import BuildReport, VerificationRow, shown_metric
 from trtpack.sources.recipe import Recipe
@@ -209,6 +210,10 @@ def print_build_summary(report: BuildReport, out_dir: Path) -> None:
     out.print(verification_summary(report))
     for line in worst_samples(report):
         out.print(line, markup=False)
+    check = report.stage(COMPILE_CHECK_STAGE)
+    if check is not None and check.status == "ok":
+        for line in record_lines(check.metrics):
+            out.print(f"compile check: {line}", markup=False)
     out.print(f"[bold green]done[/] in {report.total_seconds:.1f}s → {out_dir}/"
               f"model_repository/  (report: {out_dir}/report.json, report.html)")
 

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     import onnx
     from tritonclient.grpc.model_config_pb2 import ModelConfig
 
+    from trtpack.report import BuildReport
+
 # operators that run (or mark) integer arithmetic: an INT8 model has some
 INTEGER_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
                          "MatMulInteger", "QLinearMatMul", "MatMulIntegerToFloat", "QLinearConv",
@@ -62,6 +64,8 @@ class BuildRecord:
     status: str
     trtpack_version: str | None
     written_at: str  # the report's modification time, UTC
+    # the compile check's record (``engine.tensorrt_rtx.record_lines``): compiled, not run
+    compile_check: tuple[str, ...] = ()
 
     def short_profiles(self) -> list[str]:
         """Each profile as ``1x8:4x32:8x128`` when every input has the same range, else as
@@ -71,6 +75,16 @@ class BuildRecord:
             ranges = {part.partition("=")[2] for part in profile.split(",")}
             shown.append(ranges.pop() if len(ranges) == 1 and "" not in ranges else profile)
         return shown
+
+
+def _compile_check(report: BuildReport) -> tuple[str, ...]:
+    """The build's compile check as lines; none when it did not run."""
+    from trtpack.engine.tensorrt_rtx import COMPILE_CHECK_STAGE, record_lines
+
+    stage = report.stage(COMPILE_CHECK_STAGE)
+    if stage is None or stage.status != "ok":
+        return ()
+    return tuple(record_lines(stage.metrics))
 
 
 @dataclass(frozen=True)
@@ -196,5 +210,5 @@ def build_record(path: Path, levels: int = 5) -> BuildRecord | None:
         return BuildRecord(str(candidate), report.model, report.precision, report.target,
                            tuple(report.profiles), report.status,
                            report.versions.get("trtpack"),
-                           written.strftime("%Y-%m-%d %H:%M UTC"))
+                           written.strftime("%Y-%m-%d %H:%M UTC"), _compile_check(report))
     return None

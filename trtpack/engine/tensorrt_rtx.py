@@ -12,8 +12,9 @@ parse and build, not numerics or speed. Nothing here imports it.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from trtpack.engine.builder import BuilderOptions, BuilderSettings
 from trtpack.machine.targets import Target
@@ -163,3 +164,48 @@ class RtxSettings:
 def refusal_difference(message: str) -> RtxDifference | None:
     """The table's row a builder refusal comes from, if any."""
     return next((d for d in RTX_DIFFERENCES if d.matches(message)), None)
+
+
+COMPILE_CHECK_STAGE = "compile_check"
+BUILDER = "TensorRT-RTX"
+
+
+def wording(version: str) -> str:
+    """What the check is, in the words every view uses (terminal, report.html, inspect):
+    compiled, not run, and not the engine Triton serves."""
+    short = ".".join(version.split(".")[:3])
+    return (f"compiled by {BUILDER} {short} on CPU (not run); the Triton engine is built by "
+            "TensorRT on the GPU")
+
+
+def _corners(corners: Any) -> str:
+    return ":".join("x".join(str(d) for d in corner) for corner in corners)
+
+
+def record_lines(metrics: Mapping[str, Any]) -> list[str]:
+    """The compile check's record (its stage metrics in report.json) as plain lines: the
+    wording, the builder, what it compiled for, the network's inputs with their profiles as
+    the builder read them, the engine's size and sha256, or what was not checked."""
+    version = str(metrics.get("builder_version", "?"))
+    lines = [wording(version) + "."]
+    target = f"compute capability {metrics.get('compiled_for')}"
+    if metrics.get("stand_in"):
+        target += (f" (a stand-in: not the target's {metrics.get('target_compute_capability')}"
+                   " architecture)")
+    lines.append(f"builder {metrics.get('builder', BUILDER)} {version}, for {target}")
+    if metrics.get("not_checked"):
+        lines.append(f"not checked: {metrics['not_checked']}")
+        return lines
+    profiles = metrics.get("profiles") or []
+    for name, tensor in (metrics.get("inputs") or {}).items():
+        ranges = " ".join(_corners(p[name]) for p in profiles if name in p)
+        lines.append(f"input {name} {tensor.get('dtype')} {tensor.get('shape')}: "
+                     f"profiles {ranges or '-'}")
+    size = metrics.get("engine_bytes")
+    if size is not None:
+        lines.append(f"engine {size:,} bytes ({size / 2**20:.1f} MB, not kept), sha256 "
+                     f"{str(metrics.get('engine_sha256'))[:16]}…, built in "
+                     f"{metrics.get('build_seconds')} s, peak {metrics.get('peak_memory_mb')} MB")
+    if metrics.get("left_out"):
+        lines.append("left out (TensorRT-RTX lacks them): " + ", ".join(metrics["left_out"]))
+    return lines

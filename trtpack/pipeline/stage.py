@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
+from trtpack.engine.tensorrt_rtx import COMPILE_CHECK_STAGE
 from trtpack.machine.packages import (
     TENSORRT_RTX_INSTALL,
     TENSORRT_RTX_MODULE,
@@ -122,7 +123,7 @@ STAGES: tuple[Stage, ...] = (
     # the engine stage's network and builder config compiled by TensorRT for RTX on this
     # machine's CPU (no GPU, nothing run; the plan is not kept). Isolated: its process imports
     # polygraphy with POLYGRAPHY_USE_TENSORRT_RTX=1, and TensorRT-RTX's memory goes back after
-    Stage("compile_check", "trtpack.stages.compile_check", _compile_check_skip, isolated=True,
+    Stage(COMPILE_CHECK_STAGE, "trtpack.stages.compile_check", _compile_check_skip, isolated=True,
           applies=_compile_check_applies, environment=((USE_TENSORRT_RTX, "1"),),
           warm_modules=("onnx", "polygraphy.backend.trt")),
     Stage("engine", "trtpack.stages.engine", _engine_skip),

@@ -22,6 +22,7 @@ from typing import Any
 from trtpack.out_files import REPORT_PAGE
 from trtpack.report import REPORT, BuildReport
 from trtpack.report_page.charts import stage_chart
+from trtpack.report_page.compile_check import compile_check_section
 from trtpack.report_page.sections import (
     artifacts_table,
     benchmark_section,
@@ -152,6 +153,7 @@ def render_report_html(report: BuildReport, out: Path) -> str:
 {verification_table(report)}</section>
 {int8_section(report)}
 {cpu_model_section(report)}
+{compile_check_section(report)}
 <section id="benchmark-section"><h2>Benchmark</h2>{bench_html}</section>
 <section id="artifacts-section"><h2>Artifacts</h2>{artifacts_table(report)}</section>
 <section id="provenance"><h2>Provenance</h2>{provenance(report, out)}</section>

@@ -26,10 +26,12 @@ from dataclasses import asdict, dataclass
 
 from trtpack.engine import builder
 from trtpack.engine.tensorrt_rtx import (
+    BUILDER,
     CompiledFor,
     RtxSettings,
     compiled_for,
     refusal_difference,
+    wording,
 )
 from trtpack.errors import StageError
 from trtpack.machine.packages import parse_version, tensorrt_rtx_version
@@ -38,15 +40,7 @@ from trtpack.options import BuildPlan
 from trtpack.report import JsonObject
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 
-BUILDER = "TensorRT-RTX"
 RECORD = "compile_check.json"
-
-
-def wording(version: str) -> str:
-    """What the check is, in the words every view uses (terminal, report.html, inspect)."""
-    short = ".".join(version.split(".")[:3])
-    return (f"compiled by {BUILDER} {short} on CPU (not run); the Triton engine is built by "
-            "TensorRT on the GPU")
 
 
 @dataclass
