@@ -72,17 +72,28 @@ def test_tiny_bert_with_two_profiles_compiles_at_each_precision(
     record = json.loads((out / "artifacts" / "compile_check" / "compile_check.json").read_text())
     assert record["engine_sha256"] == m["engine_sha256"]
     assert WORDING in stage["message"]
+    # report.html and trtpack inspect say the same, worded as what it is
+    page = (out / "report.html").read_text()
+    assert "Compile check (not run)" in page and WORDING in page
+    inspected = run_cli("inspect", str(out))
+    assert inspected.exit_code == 0, inspected.output
+    assert f"compile check: {WORDING}" in inspected.output
+    assert "compile check: input input_ids INT64 [-1, -1]: profiles 1x8:2x16:4x32 " \
+        "1x32:4x64:8x128" in inspected.output
 
 
 def test_a_rebuild_takes_the_check_from_the_stage_cache(tmp_path: Path, cache_dir: Path
                                                         ) -> None:
     args = ("build", "tiny-bert", "--random-weights", "--target", "g4dn", "--no-engine",
-            "--precision", "fp16", "-p", "1x8:2x16:4x32", "--cache-dir", str(cache_dir),
-            "--json")
-    first = run_cli(*args, "--out", str(tmp_path / "a"), env=COMPILE_CHECK_ON)
-    second = run_cli(*args, "--out", str(tmp_path / "b"), env=COMPILE_CHECK_ON)
+            "--precision", "fp16", "-p", "1x8:2x16:4x32", "--cache-dir", str(cache_dir))
+    first = run_cli(*args, "--json", "--out", str(tmp_path / "a"), env=COMPILE_CHECK_ON)
+    second = run_cli(*args, "--out", str(tmp_path / "b"), env=COMPILE_CHECK_ON)  # the terminal
     assert first.exit_code == 0 and second.exit_code == 0, first.output + second.output
-    one, two = (_check_of(json.loads(r.stdout)) for r in (first, second))
+    one = _check_of(json.loads(first.stdout))
+    two = _check_of(json.loads((tmp_path / "b" / "report.json").read_text()))
+    assert f"compile check: {WORDING}" in " ".join(second.stdout.split())
+    assert "compile check: builder TensorRT-RTX 1.7.1.116, for compute capability 7.5" in \
+        " ".join(second.stdout.split())
     assert two["cached"] and two["metrics"] == one["metrics"]
     assert one["metrics"]["compiled_for"] == "7.5"  # set explicitly: not in RTX's default set
     assert one["metrics"]["built"]
