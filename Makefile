@@ -41,13 +41,16 @@ $(VENV)/bin/python:
 # has one (an NGC container's CUDA build; a CPU build installed first from PyTorch's CPU index)
 # keeps it. Which build the pin brings depends on what pip reaches: see README.md, Set-up.
 $(RUN_STAMP): pyproject.toml | $(VENV)/bin/python
-	$(PY) -c "import torch" 2>/dev/null || $(PIP) install --quiet "torch==2.13.0"
-	$(PIP) install --quiet -e ".[all]"
+	@echo "installing torch==2.13.0 (if none is importable) and trtpack's run extras into $(VENV):"
+	@echo "from PyPI alone, torch is the CUDA build, several GB (README.md, Set-up)"
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install "torch==2.13.0"
+	$(PIP) install -e ".[all]"
 	$(PY) -m compileall -q trtpack
 	touch $(RUN_STAMP)
 
 $(DEV_STAMP): $(RUN_STAMP)
-	$(PIP) install --quiet -e ".[all,dev]"
+	@echo "adding the dev extras (pytest, ruff, mypy, mkdocs, test models) to $(VENV)"
+	$(PIP) install -e ".[all,dev]"
 	touch $(DEV_STAMP)
 
 install: $(RUN_STAMP)

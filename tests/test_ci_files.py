@@ -305,3 +305,18 @@ def test_the_family_checks_catch_a_missing_or_extra_family() -> None:
     assert workflow_family_problems(workflow)
     listing = "Build for `g4dn`, `g5`, `g6`, `g6e`, `p4d`, `p5` or `p7`."
     assert "p7" in family_list_problems("README.md", listing)[0]
+
+
+def test_set_up_shows_its_costs() -> None:
+    """The set-up's large downloads are not silent (torch from PyPI alone is a multi-GB CUDA
+    build), and the README says how to reach the CLI after ``make run``, that ``make test``
+    runs apt-get as root, and how long the suites take (issue 46)."""
+    text = join_continuations(MAKEFILE.read_text())
+    installs = [line for line in text.splitlines()
+                if "$(PIP) install" in line and ("torch==" in line or '".[all' in line)]
+    assert len(installs) >= 3, installs
+    assert not [line for line in installs if "--quiet" in line or " -q " in line], installs
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    for said in ("`source .venv/bin/activate`", "`.venv/bin/trtpack`", "`apt-get` (as root",
+                 "`make test-fast`"):
+        assert said in readme, said

@@ -292,3 +292,23 @@ def validate_profile(profile: ShapeProfile, inputs: Sequence[TensorSpec], where:
 
 def parse_profiles(texts: Sequence[str], inputs: Sequence[TensorSpec]) -> list[ShapeProfile]:
     return [parse_profile(t, inputs) for t in texts]
+
+
+def check_profile_list(texts: Sequence[str], profiles: Sequence[ShapeProfile]) -> list[str]:
+    """Refuse a profile given twice (two identical optimization profiles); notes for a
+    profile given as one shape (min = opt = max: the model takes only that shape)."""
+    notes: list[str] = []
+    for index, (text, profile) in enumerate(zip(texts, profiles, strict=True)):
+        earlier = next((t for t, p in zip(texts[:index], profiles[:index], strict=True)
+                        if p == profile), None)
+        if earlier is not None:
+            same = "is given twice" if earlier.strip() == text.strip() \
+                else f"is the same profile as {_quoted(earlier.strip())}"
+            raise ProfileError(f"profile {_quoted(text.strip())} {same}; each --profile "
+                               "must be a different shape range")
+        if ":" not in text:
+            notes.append(
+                f"--profile {text.strip()} is one shape (min = opt = max): the model takes "
+                f"only that shape, max_batch_size {profile.axis_range(0)[2]}; give "
+                "MIN:OPT:MAX for a range of shapes")
+    return notes

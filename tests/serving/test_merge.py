@@ -197,7 +197,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(
     cpu = Path(variant("cpu"))
     report = json.loads((cpu / "report.json").read_text())
     (cpu / "report.json").write_text(json.dumps({**report, "target": "cpu"}))
-    _refused([g5, str(cpu)], out, str(cpu), "CPU-only build")
+    _refused([g5, str(cpu)], out, f"build folder '{cpu}' is a CPU-only build")
 
     missing = Path(variant("missing"))
     provenance_path(missing / "model_repository/tiny-bert/1/model.plan").unlink()

@@ -120,6 +120,9 @@ def test_cli_package_sagemaker(minilm_text_repo: ModelRepository, tmp_path: Path
     assert result.exit_code == 0, result.output
     assert (tmp_path / "sm" / "minilm_ensemble.tar.gz").is_file()
     assert "minilm_ensemble.tar.gz" in result.stdout
+    # the archive's entry model once, then what else it holds (was "loads minilm: minilm")
+    assert "serves model minilm_ensemble (with " in result.stdout, result.stdout
+    assert "minilm: minilm" not in result.stdout
 
 
 def test_cli_format_sagemaker_is_the_sagemaker_flag(minilm_text_repo: ModelRepository,

@@ -30,7 +30,7 @@ from trtpack.options import (
     Serve,
     compile_check_wanted,
 )
-from trtpack.shapes import ShapeProfile, parse_profiles
+from trtpack.shapes import ShapeProfile, check_profile_list, parse_profiles
 from trtpack.sources.heads import head_for
 from trtpack.sources.recipe import (
     AUTO_PRECISION,
@@ -93,6 +93,8 @@ def plan_build(request: BuildRequest) -> tuple[BuildPlan, list[str]]:
     recipe, source_files = request_recipe(request, cache_dir)
     choice = precision_choice(request, recipe)
     profiles = parse_profiles(list(request.profiles) or recipe.profiles, recipe.input_specs())
+    profile_notes = check_profile_list(list(request.profiles), profiles) \
+        if request.profiles else []
     require_packages(choice)
     if request.opset is not None and not 13 <= request.opset <= 23:
         raise UserInputError(f"--opset {request.opset} is outside 13..23")
@@ -112,6 +114,11 @@ def plan_build(request: BuildRequest) -> tuple[BuildPlan, list[str]]:
     check_serve(serve, recipe)
     target, warnings = resolve_target_for_build(request.target, request.build_engine,
                                                 recipe.engine.hardware_compatibility)
+    warnings += profile_notes
+    if request.cache_dir is not None and request.use_cache \
+            and not Path(request.cache_dir).exists():
+        warnings.append(f"--cache-dir '{request.cache_dir}' does not exist: a new empty cache "
+                        "there, every stage runs")
     if isinstance(choice, AutoPrecision):
         _refuse_auto_precision_on_gpu(target.name)  # --target auto, resolved
     if target.is_gpu:

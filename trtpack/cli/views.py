@@ -174,7 +174,9 @@ def print_inspection(result: Inspection) -> None:
 
 def print_sagemaker_package(result: PackageResult) -> None:
     for archive in result.archives:
-        out.print(f"{archive.path}  [dim]loads {archive.entry}: {', '.join(archive.members)}[/]",
+        others = [m for m in archive.members if m != archive.entry]
+        holds = f" (with {', '.join(others)})" if others else ""
+        out.print(f"{archive.path}  [dim]serves model {archive.entry}{holds}[/]",
                   soft_wrap=True)
     out.print(f"container environment: {result.note}", soft_wrap=True)
 

@@ -268,9 +268,16 @@ def check_build_memory(options: BuildPlan, available: AvailableMemory | None = N
     over = [e for e in lower_bounds(options) if e.largest[1] > available.bytes]
     if over:  # known without loading the model
         raise refusal(max(over, key=lambda e: e.largest[1]), available, lower_bound=True)
-    if trace_in_export and traced_in_export(options):
+    if (trace_in_export and traced_in_export(options)) or not meta_traceable(options):
         return []
     return _check_estimates(estimate_in_child(options), available)
+
+
+def meta_traceable(options: BuildPlan) -> bool:
+    """Whether the model can be estimated beyond its outputs (``lower_bounds``): an ONNX
+    graph or a PyTorch module that runs on the meta device; a TorchScript module cannot (its
+    weights cannot move there)."""
+    return options.recipe.source.torchscript is None
 
 
 def traced_in_export(options: BuildPlan) -> bool:
@@ -299,7 +306,8 @@ def check_in_export(options: BuildPlan,
     estimate is stored for a rebuild (``stored_estimate``), a corner over the memory
     available is refused (``MemoryRefusal``: the build stops and writes nothing), and the
     warnings when nothing could be estimated."""
-    if not options.check_memory_in_export or options.recipe.source.onnx:
+    if not options.check_memory_in_export or options.recipe.source.onnx \
+            or not meta_traceable(options):
         return []
     available = available or available_memory()
     if available is None:

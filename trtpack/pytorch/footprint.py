@@ -5,6 +5,7 @@ definition, ``resources.activation_bytes``."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -27,7 +28,7 @@ def meta_module(recipe: Recipe) -> torch.nn.Module:
 
     from trtpack.pytorch.models import load_model, model_config, model_module
 
-    if recipe.source.factory:
+    if recipe.source.torch_kind is not None:  # a factory, a .pt2 or a TorchScript file
         return load_model(recipe, random_weights=True).module.to("meta")
     config = model_config(recipe, from_hub=True)
     with torch.device("meta"):
@@ -38,7 +39,8 @@ def _storage(tensor: torch.Tensor) -> int:
     return int(tensor.untyped_storage()._cdata)
 
 
-def module_footprint(module: torch.nn.Module, inputs: Mapping[str, torch.Tensor]) -> Footprint:
+def module_footprint(module: torch.nn.Module, inputs: Mapping[str, torch.Tensor],
+                     positional: bool = False) -> Footprint:
     """Trace one forward of a meta-device ``module`` on meta ``inputs`` (name -> tensor) and
     count its weights and activations. A value the model reads back into Python (``.item()``,
     ``bool(tensor)``: data on the meta device has none) reads as 1 / True: the path of a
@@ -75,7 +77,7 @@ def module_footprint(module: torch.nn.Module, inputs: Mapping[str, torch.Tensor]
     for value in inputs.values():
         weights.pop(_storage(value), None)
     with torch.inference_mode(), Trace():
-        out = module(**inputs)
+        out = module(*inputs.values()) if positional else module(**inputs)
     for key in weights:  # a weight an op wrote in place is still a weight
         sizes.pop(key, None)
     # a ModelOutput or a dict (a tensor has a .values() too: of a sparse tensor)
@@ -110,12 +112,15 @@ def recipe_footprints(recipe: Recipe, corners: Sequence[Mapping[str, Shape]]
     import numpy as np
     import torch
 
-    module = meta_module(recipe).eval()
+    module = meta_module(recipe)
+    with contextlib.suppress(NotImplementedError):  # an ExportedProgram's module: fixed mode
+        module.eval()
     dtypes = {spec.name: torch.from_numpy(np.zeros(0, dtype=spec.dtype)).dtype
               for spec in recipe.input_specs()}
     inputs = [{name: torch.ones(tuple(shape), dtype=dtypes[name], device="meta")
                for name, shape in shapes.items()} for shapes in corners]
-    eager = [module_footprint(module, feeds) for feeds in inputs]
-    runtime = [module_footprint(module, feeds) for feeds in inputs] \
+    positional = recipe.source.exported_program is not None  # its module takes no keywords
+    eager = [module_footprint(module, feeds, positional) for feeds in inputs]
+    runtime = [module_footprint(module, feeds, positional) for feeds in inputs] \
         if unfuse_attention(module) else eager
     return {"eager": eager, "runtime": runtime}

@@ -121,7 +121,11 @@ def engines_to_file(builds: Sequence[EngineBuild]) -> tuple[list[EngineBuild], l
 
 
 def build_error(folder: Path, problem: str) -> UserInputError:
-    return UserInputError(f"{folder}: {problem}")
+    """``problem`` of the build folder ``folder``: a sentence when it starts with a verb
+    ("is a CPU-only build"), else after a colon."""
+    verb = problem.split(" ", 1)[0] in ("is", "has", "serves")
+    return UserInputError(f"build folder '{folder}' {problem}" if verb
+                          else f"build folder '{folder}': {problem}")
 
 
 def read_engine_build(folder: Path) -> EngineBuild:

@@ -12,6 +12,7 @@ nor YAML are each a one-line error (exit 2). An ONNX file's recipe comes from it
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
 
@@ -63,10 +64,12 @@ def resolve_model(model: str, task: str | None = None) -> Recipe:
 
             return recipe_for_hf_dir(folder_or_none, task, name=hub_name(model)
                                      ).with_origin(folder_or_none)
+    names = builtin_recipe_names()
+    close = difflib.get_close_matches(model.lower(), names, n=1, cutoff=0.6)
     raise UserInputError(
         f"unknown model '{model}': not a recipe name, a recipe file, an ONNX file, a model "
-        f"directory or a Hugging Face id; known recipes: {', '.join(builtin_recipe_names())}"
-    )
+        f"directory or a Hugging Face id; known recipes: {', '.join(names)}",
+        hint=f"did you mean '{close[0]}'?" if close else None)
 
 
 def _names_a_path(model: str) -> bool:

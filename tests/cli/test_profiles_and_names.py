@@ -1,0 +1,54 @@
+"""What a newcomer typed (issue 46): a profile of one shape, a profile given twice, a
+``--cache-dir`` that does not exist yet, a misspelt model name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.conftest import trtpack
+
+BUILD = ("build", "tiny-bert", "--random-weights", "--target", "cpu", "--precision", "fp32")
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if ln.strip()]
+
+
+def test_a_profile_given_twice_is_refused(tmp_path: Path) -> None:
+    for second in ("1x4:2x8:4x16", "input_ids=1x4:2x8:4x16"):
+        done = trtpack(*BUILD, "--profile", "1x4:2x8:4x16", "--profile", second,
+                       "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "c"))
+        assert done.returncode == 2, done.stderr
+        lines = _error_lines(done.stderr)
+        assert len(lines) == 1 and lines[0].startswith("error: profile "), lines
+        assert "must be a different shape range" in lines[0]
+        assert not (tmp_path / "out").exists() and not (tmp_path / "c").exists()
+
+
+def test_one_shape_is_static_with_a_note_and_a_new_cache_says_so(tmp_path: Path) -> None:
+    cache = tmp_path / "typo-cache"
+    done = trtpack(*BUILD, "--profile", "1x8", "--out", str(tmp_path / "out"),
+                   "--cache-dir", str(cache))
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = " ".join((done.stdout + done.stderr).split())
+    assert "--profile 1x8 is one shape (min = opt = max)" in text
+    assert "max_batch_size 1" in text
+    assert text.count("a new empty cache") == 1
+    config = (tmp_path / "out/model_repository/tiny-bert/config.pbtxt").read_text()
+    assert "max_batch_size: 1" in config
+    assert cache.is_dir()
+    again = trtpack(*BUILD, "--profile", "1x8", "--out", str(tmp_path / "out"),
+                    "--cache-dir", str(cache))
+    assert again.returncode == 0 and "new empty cache" not in again.stdout + again.stderr
+
+
+def test_a_misspelt_model_name_gets_a_did_you_mean() -> None:
+    for typed, meant in (("minlm", "minilm"), ("resnet50", "resnet-50"), ("tiny_bert",
+                                                                          "tiny-bert")):
+        done = trtpack("build", typed, "--target", "cpu")
+        assert done.returncode == 2
+        lines = _error_lines(done.stderr)
+        assert lines[0].startswith(f"error: unknown model '{typed}'"), lines
+        assert lines[-1] == f"hint: did you mean '{meant}'?", lines
+    far = trtpack("build", "qwertyuiop", "--target", "cpu")
+    assert far.returncode == 2 and "did you mean" not in far.stderr
