@@ -159,14 +159,12 @@ def test_the_workflow_profiles_are_ones_triton_can_serve() -> None:
         assert served_lengths(profiles, ids, engine_max_batch_size(profiles)) == taken, args
 
 
-GPU_PATH_FILES = ("pyproject.toml", "Makefile", "mk/triton.mk", "Dockerfile.ngc",
-                  ".github/workflows/gpu.yml", "trtpack/runtimes/polygraphy_setup.py",
-                  "trtpack/serving/triton_rules.py", "trtpack/serving/merge.py",
-                  "trtpack/serving/engine_builds.py", "trtpack/precision/fp16/conversion.py",
-                  "trtpack/precision/int8/conversion.py", "trtpack/pipeline/engine_from_build.py",
-                  "tests/gpu/test_engine_gpu.py")
-"""The files issue 32 (item H) named, and what ``trtpack engine`` added."""
-ENGINE_ROOMS = ("trtpack.engine", "trtpack.runtimes.tensorrt", "trtpack.runtimes.polygraphy_setup")
+IMAGE_FILES = ("pyproject.toml", "Makefile", "Dockerfile.ngc", ".github/workflows/gpu.yml")
+"""What the GPU jobs build their image and install from, besides the folders the Dockerfile
+copies (``COPY`` lines, read below)."""
+ENTRY_POINTS = ("trtpack/cli/app.py", "tests/conftest.py")
+"""What the GPU jobs run, besides tests/gpu/: the ``trtpack`` commands (doctor, engine,
+inspect, merge: the typer app) and the test suite's shared fixtures."""
 
 
 def _github_glob(pattern: str) -> re.Pattern[str]:
@@ -187,29 +185,90 @@ def _github_glob(pattern: str) -> re.Pattern[str]:
     return re.compile(out)
 
 
-def _engine_room_users() -> list[str]:
-    """Every module that imports the engine room or the TensorRT runtime: what the GPU jobs
-    run (the engine stage, packaging, merge, inspect, doctor)."""
-    users = []
-    for path in sorted((ROOT / "trtpack").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else \
-                [a.name for a in node.names] if isinstance(node, ast.Import) else []
-            if any(n.startswith(ENGINE_ROOMS) for n in names):
-                users.append(str(path.relative_to(ROOT)))
-                break
-    return users
+def _module_file(name: str) -> Path | None:
+    path = ROOT / Path(*name.split("."))
+    for candidate in (path / "__init__.py", path.with_suffix(".py")):
+        if candidate.is_file():
+            return candidate
+    return None
 
 
-def test_a_push_to_any_file_of_the_gpu_path_runs_the_gpu_workflow() -> None:
-    """Item H: GitHub runs a ``push`` workflow with ``paths`` only when a changed file
-    matches one of them (workflow syntax, ``on.<push>.paths``); the GPU path's files must
-    all match."""
+def _names_imported(path: Path) -> set[str]:
+    """Every module name ``path`` imports, anywhere (trtpack imports heavy and optional
+    modules inside functions), ``from m import n`` as both m and m.n, and every string that
+    is a trtpack module's dotted name (the stage table and the worker processes name their
+    modules as strings)."""
+    names: set[str] = set()
+    package = path.relative_to(ROOT).parent.parts
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[:len(package) - node.level + 1]) if node.level else ""
+            module = ".".join(p for p in (base, node.module or "") if p)
+            names.add(module)
+            names.update(f"{module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                re.fullmatch(r"trtpack(\.\w+)+", node.value):
+            names.add(node.value)
+    return names
+
+
+def gpu_job_files() -> set[str]:
+    """The files the GPU jobs run: the import graph from ``ENTRY_POINTS`` and tests/gpu/
+    (every package on the way, every module imported), plus ``IMAGE_FILES`` and the folders
+    Dockerfile.ngc copies that are not code (mk/, data/)."""
+    todo = [ROOT / f for f in ENTRY_POINTS] + sorted((ROOT / "tests" / "gpu").glob("*.py"))
+    seen: set[Path] = set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for name in _names_imported(path):
+            if name.split(".")[0] not in ("trtpack", "tests"):
+                continue
+            parts = name.split(".")
+            found = (_module_file(".".join(parts[:i])) for i in range(1, len(parts) + 1))
+            todo += [f for f in found if f is not None and f not in seen]
+    copied = re.findall(r"^COPY (\S+) ", (ROOT / "Dockerfile.ngc").read_text(), re.MULTILINE)
+    data = {str(f.relative_to(ROOT)) for folder in copied if folder in ("mk", "data")
+            for f in (ROOT / folder).rglob("*") if f.is_file()}
+    return {str(p.relative_to(ROOT)) for p in seen} | set(IMAGE_FILES) | data
+
+
+def test_a_push_to_any_file_the_gpu_jobs_run_runs_the_gpu_workflow() -> None:
+    """Issue 45, item 7: GitHub runs a ``push`` workflow with ``paths`` only when a changed
+    file matches one of them (workflow syntax, ``on.<push>.paths``). The files the GPU jobs
+    run are derived from the import graph (not listed by hand); before, a list missed
+    trtpack/verify/**, cases.py, cli/**, the export/simplify/verify/precision stages,
+    pipeline/{stage,stage_runs,cache,isolate}.py, shapes.py and tests/conftest.py."""
     workflow = _workflow()
     on = workflow.get("on", workflow.get(True))  # YAML 1.1 reads the key "on" as True
     patterns = [_github_glob(p) for p in on["push"]["paths"]]
-    files = [*GPU_PATH_FILES, *_engine_room_users()]
-    assert all((ROOT / f).is_file() for f in files), [f for f in files
-                                                     if not (ROOT / f).is_file()]
-    missed = [f for f in files if not any(p.fullmatch(f) for p in patterns)]
+    files = gpu_job_files()
+    # the graph reaches what the GPU jobs are known to run (the derivation can fail)
+    assert {"trtpack/verify/compare.py", "trtpack/cases.py", "trtpack/stages/engine.py",
+            "trtpack/pipeline/isolate.py", "trtpack/shapes.py", "tests/conftest.py",
+            "trtpack/runtimes/tensorrt.py", "mk/triton.mk"} <= files, files
+    missed = sorted(f for f in files if not any(p.fullmatch(f) for p in patterns))
     assert not missed, missed
+    # and no pattern is stale: each matches some file the jobs run
+    stale = [p.pattern for p in patterns if not any(p.fullmatch(f) for f in files)]
+    assert not stale, stale
+
+
+def test_the_engine_jobs_remove_their_image_whatever_happened() -> None:
+    """Issue 45, item 4: every run builds ``trtpack-ngc:<sha>`` on a self-hosted runner, which
+    keeps images between jobs; the job's last step removes it under ``if: always()`` (GitHub
+    runs a step after a failed or cancelled one only with a status function such as
+    ``always()``)."""
+    workflow = _workflow()
+    engines = workflow["jobs"]["engines"]
+    steps = engines["steps"]
+    build = next(s for s in steps if "docker build" in str(s.get("run", "")))
+    assert '-t "$IMAGE"' in build["run"]
+    assert workflow["env"]["IMAGE"].endswith("${{ github.sha }}")  # a new tag every run
+    last = steps[-1]
+    assert str(last.get("if", "")).strip() == "always()", last
+    assert 'docker image rm --force "$IMAGE"' in last["run"]
