@@ -114,7 +114,8 @@ class ConfigWithTimingCache:
     returns (False: TensorRT refused a cache timed on another device, and the build times
     everything again without saying so), and its ``save_timing_cache`` combines the file into
     the new cache with ``ignore_mismatch=True``, so one file ends up mixing devices. Here a
-    refused cache is reported (``accepted`` False) and replaced by the build's own."""
+    refused cache (one ``set_timing_cache`` refuses, or a damaged one ``create_timing_cache``
+    cannot read) is reported (``accepted`` False) and replaced by the build's own."""
 
     def __init__(self, create_config: Callable[[trt.Builder, trt.INetworkDefinition],
                                                trt.IBuilderConfig],
@@ -129,8 +130,12 @@ class ConfigWithTimingCache:
         config = self.create_config(builder, network)
         self.config = config
         if self.cache:
+            # TensorRT's binding returns createTimingCache's pointer as is (python/src/infer/
+            # pyCore.cpp, lines 250-255 at a892d22): None for a blob TensorRT cannot read,
+            # which set_timing_cache refuses with a TypeError; that is a refused cache too
             loaded = config.create_timing_cache(self.cache)
-            self.accepted = bool(config.set_timing_cache(loaded, ignore_mismatch=False))
+            self.accepted = loaded is not None and \
+                bool(config.set_timing_cache(loaded, ignore_mismatch=False))
             if not self.accepted:
                 config.set_timing_cache(config.create_timing_cache(b""), ignore_mismatch=False)
         return config
