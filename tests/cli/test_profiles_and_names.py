@@ -52,3 +52,43 @@ def test_a_misspelt_model_name_gets_a_did_you_mean() -> None:
         assert lines[-1] == f"hint: did you mean '{meant}'?", lines
     far = trtpack("build", "qwertyuiop", "--target", "cpu")
     assert far.returncode == 2 and "did you mean" not in far.stderr
+
+
+FACTORY = '''
+import torch
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3)
+
+    def forward(self, image):
+        return self.conv(image).mean((2, 3))
+
+
+def make():
+    return Net()
+'''
+
+
+def test_an_undescribed_conv_input_gets_a_conv_shaped_hint(tmp_path: Path) -> None:
+    factory = tmp_path / "conv_factory.py"
+    factory.write_text(FACTORY)
+    done = trtpack("build", f"{factory}:make", "--target", "cpu", "--out",
+                   str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"))
+    assert done.returncode == 2, done.stdout + done.stderr
+    text = " ".join(done.stderr.split())
+    assert "--input image=float32[batch,3,224,224]" in text, text
+    assert "float32[batch,16]" not in text
+
+
+def test_inspect_names_onnx_files_and_reads_a_failed_build(tmp_path: Path) -> None:
+    helped = trtpack("inspect", "--help", env={"COLUMNS": "200"})
+    assert "an ONNX file" in helped.stdout, helped.stdout
+    failed = tmp_path / "out.failed"
+    (failed / "logs").mkdir(parents=True)
+    (failed / "report.json").write_text("{}")
+    done = trtpack("inspect", str(failed))
+    assert done.returncode == 0, done.stderr
+    assert "a trtpack build folder" in done.stdout

@@ -46,13 +46,16 @@ def targets() -> None:
 @commands.command()
 @handle_errors
 def inspect(
-    path: Annotated[Path, typer.Argument(help="A model.plan, a Triton model repository (or one "
-                                               "model of it), or a trtpack build folder.")],
+    path: Annotated[Path, typer.Argument(help="A trtpack build folder (or a failed build's "
+                                               "OUT.failed), a Triton model repository (or "
+                                               "one model of it), an ONNX file or a "
+                                               "model.plan.")],
     check: Annotated[bool, typer.Option(
         "--check", help="Exit 3 unless every engine found can run on this machine (ONNX "
         "Runtime models: loaded here).")] = False,
 ) -> None:
-    """Show an engine's provenance and I/O, and whether it can run on this machine."""
+    """Show what PATH is (build, repository, ONNX file, engine): its precision, provenance
+    and I/O, and whether it can run on this machine."""
     from trtpack.cli.views import print_inspection
     from trtpack.diagnostics.inspection import inspect_path
     from trtpack.errors import MissingEnvironmentError

@@ -324,6 +324,8 @@ def _inspect(path: Path, machine: MachineFacts, load_onnx: bool) -> Inspection:
                 m.engines for m in result.models):
             result.engines = [inspect_engine(engine_dir / "model.plan", machine)]
         return result
+    if (path / "report.json").is_file():  # a failed build's OUT.failed: its report and logs
+        return Inspection(str(path), "build", machine)
     raise UserInputError(
         f"'{path}' is not an engine (model.plan), an ONNX file, a model repository or a "
         "trtpack build folder")
