@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, SupportsInt
 
 from trtpack.errors import TrtpackError, UserInputError
+from trtpack.pytorch.input_hints import first_layer_input
 from trtpack.shapes import BATCH_AXIS, TensorSpec
 from trtpack.sources.torch_sources import (
     DescribeRequest,
@@ -184,7 +185,7 @@ def describe_module(module: torch.nn.Module, example: object, request: DescribeR
             constants[name] = examples[name]
         elif required:
             hint = (f"--input {name}=VALUE" if kind == "constant" else
-                    f"--input {name}={_first_layer_input(module)} (its dtype and dims, as "
+                    f"--input {name}={first_layer_input(module)} (its dtype and dims, as "
                     "its first layer suggests; a name is a dynamic dim)")
             raise UserInputError(
                 f"input '{name}' of the model's forward is not described: trtpack cannot "
@@ -195,26 +196,6 @@ def describe_module(module: torch.nn.Module, example: object, request: DescribeR
     vocab = getattr(getattr(module, "config", None), "vocab_size", None)
     return {"kind": "module", "inputs": inputs, "arguments": constants, "outputs": outputs,
             "ranges": {}, "vocab_size": vocab if isinstance(vocab, int) else None}
-
-
-def _first_layer_input(module: torch.nn.Module) -> str:
-    """A plausible ``--input`` type for a module's input, from its first layer that says
-    what it takes: token ids for an embedding, ``[batch,C,H,W]`` for a 2-D convolution,
-    ``[batch,features]`` for a linear layer."""
-    import torch
-
-    for layer in module.modules():
-        if isinstance(layer, torch.nn.Embedding):
-            return "int64[batch,sequence]"
-        if isinstance(layer, torch.nn.modules.conv._ConvNd):
-            spatial = {1: "512", 2: "224,224", 3: "16,112,112"}
-            return f"float32[batch,{layer.in_channels},{spatial[len(layer.kernel_size)]}]"
-        if isinstance(layer, torch.nn.RNNBase):
-            return f"float32[batch,time,{layer.input_size}]" if layer.batch_first else \
-                f"float32[time,batch,{layer.input_size}]"
-        if isinstance(layer, torch.nn.Linear):
-            return f"float32[batch,{layer.in_features}]"
-    return "float32[batch,16]"
 
 
 def example_feeds(inputs: Sequence[InputDescription], sizes: Mapping[str, int], seed: int = 0,
