@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import Field, dataclass, field, fields
+from dataclasses import Field, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -40,12 +40,19 @@ def compile_check_wanted(requested: bool) -> bool:
     return requested and os.environ.get(NO_COMPILE_CHECK_ENV, "0") in ("", "0")
 
 
+OptionKind = Literal["value", "path", "list"]
+"""How a field's value is read: as given; a ``str`` becomes a ``Path``; one ``str`` or several
+(a repeatable option: ``--profile``, ``--set``, ``--input``)."""
+
+
 @dataclass(frozen=True)
 class OptionSpec:
     """How one ``BuildRequest`` field is offered. ``flags``: typer's parameter declarations
     (default: ``--`` and the field's name with dashes); ``inverted``: a flag that sets the
     field to False (``--no-engine`` is ``build_engine``); ``recipe_key``: the recipe setting
-    the option overrides (dotted; None: the option is the run's, not the model's)."""
+    the option overrides (dotted; None: the option is the run's, not the model's); ``kind``:
+    how its value is read (``OptionKind``); ``choices``: the words it takes (any case),
+    checked by ``check_choices``."""
 
     help: str | Callable[[], str]
     metavar: str | None = None
@@ -54,6 +61,7 @@ class OptionSpec:
     recipe_key: str | None = None
     inverted: bool = False
     argument: bool = False  # a positional argument (MODEL), not an --option
+    kind: OptionKind = "value"
 
     @property
     def help_text(self) -> str:
@@ -63,9 +71,10 @@ class OptionSpec:
 def spec(help: str | Callable[[], str], *, metavar: str | None = None,
          flags: tuple[str, ...] = (), choices: tuple[str, ...] = (),
          recipe_key: str | None = None, inverted: bool = False,
-         argument: bool = False) -> Mapping[str, OptionSpec]:
+         argument: bool = False, kind: OptionKind = "value") -> Mapping[str, OptionSpec]:
     """A ``BuildRequest`` field's metadata: its ``OptionSpec``."""
-    return {"option": OptionSpec(help, metavar, flags, choices, recipe_key, inverted, argument)}
+    return {"option": OptionSpec(help, metavar, flags, choices, recipe_key, inverted, argument,
+                                 kind)}
 
 
 def option_spec(request_field: Field[object]) -> OptionSpec:
@@ -92,7 +101,7 @@ class BuildRequest:
         "Shape profile MIN:OPT:MAX over the dynamic axes, e.g. 1x128:16x128:128x128 "
         "(batch x sequence), or per input: 'input_ids=1x128:16x128:128x128,...'. Repeat for "
         "several optimization profiles. Default: the recipe's.",
-        flags=("--profile", "-p"), metavar="MIN:OPT:MAX", recipe_key="profiles"))
+        flags=("--profile", "-p"), metavar="MIN:OPT:MAX", recipe_key="profiles", kind="list"))
     precision: str | None = field(default=None, metadata=spec(
         "fp32, fp16 (ModelOpt AutoCast), int8 (ModelOpt Q/DQ), or auto (CPU: build fp32 "
         "and int8, time both, keep the fastest that passes). Default: the recipe's.",
@@ -107,7 +116,7 @@ class BuildRequest:
         "weights (no weight download).", recipe_key="source.random_weights"))
     out: Path | None = field(default=None, metadata=spec(
         "Output folder (default build/<name>); replaced only when the build succeeds.",
-        metavar="DIR"))
+        metavar="DIR", kind="path"))
     build_engine: bool = field(default=True, metadata=spec(
         "Stop before the TensorRT engine (everything else is built).",
         flags=("--no-engine",), inverted=True))
@@ -119,7 +128,7 @@ class BuildRequest:
     calibration: Path | None = field(default=None, metadata=spec(
         "INT8 calibration data: a text file (one sample a line), a "
         ".jsonl (its \"text\" field, one object a line) or a .npz of inputs.",
-        metavar="FILE", recipe_key="precision_options.int8.calibration"))
+        metavar="FILE", recipe_key="precision_options.int8.calibration", kind="path"))
     fallback: str = field(default="auto", metadata=spec(  # a Fallback once validated
         "auto: keep sensitive nodes in higher precision until verification passes; off.",
         choices=get_args(Fallback)))
@@ -139,10 +148,11 @@ class BuildRequest:
     overrides: str | Sequence[str] = field(default=(), metadata=spec(
         "Override a recipe setting; repeatable, VALUE is YAML. E.g. "
         "triton.instance_count=2, triton.max_queue_delay_us=500, triton.response_cache=true; "
-        "every key: trtpack recipes show NAME.", flags=("--set",), metavar="KEY=VALUE"))
+        "every key: trtpack recipes show NAME.", flags=("--set",), metavar="KEY=VALUE",
+        kind="list"))
     cache_dir: Path | None = field(default=None, metadata=spec(
         "Stage cache folder (default ~/.cache/trtpack, or $TRTPACK_CACHE_DIR).",
-        metavar="DIR"))
+        metavar="DIR", kind="path"))
     task: str | None = field(default=None, metadata=spec(
         task_help, metavar="TASK", recipe_key="task"))
     use_cache: bool = field(default=True, metadata=spec(
@@ -151,7 +161,7 @@ class BuildRequest:
         "A TensorRT timing-cache folder to share (e.g. across a CI matrix): one file per "
         "GPU (model and compute capability) and TensorRT version, read and updated; sha256 "
         "before/after in the report. Default: under --cache-dir.",
-        metavar="DIR"))
+        metavar="DIR", kind="path"))
     calibration_method: str | None = field(default=None, metadata=spec(
         "INT8 activation ranges: max, entropy or percentile (99.99th). Default: the "
         "recipe's (precision_options.int8.calibration_method).",
@@ -160,7 +170,7 @@ class BuildRequest:
         "The tokenizer, when it is not beside the model (e.g. an ONNX file from "
         "elsewhere): a folder with tokenizer.json or vocab.txt, or that file. Verification "
         "then draws real token ids, and --serve text works.",
-        metavar="PATH", recipe_key="tokenizer_source"))
+        metavar="PATH", recipe_key="tokenizer_source", kind="path"))
     min_int8_share: float = field(default=0.5, metadata=spec(
         "INT8: ship only when at least this share of the served model's MatMul/Gemm "
         "runs in INT8, counted as it runs (GPU: MatMul/Gemm with Q/DQ inputs; CPU: weight "
@@ -175,12 +185,12 @@ class BuildRequest:
         "NAME=VALUE (a constant: sr=16000), NAME=LOW..HIGH (a range: pixels=0..1; whole "
         "numbers for an integer input), or NAME=DTYPE[DIM,...]=VALUE. A constant stays a "
         "served input: it is fed in verification and calibration and to perf_analyzer.",
-        flags=("--input",), metavar="NAME=...", recipe_key="inputs"))
+        flags=("--input",), metavar="NAME=...", recipe_key="inputs", kind="list"))
     sample_inputs: Path | None = field(default=None, metadata=spec(
         "Real inputs for verification (and INT8 calibration unless --calibration is "
         "given): one array per input named by it, the batch on the first axis, a scalar as a "
         "0-d array. Used at each profile corner its sizes fit; checked before any work.",
-        metavar="FILE.npz"))
+        metavar="FILE.npz", kind="path"))
     skip_memory_check: bool = field(default=False, metadata=spec(
         "Build even when the memory estimate of a profile corner "
         "(weights plus activations at its shapes, per stage) exceeds the memory available "
@@ -191,7 +201,7 @@ class BuildRequest:
         override string is a list of one."""
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, str) and "Path | None" in str(f.type):
+            if isinstance(value, str) and option_spec(f).kind == "path":
                 setattr(self, f.name, Path(value))
             elif isinstance(value, str) and is_list(f):
                 setattr(self, f.name, [value])
@@ -202,14 +212,39 @@ class BuildRequest:
 def keyword(request_field: Field[object]) -> str:
     """The CLI's (and ``trtpack.build``'s) name of a request field: ``build_engine`` is
     ``no_engine``, ``overrides`` is ``set``, ``fallback_cpu`` stays."""
-    flags = option_spec(request_field).flags
-    return flags[0].split("/")[0].removeprefix("--").replace("-", "_") if flags \
-        else request_field.name
+    return flag(request_field).removeprefix("--").replace("-", "_")
 
 
 def is_list(request_field: Field[object]) -> bool:
     """A repeatable option (``--profile``, ``--set``, ``--input``): one string or several."""
-    return "Sequence[str]" in str(request_field.type)
+    return option_spec(request_field).kind == "list"
+
+
+def flag(request_field: Field[object]) -> str:
+    """The option as a user writes it: ``--calibration-method``, ``--no-engine``, ``--set``."""
+    flags = option_spec(request_field).flags
+    return flags[0].split("/")[0] if flags else "--" + request_field.name.replace("_", "-")
+
+
+def one_of(words: Sequence[str]) -> str:
+    """``a, b or c``."""
+    return f"{', '.join(words[:-1])} or {words[-1]}" if len(words) > 1 else "".join(words)
+
+
+def check_choices(request: BuildRequest) -> BuildRequest:
+    """``request`` with the word of each option that has choices (``OptionSpec.choices``)
+    read case-insensitively (--precision FP16, --serve Text) and checked: a word outside
+    them is the user's error, one message per option naming its choices."""
+    chosen: dict[str, Any] = {}  # each a str field
+    for f in fields(request):
+        choices, value = option_spec(f).choices, getattr(request, f.name)
+        if not choices or value is None:
+            continue
+        word = str(value).strip().lower()
+        if word not in choices:
+            raise UserInputError(f"{flag(f)} must be {one_of(choices)}, not '{value}'")
+        chosen[f.name] = word
+    return replace(request, **chosen)
 
 
 def keyword_default(request_field: Field[object]) -> object:
@@ -250,8 +285,8 @@ class FixedPrecision:
         for known in PRECISIONS:
             if name == known:
                 return cls(known)
-        raise UserInputError(f"unknown precision '{name}'; choose one of "
-                             f"{', '.join((*PRECISIONS, AUTO_PRECISION))}")
+        raise UserInputError(f"precision must be {one_of((*PRECISIONS, AUTO_PRECISION))}, "
+                             f"not '{name}'")
 
     @property
     def built(self) -> Precision:

@@ -165,7 +165,7 @@ def test_choice_words_are_read_case_insensitively(tiny_build: Path) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout)["precision"] == "fp32"
     error = one_error(trtpack(*TINY, "--precision", "fp64"), 2)
-    assert "choose one of fp32, fp16, int8, auto" in error
+    assert "--precision must be fp32, fp16, int8 or auto, not 'fp64'" in error
 
 
 def test_serve_text_without_a_tokenizer_suggests_tokenizer(tmp_path: Path) -> None:

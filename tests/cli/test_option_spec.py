@@ -140,3 +140,42 @@ def test_an_option_added_to_the_spec_alone_is_in_all_four() -> None:
     assert "instance_count" in keyword_signature(WithInstanceCount).parameters  # trtpack.build
     key = option_spec(fields(WithInstanceCount)[-1]).recipe_key
     assert key == "triton.instance_count" and recipe_field(key).annotation is int  # the recipe
+
+
+def test_every_option_with_choices_refuses_a_word_outside_them() -> None:
+    """Each option whose spec names choices refuses another word before any work, in one
+    message naming the option and its choices (``options.check_choices``, the first check of
+    ``resolve_options``), and takes its words in any case."""
+    from dataclasses import replace
+
+    import pytest
+
+    from trtpack.api import resolve_options
+    from trtpack.errors import UserInputError
+    from trtpack.options import check_choices, flag, one_of
+
+    with_choices = [f for f in fields(BuildRequest) if option_spec(f).choices]
+    assert {f.name for f in with_choices} >= {"precision", "fallback", "serve", "portable",
+                                              "calibration_method"}
+    base = BuildRequest(model="tiny-bert", target="cpu")
+    for f in with_choices:
+        choices = option_spec(f).choices
+        with pytest.raises(UserInputError) as refused:
+            resolve_options(replace(base, **{f.name: "nonsense"}))
+        assert str(refused.value) == f"{flag(f)} must be {one_of(choices)}, not 'nonsense'"
+        for word in choices:
+            assert getattr(check_choices(replace(base, **{f.name: f" {word.upper()}"})),
+                           f.name) == word
+
+
+def test_field_kinds_are_declared_on_the_spec() -> None:
+    """A path option's ``str`` becomes a ``Path``, a list option's one ``str`` a list of one:
+    read from ``OptionSpec.kind``, which agrees with each field's type."""
+    from pathlib import Path
+
+    for f in fields(BuildRequest):
+        kind = option_spec(f).kind
+        assert (kind == "path") == (str(f.type) == "Path | None"), f.name
+        assert (kind == "list") == (str(f.type) == "str | Sequence[str]"), f.name
+    request = BuildRequest(model="m", out="o", profiles="1x4:2x8:4x16")  # type: ignore[arg-type]
+    assert request.out == Path("o") and request.profiles == ["1x4:2x8:4x16"]

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from trtpack.api.plan import check_plan, plan_build
-from trtpack.options import BuildPlan, BuildRequest
+from trtpack.options import BuildPlan, BuildRequest, check_choices
 from trtpack.pipeline.runner import build as run_pipeline
 from trtpack.report import BuildReport
 from trtpack.stages.base import ProgressCallback
@@ -16,19 +16,13 @@ from trtpack.stages.base import ProgressCallback
 __all__ = ["BuildRequest", "BuildResult", "build", "resolve_options"]
 
 
-def _lower(word: str | None) -> str | None:
-    return None if word is None else word.strip().lower()
-
-
 def resolve_options(request: BuildRequest) -> tuple[BuildPlan, list[str]]:
     """Validate everything the build needs before any work starts, and plan it: the request
     becomes a recipe, a precision choice, profiles and a target (``plan_build``), then the
     plan's files and packages are checked (``check_plan``). The words of a choice
-    (--precision FP16, --target CPU, --serve Text) are read case-insensitively."""
-    plan, warnings = plan_build(replace(
-        request, precision=_lower(request.precision), fallback=request.fallback.strip().lower(),
-        serve=_lower(request.serve), portable=_lower(request.portable),
-        calibration_method=_lower(request.calibration_method)))
+    (--precision FP16, --target CPU, --serve Text) are read case-insensitively
+    (``options.check_choices``)."""
+    plan, warnings = plan_build(check_choices(request))
     check_plan(plan)
     return plan, warnings
 

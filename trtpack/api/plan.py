@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import cast, get_args
+from typing import cast
 
 from trtpack.api.recipes import request_recipe
 from trtpack.errors import UserInputError, require_modules
@@ -32,12 +32,7 @@ from trtpack.options import (
 )
 from trtpack.shapes import ShapeProfile, check_profile_list, parse_profiles
 from trtpack.sources.heads import head_for
-from trtpack.sources.recipe import (
-    AUTO_PRECISION,
-    CALIBRATION_METHODS,
-    SERVE_MODES,
-    Recipe,
-)
+from trtpack.sources.recipe import AUTO_PRECISION, CalibrationMethod, Recipe
 
 CPU_FP16_NOTE = (
     "--precision fp16 on --target cpu: serving the FP32 model, the FP16 conversion skipped "
@@ -83,11 +78,8 @@ def precision_choice(request: BuildRequest, recipe: Recipe) -> PrecisionChoice:
 
 
 def plan_build(request: BuildRequest) -> tuple[BuildPlan, list[str]]:
-    """The plan of ``request`` (its choices in lower case), and warnings about it."""
-    if request.fallback not in get_args(Fallback):
-        raise UserInputError(f"--fallback must be auto or off, not '{request.fallback}'")
-    if request.serve is not None and request.serve not in SERVE_MODES:
-        raise UserInputError(f"--serve must be tensor or text, not '{request.serve}'")
+    """The plan of ``request`` (its choices checked and in lower case:
+    ``options.check_choices``), and warnings about it."""
     fallback = cast(Fallback, request.fallback)
     cache_dir = request.cache_dir or default_cache_dir()
     recipe, source_files = request_recipe(request, cache_dir)
@@ -100,10 +92,7 @@ def plan_build(request: BuildRequest) -> tuple[BuildPlan, list[str]]:
         raise UserInputError(f"--opset {request.opset} is outside 13..23")
     if request.calibration is not None and choice.built != "int8":
         raise UserInputError("--calibration is only used with --precision int8")
-    method = request.calibration_method
-    if method is not None and method not in CALIBRATION_METHODS:
-        raise UserInputError(f"unknown --calibration-method '{method}'; choose one of "
-                             f"{', '.join(CALIBRATION_METHODS)}")
+    method = cast(CalibrationMethod | None, request.calibration_method)  # check_choices read it
     if method is not None and choice.built != "int8":
         raise UserInputError("--calibration-method is only used with --precision int8")
     if not 0.0 <= request.min_int8_share <= 1.0:
@@ -193,16 +182,12 @@ def check_plan(plan: BuildPlan) -> None:
 
         vocab = recipe.vocab_size or (vocab_size(recipe.config) if recipe.config else None)
         read_sample_inputs(plan.sample_inputs, recipe, vocab)
-    if plan.calibration is not None and plan.calibration != plan.sample_inputs:
-        from trtpack.precision.calibration.files import check_calibration_path
-
-        check_calibration_path(plan.calibration)
-    if plan.precision == "int8":
+    if plan.precision == "int8":  # --calibration without int8 was refused by plan_build
+        from trtpack.precision.calibration.data import calibration_path
         from trtpack.precision.calibration.files import check_calibration_input
 
-        int8 = recipe.precision_options.int8
-        configured = plan.calibration or (Path(int8.calibration) if int8.calibration else None)
-        if configured is not None:
+        configured = calibration_path(plan)
+        if configured is not None:  # its existence, then its contents, read once
             check_calibration_input(configured, recipe, list(plan.profiles))
     if not plan.random_weights and recipe.source.hf_id:
         from trtpack.pytorch.models import require_hub_weights

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from trtpack.errors import RecipeError, TrtpackError, UserInputError
-from trtpack.machine.targets import HARDWARE_COMPATIBILITY
 from trtpack.options import BuildRequest
 from trtpack.sources.architectures import head_split_problem
 from trtpack.sources.inputs import parse_input_options
@@ -35,10 +34,6 @@ def request_recipe(request: BuildRequest, cache_dir: Path) -> tuple[Recipe, str 
     if request.tokenizer is not None:
         recipe = with_tokenizer(recipe, request.tokenizer)
     if request.portable is not None:
-        if request.portable not in HARDWARE_COMPATIBILITY:
-            raise UserInputError(
-                f"--portable must be ampere+, same_compute_capability or none, not "
-                f"'{request.portable}'")
         recipe = recipe.model_copy(update={"engine": recipe.engine.model_copy(
             update={"hardware_compatibility": request.portable})})
     return recipe, source_files

@@ -192,12 +192,9 @@ class Conversion:
         if folder is None:
             return None
         if self._tokenizer is None:
-            from trtpack.precision.calibration.text_batches import json_tokenizer
-            from trtpack.pytorch.models import load_tokenizer
+            from trtpack.precision.calibration.text_batches import saved_tokenizer
 
-            # tokenizers alone where the saved tokenizer allows: no transformers import
-            self._tokenizer = json_tokenizer(folder) if self.recipe.tokenizer else None
-            self._tokenizer = self._tokenizer or load_tokenizer(self.recipe, folder)
+            self._tokenizer = saved_tokenizer(self.recipe, folder)
         return self._tokenizer
 
     def sample_text(self) -> SampleText:

@@ -230,30 +230,12 @@ def run_search(ctx: StageContext) -> StageOutcome:
 
 
 def calibration(ctx: StageContext) -> tuple[CalibrationData, Tokenizer | None]:
-    """The INT8 build's calibration data (the same file, seed and splits as the precision
-    stage's) and the tokenizer it was read with."""
-    from trtpack.precision.calibration.data import (
-        calibration_path,
-        graph_vocab_size,
-        load_calibration,
-    )
+    """The INT8 build's calibration data (the precision stage's loader: the same file, seed
+    and splits) and the tokenizer it was read with."""
+    from trtpack.precision.calibration.data import load_build_calibration
+    from trtpack.precision.calibration.text_batches import saved_tokenizer
 
-    options, recipe = ctx.options, ctx.options.recipe
-    onnx = ctx.needs(ctx.artifacts.onnx, "onnx")
-    path = calibration_path(options)
-    tokenizer = None
-    # no file: a model with a tokenizer calibrates on the shipped default text (as the
-    # precision stage does), not on synthetic inputs
-    if (path is None or path.suffix.lower() != ".npz") and ctx.artifacts.tokenizer is not None:
-        from trtpack.precision.calibration.text_batches import json_tokenizer
-        from trtpack.pytorch.models import load_tokenizer
-
-        # as the precision stage reads it (Conversion.tokenizer): the same splits
-        folder = ctx.artifacts.tokenizer
-        tokenizer = json_tokenizer(folder) if recipe.tokenizer else None
-        tokenizer = tokenizer or load_tokenizer(recipe, folder)
-    cal = load_calibration(recipe, options.profiles, path, tokenizer=tokenizer,
-                           max_samples=recipe.precision_options.int8.max_calibration_samples,
-                           seed=options.seed,
-                           vocab_size=graph_vocab_size(onnx, recipe))
-    return cal, tokenizer
+    folder = ctx.artifacts.tokenizer
+    return load_build_calibration(
+        ctx.options, ctx.needs(ctx.artifacts.onnx, "onnx"),
+        lambda: None if folder is None else saved_tokenizer(ctx.options.recipe, folder))

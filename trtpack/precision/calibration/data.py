@@ -9,7 +9,7 @@ batches it); a ``.npz`` holds one array per model input, samples along the first
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -148,6 +148,24 @@ def synthetic_feeds(recipe: Recipe, profiles: Sequence[ShapeProfile], samples: i
 
 def feed_rows(feeds: Sequence[Feed]) -> int:
     return sum(next(iter(f.values())).shape[0] for f in feeds if f)
+
+
+def load_build_calibration(plan: BuildPlan, onnx: Path,
+                           tokenizer: Callable[[], Tokenizer | None]
+                           ) -> tuple[CalibrationData, Tokenizer | None]:
+    """The calibration data of an INT8 build, read the same way by both INT8 paths (the
+    precision stage's Q/DQ conversion and the CPU model's INT8 forms): ``calibration_path``'s
+    file (none: the shipped default text for a model with a tokenizer, else synthetic
+    inputs), text tokenized with ``tokenizer()`` (not called for a ``.npz``), the recipe's
+    sample limit, the plan's seed, and ``onnx``'s vocabulary; and the tokenizer used."""
+    path = calibration_path(plan)
+    text = path is None or path.suffix.lower() != ".npz"
+    used = tokenizer() if text else None
+    recipe = plan.recipe
+    data = load_calibration(recipe, plan.profiles, path, tokenizer=used,
+                            max_samples=recipe.precision_options.int8.max_calibration_samples,
+                            seed=plan.seed, vocab_size=graph_vocab_size(onnx, recipe))
+    return data, used
 
 
 def graph_vocab_size(model: Path, recipe: Recipe) -> int | None:

@@ -214,11 +214,20 @@ class JsonTokenizer:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
 
+def saved_tokenizer(recipe: Recipe, folder: Path) -> Tokenizer | None:
+    """The tokenizer a build saved in ``folder`` (the export's ``tokenizer/``), read once for
+    calibration, splits and sample text: tokenizers alone where the saved tokenizer allows (no
+    transformers import), else transformers'."""
+    from trtpack.pytorch.models import load_tokenizer
+
+    tokenizer = json_tokenizer(folder) if recipe.tokenizer else None
+    return tokenizer or load_tokenizer(recipe, folder)
+
+
 def json_tokenizer(folder: Path | None) -> JsonTokenizer | None:
     """The tokenizer saved in ``folder`` as a ``JsonTokenizer``, or None where it needs
     transformers (no tokenizer.json, no pad token in tokenizer_config.json, left padding)."""
     import json
-    from pathlib import Path
 
     if folder is None:
         return None

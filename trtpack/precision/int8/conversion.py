@@ -14,9 +14,7 @@ from typing import TYPE_CHECKING
 from trtpack.cases import Case
 from trtpack.precision.calibration.data import (
     CalibrationData,
-    calibration_path,
-    graph_vocab_size,
-    load_calibration,
+    load_build_calibration,
     save_feeds,
 )
 from trtpack.precision.conversion import (
@@ -73,15 +71,8 @@ class Int8Conversion(Conversion):
         return self.options.calibration_method or self.settings.calibration_method
 
     def load_calibration(self) -> None:
-        path = calibration_path(self.options)
         self.ctx.progress("loading calibration data")
-        # no file: a model with a tokenizer calibrates on the shipped default text
-        text = path is None or path.suffix.lower() != ".npz"
-        cal = load_calibration(self.recipe, self.options.profiles, path,
-                               tokenizer=self.tokenizer() if text else None,
-                               max_samples=self.settings.max_calibration_samples,
-                               seed=self.options.seed,
-                               vocab_size=graph_vocab_size(self.source, self.recipe))
+        cal, _ = load_build_calibration(self.options, self.source, self.tokenizer)
         self.calibration = cal
         self.warnings.extend(cal.warnings)
         save_feeds(self.work / "calibration.npz", cal.feeds)
