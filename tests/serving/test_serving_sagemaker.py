@@ -21,7 +21,13 @@ from trtpack.serving.ensemble import check_ensemble
 from trtpack.serving.layout import ModelRepository
 from trtpack.serving.package_formats import FORMATS, format_help
 from trtpack.serving.sagemaker import package_sagemaker
-from trtpack.serving.sagemaker_archives import archive_members
+
+
+def archive_members(path: Path) -> list[str]:
+    """Every entry of an archive (folders end with '/'), in archive order."""
+    with tarfile.open(path, "r:gz") as tar:
+        return [m.name + ("/" if m.isdir() else "") for m in tar.getmembers()]
+
 
 TOKENIZER_FILES = ["special_tokens_map.json", "tokenizer.json", "tokenizer_config.json",
                    "vocab.txt"]

@@ -14,9 +14,17 @@ import pytest
 from tests.conftest import run_cli
 from tests.hf_models import TEXT_MODELS, VISION_MODELS, make_model_dir
 from trtpack.precision.cpu.fusion import optimizer_model_type
-from trtpack.sources.architectures import hidden_layers
+from trtpack.report import JsonObject
+from trtpack.sources.architectures import config_int
 from trtpack.sources.recipe_files import builtin_recipe_names
 from trtpack.sources.resolve import resolve_model
+
+LAYERS_KEYS = ("num_hidden_layers", "n_layer", "n_layers")  # config.json's transformer layers
+
+
+def hidden_layers(config: JsonObject) -> int | None:
+    """A transformer's layers (None: the config does not say)."""
+    return next((config_int(config[k]) for k in LAYERS_KEYS if config.get(k)), None)
 
 LAYERS = 2
 # the same tiny shape in each family's config keys

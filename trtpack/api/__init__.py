@@ -41,16 +41,16 @@ def build(request: BuildRequest, progress: ProgressCallback | None = None,
     needs against what this machine has (``pipeline.memory_check``), then run the pipeline.
     Warnings about the request go to ``on_warning`` before any work starts, and into the
     report."""
-    options, warnings = resolve_options(request)
+    plan, warnings = resolve_options(request)
     if not request.skip_memory_check:
         from trtpack.pipeline.memory_check import check_build_memory, traced_in_export
 
         # an absurd profile: exit 2 before any work
-        warnings += check_build_memory(options, trace_in_export=True)
-        if traced_in_export(options):
-            options = replace(options, check_memory_in_export=True)
+        warnings += check_build_memory(plan, trace_in_export=True)
+        if traced_in_export(plan):
+            plan = replace(plan, check_memory_in_export=True)
     for w in warnings:
         if on_warning is not None:
             on_warning(w)
-    report = run_pipeline(options, progress, warnings)
-    return BuildResult(report, options.out_dir)
+    report = run_pipeline(plan, progress, warnings)
+    return BuildResult(report, plan.out_dir)

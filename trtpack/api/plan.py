@@ -10,6 +10,7 @@ from typing import cast
 
 from trtpack.api.recipes import request_recipe
 from trtpack.errors import UserInputError, require_modules
+from trtpack.machine import local_targets, packages
 from trtpack.machine.packages import required_modules
 from trtpack.machine.paths import default_cache_dir
 from trtpack.machine.targets import (
@@ -48,8 +49,6 @@ def resolve_target_for_build(name: str, build_engine: bool,
     GPU and TensorRT are present, else ``cpu`` (with a warning). An explicit GPU target
     never falls back: a missing GPU or TensorRT is an error (exit 3) raised before any work,
     unless ``--no-engine`` was given."""
-    from trtpack.machine import local_targets
-
     if name.strip().lower() == AUTO:
         local = local_targets.local_target()
         if local is not None and engine_support_problem(local) is None:
@@ -112,9 +111,8 @@ def plan_build(request: BuildRequest) -> tuple[BuildPlan, list[str]]:
         _refuse_auto_precision_on_gpu(target.name)  # --target auto, resolved
     if target.is_gpu:
         from trtpack.engine.parser_opsets import opset_warning
-        from trtpack.machine.packages import tensorrt_version
 
-        opset_note = opset_warning(request.opset or recipe.opset, tensorrt_version())
+        opset_note = opset_warning(request.opset or recipe.opset, packages.tensorrt_version())
         warnings += [opset_note] if opset_note else []
         warnings += check_triton_profiles(profiles, recipe, serve)
     elif choice == FixedPrecision("fp16"):

@@ -9,14 +9,20 @@ from trtpack.errors import RecipeError, TrtpackError, UserInputError
 from trtpack.options import BuildRequest
 from trtpack.sources.architectures import head_split_problem
 from trtpack.sources.inputs import parse_input_options
-from trtpack.sources.recipe import Recipe
+from trtpack.sources.recipe import Recipe, Source
 from trtpack.sources.recipe_files import (
     apply_input_options,
     apply_overrides,
     check_small_integer_inputs,
 )
 from trtpack.sources.resolve import resolve_model
-from trtpack.sources.torch_sources import DescribedSource, DescribeRequest, InputSpec
+from trtpack.sources.torch_sources import (
+    DescribedSource,
+    DescribeRequest,
+    InputSpec,
+    recipe_for_torch,
+    torch_source,
+)
 
 
 def request_recipe(request: BuildRequest, cache_dir: Path) -> tuple[Recipe, str | None]:
@@ -44,8 +50,6 @@ def resolve_recipe(request: BuildRequest, cache_dir: Path) -> tuple[Recipe, str 
     factory, ``.pt2`` or TorchScript file is described by loading it once in a process of its
     own (``trtpack.pytorch.describe``), and the description is reused until its files
     change; anything else resolves as before (``sources.resolve``)."""
-    from trtpack.sources.torch_sources import recipe_for_torch, torch_source
-
     model = str(request.model)
     source = torch_source(model)
     if source is None:
@@ -61,7 +65,6 @@ def resolve_recipe(request: BuildRequest, cache_dir: Path) -> tuple[Recipe, str 
     described = describe_torch(source, request, cache_dir)
     if described["kind"] == "folder":  # a factory returning a model folder: a package
         from trtpack.sources.hf_recipe import recipe_for_hf_dir
-        from trtpack.sources.recipe import Source
 
         folder = Path(described["folder"])
         recipe = recipe_for_hf_dir(folder, request.task).model_copy(
@@ -104,7 +107,6 @@ def describe_torch(source: dict[str, str], request: BuildRequest, cache_dir: Pat
 def with_tokenizer(recipe: Recipe, path: Path) -> Recipe:
     """``recipe`` with its tokenizer taken from ``path`` (``--tokenizer``): a folder holding a
     saved tokenizer, or one of its files (``tokenizer.json``, ``vocab.txt`` ...)."""
-    from trtpack.sources.recipe import Source
     from trtpack.sources.tokenizer_files import VOCABULARY_FILES, has_tokenizer
 
     folder = path.expanduser()

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, cast
 from trtpack.bench.timing import ProgressFn, Runner
 from trtpack.cases import Case
 from trtpack.errors import MissingEnvironmentError, UserInputError, require_modules
-from trtpack.machine.targets import HardwareCompatibility, Target
+from trtpack.machine.targets import HardwareCompatibility, Target, local_gpu_target, resolve_target
 from trtpack.pipeline.build_folder import BuildFolder, load_build_recipe
 from trtpack.timing import RunOnce
 
@@ -108,8 +108,6 @@ def engine_target(build: BuildFolder) -> tuple[Target, HardwareCompatibility]:
     """The target an engine build was for and its hardware compatibility: a family of the
     table, or (``--target auto`` on a GPU outside the table, recorded as ``smXY``) one named
     after the GPU that built it, from the engine's provenance."""
-    from trtpack.machine.targets import local_gpu_target, resolve_target
-
     prov = engine_provenance(build)
     level = cast(HardwareCompatibility, prov.hardware_compatibility if prov else "none")
     try:

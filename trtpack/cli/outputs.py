@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from trtpack.cli.console import err, out, print_warning
+from trtpack.cli.console import ProgressView, err, out, print_build_summary, print_warning
 from trtpack.cli.exits import handle_errors
 from trtpack.errors import UserInputError
 from trtpack.report import BuildReport
@@ -128,7 +128,6 @@ def engine(
     Example: trtpack build minilm --target g5 --no-engine --out out/minilm-onnx
              trtpack engine out/minilm-onnx --target g4dn --out out/minilm-g4dn
     """
-    from trtpack.cli.console import ProgressView, print_build_summary
     from trtpack.pipeline.engine_from_build import build_engine_from
 
     view = ProgressView(err, enabled=True)

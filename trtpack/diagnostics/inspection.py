@@ -26,7 +26,7 @@ from trtpack.diagnostics.model_files import (
 )
 from trtpack.engine.provenance import EngineProvenance, provenance_path, runs_here
 from trtpack.errors import UserInputError
-from trtpack.model_io import ModelIO
+from trtpack.model_io import ModelIO, engine_model_io
 
 if TYPE_CHECKING:
     from tritonclient.grpc.model_config_pb2 import ModelInput, ModelOutput
@@ -159,7 +159,6 @@ def _io_from_engine_file(plan: Path) -> ModelIO | None:
 
     if not tensorrt_available() or detect_gpu() is None:
         return None
-    from trtpack.model_io import engine_model_io
     from trtpack.runtimes import tensorrt as tensorrt_api
 
     try:

@@ -20,7 +20,7 @@ from trtpack.out_files import ARTIFACTS, LOGS
 WEIGHT_COPIES = 3
 
 
-def weight_bytes(options: BuildPlan, work: Path) -> int | None:
+def weight_bytes(plan: BuildPlan, work: Path) -> int | None:
     """The model's weights in bytes, from what is known: the exported or imported ONNX, the
     user's ONNX, or the weight files of a local model directory."""
     for stage in ("export", "import"):
@@ -28,14 +28,14 @@ def weight_bytes(options: BuildPlan, work: Path) -> int | None:
         if (work / LOGS / f"{stage}.log").is_file() and onnx.is_file() and \
                 (work / ARTIFACTS / stage / "reference.npz").is_file():  # the stage finished
             return model_bytes(onnx)
-    source = options.recipe.source
+    source = plan.recipe.source
     if source.onnx and Path(source.onnx).is_file():
         return model_bytes(Path(source.onnx))
-    if options.random_weights:
+    if plan.random_weights:
         from trtpack.pytorch.models import random_weight_bytes
 
         try:
-            return random_weight_bytes(options.recipe)
+            return random_weight_bytes(plan.recipe)
         except (TrtpackError, ImportError, ValueError, TypeError, OSError):  # an estimate only
             return None
     folders = [Path(source.path)] if source.path else []
@@ -127,11 +127,11 @@ def killed_message(stage: str, signal_number: int, oom_before: int | None,
             f"{available_bytes(cgroup) / 2**30:.1f} GB available)")
 
 
-def disk_full_error(cause: OSError, options: BuildPlan, work: Path, out: Path,
+def disk_full_error(cause: OSError, plan: BuildPlan, work: Path, out: Path,
                     stage: str | None) -> StageError:
     """The sentence for a full disk; the partial artifacts are removed (the failed
     folder keeps the report and the logs)."""
-    weights = weight_bytes(options, work)
+    weights = weight_bytes(plan, work)
     written = sum(f.stat().st_size for f in work.rglob("*") if f.is_file())
     for entry in work.iterdir():  # all but the logs: the report is written next
         if entry.name != LOGS:

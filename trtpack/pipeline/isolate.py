@@ -77,14 +77,14 @@ class StageProcess:
         self._jobs = self._started.jobs
         self._messages = self._started.messages
 
-    def prepare(self, options: BuildPlan, build_dir: Path, log_path: Path) -> None:
+    def prepare(self, plan: BuildPlan, build_dir: Path, log_path: Path) -> None:
         """Send the build's plan (the stage module's ``warm_up`` may start on it) and the
         stage log, where the process's output goes from now on (with what it wrote before,
         when it was writing elsewhere)."""
         self._started.stage_log = log_path
         moved = None if log_path == self._started.output else log_path
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # run() says why
-            self._jobs.send((options, build_dir, moved))
+            self._jobs.send((plan, build_dir, moved))
 
     def head_start(self, head_start: HeadStart) -> None:
         """Let the process start on its stage's work (``Stage.head_start``)."""
@@ -258,12 +258,12 @@ def _import(modules: tuple[str, ...]) -> None:
             importlib.import_module(module)
 
 
-def _head_start(name: str, module: ModuleType, options: BuildPlan, build_dir: Path,
+def _head_start(name: str, module: ModuleType, plan: BuildPlan, build_dir: Path,
                 head_start: HeadStart) -> None:
     """The stage module's ``head_start(ctx)``. Whatever it raises is logged and left to the
     stage's ``run``, which does that work itself when there is no head start."""
     logger, handler = stage_logger(f"trtpack.stage.{name}.head_start", head_start.log_path)
-    ctx = StageContext(options, name, head_start.stage_dir, build_dir, head_start.artifacts,
+    ctx = StageContext(plan, name, head_start.stage_dir, build_dir, head_start.artifacts,
                        logger, lambda event: None)  # its progress is logged, not shown
     try:
         module.head_start(ctx)

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from trtpack.errors import MemoryRefusal
-from trtpack.onnx_tools.footprint import Footprint
+from trtpack.onnx_tools.footprint import Footprint, graph_footprint, load_graph
 from trtpack.options import BuildPlan
 from trtpack.processes import run_forked
 from trtpack.resources import AvailableMemory, available_memory
@@ -65,8 +65,8 @@ STAGE_MEMORY: tuple[StageMemory, ...] = (
     StageMemory("compile_check", 400 * MB, 3.0, 0.0, "runtime"),
 )
 # INT8 builds: the CPU forms load the fused model's weights, split the outlier channels and
-# quantize (ONNX Runtime's quantizer holds its own copies); fitted before the FP32 fusions
-# left the weights on disk, not re-measured since
+# quantize (ONNX Runtime's quantizer holds its own copies); fitted while the FP32 fusions
+# still loaded the weights (they now stay on disk), so a bound from above
 CPU_MODEL_INT8 = StageMemory("cpu_model", 200 * MB, 6.0, 1.5, "runtime")
 # A stage with a head start (``Stage.head_start``: the CPU model fusing its graph, weights
 # left on disk) runs its process beside the stage before it, which counts it in its peak:
@@ -95,15 +95,15 @@ class CornerEstimate:
         return ", ".join(f"{n}={'x'.join(str(d) for d in s)}" for n, s in self.shapes.items())
 
 
-def _stages(options: BuildPlan) -> list[StageMemory]:
+def _stages(plan: BuildPlan) -> list[StageMemory]:
     """The modelled stages of this build; one that runs just before a stage with a head
     start holds ``HEAD_START`` more."""
     from trtpack.pipeline.stage import STAGES
 
-    runs = [s for s in STAGES if s.applies(options) and s.skip_reason(options) is None]
+    runs = [s for s in STAGES if s.applies(plan) and s.skip_reason(plan) is None]
     names = {s.name for s in runs}
     beside_head_start = {s.name for s, after in itertools.pairwise(runs) if after.head_start}
-    int8 = options.precision == "int8" or options.auto_precision
+    int8 = plan.precision == "int8" or plan.auto_precision
     found = []
     for m in STAGE_MEMORY:
         if m.stage not in names:
@@ -119,27 +119,25 @@ def stage_bytes(model: StageMemory, weights: int, activations: int) -> int:
                + model.activation_factor * activations)
 
 
-def estimate_corners(options: BuildPlan) -> list[CornerEstimate]:
-    """The max corner of every profile of ``options``, estimated (imports torch for a PyTorch
+def estimate_corners(plan: BuildPlan) -> list[CornerEstimate]:
+    """The max corner of every profile of ``plan``, estimated (imports torch for a PyTorch
     model: run it in a process of its own, ``estimate_in_child``). A profile's max is at
     least its min and opt in every dimension (``shapes``' rule, as TensorRT's), and a model
     needs no less memory as its inputs grow: the max corner is the one that needs the most,
     and tracing the other two (twice each, eager and as ONNX Runtime runs it) took 0.2 s of
     minilm's 8 s build."""
-    corners = [(index, which, shapes) for index, profile in enumerate(options.profiles)
+    corners = [(index, which, shapes) for index, profile in enumerate(plan.profiles)
                for which, shapes in profile.corners() if which == "max"]
     shape_list = [{n: list(s) for n, s in shapes.items()} for _, _, shapes in corners]
     footprints: dict[str, list[Footprint]]
-    if options.recipe.source.onnx:
-        from trtpack.onnx_tools.footprint import graph_footprint, load_graph
-
-        graph = load_graph(Path(options.recipe.source.onnx))
+    if plan.recipe.source.onnx:
+        graph = load_graph(Path(plan.recipe.source.onnx))
         footprints = {"runtime": [graph_footprint(graph, s) for s in shape_list]}
     else:
         from trtpack.pytorch.footprint import recipe_footprints
 
-        footprints = recipe_footprints(options.recipe, shape_list)
-    stages = _stages(options)
+        footprints = recipe_footprints(plan.recipe, shape_list)
+    stages = _stages(plan)
     found = []
     for k, (index, which, _) in enumerate(corners):
         acts = {runs: f[k].activations for runs, f in footprints.items()}
@@ -151,18 +149,18 @@ def estimate_corners(options: BuildPlan) -> list[CornerEstimate]:
     return found
 
 
-def output_bytes(options: BuildPlan, shapes: dict[str, list[int]]) -> int | None:
+def output_bytes(plan: BuildPlan, shapes: dict[str, list[int]]) -> int | None:
     """The bytes of the model's outputs at a corner, from the recipe's declared output axes
     (a name is the input axis of that name; FP32): they are activations too (kept to the
     end), so this is a lower bound of the activations known without loading anything. None
     when an axis is not known at the corner."""
     dims: dict[str, int] = {}
-    for spec in options.recipe.input_specs():
+    for spec in plan.recipe.input_specs():
         for axis, size in zip(spec.axes, shapes.get(spec.name, ()), strict=False):
             if isinstance(axis, str):
                 dims.setdefault(axis, size)
     total = 0
-    for output in options.recipe.outputs:
+    for output in plan.recipe.outputs:
         count = 1
         for axis in output.axes:
             known = axis if isinstance(axis, int) else dims.get(axis)
@@ -173,15 +171,15 @@ def output_bytes(options: BuildPlan, shapes: dict[str, list[int]]) -> int | None
     return total
 
 
-def lower_bounds(options: BuildPlan) -> list[CornerEstimate]:
+def lower_bounds(plan: BuildPlan) -> list[CornerEstimate]:
     """Every corner's estimate with the weights left out and the outputs as the only
     activations (``output_bytes``): no import, no model loaded."""
-    stages = _stages(options)
+    stages = _stages(plan)
     found = []
-    for index, profile in enumerate(options.profiles):
+    for index, profile in enumerate(plan.profiles):
         for which, corner in profile.corners():
             shapes = {n: list(s) for n, s in corner.items()}
-            outputs = output_bytes(options, shapes)
+            outputs = output_bytes(plan, shapes)
             if outputs is not None:
                 found.append(CornerEstimate(
                     index, which, shapes, 0, {"runtime": outputs, "eager": outputs},
@@ -189,8 +187,8 @@ def lower_bounds(options: BuildPlan) -> list[CornerEstimate]:
     return found
 
 
-def _estimate_to_file(options: BuildPlan, path: str) -> int:
-    estimates = estimate_corners(options)
+def _estimate_to_file(plan: BuildPlan, path: str) -> int:
+    estimates = estimate_corners(plan)
     Path(path).write_text(json.dumps([asdict(e) for e in estimates]))
     return 0
 
@@ -198,33 +196,33 @@ def _estimate_to_file(options: BuildPlan, path: str) -> int:
 ESTIMATES = "memory"  # the stage cache's folder of stored estimates (files: no cache entry)
 
 
-def stored_estimate(options: BuildPlan) -> Path | None:
+def stored_estimate(plan: BuildPlan) -> Path | None:
     """Where the estimates of a PyTorch model's build are kept in the stage cache, keyed like
     its export stage (model files, recipe, profiles) and trtpack's code and packages: a
     rebuild does not trace the module again. None for an ONNX model (its graph is read in
     well under a second) or without the cache."""
-    if not options.use_cache or options.recipe.source.onnx:
+    if not plan.use_cache or plan.recipe.source.onnx:
         return None
     from trtpack.pipeline.cache import tool_versions
     from trtpack.stages.export import fingerprint
 
-    key = hashlib.sha256(json.dumps({"export": fingerprint(options), "versions": tool_versions()},
+    key = hashlib.sha256(json.dumps({"export": fingerprint(plan), "versions": tool_versions()},
                                     sort_keys=True, default=str).encode()).hexdigest()[:24]
-    return options.cache_dir / ESTIMATES / f"{key}.json"
+    return plan.cache_dir / ESTIMATES / f"{key}.json"
 
 
-def estimate_in_child(options: BuildPlan, timeout: float = 120.0
+def estimate_in_child(plan: BuildPlan, timeout: float = 120.0
                       ) -> list[CornerEstimate] | str:
     """``estimate_corners`` in a forked process (torch's imports do not stay in the build's
     own process), or as stored by an earlier build (``stored_estimate``); the estimates, or
     why there are none (one line)."""
-    stored = stored_estimate(options)
+    stored = stored_estimate(plan)
     if stored is not None and stored.is_file():
         with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
             return [CornerEstimate(**e) for e in json.loads(stored.read_text())]
     with tempfile.TemporaryDirectory(prefix="trtpack-memory-") as tmp:
         result, log = Path(tmp) / "estimate.json", Path(tmp) / "estimate.log"
-        code = run_forked(_estimate_to_file, (options, str(result)), timeout, log)
+        code = run_forked(_estimate_to_file, (plan, str(result)), timeout, log)
         if code != 0 or not result.is_file():
             lines = [line for line in log.read_text(errors="replace").splitlines()
                      if line.strip()] if log.is_file() else []
@@ -257,7 +255,7 @@ def refusal(estimate: CornerEstimate, available: AvailableMemory,
         hint="choose a smaller --profile, or add --skip-memory-check to build anyway")
 
 
-def check_build_memory(options: BuildPlan, available: AvailableMemory | None = None,
+def check_build_memory(plan: BuildPlan, available: AvailableMemory | None = None,
                        trace_in_export: bool = False) -> list[str]:
     """Refuse (``MemoryRefusal``, exit 2) a build whose estimate at some corner exceeds the
     memory available, naming the corner; the warnings when nothing could be estimated.
@@ -267,27 +265,27 @@ def check_build_memory(options: BuildPlan, available: AvailableMemory | None = N
     available = available or available_memory()
     if available is None:
         return ["memory not checked: this system does not say how much memory is available"]
-    over = [e for e in lower_bounds(options) if e.largest[1] > available.bytes]
+    over = [e for e in lower_bounds(plan) if e.largest[1] > available.bytes]
     if over:  # known without loading the model
         raise refusal(max(over, key=lambda e: e.largest[1]), available, lower_bound=True)
-    if (trace_in_export and traced_in_export(options)) or not meta_traceable(options):
+    if (trace_in_export and traced_in_export(plan)) or not meta_traceable(plan):
         return []
-    return _check_estimates(estimate_in_child(options), available)
+    return _check_estimates(estimate_in_child(plan), available)
 
 
-def meta_traceable(options: BuildPlan) -> bool:
+def meta_traceable(plan: BuildPlan) -> bool:
     """Whether the model can be estimated beyond its outputs (``lower_bounds``): an ONNX
     graph or a PyTorch module that runs on the meta device; a TorchScript module cannot (its
     weights cannot move there)."""
-    return options.recipe.source.torchscript is None
+    return plan.recipe.source.torchscript is None
 
 
-def traced_in_export(options: BuildPlan) -> bool:
+def traced_in_export(plan: BuildPlan) -> bool:
     """A PyTorch model whose estimate is not stored: ``check_build_memory(trace_in_export=
     True)`` leaves its trace to the export stage (``check_in_export``)."""
-    if options.recipe.source.onnx:
+    if plan.recipe.source.onnx:
         return False
-    stored = stored_estimate(options)
+    stored = stored_estimate(plan)
     return stored is None or not stored.is_file()
 
 
@@ -301,24 +299,24 @@ def _check_estimates(estimates: list[CornerEstimate] | str,
     return []
 
 
-def check_in_export(options: BuildPlan,
+def check_in_export(plan: BuildPlan,
                     available: AvailableMemory | None = None) -> list[str]:
     """``check_build_memory``'s trace of a PyTorch model, in the export stage's process
     before the export starts (torch and the model code are imported there anyway): the
     estimate is stored for a rebuild (``stored_estimate``), a corner over the memory
     available is refused (``MemoryRefusal``: the build stops and writes nothing), and the
     warnings when nothing could be estimated."""
-    if not options.check_memory_in_export or options.recipe.source.onnx \
-            or not meta_traceable(options):
+    if not plan.check_memory_in_export or plan.recipe.source.onnx \
+            or not meta_traceable(plan):
         return []
     available = available or available_memory()
     if available is None:
         return []  # check_build_memory said so already
-    stored = stored_estimate(options)
+    stored = stored_estimate(plan)
     if stored is not None and stored.is_file():
         return []  # check_build_memory checked it
     try:
-        estimates: list[CornerEstimate] | str = estimate_corners(options)
+        estimates: list[CornerEstimate] | str = estimate_corners(plan)
     except Exception as e:  # the model's own failure: the export itself says it
         lines = [line for line in str(e).splitlines() if line.strip()]
         estimates = f"{type(e).__name__}: {lines[0].strip()}" if lines else type(e).__name__

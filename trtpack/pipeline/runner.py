@@ -70,13 +70,13 @@ class FinishedStage:
 
 
 class Pipeline:
-    def __init__(self, options: BuildPlan, progress: ProgressCallback | None = None,
+    def __init__(self, plan: BuildPlan, progress: ProgressCallback | None = None,
                  warnings: Sequence[str] = (), finished: Sequence[FinishedStage] = (),
                  finished_rows: Sequence[VerificationRow] = ()) -> None:
-        self.options = options
+        self.options = plan
         self.progress: ProgressCallback = progress or (lambda event: None)
         self.warnings = list(warnings)  # about the request, first in the report
-        self.stages = StageRuns(options, self.progress)
+        self.stages = StageRuns(plan, self.progress)
         # stages another build ran, copied in (their verification rows come with them)
         self.finished = {f.result.name: f for f in finished}
         self.finished_rows = list(finished_rows)
@@ -270,8 +270,8 @@ class Pipeline:
         return artifacts.merged(finished.artifacts.moved(finished.folder, stage_dir))
 
 
-def build(options: BuildPlan, progress: ProgressCallback | None = None,
+def build(plan: BuildPlan, progress: ProgressCallback | None = None,
           warnings: Sequence[str] = ()) -> BuildReport:
     """Run the whole pipeline; raises ``TrtpackError`` (with ``.report``) on failure.
     ``warnings`` (about the request) come first in the report."""
-    return Pipeline(options, progress, warnings).run()
+    return Pipeline(plan, progress, warnings).run()

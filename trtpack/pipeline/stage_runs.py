@@ -55,10 +55,10 @@ class StageRuns:
     """Runs a build's stages for ``trtpack.pipeline.runner.Pipeline`` (which keeps the OUT
     folder and the report): ``processes`` are the stage processes alive now."""
 
-    def __init__(self, options: BuildPlan, progress: ProgressCallback) -> None:
-        self.options = options
+    def __init__(self, plan: BuildPlan, progress: ProgressCallback) -> None:
+        self.options = plan
         self.progress = progress
-        self.cache = StageCache(options.cache_dir)
+        self.cache = StageCache(plan.cache_dir)
         self.processes: dict[str, StageProcess] = {}
         # one stage's records and cache entry at a time, in the order the stages ran
         self._records = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trtpack-records")

@@ -3,16 +3,12 @@ keys as report.json has always had: the report page, bench and the tests read th
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from typing import cast
 
 from trtpack.precision.graph import LowPrecisionCounts
-from trtpack.report import VerificationRow
-
-# What report.json holds: the value of each key ``as_dict`` writes there (``report.JsonValue``
-# with the low-precision counts, a dataclass that ``asdict`` turns into JSON).
-JsonValue = (str | int | float | bool | None | Sequence["JsonValue"] | Mapping[str, "JsonValue"]
-             | LowPrecisionCounts)
+from trtpack.report import JsonObject, JsonValue, VerificationRow
 
 
 @dataclass
@@ -94,7 +90,7 @@ class SearchRound:
     summary: AttemptSummary
     check_passed: bool | None = None  # the check split, consulted (None: not consulted)
 
-    def as_dict(self) -> dict[str, JsonValue]:
+    def as_dict(self) -> JsonObject:
         found = {k: v for k, v in asdict(self).items() if k != "summary"}
         return {**found, **asdict(self.summary)}
 
@@ -114,7 +110,7 @@ class FallbackSummary:
     check_consultations: int = 0
     decision_samples: int = 0  # samples the search decided on (calibration, search, prefixes)
 
-    def as_dict(self) -> dict[str, JsonValue]:
+    def as_dict(self) -> JsonObject:
         if self.evaluations is None:
             return {"mode": self.mode, "rounds": self.rounds,
                     "check_consultations": self.check_consultations}
@@ -149,7 +145,7 @@ class Fp16Metrics(PrecisionMetrics):
     autocast_failure: str | None = None  # why AutoCast could not convert the graph
     kept_fp32_reasons: dict[str, str] = field(default_factory=dict)  # node -> why FP32
 
-    def as_dict(self) -> dict[str, JsonValue]:
+    def as_dict(self) -> JsonObject:
         return {"precision": "fp16", "keep_io_types": self.keep_io_types,
                 "converter": self.converter, "autocast_failure": self.autocast_failure,
                 "kept_fp32_reasons": self.kept_fp32_reasons,
@@ -168,7 +164,7 @@ class Int8Metrics(PrecisionMetrics):
     high_precision: str = "fp32"
     kept_layers: list[str] = field(default_factory=list)  # module path (op type) of each
 
-    def as_dict(self) -> dict[str, JsonValue]:
+    def as_dict(self) -> JsonObject:
         return {"precision": "int8",
                 "calibration": asdict(self.calibration) if self.calibration else None,
                 "splits": {k: asdict(v) if v else {} for k, v in self.splits.items()},
@@ -181,7 +177,9 @@ class Int8Metrics(PrecisionMetrics):
                 **_shared(self)}
 
 
-def _shared(m: PrecisionMetrics) -> dict[str, JsonValue]:
-    return {"low_precision": m.low_precision, "before": asdict(m.before),
+def _shared(m: PrecisionMetrics) -> JsonObject:
+    # LowPrecisionCounts: a TypedDict of JSON values, which mypy does not read as a Mapping
+    low_precision = cast(JsonValue, m.low_precision)
+    return {"low_precision": low_precision, "before": asdict(m.before),
             "after": asdict(m.after), "fallback": m.fallback.as_dict(),
             "conversions": m.conversions, "conversion_seconds": m.conversion_seconds}

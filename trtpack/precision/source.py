@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trtpack.onnx_tools.files import link_or_copy
+from trtpack.onnx_tools.files import all_tensors, link_or_copy
 
 if TYPE_CHECKING:
     import onnx
@@ -19,7 +19,6 @@ def external_locations(model: onnx.ModelProto) -> set[str]:
     tensor attributes (a ``Constant`` node's weight), subgraphs included."""
     from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
-    from trtpack.onnx_tools.files import all_tensors
 
     found = set()
     for tensor in all_tensors(model.graph):

@@ -125,9 +125,3 @@ def write_archive(repository: Path, models: list[str], path: Path,
         for model in models:
             add_tree(tar, repository / model, model)
     tmp.replace(path)
-
-
-def archive_members(path: Path) -> list[str]:
-    """Every entry of an archive (folders end with '/'), in archive order."""
-    with tarfile.open(path, "r:gz") as tar:
-        return [m.name + ("/" if m.isdir() else "") for m in tar.getmembers()]

@@ -18,8 +18,6 @@ HEAD_COUNT_KEYS = ("num_attention_heads", "n_heads", "n_head", "encoder_attentio
 """config.json keys that hold a text model's number of attention heads."""
 POSITION_KEYS = ("max_position_embeddings", "n_positions")
 """config.json keys that hold the longest sequence a text model takes."""
-LAYERS_KEYS = ("num_hidden_layers", "n_layer", "n_layers")
-"""config.json keys that hold a transformer's layers."""
 DEFAULT_HIDDEN_SIZE = 768
 DEFAULT_VOCAB_SIZE = 30522  # BERT's
 DEFAULT_POSITIONS = 512
@@ -84,11 +82,6 @@ def max_positions(config: JsonObject) -> int:
 def attention_heads(config: JsonObject) -> int | None:
     """A transformer's attention heads (None: the config does not say)."""
     return next((config_int(config[k]) for k in HEAD_COUNT_KEYS if config.get(k)), None)
-
-
-def hidden_layers(config: JsonObject) -> int | None:
-    """A transformer's layers (None: the config does not say)."""
-    return next((config_int(config[k]) for k in LAYERS_KEYS if config.get(k)), None)
 
 
 def config_hidden_size(config: JsonObject) -> int | None:

@@ -38,7 +38,7 @@ else:  # Python 3.10 (Ubuntu 22.04): a dependency there (pyproject.toml)
     from typing_extensions import NotRequired
 
 from trtpack.errors import UserInputError
-from trtpack.sources.recipe import Recipe, Source
+from trtpack.sources.recipe import Recipe, Source, safe_name
 
 EXPORTED_PROGRAM_SUFFIXES = (".pt2",)
 TORCHSCRIPT_SUFFIXES = (".pt", ".pth", ".jit", ".ts", ".torchscript")
@@ -283,7 +283,6 @@ def recipe_for_torch(source: dict[str, str], description: Description, *, name: 
     outputs as described, the generic task unless ``--task`` names a head, and a profile
     from the dims' ranges unless ``profiles`` (``--profile``) are given."""
     from trtpack.sources.onnx_recipe import input_kind, output_metric
-    from trtpack.sources.recipe import safe_name
 
     task = task or "generic"
     inputs: list[InputDescription] = [

@@ -2,7 +2,7 @@
 (``pipeline.stage.STAGES`` names them; ``base``, ``artifacts``, ``torch_export`` and
 ``cpu_int8_serving`` are helpers) defines two functions and imports heavy packages inside them:
 
-    def fingerprint(options: BuildPlan) -> JsonObject
+    def fingerprint(plan: BuildPlan) -> JsonObject
         The options this stage's output depends on (JSON-able). Together with the keys of
         the stages before it and the tool versions it forms the stage's cache key.
 

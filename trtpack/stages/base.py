@@ -7,11 +7,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from trtpack.errors import StageError
 from trtpack.options import BuildPlan
-from trtpack.report import StageResult, StageStatus, VerificationRow
+from trtpack.report import JsonObject, StageResult, StageStatus, VerificationRow
 from trtpack.stages.artifacts import Artifacts
 
 
@@ -21,7 +21,7 @@ class StageMetrics:
     they are the stage's ``metrics`` object: one key per field, fields left None omitted
     (the base itself: no metrics)."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
 

@@ -209,14 +209,14 @@ def qdq_weight_matmuls(model: onnx.ModelProto) -> int:
                if n.op_type in ("MatMul", "Gemm") and len(n.input) > 1 and constant(n.input[1]))
 
 
-def share_failures(options: BuildPlan, share: tuple[int, int]) -> list[str]:
+def share_failures(plan: BuildPlan, share: tuple[int, int]) -> list[str]:
     """``--min-int8-share`` on a served CPU model (only where the CPU model is what the
     build serves: beside a GPU engine the engine's Q/DQ model is gated instead)."""
     quantized, total = share
-    if options.target.is_gpu or not total or quantized / total >= options.min_int8_share:
+    if plan.target.is_gpu or not total or quantized / total >= plan.min_int8_share:
         return []
     return [f"{quantized}/{total} weight MatMuls on integer kernels "
-            f"({quantized / total:.0%}), under --min-int8-share {options.min_int8_share:.0%}"]
+            f"({quantized / total:.0%}), under --min-int8-share {plan.min_int8_share:.0%}"]
 
 
 def run_search(ctx: StageContext) -> StageOutcome:

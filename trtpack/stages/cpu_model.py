@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from trtpack.cases import Case, load_cases
-from trtpack.onnx_tools.files import save_model
+from trtpack.onnx_tools.files import graph_summary, save_model
 from trtpack.options import BuildPlan
+from trtpack.precision.cpu import fusion
 from trtpack.precision.cpu.fusion import CpuGraph
 from trtpack.precision.cpu.int8 import search_on_demand
-from trtpack.precision.metrics import JsonValue as MetricsValue
 from trtpack.report import JsonObject, VerificationRow
 from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
@@ -62,36 +62,36 @@ class CpuModelMetrics(StageMetrics):
     # feed-forward layer -> its channels kept FP32 beside the INT8 MatMul
     outlier_channels: dict[str, list[int]] = field(default_factory=dict)
     skip_layer_norms_split: int = 0  # SkipLayerNormalization run as Sum + LayerNormalization
-    auto: dict[str, MetricsValue] | None = None  # --precision auto: candidates, timings, why
+    auto: JsonObject | None = None  # --precision auto: candidates, timings, why
     heldout_worst: float | None = None  # the served INT8 model's, on the held-out split
     # the Q/DQ search's metrics, where it ran in this stage (--target cpu, first form failed)
-    search: dict[str, MetricsValue] | None = None
+    search: JsonObject | None = None
     # the fusion's seconds when it ran while the stage before ran (not in this stage's time)
     head_start_seconds: float | None = None
 
 
-def fingerprint(options: BuildPlan) -> JsonObject:
+def fingerprint(plan: BuildPlan) -> JsonObject:
     import importlib.metadata
 
     from trtpack.precision.calibration.data import calibration_path
     from trtpack.precision.calibration.files import file_sha256
     from trtpack.stages.precision import fingerprint as precision_fingerprint
 
-    r = options.recipe
-    path = calibration_path(options) if options.precision == "int8" else None
+    r = plan.recipe
+    path = calibration_path(plan) if plan.precision == "int8" else None
     return {
         "version": CPU_FORM_VERSION,
         # the fusions and the quantizer are ONNX Runtime's: another version, another graph
         "onnxruntime": importlib.metadata.version("onnxruntime"),
-        "config": r.config, "precision": options.precision,
+        "config": r.config, "precision": plan.precision,
         "verify": r.verify.model_dump(), "outputs": [o.model_dump() for o in r.outputs],
         "calibration_sha256": file_sha256(path) if path is not None and path.is_file()
         else None,
         "int8": r.precision_options.int8.model_dump(),
-        "seed": options.seed,
-        "auto_precision": options.auto_precision,
+        "seed": plan.seed,
+        "auto_precision": plan.auto_precision,
         # --target cpu: the Q/DQ search may run here (only when the first form fails)
-        "search": precision_fingerprint(options) if search_on_demand(options) else None,
+        "search": precision_fingerprint(plan) if search_on_demand(plan) else None,
     }
 
 
@@ -137,7 +137,6 @@ def fuse(ctx: StageContext) -> FusedGraph:
     in the stage's folder (the plain graph, with a warning, when the optimizer fails)."""
     import time
 
-    from trtpack.precision.cpu.fusion import cpu_graph
 
     started = time.perf_counter()
     model_type, heads, hidden = model_shape(ctx)
@@ -155,10 +154,10 @@ def fuse(ctx: StageContext) -> FusedGraph:
         ctx.progress("fusing the transformer graph for ONNX Runtime on the CPU")
         warnings: list[str] = []
         try:
-            graph = cpu_graph(source, config_model_type=model_type, num_heads=heads,
-                              hidden_size=hidden,
-                              mask_input=ctx.options.recipe.input_name("attention_mask"),
-                              load_weights=False)
+            graph = fusion.cpu_graph(source, config_model_type=model_type, num_heads=heads,
+                                     hidden_size=hidden,
+                                     mask_input=ctx.options.recipe.input_name("attention_mask"),
+                                     load_weights=False)
         except Exception as e:  # an optimizer crash on an unusual graph: serve the plain one
             import onnx
 
@@ -192,8 +191,6 @@ def _head_started(ctx: StageContext) -> FusedGraph | None:
 
 
 def run(ctx: StageContext) -> StageOutcome:
-    from trtpack.onnx_tools.files import graph_summary
-
     recipe = ctx.options.recipe
     mask = recipe.input_name("attention_mask")
     model_type, heads, hidden = model_shape(ctx)

@@ -26,6 +26,7 @@ from trtpack.engine.provenance import (
     provenance_path,
 )
 from trtpack.engine.triton_release import triton_serving
+from trtpack.machine import packages
 from trtpack.machine.gpus import cuda_driver_version
 from trtpack.machine.local_targets import check_engine_environment
 from trtpack.machine.packages import parse_version
@@ -54,18 +55,16 @@ class EngineMetrics(StageMetrics):
     cases: int
     failed: int  # verification rows that failed
 
-def fingerprint(options: BuildPlan) -> JsonObject:
-    from trtpack.machine.packages import tensorrt_version
-
-    gpu = options.target.gpu
+def fingerprint(plan: BuildPlan) -> JsonObject:
+    gpu = plan.target.gpu
     return {
-        "target": options.target.name,
+        "target": plan.target.name,
         "compute_capability": gpu.sm if gpu else None,
-        "profiles": [p.to_dict() for p in options.profiles],
-        "precision": options.precision,
-        "engine": options.recipe.engine.model_dump(),
-        "tolerance": options.recipe.verify.model_dump(),
-        "tensorrt": tensorrt_version(),
+        "profiles": [p.to_dict() for p in plan.profiles],
+        "precision": plan.precision,
+        "engine": plan.recipe.engine.model_dump(),
+        "tolerance": plan.recipe.verify.model_dump(),
+        "tensorrt": packages.tensorrt_version(),  # read when called: a stand-in replaces it
     }
 
 

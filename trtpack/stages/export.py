@@ -19,7 +19,7 @@ from trtpack.errors import UserInputError
 from trtpack.onnx_tools.files import graph_summary
 from trtpack.options import BuildPlan
 from trtpack.pytorch.models import LoadedModel, load_model, source_directory
-from trtpack.pytorch.user_modules import call_program_module
+from trtpack.pytorch.user_modules import call_program_module, load_torchscript
 from trtpack.report import JsonObject
 from trtpack.sources.recipe import Recipe
 from trtpack.stages.artifacts import Artifacts
@@ -61,11 +61,11 @@ def _directory_fingerprint(path: Path | None) -> list[tuple[str, int, int]]:
     )
 
 
-def fingerprint(options: BuildPlan) -> JsonObject:
-    r = options.recipe
+def fingerprint(plan: BuildPlan) -> JsonObject:
+    r = plan.recipe
     return {
         "source": r.source.model_dump(),
-        "source_files": options.source_files,  # a PyTorch source's files (their contents)
+        "source_files": plan.source_files,  # a PyTorch source's files (their contents)
         "files": _directory_fingerprint(source_directory(r.source)),
         "task": r.task, "model_class": r.model_class, "config": r.config,
         "tokenizer": r.tokenizer, "pooling": r.pooling.model_dump() if r.pooling else None,
@@ -73,10 +73,10 @@ def fingerprint(options: BuildPlan) -> JsonObject:
         "tokenizer_source": r.tokenizer_source.model_dump() if r.tokenizer_source else None,
         "inputs": [i.model_dump() for i in r.inputs],
         "outputs": [o.model_dump() for o in r.outputs],
-        "opset": options.opset, "exporter": r.exporter,
-        "profiles": [p.to_dict() for p in options.profiles],
-        "random_weights": options.random_weights, "seed": options.seed,
-        "sample_inputs": file_state(options.sample_inputs),
+        "opset": plan.opset, "exporter": r.exporter,
+        "profiles": [p.to_dict() for p in plan.profiles],
+        "random_weights": plan.random_weights, "seed": plan.seed,
+        "sample_inputs": file_state(plan.sample_inputs),
     }
 
 
@@ -125,17 +125,17 @@ def _vocab_size(loaded: LoadedModel, recipe: Recipe) -> int:
     return 30522
 
 
-def build_cases(options: BuildPlan, loaded: LoadedModel) -> tuple[list[Case], list[str]]:
+def build_cases(plan: BuildPlan, loaded: LoadedModel) -> tuple[list[Case], list[str]]:
     """The verification cases, and warnings (corners no --sample-inputs sample fits)."""
-    specs = options.recipe.input_specs()
-    samples = SampleInputs.of(options, _vocab_size(loaded, options.recipe))
+    specs = plan.recipe.input_specs()
+    samples = SampleInputs.of(plan, _vocab_size(loaded, plan.recipe))
     cases: list[Case] = []
-    for index, profile in enumerate(options.profiles):
+    for index, profile in enumerate(plan.profiles):
         for k, (corner, shapes) in enumerate(profile.corners()):
             inputs = make_inputs(specs, shapes, tokenizer=loaded.tokenizer,
-                                 vocab_size=_vocab_size(loaded, options.recipe),
-                                 seed=options.seed + 10 * index + k, offset=5 * k + index,
-                                 values=options.recipe.value_rules())
+                                 vocab_size=_vocab_size(loaded, plan.recipe),
+                                 seed=plan.seed + 10 * index + k, offset=5 * k + index,
+                                 values=plan.recipe.value_rules())
             if not samples.use(inputs, shapes):
                 samples.unfitted.append(f"profile {index} {corner}")
             cases.append(Case(index, corner, inputs))
@@ -183,8 +183,6 @@ def run(ctx: StageContext) -> StageOutcome:
     wrapper = output_selector(loaded.module, recipe)
     fresh = None
     if recipe.source.torchscript:
-        from trtpack.pytorch.user_modules import load_torchscript
-
         path = recipe.source.torchscript
         fresh = lambda: output_selector(load_torchscript(path), recipe)  # noqa: E731
     ctx.progress("running PyTorch at every profile corner")

@@ -47,27 +47,27 @@ class ImportMetrics(StageMetrics):
     reference: str  # what the later stages are compared with
     op_types: dict[str, int]
 
-def source_path(options: BuildPlan) -> Path:
-    assert options.recipe.source.onnx is not None
-    return Path(options.recipe.source.onnx).expanduser()
+def source_path(plan: BuildPlan) -> Path:
+    assert plan.recipe.source.onnx is not None
+    return Path(plan.recipe.source.onnx).expanduser()
 
 
-def tokenizer_folder(options: BuildPlan) -> Path:
+def tokenizer_folder(plan: BuildPlan) -> Path:
     """Where the ONNX's tokenizer is: the recipe's ``tokenizer_source`` (``--tokenizer``),
     else beside the ONNX."""
-    source = options.recipe.tokenizer_source
+    source = plan.recipe.tokenizer_source
     if source is not None and source.path:
         return Path(source.path).expanduser()
-    return source_path(options).parent
+    return source_path(plan).parent
 
 
 def _file_state(path: Path) -> list[str | int]:
     return [path.name, path.stat().st_size, int(path.stat().st_mtime)] if path.is_file() else []
 
 
-def fingerprint(options: BuildPlan) -> JsonObject:
-    r = options.recipe
-    src = source_path(options)
+def fingerprint(plan: BuildPlan) -> JsonObject:
+    r = plan.recipe
+    src = source_path(plan)
     files = [_file_state(src)] + [_file_state(p) for p in sorted(src.parent.iterdir())
                                   if p.is_file() and p != src and p.suffix != ".onnx"]
     return {
@@ -75,9 +75,9 @@ def fingerprint(options: BuildPlan) -> JsonObject:
         "inputs": [i.model_dump() for i in r.inputs],
         "outputs": [o.model_dump() for o in r.outputs],
         "tokenizer": r.tokenizer, "vocab_size": r.vocab_size,
-        "tokenizer_files": [_file_state(p) for p in tokenizer_files(tokenizer_folder(options))],
-        "profiles": [p.to_dict() for p in options.profiles], "seed": options.seed,
-        "sample_inputs": file_state(options.sample_inputs),
+        "tokenizer_files": [_file_state(p) for p in tokenizer_files(tokenizer_folder(plan))],
+        "profiles": [p.to_dict() for p in plan.profiles], "seed": plan.seed,
+        "sample_inputs": file_state(plan.sample_inputs),
     }
 
 

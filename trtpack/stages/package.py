@@ -36,9 +36,9 @@ class PackageMetrics(StageMetrics):
     served: list[dict[str, str]] = field(default_factory=list)
 
 
-def fingerprint(options: BuildPlan) -> JsonObject:
-    return {"triton": options.recipe.triton.model_dump(), "serve": options.serve,
-            "fallback_cpu": options.fallback_cpu}
+def fingerprint(plan: BuildPlan) -> JsonObject:
+    return {"triton": plan.recipe.triton.model_dump(), "serve": plan.serve,
+            "fallback_cpu": plan.fallback_cpu}
 
 
 def run(ctx: StageContext) -> StageOutcome:

@@ -10,7 +10,6 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from trtpack.errors import StageError, UserInputError
 from trtpack.options import BuildPlan
@@ -38,9 +37,9 @@ from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 ALGORITHM_VERSION = 5
 
 
-def fingerprint(options: BuildPlan) -> JsonObject:
-    r = options.recipe
-    path = calibration_path(options) if options.precision == "int8" else None
+def fingerprint(plan: BuildPlan) -> JsonObject:
+    r = plan.recipe
+    path = calibration_path(plan) if plan.precision == "int8" else None
     if path is not None and not path.is_file():
         raise UserInputError(f"calibration file {path} does not exist")
     return {
@@ -48,29 +47,29 @@ def fingerprint(options: BuildPlan) -> JsonObject:
         "search": [SEARCH_MARGIN, SEARCH_PER_NODE, MAX_INT8_ROUNDS, MAX_FP16_ROUNDS,
                    FP16_FIRST_NODES, MAX_SEARCH_EVALUATIONS, FALLBACK_QUANTIZE_OP_TYPES,
                    GREEDY_FAILURES, SENSITIVITY_SAMPLES],
-        "precision": options.precision,
+        "precision": plan.precision,
         "precision_options": r.precision_options.model_dump(),
         "verify": r.verify.model_dump(),
         "outputs": [o.model_dump() for o in r.outputs],
         "calibration_sha256": file_sha256(path) if path is not None else None,
         "default_text_sha256": file_sha256(DEFAULT_TEXT)
-        if options.precision == "int8" and path is None else None,
-        "calibration_method": options.calibration_method,
-        "min_int8_share": options.min_int8_share,
-        "fallback": options.fallback,
-        "seed": options.seed,
-        "profiles": [p.to_dict() for p in options.profiles],
+        if plan.precision == "int8" and path is None else None,
+        "calibration_method": plan.calibration_method,
+        "min_int8_share": plan.min_int8_share,
+        "fallback": plan.fallback,
+        "seed": plan.seed,
+        "profiles": [p.to_dict() for p in plan.profiles],
     }
 
 
 _EARLY_WORKERS: dict[str, ModelOptWorker] = {}  # started by warm_up, by precision
 
 
-def warm_up(options: BuildPlan, build_dir: Path) -> None:
+def warm_up(plan: BuildPlan, build_dir: Path) -> None:
     """In the stage's own process, before its job: start the ModelOpt worker so it imports
     ModelOpt while the stages before this one run."""
-    if options.precision in ("fp16", "int8"):
-        _EARLY_WORKERS[options.precision] = ModelOptWorker(options.precision, build_dir)
+    if plan.precision in ("fp16", "int8"):
+        _EARLY_WORKERS[plan.precision] = ModelOptWorker(plan.precision, build_dir)
 
 
 @dataclass
@@ -80,7 +79,7 @@ class PrecisionMetrics(StageMetrics):
 
     conversion: Fp16Metrics | Int8Metrics
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return self.conversion.as_dict()
 
 

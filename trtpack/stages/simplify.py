@@ -35,13 +35,13 @@ class SimplifyMetrics(StageMetrics):
     external_data: bool | None = None
 
 
-def warm_up(options: BuildPlan, build_dir: Path) -> None:
+def warm_up(plan: BuildPlan, build_dir: Path) -> None:
     """Import onnxsim (without torch: ``import_onnxsim``) while the stages before run."""
     with contextlib.suppress(ImportError):  # not installed: run() says so
         import_onnxsim()
 
 
-def fingerprint(options: BuildPlan) -> JsonObject:
+def fingerprint(plan: BuildPlan) -> JsonObject:
     return {"tool": "onnxsim", "node_metadata": 1}
 
 

@@ -37,20 +37,20 @@ if TYPE_CHECKING:
     from torch.export import Dim
 
 
-def _example_inputs(options: BuildPlan) -> dict[str, np.ndarray]:
+def _example_inputs(plan: BuildPlan) -> dict[str, np.ndarray]:
     """Example shapes for tracing: the opt shape, with dynamic sizes of 1 raised to 2 where
     the profile allows (an example size of 1 gets specialized away by the exporter)."""
-    profile = options.profiles[0]
+    profile = plan.profiles[0]
     shapes = {}
-    for spec in options.recipe.input_specs():
+    for spec in plan.recipe.input_specs():
         r = profile.shapes[spec.name]
         shapes[spec.name] = tuple(
             2 if isinstance(axis, str) and r.opt[d] == 1 and r.max[d] >= 2 else r.opt[d]
             for d, axis in enumerate(spec.axes)
         )
-    vocab = min(options.recipe.vocab_size or 1000, 1000)
-    return make_inputs(options.recipe.input_specs(), shapes, vocab_size=vocab, seed=1234,
-                       values=options.recipe.value_rules())
+    vocab = min(plan.recipe.vocab_size or 1000, 1000)
+    return make_inputs(plan.recipe.input_specs(), shapes, vocab_size=vocab, seed=1234,
+                       values=plan.recipe.value_rules())
 
 
 @dataclass
@@ -63,7 +63,7 @@ class Exported:
     decomposition: str
 
 
-def export_onnx(wrapper: torch.nn.Module, options: BuildPlan, path: Path,
+def export_onnx(wrapper: torch.nn.Module, plan: BuildPlan, path: Path,
                 log: logging.Logger, saved: torch.nn.Module | None = None) -> Exported:
     """Export with the recipe's exporter. When the dynamo exporter fails, retry with the
     TorchScript exporter (``dynamo=False``, as Hugging Face Optimum does); the verify stage
@@ -72,7 +72,7 @@ def export_onnx(wrapper: torch.nn.Module, options: BuildPlan, path: Path,
     untouched copy of ``wrapper``: ``trtpack.pytorch.torchscript``)."""
     import torch
 
-    recipe = options.recipe
+    recipe = plan.recipe
     input_names = [i.name for i in recipe.inputs]
     output_names = [o.name for o in recipe.outputs]
     input_axes = {a for i in recipe.inputs for a in i.axes if isinstance(a, str)}
@@ -82,7 +82,7 @@ def export_onnx(wrapper: torch.nn.Module, options: BuildPlan, path: Path,
     for out in recipe.outputs:
         dynamic_axes[out.name] = {d: a for d, a in enumerate(out.axes)
                                   if isinstance(a, str) and a in input_axes}
-    example = _example_inputs(options)
+    example = _example_inputs(plan)
     args = tuple(torch.from_numpy(example[n]) for n in input_names)
     scratch = path.parent / "export-tmp"
     scratch.mkdir()
@@ -98,8 +98,8 @@ def export_onnx(wrapper: torch.nn.Module, options: BuildPlan, path: Path,
                         quick_torchlib_registry(), promotion_only_where_needed():
                     program = torch.onnx.export(
                         wrapper, args, input_names=input_names, output_names=output_names,
-                        opset_version=options.opset, dynamo=True, optimize=False,
-                        dynamic_shapes=(_dynamic_shapes(options),))  # forward(*args)
+                        opset_version=plan.opset, dynamo=True, optimize=False,
+                        dynamic_shapes=(_dynamic_shapes(plan),))  # forward(*args)
                 assert program is not None  # the dynamo exporter returns its program
                 optimize_program(program.model)
                 save_program(program, scratch / path.name)
@@ -120,7 +120,7 @@ def export_onnx(wrapper: torch.nn.Module, options: BuildPlan, path: Path,
                 wrapper = traced_for_export(wrapper, saved, args)
             torch.onnx.export(wrapper, args, str(scratch / path.name), input_names=input_names,
                               output_names=output_names, dynamic_axes=dynamic_axes,
-                              opset_version=options.opset, dynamo=False)
+                              opset_version=plan.opset, dynamo=False)
     log.info("torch.onnx.export output:\n%s", captured.getvalue())
     place_onnx(scratch / path.name, path)
     shutil.rmtree(scratch)
@@ -130,20 +130,20 @@ def export_onnx(wrapper: torch.nn.Module, options: BuildPlan, path: Path,
                     decomposition=decomposition.summary())
 
 
-def _dynamic_shapes(options: BuildPlan) -> tuple[dict[int, Dim], ...]:
+def _dynamic_shapes(plan: BuildPlan) -> tuple[dict[int, Dim], ...]:
     """torch.export dims, one per axis name (shared by the inputs that have it), bounded by
     the largest profile max, so the exported graph names its dynamic axes as the recipe."""
     from torch.export import Dim
 
     dims: dict[str, Dim] = {}
-    for spec in options.recipe.input_specs():
+    for spec in plan.recipe.input_specs():
         for d, axis in spec.dynamic_axes.items():
             if axis not in dims:
-                top = max(p.shapes[spec.name].max[d] for p in options.profiles)
+                top = max(p.shapes[spec.name].max[d] for p in plan.profiles)
                 dims[axis] = Dim(axis, min=1, max=max(top, 2))
     return tuple(
         {d: dims[axis] for d, axis in spec.dynamic_axes.items()}
-        for spec in options.recipe.input_specs()
+        for spec in plan.recipe.input_specs()
     )
 
 

@@ -26,8 +26,8 @@ CHECK = "onnx-vs-torch"
 CHECK_ONNX_IN = "simplified-vs-input-onnx"  # ONNX in: the reference is the user's ONNX
 
 
-def fingerprint(options: BuildPlan) -> JsonObject:
-    r = options.recipe
+def fingerprint(plan: BuildPlan) -> JsonObject:
+    r = plan.recipe
     return {"tolerance": r.verify.model_dump(), "metrics": [o.model_dump() for o in r.outputs]}
 
 

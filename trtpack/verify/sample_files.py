@@ -129,10 +129,10 @@ class SampleInputs:
         self.unfitted: list[str] = []
 
     @classmethod
-    def of(cls, options: BuildPlan, vocab_size: int | None = None) -> SampleInputs:
-        """The samples of ``options.sample_inputs`` (a ``BuildPlan``), or none."""
-        path = options.sample_inputs
-        recipe = options.recipe
+    def of(cls, plan: BuildPlan, vocab_size: int | None = None) -> SampleInputs:
+        """The samples of ``plan.sample_inputs`` (a ``BuildPlan``), or none."""
+        path = plan.sample_inputs
+        recipe = plan.recipe
         samples = read_sample_inputs(path, recipe, vocab_size) if path is not None else None
         return cls(samples, recipe.input_specs())
 

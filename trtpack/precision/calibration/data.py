@@ -117,11 +117,11 @@ def short_samples(texts: Sequence[str], limit: int = MAX_SHORT_SAMPLES) -> list[
     return found[:limit]
 
 
-def calibration_path(options: BuildPlan) -> Path | None:
+def calibration_path(plan: BuildPlan) -> Path | None:
     """``--calibration`` if given, else the recipe's ``precision_options.int8.calibration``."""
-    if options.calibration is not None:
-        return Path(options.calibration)
-    configured = options.recipe.precision_options.int8.calibration
+    if plan.calibration is not None:
+        return Path(plan.calibration)
+    configured = plan.recipe.precision_options.int8.calibration
     return Path(configured) if configured else None
 
 

@@ -23,7 +23,7 @@ from trtpack.timing import RunOnce, Timing, measure_interleaved, spread
 if TYPE_CHECKING:
     import numpy as np
 
-    from trtpack.precision.metrics import JsonValue
+    from trtpack.report import JsonObject
     from trtpack.runtimes.onnxruntime import CpuSession
 
 ROUNDS = 5  # timed rounds per corner; their spread is the noise
@@ -43,7 +43,7 @@ class Candidate:
     spread: dict[str, float] = field(default_factory=dict)  # (max-min)/median over rounds
     rounds_ms: dict[str, list[float]] = field(default_factory=dict)  # each round's median
 
-    def to_dict(self) -> dict[str, JsonValue]:
+    def to_dict(self) -> JsonObject:
         found = asdict(self)
         found["path"] = self.path.name
         return found
@@ -56,7 +56,7 @@ class AutoChoice:
     noise: float  # the relative noise the winner had to beat
     candidates: list[Candidate]
 
-    def to_dict(self) -> dict[str, JsonValue]:
+    def to_dict(self) -> JsonObject:
         return {"winner": self.winner, "reason": self.reason, "noise": round(self.noise, 4),
                 "candidates": [c.to_dict() for c in self.candidates]}
 

@@ -43,12 +43,12 @@ SEARCH_LAYERS = "the int8 search's fp32 layers kept"
 EVERY_LAYER_SMOOTHED = ("LayerNormalization",)
 
 
-def search_on_demand(options: BuildPlan) -> bool:
+def search_on_demand(plan: BuildPlan) -> bool:
     """INT8 served by ONNX Runtime alone (``--target cpu``, not ``--precision auto``): the
     first CPU INT8 form is gated first, and the Q/DQ search runs (in the CPU model stage)
     only when it fails; beside a GPU engine and for ``--precision auto`` it always runs."""
-    return bool(options.precision == "int8" and not options.target.is_gpu
-                and not options.auto_precision)
+    return bool(plan.precision == "int8" and not plan.target.is_gpu
+                and not plan.auto_precision)
 
 
 @dataclass

@@ -29,7 +29,7 @@ from trtpack.precision.int8.fallback import (
     SearchInputs,
     int8_fallback,
 )
-from trtpack.precision.int8.search import evaluation_workers
+from trtpack.precision.int8.search import evaluation_workers, run_model, score_outputs
 from trtpack.precision.int8.summary import calibration_summary, check_int8_share, int8_message
 from trtpack.precision.metrics import (
     FallbackSummary,
@@ -79,8 +79,6 @@ class Int8Conversion(Conversion):
 
     def split_references(self) -> None:
         """The FP32 outputs of the three splits (one ONNX Runtime session)."""
-        from trtpack.precision.int8.search import run_model
-
         cal = self.calibration
         assert cal is not None
         parts = (("heldout", cal.held_out), ("check", cal.check), ("search", cal.search),
@@ -106,7 +104,6 @@ class Int8Conversion(Conversion):
     def check_failures(self, attempt: Attempt) -> list[Case]:
         """The check split's cases that ``attempt`` fails (one consultation of the check
         split; the held-out split is never consulted here)."""
-        from trtpack.precision.int8.search import score_outputs
         from trtpack.runtimes.onnxruntime import run_session
 
         assert attempt.session is not None

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from trtpack.cases import Case
 from trtpack.precision.conversion import Attempt, format_metric
-from trtpack.precision.graph import COMPUTE_OP_TYPES
+from trtpack.precision.graph import COMPUTE_OP_TYPES, int8_quantized_nodes, low_precision_stats
 from trtpack.precision.metrics import FallbackSummary, SearchRound, SensitivityRow
 from trtpack.sources.recipe import Recipe
 
@@ -108,8 +108,6 @@ def conservative_share(ranked: Sequence[Sensitivity], quantized: onnx.ModelProto
                        ) -> set[str]:
     """The fewest of the least sensitive groups' nodes (``ranked``, least damaging first)
     that keep ``min_share`` of the quantized model's MatMul/Gemm nodes INT8."""
-    from trtpack.precision.graph import low_precision_stats
-
     total = low_precision_stats(quantized, "int8").matmul_gemm_total
     compute = {n.name for n in quantized.graph.node if n.op_type in ("MatMul", "Gemm")}
     chosen: set[str] = set()
@@ -143,7 +141,6 @@ def search_groups(inputs: SearchInputs, first: Attempt, user_excluded: list[str]
     ``consultations`` / ``check_failed``: the check split already consulted on ``first``."""
     import onnx
 
-    from trtpack.precision.graph import int8_quantized_nodes
     from trtpack.precision.int8.search import Evaluator, measure_sensitivity, select_groups
     from trtpack.precision.int8.surrogates import SurrogateBuilder, ToggledSurrogates, node_groups
 
