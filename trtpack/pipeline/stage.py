@@ -1,5 +1,5 @@
 """The stages of a build, in order, and when each one applies, is skipped, cached, gated or
-isolated. A stage is a module with ``fingerprint(options)`` and ``run(ctx)``
+isolated. A stage is a module with ``fingerprint(plan)`` and ``run(ctx)``
 (``trtpack.stages``); stage modules are imported only when they run."""
 
 from __future__ import annotations
@@ -110,8 +110,8 @@ STAGES: tuple[Stage, ...] = (
     # isolated: ONNX Runtime's memory for the FP32 model goes back before precision starts
     Stage("verify", "trtpack.stages.verify", isolated=True,
           warm_modules=("onnx", "onnxruntime", "polygraphy.comparator")),  # what it uses
-    # isolated: a Ctrl-C landing while its ONNX Runtime threads ran crashed the build's own
-    # process (SIGSEGV, once in the test suite); in a process of its own it is simply ended
+    # isolated: a Ctrl-C landing while its ONNX Runtime threads run can crash the build's own
+    # process (SIGSEGV); in a process of its own it is simply ended
     Stage("precision", "trtpack.stages.precision", _precision_skip, isolated=True,
           warm_modules=("onnx", "onnxruntime", "polygraphy.comparator")),
     # the model ONNX Runtime serves on the CPU (--target cpu, --fallback-cpu): fused, and

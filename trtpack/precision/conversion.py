@@ -1,5 +1,7 @@
-"""What the FP16 and INT8 conversions share: the source model, the ModelOpt worker, the
-per-sample verification gate, readable node names, the recipe overlay, the outcome.
+"""What the FP16 and INT8 conversions share: ``Conversion``, the framework both run in (its
+attempts through the ModelOpt worker of ``precision.modelopt_jobs`` on the source model of
+``precision.source``, the per-sample verification gate, the recipe overlay, the outcome), and
+``ConversionContext``, what a conversion sees of its stage.
 
 When a variant fails its gate and ``--fallback auto`` (the default), nodes are kept in
 higher precision and the conversion redone until the gate passes or the budget is spent;
