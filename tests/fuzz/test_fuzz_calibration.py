@@ -15,7 +15,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.fuzz.mutations import Counter, damaged_bytes, edited_text, fuzz_settings
+from tests.fuzz.mutations import Counter, damaged_bytes, edited_text, fuzz_settings, min_examples
 from trtpack.errors import UserInputError
 from trtpack.precision.calibration.data import load_calibration
 from trtpack.precision.calibration.files import check_calibration_input
@@ -82,7 +82,7 @@ def test_text_calibration_fuzzed() -> None:
         _check(path, load)
 
     check()
-    assert seen.count >= MIN_EXAMPLES
+    assert seen.count >= min_examples(MIN_EXAMPLES)
 
 
 NAMES = [s.name for s in RECIPE.input_specs()]
@@ -161,4 +161,4 @@ def test_npz_calibration_fuzzed() -> None:
         _check(path, load)
 
     check()
-    assert seen.count >= MIN_EXAMPLES
+    assert seen.count >= min_examples(MIN_EXAMPLES)

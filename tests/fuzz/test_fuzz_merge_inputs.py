@@ -26,6 +26,7 @@ from tests.fuzz.mutations import (
     Counter,
     damaged_bytes,
     fuzz_settings,
+    min_examples,
     mutated_document,
 )
 from trtpack.engine.builder import builder_settings
@@ -129,4 +130,4 @@ def test_merge_inputs_fuzzed(builds: tuple[Path, Path]) -> None:
             assert build.name and build.provenance.cc >= (0, 0)
 
     check()
-    assert seen.count >= MIN_EXAMPLES
+    assert seen.count >= min_examples(MIN_EXAMPLES)

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.fuzz.mutations import Counter, damaged_bytes, fuzz_settings
+from tests.fuzz.mutations import Counter, damaged_bytes, fuzz_settings, min_examples
 from trtpack.errors import UserInputError
 from trtpack.sources.recipe import Recipe
 from trtpack.sources.resolve import resolve_model
@@ -161,4 +161,4 @@ def test_onnx_files_fuzzed(real_models: dict[str, Path]) -> None:
         assert recipe.source.onnx == str(path.resolve())
 
     check()
-    assert seen.count >= MIN_EXAMPLES
+    assert seen.count >= min_examples(MIN_EXAMPLES)

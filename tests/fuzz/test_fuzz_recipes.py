@@ -18,6 +18,7 @@ from tests.fuzz.mutations import (
     Counter,
     edited_text,
     fuzz_settings,
+    min_examples,
     mutated_document,
 )
 from trtpack.errors import ProfileError, RecipeError, UserInputError
@@ -88,7 +89,7 @@ def test_profile_parser_fuzzed() -> None:
             assert all(0 < a <= b <= c for a, b, c in zip(r.min, r.opt, r.max, strict=True))
 
     check()
-    assert seen.count >= MIN_EXAMPLES
+    assert seen.count >= min_examples(MIN_EXAMPLES)
 
 
 # --set KEY=VALUE: keys of the recipe (and misspelt ones), values of every YAML kind.
@@ -138,7 +139,7 @@ def test_set_overrides_fuzzed() -> None:
         Recipe.model_validate(recipe.model_dump(mode="json"))  # still a valid recipe
 
     check()
-    assert seen.count >= MIN_EXAMPLES
+    assert seen.count >= min_examples(MIN_EXAMPLES)
 
 
 # Recipe YAML files: the shipped recipes with fields replaced, deleted or added, or their
@@ -182,4 +183,4 @@ def test_recipe_files_fuzzed() -> None:
             assert str(e).startswith(("profile ", "empty profile")), str(e)
 
     check()
-    assert seen.count >= MIN_EXAMPLES
+    assert seen.count >= min_examples(MIN_EXAMPLES)
