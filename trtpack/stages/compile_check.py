@@ -67,14 +67,14 @@ class CompileCheckMetrics(StageMetrics):
     wording: str = ""
 
 
-def fingerprint(options: BuildPlan) -> JsonObject:
-    target = compiled_for(options.target)
+def fingerprint(plan: BuildPlan) -> JsonObject:
+    target = compiled_for(plan.target)
     return {
-        "target": options.target.name,
+        "target": plan.target.name,
         "compiled_for": target.compiled_sm,
-        "profiles": [p.to_dict() for p in options.profiles],
-        "precision": options.precision,
-        "engine": options.recipe.engine.model_dump(),
+        "profiles": [p.to_dict() for p in plan.profiles],
+        "precision": plan.precision,
+        "engine": plan.recipe.engine.model_dump(),
         "tensorrt_rtx": tensorrt_rtx_version(),  # only this stage's key holds it
     }
 
