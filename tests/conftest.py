@@ -45,11 +45,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def trtpack(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
-            timeout: float = 300, unset: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+            timeout: float = 300, unset: tuple[str, ...] = (),
+            usage_error: bool = False) -> subprocess.CompletedProcess[str]:
     """``trtpack ARGS`` in a process of its own, with this checkout's package (``unset``: names
-    taken out of the environment)."""
+    taken out of the environment). ``usage_error``: the command is expected to stop at one, so
+    it starts no export process ahead (``pipeline.prestart.NO_PRESTART_ENV``: its torch import
+    would only be ended)."""
+    from trtpack.pipeline.prestart import NO_PRESTART_ENV
+
     python_path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     base = {k: v for k, v in os.environ.items() if k not in unset}
+    if usage_error:
+        base[NO_PRESTART_ENV] = "1"
     return subprocess.run([sys.executable, "-m", "trtpack.cli", *args], capture_output=True,
                           text=True, timeout=timeout, check=False, cwd=cwd,
                           env={**base, "PYTHONPATH": python_path, **(env or {})})

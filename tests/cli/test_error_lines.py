@@ -44,14 +44,15 @@ def tiny_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_out_under_a_file_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "outfile").write_text("mine")
     error = one_error(trtpack(*TINY, "--out", str(tmp_path / "outfile" / "sub"),
-                              "--cache-dir", str(tmp_path / "cache")), 2)
+                              "--cache-dir", str(tmp_path / "cache"), usage_error=True), 2)
     assert f"'{tmp_path / 'outfile'}' is a file, not a folder" in error
     assert (tmp_path / "outfile").read_text() == "mine"
 
 
 def test_out_where_nothing_can_be_written_is_one_line(tmp_path: Path) -> None:
     # /proc takes no new files, even from root
-    error = one_error(trtpack(*TINY, "--out", "/proc/x", "--cache-dir", str(tmp_path)), 2)
+    error = one_error(trtpack(*TINY, "--out", "/proc/x", "--cache-dir", str(tmp_path),
+                              usage_error=True), 2)
     assert "--out '/proc/x': cannot write there" in error and "hint:" in error
 
 
@@ -59,7 +60,7 @@ def test_package_dest_that_is_a_file_is_one_line(tiny_build: Path, tmp_path: Pat
     dest = tmp_path / "archive"
     dest.write_text("mine")
     error = one_error(trtpack("package", str(tiny_build / "out"), "--format", "sagemaker",
-                              "--dest", str(dest)), 2)
+                              "--dest", str(dest), usage_error=True), 2)
     assert f"--dest '{dest}': '{dest}' is a file, not a folder" in error
     assert dest.read_text() == "mine"
     # the format word is read as build's choices are, case-insensitively
@@ -101,7 +102,7 @@ def test_a_build_piped_to_head_is_built_and_ends_with_141(tiny_build: Path) -> N
 
 def test_calibration_folder_is_said_to_be_a_folder(tmp_path: Path) -> None:
     error = one_error(trtpack(*TINY, "--precision", "int8", "--calibration", str(tmp_path),
-                              "--out", str(tmp_path / "out")), 2)
+                              "--out", str(tmp_path / "out"), usage_error=True), 2)
     assert "is a folder; give a file" in error and "does not exist" not in error
 
 
@@ -119,29 +120,29 @@ def test_calibration_token_ids_past_the_vocabulary_are_bad_input(
              token_type_ids=np.zeros_like(ids))
     error = one_error(trtpack("build", "tiny-bert", *target, "--precision", "int8",
                               "--calibration", str(npz), "--out", str(tmp_path / "out"),
-                              "--cache-dir", str(tiny_build / "cache")), 2)
+                              "--cache-dir", str(tiny_build / "cache"), usage_error=True), 2)
     assert "'input_ids' holds token id 4836156, outside the vocabulary [0, 1000)" in error
     assert not (tmp_path / "out").exists()
 
 
 def test_a_missing_path_is_not_an_unknown_model(tmp_path: Path) -> None:
-    error = one_error(trtpack("build", "/nonexistent/dir/", "--target", "cpu"), 2)
+    error = one_error(trtpack("build", "/nonexistent/dir/", "--target", "cpu", usage_error=True), 2)
     assert "'/nonexistent/dir/' does not exist" in error and "unknown model" not in error
     missing = tmp_path / "models" / "bert"
-    error = one_error(trtpack("build", f"{missing}/", "--target", "cpu"), 2)
+    error = one_error(trtpack("build", f"{missing}/", "--target", "cpu", usage_error=True), 2)
     assert f"hint: '{tmp_path}' exists" in error
 
 
 def test_a_misspelt_set_key_names_the_close_one(tmp_path: Path) -> None:
     error = one_error(trtpack(*TINY, "--set", "triton.instance_cnt=2",
-                              "--out", str(tmp_path / "out")), 2)
+                              "--out", str(tmp_path / "out"), usage_error=True), 2)
     assert "did you mean triton.instance_count?" in error
 
 
 def test_an_empty_recipe_is_said_to_be_empty(tmp_path: Path) -> None:
     recipe = tmp_path / "mine.yaml"
     recipe.write_text("# nothing yet\n")
-    error = one_error(trtpack("build", str(recipe), "--target", "cpu"), 2)
+    error = one_error(trtpack("build", str(recipe), "--target", "cpu", usage_error=True), 2)
     assert "is empty" in error and "NoneType" not in error
     assert "trtpack recipes show minilm" in error
 
@@ -152,7 +153,7 @@ def test_hidden_size_not_divisible_by_the_heads_is_bad_input(tmp_path: Path) -> 
     recipe = tmp_path / "odd.yaml"
     recipe.write_text(text.replace("hidden_size: 64", "hidden_size: 65"))
     error = one_error(trtpack("build", str(recipe), "--target", "cpu",
-                              "--out", str(tmp_path / "out")), 2)
+                              "--out", str(tmp_path / "out"), usage_error=True), 2)
     assert "config.hidden_size 65 is not a multiple of config.num_attention_heads 4" in error
     assert not (tmp_path / "out.failed").exists()  # refused before any stage
 
@@ -164,12 +165,13 @@ def test_choice_words_are_read_case_insensitively(tiny_build: Path) -> None:
                      "--cache-dir", str(tiny_build / "cache"), "--json")
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(result.stdout)["precision"] == "fp32"
-    error = one_error(trtpack(*TINY, "--precision", "fp64"), 2)
+    error = one_error(trtpack(*TINY, "--precision", "fp64", usage_error=True), 2)
     assert "--precision must be fp32, fp16, int8 or auto, not 'fp64'" in error
 
 
 def test_serve_text_without_a_tokenizer_suggests_tokenizer(tmp_path: Path) -> None:
-    error = one_error(trtpack(*TINY, "--serve", "text", "--out", str(tmp_path / "out")), 2)
+    error = one_error(trtpack(*TINY, "--serve", "text", "--out", str(tmp_path / "out"),
+                              usage_error=True), 2)
     assert "--tokenizer" in error and "--serve tensor" in error
 
 
@@ -186,16 +188,18 @@ def test_a_jsonl_calibration_file_is_read_by_its_text_field(tmp_path: Path) -> N
         read_text_samples(bad)
     # through the CLI: the file is checked before any stage (minilm has a tokenizer)
     error = one_error(trtpack("build", "minilm", "--target", "cpu", "--precision", "int8",
-                              "--calibration", str(bad), "--out", str(tmp_path / "out")), 2)
+                              "--calibration", str(bad), "--out", str(tmp_path / "out"),
+                              usage_error=True), 2)
     assert 'line 2: no "text" string field' in error
 
 
 def test_cache_commands_refuse_a_file_or_a_missing_cache_dir(tmp_path: Path) -> None:
     a_file = tmp_path / "notes.txt"
     a_file.write_text("mine")
-    error = one_error(trtpack("cache", "info", "--cache-dir", str(a_file)), 2)
+    error = one_error(trtpack("cache", "info", "--cache-dir", str(a_file), usage_error=True), 2)
     assert "is a file, not a stage cache folder" in error
-    error = one_error(trtpack("cache", "verify", "--cache-dir", str(tmp_path / "missing")), 2)
+    error = one_error(trtpack("cache", "verify", "--cache-dir", str(tmp_path / "missing"),
+                              usage_error=True), 2)
     assert "does not exist" in error
     assert not (tmp_path / "missing").exists()
 
@@ -205,7 +209,7 @@ def test_cache_prune_without_an_age_needs_yes(tiny_build: Path) -> None:
     stages = cache / "stages"
     before = sorted(p.name for p in stages.iterdir())
     assert before
-    error = one_error(trtpack("cache", "prune", "--cache-dir", str(cache)), 2)
+    error = one_error(trtpack("cache", "prune", "--cache-dir", str(cache), usage_error=True), 2)
     assert "add --yes" in error and "--older-than" in error
     assert sorted(p.name for p in stages.iterdir()) == before  # nothing deleted
 

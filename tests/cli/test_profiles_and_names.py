@@ -45,12 +45,12 @@ def test_one_shape_is_static_with_a_note_and_a_new_cache_says_so(tmp_path: Path)
 def test_a_misspelt_model_name_gets_a_did_you_mean() -> None:
     for typed, meant in (("minlm", "minilm"), ("resnet50", "resnet-50"), ("tiny_bert",
                                                                           "tiny-bert")):
-        done = trtpack("build", typed, "--target", "cpu")
+        done = trtpack("build", typed, "--target", "cpu", usage_error=True)
         assert done.returncode == 2
         lines = _error_lines(done.stderr)
         assert lines[0].startswith(f"error: unknown model '{typed}'"), lines
         assert lines[-1] == f"hint: did you mean '{meant}'?", lines
-    far = trtpack("build", "qwertyuiop", "--target", "cpu")
+    far = trtpack("build", "qwertyuiop", "--target", "cpu", usage_error=True)
     assert far.returncode == 2 and "did you mean" not in far.stderr
 
 

@@ -122,14 +122,14 @@ def _one_error(result: subprocess.CompletedProcess[str]) -> str:
 def test_user_errors_name_what_is_missing(saved: dict[str, Path], tmp_path: Path) -> None:
     cache = ["--cache-dir", str(tmp_path / "cache"), "--target", "cpu",
              "--out", str(tmp_path / "out")]
-    stderr = _one_error(trtpack("build", str(saved["weights"]), *cache))
+    stderr = _one_error(trtpack("build", str(saved["weights"]), *cache, usage_error=True))
     assert "torch.save pickle" in stderr and "hint:" in stderr
-    stderr = _one_error(trtpack("build", str(saved["unbounded"]), *cache))
+    stderr = _one_error(trtpack("build", str(saved["unbounded"]), *cache, usage_error=True))
     assert "batch" in stderr and "--profile" in stderr
-    stderr = _one_error(trtpack("build", str(saved["script"]), *cache))
+    stderr = _one_error(trtpack("build", str(saved["script"]), *cache, usage_error=True))
     assert "input 'x'" in stderr and "--input x=" in stderr
     stderr = _one_error(trtpack("build", str(saved["script"]), "--input",
-                                "y=float32[batch,4]", *cache))
+                                "y=float32[batch,4]", *cache, usage_error=True))
     assert "no argument 'y'" in stderr and "x" in stderr
     assert not (tmp_path / "out").exists()
 

@@ -75,28 +75,30 @@ AXES = ("--input", "x=float32[batch,8]", "--input",
         "--profile", "1:2:4")
 
 
-def _build(model: Path, tmp_path: Path, *extra: str) -> Any:
+def _build(model: Path, tmp_path: Path, cache_dir: Path, *extra: str) -> Any:
     return run_cli("build", str(model), "--target", "cpu", "--out", str(tmp_path / "out"),
-                   "--cache-dir", str(tmp_path / "cache"), "--json", *AXES, *extra)
+                   "--cache-dir", str(cache_dir), "--json", *AXES, *extra)
 
 
-def test_a_scalar_integer_input_without_a_rule_is_exit_2_naming_it(tmp_path: Path) -> None:
-    result = _build(_branchy_model(tmp_path / "m.onnx"), tmp_path)
+def test_a_scalar_integer_input_without_a_rule_is_exit_2_naming_it(tmp_path: Path,
+                                                                   cache_dir: Path) -> None:
+    result = _build(_branchy_model(tmp_path / "m.onnx"), tmp_path, cache_dir)
     assert result.exit_code == 2
     assert "'sr'" in result.output and "--input sr=VALUE" in result.output
     assert not (tmp_path / "out").exists()
 
 
-def test_an_error_from_running_the_model_says_what_was_fed(tmp_path: Path) -> None:
-    result = _build(_branchy_model(tmp_path / "m.onnx"), tmp_path, "--input", "sr=8000")
+def test_an_error_from_running_the_model_says_what_was_fed(tmp_path: Path, cache_dir: Path) -> None:
+    result = _build(_branchy_model(tmp_path / "m.onnx"), tmp_path, cache_dir, "--input", "sr=8000")
     assert result.exit_code == 2
     assert "'sr' = 8000 (from the rule 8000)" in result.output
     assert f"state: 2x1x{HIDDEN}" in result.output  # a large input: its shape
 
 
-def test_a_constant_is_fed_in_verification_and_to_perf_analyzer(tmp_path: Path) -> None:
+def test_a_constant_is_fed_in_verification_and_to_perf_analyzer(tmp_path: Path,
+                                                                cache_dir: Path) -> None:
     model = _branchy_model(tmp_path / "m.onnx")
-    result = _build(model, tmp_path, "--input", f"sr={RATE}")
+    result = _build(model, tmp_path, cache_dir, "--input", f"sr={RATE}")
     assert result.exit_code == 0, result.output
     out = tmp_path / "out"
     cases = load_cases(out / "artifacts" / "import" / "reference.npz")
@@ -109,8 +111,9 @@ def test_a_constant_is_fed_in_verification_and_to_perf_analyzer(tmp_path: Path) 
     assert f"value: {RATE}" in recipe and "value: -1..1" in recipe
 
 
-def test_fp16_on_the_cpu_serves_fp32_and_says_why(tmp_path: Path) -> None:
-    result = _build(_branchy_model(tmp_path / "m.onnx"), tmp_path, "--input", f"sr={RATE}",
+def test_fp16_on_the_cpu_serves_fp32_and_says_why(tmp_path: Path, cache_dir: Path) -> None:
+    result = _build(_branchy_model(tmp_path / "m.onnx"), tmp_path, cache_dir,
+                    "--input", f"sr={RATE}",
                     "--precision", "fp16")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
@@ -121,7 +124,8 @@ def test_fp16_on_the_cpu_serves_fp32_and_says_why(tmp_path: Path) -> None:
                 and s["status"] != "skipped"]
 
 
-def test_fp16_falls_back_when_autocast_cannot_convert_the_graph(tmp_path: Path) -> None:
+def test_fp16_falls_back_when_autocast_cannot_convert_the_graph(tmp_path: Path,
+                                                                cache_dir: Path) -> None:
     """AutoCast fails on this If body (ModelOpt 0.4x: a KeyError in its subgraph pass) and
     needs the batch row of ``state`` (its axis 1) for its reference run; onnxconverter-common
     converts it, the If kept FP32 whole when ONNX Runtime cannot type its body half
@@ -129,7 +133,7 @@ def test_fp16_falls_back_when_autocast_cannot_convert_the_graph(tmp_path: Path) 
     model = _branchy_model(tmp_path / "m.onnx")
     result = run_cli("build", str(model), "--target", "g5", "--no-engine", "--precision",
                      "fp16", "--out", str(tmp_path / "out"), "--cache-dir",
-                     str(tmp_path / "cache"), "--json", *AXES, "--input", f"sr={RATE}")
+                     str(cache_dir), "--json", *AXES, "--input", f"sr={RATE}")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     precision = next(s for s in report["stages"] if s["name"] == "precision")
@@ -149,7 +153,7 @@ def test_fp16_falls_back_when_autocast_cannot_convert_the_graph(tmp_path: Path) 
         assert any("Conv/MatMul/Gemm nodes run in FP16" in w for w in report["warnings"])
 
 
-def test_fp16_of_weights_in_external_constant_nodes(tmp_path: Path) -> None:
+def test_fp16_of_weights_in_external_constant_nodes(tmp_path: Path, cache_dir: Path) -> None:
     """Paddle's exporter keeps every weight in a Constant node; saved with external data,
     the precision stage's work folder must carry that data file too (it looked at
     initializers only: "External data path does not exist", exit 4 on 955ff60)."""
@@ -169,7 +173,7 @@ def test_fp16_of_weights_in_external_constant_nodes(tmp_path: Path) -> None:
                     convert_attribute=True)
     result = run_cli("build", str(path), "--target", "g5", "--no-engine", "--precision",
                      "fp16", "--out", str(tmp_path / "out"), "--cache-dir",
-                     str(tmp_path / "cache"), "--json", "--profile", "1:2:4")
+                     str(cache_dir), "--json", "--profile", "1:2:4")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     stats = next(s for s in report["stages"] if s["name"] == "precision")["metrics"][
@@ -182,14 +186,15 @@ def _samples(path: Path, **arrays: np.ndarray) -> Path:
     return path
 
 
-def test_sample_inputs_are_fed_at_the_corners_they_fit(tmp_path: Path) -> None:
+def test_sample_inputs_are_fed_at_the_corners_they_fit(tmp_path: Path, cache_dir: Path) -> None:
     """Three real rows of ``x`` and of ``state`` (its batch on axis 1) repeated to each
     corner's batch; ``sr`` from its rule."""
     rng = np.random.default_rng(7)
     x = rng.standard_normal((3, 8)).astype(np.float32)
     state = rng.uniform(-1, 1, (2, 3, HIDDEN)).astype(np.float32)
     samples = _samples(tmp_path / "s.npz", x=x, state=state)
-    result = _build(_branchy_model(tmp_path / "m.onnx"), tmp_path, "--input", f"sr={RATE}",
+    result = _build(_branchy_model(tmp_path / "m.onnx"), tmp_path, cache_dir,
+                    "--input", f"sr={RATE}",
                     "--sample-inputs", str(samples))
     assert result.exit_code == 0, result.output
     cases = load_cases(tmp_path / "out" / "artifacts" / "import" / "reference.npz")
@@ -208,10 +213,12 @@ def test_sample_inputs_are_fed_at_the_corners_they_fit(tmp_path: Path) -> None:
     ({"x": np.full((3, 8), np.nan, np.float32)}, "NaN"),
     ({"state": np.zeros((2, 3, HIDDEN), np.float32)}, "no array for x"),
 ])
-def test_bad_sample_inputs_are_exit_2_before_any_work(tmp_path: Path, arrays: dict[str, Any],
+def test_bad_sample_inputs_are_exit_2_before_any_work(tmp_path: Path,
+                                                      cache_dir: Path, arrays: dict[str, Any],
                                                       problem: str) -> None:
     samples = _samples(tmp_path / "s.npz", **arrays)
-    result = _build(_branchy_model(tmp_path / "m.onnx"), tmp_path, "--input", f"sr={RATE}",
+    result = _build(_branchy_model(tmp_path / "m.onnx"), tmp_path, cache_dir,
+                    "--input", f"sr={RATE}",
                     "--sample-inputs", str(samples))
     assert result.exit_code == 2, result.output
     assert problem in result.output
@@ -249,14 +256,14 @@ def _nonzero_model(path: Path) -> Path:
 
 
 def test_an_output_of_data_dependent_shape_is_named_and_compared_where_shapes_agree(
-        tmp_path: Path) -> None:
+        tmp_path: Path, cache_dir: Path) -> None:
     from trtpack.cases import Case
     from trtpack.sources.onnx_recipe import recipe_for_onnx
     from trtpack.verify.compare import compare_cases
 
     model = _nonzero_model(tmp_path / "m.onnx")
     result = run_cli("build", str(model), "--target", "cpu", "--out", str(tmp_path / "out"),
-                     "--cache-dir", str(tmp_path / "cache"), "--json", "--profile", "1:2:4")
+                     "--cache-dir", str(cache_dir), "--json", "--profile", "1:2:4")
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert any("'picked': a shape that depends on the data" in w for w in report["warnings"])

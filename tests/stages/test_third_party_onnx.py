@@ -78,11 +78,12 @@ FLAGS: dict[WheelModel, tuple[str, ...]] = {
 MIN_FP16_SHARE = {DETECTOR: 0.9, RECOGNIZER: 0.9, VAD: 0.5}
 
 
-def _build(model: WheelModel, tmp_path: Path, precision: str) -> dict[str, Any]:
+def _build(model: WheelModel, tmp_path: Path, cache_dir: Path, precision: str
+           ) -> dict[str, Any]:
     source = model.extract(tmp_path)
     target = ("--target", "g5", "--no-engine") if precision == "fp16" else ("--target", "cpu")
     result = run_cli("build", str(source), *target, "--precision", precision, "--out",
-                     str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"), "--json",
+                     str(tmp_path / "out"), "--cache-dir", str(cache_dir), "--json",
                      *FLAGS[model])
     assert result.exit_code == 0, result.output
     report: dict[str, Any] = json.loads(result.stdout)
@@ -92,17 +93,18 @@ def _build(model: WheelModel, tmp_path: Path, precision: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("model", [DETECTOR, RECOGNIZER, VAD],
                          ids=["ppocr-det", "ppocr-rec", "silero-vad"])
-def test_fp32_of_a_third_party_onnx_is_exact(model: WheelModel, tmp_path: Path) -> None:
-    report = _build(model, tmp_path, "fp32")
+def test_fp32_of_a_third_party_onnx_is_exact(model: WheelModel, tmp_path: Path,
+                                             cache_dir: Path) -> None:
+    report = _build(model, tmp_path, cache_dir, "fp32")
     assert all(r["max_abs_diff"] == 0.0 for r in report["verification"])
 
 
 @pytest.mark.parametrize("model", [
     DETECTOR, pytest.param(RECOGNIZER, marks=pytest.mark.slow), VAD],
     ids=["ppocr-det", "ppocr-rec", "silero-vad"])
-def test_fp16_of_a_third_party_onnx_passes_per_sample(model: WheelModel, tmp_path: Path
-                                                     ) -> None:
-    report = _build(model, tmp_path, "fp16")
+def test_fp16_of_a_third_party_onnx_passes_per_sample(model: WheelModel, tmp_path: Path,
+                                                      cache_dir: Path) -> None:
+    report = _build(model, tmp_path, cache_dir, "fp16")
     precision = next(s for s in report["stages"] if s["name"] == "precision")
     stats = precision["metrics"]["low_precision"]
     assert stats["share"] >= MIN_FP16_SHARE[model], precision["message"]
@@ -137,9 +139,10 @@ def _stream(model: Path, tmp_path: Path) -> list[tuple[np.ndarray, np.ndarray]]:
     return chunks
 
 
-def test_silero_vad_served_matches_the_original_over_a_stream(tmp_path: Path) -> None:
+def test_silero_vad_served_matches_the_original_over_a_stream(tmp_path: Path,
+                                                              cache_dir: Path) -> None:
     """The FP32 served model gives the same speech probabilities and state, bit for bit."""
-    _build(VAD, tmp_path, "fp32")
+    _build(VAD, tmp_path, cache_dir, "fp32")
     chunks = _stream(tmp_path / "out" / "model_repository" / "silero_vad" / "1" / "model.onnx",
                      tmp_path)
     for (p0, s0), (p1, s1) in zip(chunks[::2], chunks[1::2], strict=True):
@@ -149,13 +152,14 @@ def test_silero_vad_served_matches_the_original_over_a_stream(tmp_path: Path) ->
     assert max(probabilities) - min(probabilities) > 0.01  # it responds to the audio
 
 
-def test_silero_vad_served_fp16_stays_within_the_gate_over_a_stream(tmp_path: Path) -> None:
+def test_silero_vad_served_fp16_stays_within_the_gate_over_a_stream(tmp_path: Path,
+                                                                    cache_dir: Path) -> None:
     """The FP16 model (its If bodies converted on their own) against the original over the
     same stream, the state carried (so errors could accumulate): every chunk's probability
     and state within the FP16 gate of generic outputs (scaled_error >= 0.97)."""
     from trtpack.verify.sample_metrics import scaled_error_per_sample
 
-    _build(VAD, tmp_path, "fp16")
+    _build(VAD, tmp_path, cache_dir, "fp16")
     chunks = _stream(tmp_path / "out" / "model_repository" / "silero_vad" / "1" / "model.onnx",
                      tmp_path)
     worst = min(float(scaled_error_per_sample(ref, out, {}, None).min())

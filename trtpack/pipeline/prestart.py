@@ -29,6 +29,9 @@ from pathlib import Path
 from trtpack.processes import kill_group, python_module_command
 
 ISOLATE_MODULE = "trtpack.pipeline.isolate"  # the stage process's entry point
+NO_PRESTART_ENV = "TRTPACK_NO_PRESTART"
+"""Set to 1: no process is started ahead; the build starts its first stage's when it plans
+(a command expected to stop at a usage error: tests of one have no use for it)."""
 
 
 @dataclass
@@ -139,7 +142,8 @@ def may_reuse(argv: list[str], stage: str) -> bool:
 def prestart(argv: list[str]) -> None:
     """Start the first stage's process of the build ``argv`` asks for (see the module)."""
     stage = first_stage(argv)
-    if stage is None or stage in _PRESTARTED or may_reuse(argv, stage):
+    if stage is None or stage in _PRESTARTED or os.environ.get(NO_PRESTART_ENV, "0") != "0" \
+            or may_reuse(argv, stage):
         return
     try:
         handle, name = tempfile.mkstemp(prefix=f"trtpack-{stage}-", suffix=".log")
