@@ -320,6 +320,9 @@ def test_two_gpu_models_of_one_compute_capability(no_engine: Path, tmp_path: Pat
     assert ("model.sm89.plan is meant for every GPU of compute capability 8.9, through "
             "hardware compatibility same_compute_capability") in comments
     assert "model.sm86.plan is meant for the NVIDIA A10G alone" in comments
+    # the single build's config says it as well (write_engine_model)
+    single = (g6e_shared / "model_repository" / "tiny-bert" / "config.pbtxt").read_text()
+    assert "# model.plan is meant for every GPU of compute capability 8.9, through" in single
     (shared,) = inspect_path(out, MachineFacts(None, None, None)).models
     (family,) = [f for f in shared.gpu_families if f.compute_capability == "8.9"]
     assert family.targets == ("g6", "g6e") and family.not_for == ()

@@ -21,6 +21,7 @@ from typing import Literal
 from trtpack.engine.provenance import PLAN_FILENAME, EngineProvenance, provenance_path
 from trtpack.engine.triton_release import TritonServing
 from trtpack.errors import UserInputError
+from trtpack.machine.targets import engine_serves
 from trtpack.onnx_tools.files import link_or_copy
 from trtpack.serving.config import (
     CONFIG_FILE,
@@ -112,11 +113,13 @@ def write_engine_model(repo: Path, name: str, plan: Path, profiles: Sequence[Sha
                        settings: TritonSettings) -> Path:
     """A ``tensorrt_plan`` model directory ``repo/name/`` with ``1/model.plan``, its
     ``model.plan.json`` beside it, and a ``config.pbtxt`` derived from the engine's I/O as
-    recorded in the provenance (no TensorRT needed); the config is checked against it."""
+    recorded in the provenance (no TensorRT needed); the config is checked against it, and
+    says in a comment which GPUs the engine is meant for (its hardware compatibility)."""
     prov_file = provenance_path(plan)
     if not prov_file.is_file():
         raise UserInputError(f"{plan} has no {prov_file.name}: the engine's I/O is unknown")
-    io = EngineProvenance.load(prov_file).model_io()
+    prov = EngineProvenance.load(prov_file)
+    io = prov.model_io()
     config = engine_model_config(name, io, profiles, settings)
     problems = check_config(config, io)
     if problems:
@@ -127,5 +130,7 @@ def write_engine_model(repo: Path, name: str, plan: Path, profiles: Sequence[Sha
     version_dir.mkdir(parents=True, exist_ok=True)
     link_or_copy(plan, version_dir / PLAN_FILENAME)
     link_or_copy(prov_file, version_dir / provenance_path(Path(PLAN_FILENAME)).name)
-    write_config(model_dir / CONFIG_FILE, config)
+    write_config(model_dir / CONFIG_FILE, config, notes=[
+        f"{PLAN_FILENAME} is meant for "
+        + engine_serves(prov.hardware_compatibility, prov.gpu_name, prov.cc)])
     return model_dir
