@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from trtpack.resources import Op, activation_bytes, available_memory
 
 
@@ -73,3 +75,26 @@ def test_cgroup_v2_max_means_no_limit(tmp_path: Path) -> None:
     (tmp_path / "cg" / "memory.current").write_text("5\n")
     found = available_memory(proc, tmp_path / "cg")
     assert found is not None and found.source == "MemAvailable" and found.bytes == 2**30
+
+
+def test_the_memory_given_in_the_environment_is_used_when_smaller(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trtpack.errors import UserInputError
+    from trtpack.resources import MEMORY_ENV, memory_from_env
+
+    assert memory_from_env("16G") == 16 * 2**30
+    assert memory_from_env("512mb") == 512 * 2**20
+    assert memory_from_env("1.5G") == 3 * 2**29
+    assert memory_from_env("4096") == 4096
+    for bad in ("", "lots", "-1G", "G", "0"):
+        with pytest.raises(UserInputError):
+            memory_from_env(bad)
+    proc = tmp_path / "proc"
+    (proc / "self").mkdir(parents=True)
+    (proc / "meminfo").write_text("MemTotal: 8000000 kB\nMemAvailable: 4000000 kB\n")
+    monkeypatch.setenv(MEMORY_ENV, "1G")
+    found = available_memory(proc, tmp_path / "cg")
+    assert found is not None and found.bytes == 2**30 and found.source == f"{MEMORY_ENV}=1G"
+    monkeypatch.setenv(MEMORY_ENV, "64G")  # more than the machine has: the machine's figure
+    found = available_memory(proc, tmp_path / "cg")
+    assert found is not None and found.bytes == 4000000 * 1024 and found.source == "MemAvailable"

@@ -5,6 +5,7 @@ once (``activation_bytes``); and the memory this machine still has (``available_
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Collection, Hashable, Mapping, Sequence
@@ -195,11 +196,46 @@ def _cgroup_room(proc: Path, cgroup_root: Path) -> tuple[int, str] | None:
     return None
 
 
+# The memory a build may use, when less than this machine has: whether a build fits a smaller
+# machine (a 16 GB laptop, a CI runner) is checked before running it there ("16G", "512M" or
+# bytes)
+MEMORY_ENV = "TRTPACK_MEMORY_AVAILABLE"
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def memory_from_env(value: str) -> int:
+    """Bytes of a ``MEMORY_ENV`` value: a number of bytes, or one with K, M, G or T (powers
+    of 1024, an optional trailing B)."""
+    from trtpack.errors import UserInputError
+
+    text = value.strip().upper().removesuffix("B")
+    unit = text[-1:] if text[-1:] in _UNITS else ""
+    number = text[:-1] if unit else text
+    try:
+        found = float(number) * _UNITS[unit]
+    except ValueError:
+        found = -1.0
+    if not number or found <= 0:
+        raise UserInputError(f"{MEMORY_ENV}={value!r}: expected a size such as 16G, 512M or "
+                             "a number of bytes")
+    return int(found)
+
+
 def available_memory(proc: Path = Path("/proc"),
                      cgroup_root: Path = Path("/sys/fs/cgroup")) -> AvailableMemory | None:
     """The memory a build may still use: the room left under this process's cgroup limit
-    where there is one, else (or when smaller) the kernel's ``MemAvailable``; None when
-    neither can be read (not Linux)."""
+    where there is one, else (or when smaller) the kernel's ``MemAvailable``, or
+    ``MEMORY_ENV``'s figure when that is smaller; None when none can be read (not Linux)."""
+    found = _machine_memory(proc, cgroup_root)
+    value = os.environ.get(MEMORY_ENV)
+    if value:
+        limit = memory_from_env(value)
+        if found is None or limit < found.bytes:
+            return AvailableMemory(limit, f"{MEMORY_ENV}={value}")
+    return found
+
+
+def _machine_memory(proc: Path, cgroup_root: Path) -> AvailableMemory | None:
     system: int | None = None
     try:
         for line in (proc / "meminfo").read_text().splitlines():

@@ -178,3 +178,51 @@ def test_each_stage_peak_of_a_cpu_build_is_within_its_estimate(tmp_path: Path) -
     assert {"export", "verify", "cpu_model"} <= estimated.keys()
     for stage, estimate in estimated.items():
         assert measured[stage] <= estimate, (stage, measured[stage], estimate)
+
+
+def test_an_int8_build_over_the_memory_given_is_refused_in_the_precision_stage(
+        tmp_path: Path) -> None:
+    """INT8 for a GPU target: ModelOpt's worker beside the precision stage is the build's
+    largest stage; with less memory than its estimate (``TRTPACK_MEMORY_AVAILABLE``, as on a
+    smaller machine) the build is refused before any stage, in one line naming it."""
+    out = tmp_path / "out"
+    started = time.perf_counter()
+    result = trtpack("build", "tiny-bert", "--random-weights", "--precision", "int8",
+                     "--target", "g5", "--no-engine", "--out", str(out), "--cache-dir",
+                     str(tmp_path / "cache"), env={"TRTPACK_MEMORY_AVAILABLE": "900M"})
+    seconds = time.perf_counter() - started
+    assert result.returncode == 2, result.stderr
+    error = result.stderr.strip().splitlines()
+    assert error[0].startswith("error: profile 0 max (input_ids="), error
+    assert " in the precision stage " in error[0], error
+    assert error[0].endswith("and 900 MB is available (TRTPACK_MEMORY_AVAILABLE=900M)"), error
+    assert error[1].startswith("hint:") and "--skip-memory-check" in error[1]
+    assert len(error) == 2 and "Traceback" not in result.stderr
+    assert not out.exists() and not (tmp_path / "cache").exists()  # nothing ran
+    assert seconds < 60, seconds  # a sanity bound: no model is loaded for this refusal
+
+
+def test_the_int8_precision_stage_estimate_grows_with_the_weights() -> None:
+    """The precision stage is modelled for INT8 only (its ModelOpt worker holds copies of the
+    weights), and is then the largest stage; the memory given just below its estimate
+    refuses the build there, with the weights and activations it was estimated from."""
+    from trtpack.options import BuildPlan
+    from trtpack.pipeline.memory_check import PRECISION_INT8, estimate_corners
+
+    def plan(precision: str) -> BuildPlan:
+        return resolve_options(BuildRequest("tiny-bert", precision=precision, target="g5",
+                                            build_engine=False, random_weights=True))[0]
+
+    int8 = plan("int8")
+    corner = max(estimate_corners(int8), key=lambda e: e.stages["precision"])
+    assert corner.largest[0] == "precision"
+    assert corner.stages["precision"] == int(
+        PRECISION_INT8.base + PRECISION_INT8.weight_copies * corner.weights
+        + PRECISION_INT8.activation_factor * corner.activations["runtime"])
+    assert corner.weights > 0 and corner.activations["runtime"] > 0
+    given = AvailableMemory(corner.stages["precision"] - 1, "a test figure")
+    with pytest.raises(UserInputError) as refused:
+        check_build_memory(int8, given)
+    assert "in the precision stage (weights " in str(refused.value)
+    fp16 = estimate_corners(plan("fp16"))
+    assert all("precision" not in e.stages for e in fp16)  # FP16's is not modelled

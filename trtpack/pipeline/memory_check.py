@@ -68,6 +68,12 @@ STAGE_MEMORY: tuple[StageMemory, ...] = (
 # quantize (ONNX Runtime's quantizer holds its own copies); fitted while the FP32 fusions
 # still loaded the weights (they now stay on disk), so a bound from above
 CPU_MODEL_INT8 = StageMemory("cpu_model", 200 * MB, 6.0, 1.5, "runtime")
+# INT8 for a GPU target: the precision stage's process (ONNX Runtime checking the Q/DQ model
+# at the corners, as verify does) beside ModelOpt's worker, whose INT8 quantize (0.47) holds
+# about ten copies of the weights at once and runs each calibration batch with its
+# activations alive together; fitted on bert-base and bert-large at 1x128:16x128:128x128
+# (8.2 and 18.7 GB measured; benchmarks/README.md, "INT8's precision stage")
+PRECISION_INT8 = StageMemory("precision", 1000 * MB, 12.0, 4.0, "runtime")
 # A stage with a head start (``Stage.head_start``: the CPU model fusing its graph, weights
 # left on disk) runs its process beside the stage before it, which counts it in its peak:
 # verify measured 130-200 MB more with it on tiny-bert and minilm (benchmarks/README.md)
@@ -105,7 +111,8 @@ def _stages(plan: BuildPlan) -> list[StageMemory]:
     beside_head_start = {s.name for s, after in itertools.pairwise(runs) if after.head_start}
     int8 = plan.precision == "int8" or plan.auto_precision
     found = []
-    for m in STAGE_MEMORY:
+    modelled = (*STAGE_MEMORY, PRECISION_INT8) if int8 else STAGE_MEMORY
+    for m in modelled:
         if m.stage not in names:
             continue
         m = CPU_MODEL_INT8 if int8 and m.stage == CPU_MODEL_INT8.stage else m
@@ -243,7 +250,8 @@ def gb(n: float) -> str:
 def refusal(estimate: CornerEstimate, available: AvailableMemory,
             lower_bound: bool = False) -> MemoryRefusal:
     stage, needed = estimate.largest
-    model = next(m for m in (*STAGE_MEMORY, CPU_MODEL_INT8) if m.stage == stage)
+    model = next(m for m in (*STAGE_MEMORY, CPU_MODEL_INT8, PRECISION_INT8)
+                 if m.stage == stage)
     activations = estimate.activations.get(model.runs, estimate.activations["runtime"])
     what = (f"at least {gb(needed)} in the {stage} stage (its outputs alone are "
             f"{gb(activations)})" if lower_bound else
