@@ -205,9 +205,7 @@ _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 def memory_from_env(value: str) -> int:
     """Bytes of a ``MEMORY_ENV`` value: a number of bytes, or one with K, M, G or T (powers
-    of 1024, an optional trailing B)."""
-    from trtpack.errors import UserInputError
-
+    of 1024, an optional trailing B); ``ValueError`` naming it otherwise."""
     text = value.strip().upper().removesuffix("B")
     unit = text[-1:] if text[-1:] in _UNITS else ""
     number = text[:-1] if unit else text
@@ -216,7 +214,7 @@ def memory_from_env(value: str) -> int:
     except ValueError:
         found = -1.0
     if not number or found <= 0:
-        raise UserInputError(f"{MEMORY_ENV}={value!r}: expected a size such as 16G, 512M or "
+        raise ValueError(f"{MEMORY_ENV}={value!r}: expected a size such as 16G, 512M or "
                              "a number of bytes")
     return int(found)
 

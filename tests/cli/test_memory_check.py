@@ -226,3 +226,11 @@ def test_the_int8_precision_stage_estimate_grows_with_the_weights() -> None:
     assert "in the precision stage (weights " in str(refused.value)
     fp16 = estimate_corners(plan("fp16"))
     assert all("precision" not in e.stages for e in fp16)  # FP16's is not modelled
+
+
+def test_a_bad_memory_figure_in_the_environment_is_exit_2(tmp_path: Path) -> None:
+    result = trtpack("build", "tiny-bert", "--target", "cpu", "--out", str(tmp_path / "out"),
+                     env={"TRTPACK_MEMORY_AVAILABLE": "lots"})
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("error: TRTPACK_MEMORY_AVAILABLE='lots': expected a size")
+    assert "Traceback" not in result.stderr

@@ -22,7 +22,7 @@ import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from trtpack.errors import MemoryRefusal
+from trtpack.errors import MemoryRefusal, UserInputError
 from trtpack.onnx_tools.footprint import Footprint, graph_footprint, load_graph
 from trtpack.options import BuildPlan
 from trtpack.processes import run_forked
@@ -263,6 +263,14 @@ def refusal(estimate: CornerEstimate, available: AvailableMemory,
         hint="choose a smaller --profile, or add --skip-memory-check to build anyway")
 
 
+def memory_available() -> AvailableMemory | None:
+    """``resources.available_memory``, a bad ``TRTPACK_MEMORY_AVAILABLE`` as bad input."""
+    try:
+        return available_memory()
+    except ValueError as e:
+        raise UserInputError(str(e)) from None
+
+
 def check_build_memory(plan: BuildPlan, available: AvailableMemory | None = None,
                        trace_in_export: bool = False) -> list[str]:
     """Refuse (``MemoryRefusal``, exit 2) a build whose estimate at some corner exceeds the
@@ -270,7 +278,7 @@ def check_build_memory(plan: BuildPlan, available: AvailableMemory | None = None
     ``trace_in_export``: a PyTorch model whose estimate is not stored is traced in the export
     stage's own process instead (``check_in_export``), which imports torch and its model code
     anyway, rather than in a process of its own that imports them once more."""
-    available = available or available_memory()
+    available = available or memory_available()
     if available is None:
         return ["memory not checked: this system does not say how much memory is available"]
     over = [e for e in lower_bounds(plan) if e.largest[1] > available.bytes]
@@ -317,7 +325,7 @@ def check_in_export(plan: BuildPlan,
     if not plan.check_memory_in_export or plan.recipe.source.onnx \
             or not meta_traceable(plan):
         return []
-    available = available or available_memory()
+    available = available or memory_available()
     if available is None:
         return []  # check_build_memory said so already
     stored = stored_estimate(plan)
