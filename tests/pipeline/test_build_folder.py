@@ -43,3 +43,16 @@ def test_a_report_from_before_the_record_is_derived_once(tiny_build: Path) -> No
     assert served_model_file(report, tiny_build) == \
         tiny_build / "model_repository" / "tiny-bert" / "1" / "model.onnx"
     assert served_model_file(report, tiny_build, role="cpu_fallback") is None
+
+
+def test_inspect_names_the_served_file_from_the_record(tiny_build: Path) -> None:
+    """``trtpack inspect`` on a build (or a path inside it) says what it serves: the
+    package stage's record, read by ``served_model_file``."""
+    from tests.conftest import run_cli
+    from trtpack.diagnostics.model_files import build_record
+
+    record = build_record(tiny_build / "model_repository")
+    assert record is not None and record.served == "model_repository/tiny-bert/1/model.onnx"
+    result = run_cli("inspect", str(tiny_build))
+    assert result.exit_code == 0, result.output
+    assert "serves model_repository/tiny-bert/1/model.onnx" in result.stdout

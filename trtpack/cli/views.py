@@ -110,6 +110,8 @@ def print_inspection(result: Inspection) -> None:
                   f"{escape(b.model)}, precision {b.precision}, target {b.target}, "
                   f"profiles {escape(' '.join(b.short_profiles())) or '-'}, status {b.status}  "
                   f"[dim]{escape(b.root)}[/]", soft_wrap=True)
+        if b.served is not None:
+            out.print(f"  serves {escape(b.served)}", soft_wrap=True)
         for line in b.compile_check:
             out.print(f"  compile check: {escape(line)}", soft_wrap=True)
     if result.onnx is not None:

@@ -66,6 +66,9 @@ class BuildRecord:
     written_at: str  # the report's modification time, UTC
     # the compile check's record (``engine.tensorrt_rtx.record_lines``): compiled, not run
     compile_check: tuple[str, ...] = ()
+    # the model file it serves, relative to ``root``, as its package stage recorded it
+    # (``pipeline.build_folder.served_model_file``); None when it served none
+    served: str | None = None
 
     def short_profiles(self) -> list[str]:
         """Each profile as ``1x8:4x32:8x128`` when every input has the same range, else as
@@ -194,6 +197,7 @@ def inspect_onnx(path: Path, load: bool = True) -> OnnxInspection:
 def build_record(path: Path, levels: int = 5) -> BuildRecord | None:
     """The trtpack build folder ``path`` is in or is (its ``report.json``, up to ``levels``
     folders up), as a record; None when there is none."""
+    from trtpack.pipeline.build_folder import served_model_file
     from trtpack.report import REPORT, BuildReport
 
     folder = path.resolve() if path.is_dir() else path.resolve().parent
@@ -207,8 +211,10 @@ def build_record(path: Path, levels: int = 5) -> BuildRecord | None:
             return None
         written = datetime.datetime.fromtimestamp(report_file.stat().st_mtime,
                                                   datetime.timezone.utc)
+        served = served_model_file(report, candidate)
         return BuildRecord(str(candidate), report.model, report.precision, report.target,
                            tuple(report.profiles), report.status,
                            report.versions.get("trtpack"),
-                           written.strftime("%Y-%m-%d %H:%M UTC"), _compile_check(report))
+                           written.strftime("%Y-%m-%d %H:%M UTC"), _compile_check(report),
+                           None if served is None else str(served.relative_to(candidate)))
     return None
