@@ -4,8 +4,8 @@ reused from the cache or run (in its process, or in this one), measured and stor
 
 A stage that ran is recorded (its files' sha256 for the report, ``build_folder``) and stored
 in the cache (hard links and BLAKE3 hashes) on a thread of this process while the next stage
-runs: the hashing no longer waits between stages (bert-large's 1.3 GB of weights are hashed
-twice per stage that writes them). ``end`` waits for it before the report is written."""
+runs: the hashing does not wait between stages (a large model's weights are hashed twice per
+stage that writes them). ``end`` waits for it before the report is written."""
 
 from __future__ import annotations
 
@@ -107,9 +107,9 @@ class StageRuns:
         """``current`` works on one core from now on (``StageContext.spare_core``): with a
         model of at most ``SMALL_MODEL_BYTES``, the processes of the next
         ``WARM_ON_SPARE_CORE`` isolated stages start now and import on the other core (else
-        their imports land beside the short stages after the export, on both cores: 0.6 s of
-        minilm's 8 s build). Not for a larger model: each warming process holds 80-140 MB of
-        imports beside the stage's peak. They are not ``current``'s memory (``meter``)."""
+        their imports land beside the short stages after the export, on both cores). Not for a
+        larger model: each warming process holds its imports' memory beside the stage's
+        peak. They are not ``current``'s memory (``meter``)."""
         if model_bytes > SMALL_MODEL_BYTES or current not in self._planned:
             return
         ahead = [p for p in self._from(current)[1:] if p.stage.isolated and not p.cached]

@@ -1,6 +1,6 @@
 """The export's ONNX writing: the recipe's exporter on the PyTorch module (the dynamo
-exporter streams the weights to ``model.onnx.data``: for bert-large 1.9 GB peak instead of
-8.4 GB when it builds one protobuf with them), with the recipe's input/output names, its dynamic
+exporter streams the weights to ``model.onnx.data`` instead of building one protobuf with
+them; figures: benchmarks/README.md), with the recipe's input/output names, its dynamic
 axes named as in the recipe and the pinned opset; when the dynamo exporter fails, the
 TorchScript one (as Hugging Face Optimum does). ``trtpack.stages.export`` runs it."""
 

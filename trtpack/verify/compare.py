@@ -51,8 +51,8 @@ def quiet_polygraphy() -> Iterator[None]:
     And while it is silent, polygraphy's output statistics for its log are not computed:
     ``log_output_stats`` and ``log_compared_output_stats`` build their INFO lines (mean,
     median, p90/p95/p99 of each output and of both differences) before the logger drops
-    them, 2.7 s of the 3.7 s one comparison of a 16.8M-value output took (bert-large at
-    128x128). The comparison's own statistics (``OutputCompareResult``) are kept."""
+    them, most of a large output's comparison time. The comparison's own statistics
+    (``OutputCompareResult``) are kept."""
     from polygraphy.comparator import util as compare_util
     from polygraphy.logger import G_LOGGER
     from polygraphy.util import array

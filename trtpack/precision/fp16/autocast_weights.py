@@ -74,8 +74,8 @@ def absmax_outputs(model: onnx.ModelProto, tensors: list[str]) -> dict[str, str]
     outputs, the largest absolute value of each of ``tensors`` as an FP32 scalar: Cast, Abs,
     flattened with a 0 appended (an empty tensor gives 0), ReduceMax, placed right after the
     node that makes the tensor, so that a one-run session (priority-based order) frees each
-    tensor there: in ONNX Runtime's default order every tensor lived to the end of the run
-    (bert-large: 640 MB). Returns tensor name -> output name."""
+    tensor there: in ONNX Runtime's default order every tensor lived to the end of the run.
+    Returns tensor name -> output name."""
     from onnx import TensorProto, helper
 
     graph = model.graph
