@@ -175,7 +175,7 @@ def apply_overrides(recipe: Recipe, overrides: list[str]) -> Recipe:
                                  "--set triton.instance_count=2")
         try:
             value = yaml.safe_load(text) if text.strip() else ""
-        except yaml.YAMLError:
+        except (yaml.YAMLError, ValueError):  # ValueError: an escape past Unicode ("\U0011ffff")
             value = text
         if refers_to_itself(value):
             raise UserInputError(f"--set '{item}': the value contains itself (a YAML alias "
