@@ -29,7 +29,7 @@ def test_a_build_folder(tiny_build: Path) -> None:
     assert "profiles 1x4:2x8:4x16 2x16:4x32:8x64, status ok" in text
     assert "tiny-bert (onnxruntime_onnx, serves fp32, max_batch_size 8, KIND_CPU)" in text
     assert "input input_ids int64 [batch, -1]" in text
-    assert "output last_hidden_state fp32 [batch, -1, 64]" in text
+    assert "output last_hidden_state float32 [batch, -1, 64]" in text
     assert "runs on this machine: not checked" in text
 
 

