@@ -329,7 +329,7 @@ def test_readme_bench_command_runs(command: str, readme_runs: dict[str, Any],
     env = {"TRTPACK_CACHE_DIR": str(readme_folder / "cache")}
     result = trtpack(*substitute(command), env=env, cwd=readme_folder, timeout=600)
     assert result.returncode == 0, f"`{command}`: exit {result.returncode}\n{result.stderr}"
-    assert "vs PyTorch" in result.stdout
+    assert "vs eager" in result.stdout
 
 
 def test_a_wrong_option_in_a_command_is_named(tmp_path: Path) -> None:

@@ -103,10 +103,6 @@ def plan_build(request: BuildRequest) -> tuple[BuildPlan, list[str]]:
     target, warnings = resolve_target_for_build(request.target, request.build_engine,
                                                 recipe.engine.hardware_compatibility)
     warnings += profile_notes
-    if request.cache_dir is not None and request.use_cache \
-            and not Path(request.cache_dir).exists():
-        warnings.append(f"--cache-dir '{request.cache_dir}' does not exist: a new empty cache "
-                        "there, every stage runs")
     if isinstance(choice, AutoPrecision):
         _refuse_auto_precision_on_gpu(target.name)  # --target auto, resolved
     if target.is_gpu:

@@ -13,7 +13,7 @@ from typing import Annotated, get_type_hints
 
 import typer
 
-from trtpack.cli.console import ProgressView, err, print_build_summary, print_warning
+from trtpack.cli.console import ProgressView, err, out, print_build_summary, print_warning
 from trtpack.cli.exits import handle_errors
 from trtpack.options import (
     BuildRequest,
@@ -103,6 +103,8 @@ def build(**values: str | bool | float | int | Path | list[str] | None) -> None:
     request = request_from_keywords(values)
     as_json, bench = bool(values["as_json"]), bool(values["bench"])
     view = ProgressView(err, enabled=not as_json)
+    new_cache = request.use_cache and request.cache_dir is not None \
+        and not Path(request.cache_dir).exists()  # a typo there rebuilds every stage
     try:
         built = build_model(request, view, on_warning=print_warning)
     finally:
@@ -116,6 +118,9 @@ def build(**values: str | bool | float | int | Path | list[str] | None) -> None:
         sys.stdout.write(report.to_json() + "\n")
         return
     print_build_summary(built.report, built.out_dir)
+    if new_cache:
+        out.print(f"note: --cache-dir '{request.cache_dir}' did not exist: a new empty cache, "
+                  "so every stage ran", markup=False)
     if bench:
         from trtpack.cli.outputs import run_bench
 

@@ -115,7 +115,7 @@ def print_inspection(result: Inspection) -> None:
         if b.served is not None:
             out.print(f"  serves {escape(b.served)}")
         for line in b.compile_check:
-            out.print(f"  compile check: {escape(line)}")
+            out.print(f"  compile check: {escape(line)}", soft_wrap=True)  # as tests read it
     if result.onnx is not None:
         o = result.onnx
         weights = f"{o.weights_bytes / 2**20:,.1f} MB" if o.weights_bytes >= 2**20 else \
