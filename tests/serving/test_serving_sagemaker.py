@@ -120,29 +120,38 @@ def test_note_says_invoking_both_archives_loads_the_model_twice(  # type: ignore
     assert "loads that model twice" in section and "GPU memory" in section
 
 
-def test_cli_package_sagemaker(minilm_text_repo: ModelRepository, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def cli_packaged(minilm_text_repo: ModelRepository, tmp_path_factory: pytest.TempPathFactory
+                 ) -> tuple[str, Path]:
+    """``trtpack package BUILD --sagemaker`` once for the module: its output and folder."""
+    dest = tmp_path_factory.mktemp("cli-sm") / "sm"
     result = run_cli("package", str(minilm_text_repo.root.parent), "--sagemaker",
-                     "--dest", str(tmp_path / "sm"))
+                     "--dest", str(dest))
     assert result.exit_code == 0, result.output
-    assert (tmp_path / "sm" / "minilm_ensemble.tar.gz").is_file()
-    assert "minilm_ensemble.tar.gz" in result.stdout
+    return result.stdout, dest
+
+
+def test_cli_package_sagemaker(cli_packaged: tuple[str, Path]) -> None:
+    stdout, dest = cli_packaged
+    assert (dest / "minilm_ensemble.tar.gz").is_file()
+    assert "minilm_ensemble.tar.gz" in stdout
     # the archive's entry model once, then what else it holds (was "loads minilm: minilm")
-    assert "serves model minilm_ensemble (with " in result.stdout, result.stdout
-    assert "minilm: minilm" not in result.stdout
+    assert "serves model minilm_ensemble (with " in stdout, stdout
+    assert "minilm: minilm" not in stdout
 
 
 def test_cli_format_sagemaker_is_the_sagemaker_flag(minilm_text_repo: ModelRepository,
+                                                    cli_packaged: tuple[str, Path],
                                                     tmp_path: Path) -> None:
-    """``--format sagemaker`` and its alias ``--sagemaker`` write the same archives."""
-    written = {}
-    for flags in (["--format", "sagemaker"], ["--sagemaker"]):
-        dest = tmp_path / flags[-1].lstrip("-")
-        result = run_cli("package", str(minilm_text_repo.root), *flags, "--dest", str(dest))
-        assert result.exit_code == 0, result.output
-        written[flags[-1]] = {p.name: p.read_bytes() for p in sorted(dest.iterdir())}
-    assert sorted(written["sagemaker"]) == ["SAGEMAKER.md", "minilm.tar.gz",
-                                            "minilm_ensemble.tar.gz"]
-    assert written["sagemaker"] == written["--sagemaker"]
+    """``--format sagemaker`` on the repository writes the archives its alias ``--sagemaker``
+    wrote from the build folder (``cli_packaged``), byte for byte."""
+    dest = tmp_path / "format"
+    result = run_cli("package", str(minilm_text_repo.root), "--format", "sagemaker",
+                     "--dest", str(dest))
+    assert result.exit_code == 0, result.output
+    written = {p.name: p.read_bytes() for p in sorted(dest.iterdir())}
+    assert sorted(written) == ["SAGEMAKER.md", "minilm.tar.gz", "minilm_ensemble.tar.gz"]
+    assert written == {p.name: p.read_bytes() for p in sorted(cli_packaged[1].iterdir())}
 
 
 def test_cli_unknown_format_is_one_line_exit_2(minilm_text_repo: ModelRepository,
