@@ -28,7 +28,16 @@ from pathlib import Path
 from types import ModuleType
 from typing import TypeAlias
 
-from trtpack.errors import MemoryRefusal, StageError, StageKilledError, TrtpackError, no_space_cause
+from trtpack.errors import (
+    AccuracyError,
+    MemoryRefusal,
+    MissingEnvironmentError,
+    StageError,
+    StageKilledError,
+    TrtpackError,
+    UserInputError,
+    no_space_cause,
+)
 from trtpack.options import BuildPlan
 from trtpack.pipeline.prestart import StartedProcess, move_output, start_stage_process
 from trtpack.pipeline.stage import STAGES, Stage
@@ -61,6 +70,21 @@ class ChildStageError(TrtpackError):
     def __init__(self, message: str, exit_code: int, hint: str | None) -> None:
         super().__init__(message, hint=hint)
         self.exit_code = exit_code
+
+
+def child_error(message: str, exit_code: int, hint: str | None) -> TrtpackError:
+    """A stage process's error as the documented type of its exit code (what
+    ``trtpack.build`` callers catch: ``UserInputError``, ``MissingEnvironmentError``,
+    ``AccuracyError``), else a ``ChildStageError`` with that code."""
+    if exit_code == UserInputError.exit_code:
+        return UserInputError(message, hint=hint)
+    if exit_code == MissingEnvironmentError.exit_code:
+        return MissingEnvironmentError(message, hint=hint)
+    if exit_code == AccuracyError.exit_code:
+        error = AccuracyError(message)
+        error.hint = hint
+        return error
+    return ChildStageError(message, exit_code, hint)
 
 
 class StageProcess:
@@ -127,7 +151,7 @@ class StageProcess:
                     raise MemoryRefusal(message, hint=hint)
                 elif kind == "user_error":
                     message, exit_code, hint = payload
-                    raise ChildStageError(message, exit_code, hint)
+                    raise child_error(message, exit_code, hint)
                 else:
                     raise RuntimeError(payload)
         finally:

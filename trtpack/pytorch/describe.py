@@ -194,6 +194,9 @@ def describe_module(module: torch.nn.Module, example: object, request: DescribeR
         raise UserInputError("the model's forward takes no tensor input to feed")
     outputs = output_axes(module, inputs, constants, request.get("sizes", {}))
     vocab = getattr(getattr(module, "config", None), "vocab_size", None)
+    if not isinstance(vocab, int):  # token ids inside every embedding table's rows
+        rows = [m.num_embeddings for m in module.modules() if isinstance(m, torch.nn.Embedding)]
+        vocab = min(rows) if rows else None
     return {"kind": "module", "inputs": inputs, "arguments": constants, "outputs": outputs,
             "ranges": {}, "vocab_size": vocab if isinstance(vocab, int) else None}
 
