@@ -157,12 +157,21 @@ def quantize_int8(quantize: Callable[..., None], spec: Int8Job, source: Path, tm
     )
 
 
+KILL_AUTOCAST_VARIABLE = "TRTPACK_TEST_KILL_AUTOCAST"
+"""Set to 1, the worker kills itself (SIGSEGV) where AutoCast would start: the crash of a
+model AutoCast segfaults on, on demand, for the fallback's test."""
+
+
 def run_fp16(job: ModelOptJob, work: Path) -> WorkerResult:
     assert job.fp16 is not None
     if job.fp16.converter == "float16":
         from trtpack.precision.fp16.onnxconverter_fallback import convert_float16
 
         return convert_float16(job, work)
+    if os.environ.get(KILL_AUTOCAST_VARIABLE) == "1":  # tests: AutoCast's process crashes
+        import signal
+
+        os.kill(os.getpid(), signal.SIGSEGV)
     return run_autocast(job, work)
 
 
@@ -219,7 +228,7 @@ def run_autocast(job: ModelOptJob, work: Path) -> WorkerResult:
     if reference:
         # AutoCast's model must run where it is verified: a failure (a shape mismatch in a
         # Cast it inserted, a crash) is this worker's, and the stage falls back
-        from trtpack.precision.fp16.onnxconverter_fallback import run_problem
+        from trtpack.precision.fp16.runtime_check import run_problem
 
         with np.load(reference) as data:
             problem = run_problem(Path(job.output), {k: data[k] for k in data.files})

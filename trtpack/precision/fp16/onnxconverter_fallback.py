@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trtpack.onnx_tools.files import save_model
+from trtpack.precision.fp16.runtime_check import CRASHED, crash_suspect, run_problem
 from trtpack.precision.modelopt_jobs import Fp16Job, ModelOptJob, WorkerResult
 
 if TYPE_CHECKING:
@@ -29,25 +30,6 @@ MAX_BLOCKED_BY_FAILURE = 16
 """Nodes the fallback keeps in FP32 because ONNX Runtime failed on them, at most."""
 
 _NODE_NAME = re.compile(r"Name:\s*'([^']*)'|[Nn]ode \(([^)]*)\)")
-
-
-def run_problem(model: Path | onnx.ModelProto, feed: dict[str, np.ndarray]) -> str | None:
-    """Why ONNX Runtime cannot run ``model`` (a path or a ModelProto) on ``feed``: its error
-    message, or None when it runs and its outputs are finite."""
-    import numpy as np
-
-    from trtpack.runtimes.onnxruntime import cpu_session
-
-    try:
-        session = cpu_session(model, few_runs=True)
-        inputs = {i.name for i in session.get_inputs()}
-        outputs = session.run(None, {k: v for k, v in feed.items() if k in inputs})
-    except Exception as e:  # ONNX Runtime's own errors (kernels, shapes, buffers)
-        return " ".join(str(e).split()) or type(e).__name__
-    if not all(np.isfinite(np.asarray(o, dtype=np.float64)).all() for o in outputs
-               if np.issubdtype(np.asarray(o).dtype, np.floating)):
-        return "non-finite outputs"
-    return None
 
 
 def failing_node(message: str, containers: dict[str, str]) -> str | None:
@@ -148,6 +130,8 @@ def convert_graph(source: onnx.ModelProto, feed: dict[str, np.ndarray], spec: Fp
             break
         node = failing_node(problem, containers)
         done = {*blocked, *spec.nodes_to_exclude, *control}
+        if node is None and problem.startswith(CRASHED):
+            node = crash_suspect(source.graph, done)
         if node is None or node in done or len(blocked) >= MAX_BLOCKED_BY_FAILURE:
             raise RuntimeError(f"onnxconverter-common's FP16 model does not run in ONNX "
                                f"Runtime ({len(blocked)} nodes kept in FP32 so far): {problem}")
