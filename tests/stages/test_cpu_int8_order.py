@@ -89,5 +89,6 @@ def test_min_int8_share_is_judged_on_the_served_cpu_model(tmp_path: Path) -> Non
     assert share_failures(cpu, (3, 4)) == []
     assert share_failures(dataclasses.replace(cpu, min_int8_share=0.8), (3, 4)) == [
         "3/4 weight MatMuls on integer kernels (75%), under --min-int8-share 80%"]
-    assert not search_on_demand(dataclasses.replace(cpu, precision_choice=AutoPrecision()))
+    # --precision auto on the CPU too (issue 46): the GPU's Q/DQ search only on demand
+    assert search_on_demand(dataclasses.replace(cpu, precision_choice=AutoPrecision()))
     assert not search_on_demand(dataclasses.replace(cpu, precision_choice=FixedPrecision("fp16")))

@@ -6,10 +6,10 @@ corners and the held-out split before it is served:
      with the layers the search kept in FP32 kept FP32;
   3. the searched Q/DQ graph itself (ONNX Runtime runs most of it in FP32).
 
-For ``--target cpu`` the precision stage does not run: the search runs here, and only when
-the first form fails (``search_on_demand``). Beside a GPU engine (``--fallback-cpu``) and for
-``--precision auto`` the precision stage has searched already and its kept layers are read
-off its Q/DQ model. ``--min-int8-share`` is judged on the model served, counted as ONNX
+For ``--target cpu`` (``--precision int8`` or ``auto``) the precision stage does not run:
+the search runs here, and only when the first form fails (``search_on_demand``). Beside a GPU
+engine (``--fallback-cpu``) the precision stage has searched already and its kept layers are
+read off its Q/DQ model. ``--min-int8-share`` is judged on the model served, counted as ONNX
 Runtime runs it (weight MatMuls on integer kernels)."""
 
 from __future__ import annotations

@@ -44,11 +44,10 @@ EVERY_LAYER_SMOOTHED = ("LayerNormalization",)
 
 
 def search_on_demand(plan: BuildPlan) -> bool:
-    """INT8 served by ONNX Runtime alone (``--target cpu``, not ``--precision auto``): the
-    first CPU INT8 form is gated first, and the Q/DQ search runs (in the CPU model stage)
-    only when it fails; beside a GPU engine and for ``--precision auto`` it always runs."""
-    return bool(plan.precision == "int8" and not plan.target.is_gpu
-                and not plan.auto_precision)
+    """INT8 served by ONNX Runtime alone (``--target cpu``, ``--precision int8`` or
+    ``auto``): the first CPU INT8 form is gated first, and the Q/DQ search (the GPU's form)
+    runs in the CPU model stage only when it fails; beside a GPU engine it always runs."""
+    return bool(plan.precision == "int8" and not plan.target.is_gpu)
 
 
 @dataclass
