@@ -14,6 +14,7 @@ from trtpack.sources.recipe_files import (
     apply_input_options,
     apply_overrides,
     check_small_integer_inputs,
+    unruled_small_integer_inputs,
 )
 from trtpack.sources.resolve import resolve_model
 from trtpack.sources.torch_sources import (
@@ -36,6 +37,11 @@ def request_recipe(request: BuildRequest, cache_dir: Path) -> tuple[Recipe, str 
     recipe = apply_input_options(recipe, [
         d for d in parse_input_options(request.inputs)
         if d.name not in recipe.source.arguments])  # those are folded into the graph
+    if request.sample_inputs is not None:  # a sample rate the user's data gives
+        from trtpack.verify.sample_files import sample_constants
+
+        recipe = apply_input_options(recipe, parse_input_options(sample_constants(
+            Path(request.sample_inputs), unruled_small_integer_inputs(recipe))))
     check_small_integer_inputs(recipe)
     if request.tokenizer is not None:
         recipe = with_tokenizer(recipe, request.tokenizer)

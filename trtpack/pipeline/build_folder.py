@@ -51,12 +51,14 @@ def artifact_records(artifacts: Artifacts, stage_dir: Path, root: Path
     return records
 
 
-def write_recipe(path: Path, recipe: Recipe) -> None:
+def write_recipe(path: Path, recipe: Recipe, sample_inputs: Path | None = None) -> None:
     """The recipe the build used, overrides applied (``trtpack bench`` loads the model
-    from it)."""
+    from it); a comment names the ``--sample-inputs`` file it was verified on."""
     import yaml
 
-    path.write_text("# the recipe of this build, every default and --set applied\n"
+    samples = f"# verified on the samples of --sample-inputs {sample_inputs}\n" \
+        if sample_inputs is not None else ""
+    path.write_text("# the recipe of this build, every default and --set applied\n" + samples
                     + yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False),
                     encoding="utf-8")
 

@@ -132,7 +132,7 @@ class Pipeline:
                 peaks = [s.peak_memory_mb for s in report.stages if s.peak_memory_mb is not None]
                 report.peak_memory_mb = max(peaks) if peaks else None
                 report.save(work / REPORT)
-                write_recipe(work / RECIPE_FILE, o.recipe)
+                write_recipe(work / RECIPE_FILE, o.recipe, o.sample_inputs)
                 write_report_page(work, report)
             except Exception as e:
                 full = no_space_cause(e)

@@ -232,12 +232,18 @@ def apply_input_options(recipe: Recipe, descriptions: Sequence[InputDescription]
     return updated
 
 
+def unruled_small_integer_inputs(recipe: Recipe) -> list[str]:
+    """The names of the scalar or one-element integer inputs with no value rule."""
+    return [i.name for i in recipe.inputs if i.value is None and i.kind == "generic"
+            and i.dtype in INTEGER_DTYPES and all(a == 1 for a in i.axes)]
+
+
 def check_small_integer_inputs(recipe: Recipe) -> None:
     """A scalar or one-element integer input (a sample rate, a mode, a length) with no value
     rule is exit 2 naming it and the flag: drawn at random it sends the model down a branch
     no user takes (``silero_vad``'s ``sr``)."""
-    unruled = [i for i in recipe.inputs if i.value is None and i.kind == "generic"
-               and i.dtype in INTEGER_DTYPES and all(a == 1 for a in i.axes)]
+    names = unruled_small_integer_inputs(recipe)
+    unruled = [i for i in recipe.inputs if i.name in names]
     if unruled:
         first = unruled[0]
         raise UserInputError(

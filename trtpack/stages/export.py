@@ -50,6 +50,7 @@ class ExportMetrics(StageMetrics):
     decomposition: str  # whether the exporter's decomposition re-trace ran, and why
     cases: int  # reference cases (profile corners)
     op_types: dict[str, int]
+    sample_inputs: str | None = None  # where --sample-inputs' samples were fed, or None
 
 
 def _directory_fingerprint(path: Path | None) -> list[tuple[str, int, int]]:
@@ -125,8 +126,10 @@ def _vocab_size(loaded: LoadedModel, recipe: Recipe) -> int:
     return 30522
 
 
-def build_cases(plan: BuildPlan, loaded: LoadedModel) -> tuple[list[Case], list[str]]:
-    """The verification cases, and warnings (corners no --sample-inputs sample fits)."""
+def build_cases(plan: BuildPlan, loaded: LoadedModel
+                ) -> tuple[list[Case], list[str], str | None]:
+    """The verification cases, warnings (corners no --sample-inputs sample fits) and where
+    the --sample-inputs samples were fed (``SampleInputs.trace``)."""
     specs = plan.recipe.input_specs()
     samples = SampleInputs.of(plan, _vocab_size(loaded, plan.recipe))
     cases: list[Case] = []
@@ -139,7 +142,7 @@ def build_cases(plan: BuildPlan, loaded: LoadedModel) -> tuple[list[Case], list[
             if not samples.use(inputs, shapes):
                 samples.unfitted.append(f"profile {index} {corner}")
             cases.append(Case(index, corner, inputs))
-    return cases, samples.warnings()
+    return cases, samples.warnings(), samples.trace(plan.sample_inputs, len(cases))
 
 
 def shapes_text(inputs: dict[str, np.ndarray]) -> str:
@@ -186,7 +189,7 @@ def run(ctx: StageContext) -> StageOutcome:
         path = recipe.source.torchscript
         fresh = lambda: output_selector(load_torchscript(path), recipe)  # noqa: E731
     ctx.progress("running PyTorch at every profile corner")
-    cases, sample_warnings = build_cases(options, loaded)
+    cases, sample_warnings, samples_fed = build_cases(options, loaded)
     run_torch(wrapper, recipe, cases, fresh)
     reference = ctx.stage_dir / "reference.npz"
     save_cases(reference, cases)
@@ -222,10 +225,11 @@ def run(ctx: StageContext) -> StageOutcome:
             opset=summary["opset"], exporter=exported.exporter,
             exporter_fallback=exported.fallback, external_data=exported.external_data,
             decomposition=exported.decomposition, cases=len(cases),
-            op_types=summary["op_types"]),
+            op_types=summary["op_types"], sample_inputs=samples_fed),
         warnings=warnings_out,
         message=f"{recipe.source.describe()}: {summary['nodes']} nodes, opset "
                 f"{summary['opset']}, {exported.exporter} "
                 f"exporter{' (fallback)' if exported.fallback else ''}, "
-                f"{params / 1e6:.1f}M parameters ({loaded.weights} weights)",
+                f"{params / 1e6:.1f}M parameters ({loaded.weights} weights)"
+                + (f", {samples_fed}" if samples_fed else ""),
     )

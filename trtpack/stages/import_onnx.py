@@ -46,6 +46,8 @@ class ImportMetrics(StageMetrics):
     vocab_size: int | None
     reference: str  # what the later stages are compared with
     op_types: dict[str, int]
+    sample_inputs: str | None = None  # where --sample-inputs' samples were fed, or None
+
 
 def source_path(plan: BuildPlan) -> Path:
     assert plan.recipe.source.onnx is not None
@@ -222,6 +224,7 @@ def run(ctx: StageContext) -> StageOutcome:
                 samples.unfitted.append(f"profile {index} {corner}")
             cases.append(Case(index, corner, inputs))
     warnings += samples.warnings()
+    samples_fed = samples.trace(options.sample_inputs, len(cases))
     dependent = [o.name for o in recipe.outputs if o.metric == "data_dependent"]
     if dependent:
         warnings.append(
@@ -257,8 +260,10 @@ def run(ctx: StageContext) -> StageOutcome:
         metrics=ImportMetrics(
             source=str(src), nodes=summary["nodes"], opset=summary["opset"],
             external_data=external, cases=len(cases), vocab_size=vocab,
-            reference="the input ONNX (FP32) in ONNX Runtime", op_types=summary["op_types"]),
+            reference="the input ONNX (FP32) in ONNX Runtime", op_types=summary["op_types"],
+            sample_inputs=samples_fed),
         warnings=warnings,
         message=f"{src.name}: {summary['nodes']} nodes, opset {summary['opset']}, reference "
-                "= the input ONNX in ONNX Runtime (no export)",
+                "= the input ONNX in ONNX Runtime (no export)"
+                + (f", {samples_fed}" if samples_fed else ""),
     )

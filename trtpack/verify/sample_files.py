@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from trtpack.options import BuildPlan
 
 
-def _load(path: Path) -> dict[str, np.ndarray]:
+def load_sample_arrays(path: Path) -> dict[str, np.ndarray]:
     if not path.is_file():
         raise UserInputError(f"--sample-inputs '{path}' does not exist")
     try:
@@ -32,6 +32,19 @@ def _load(path: Path) -> dict[str, np.ndarray]:
         raise UserInputError(f"--sample-inputs '{path}' is not a readable .npz of arrays "
                              f"({e})", hint="np.savez(FILE, NAME=array, ...): one array per "
                              "input, the batch on the first axis") from None
+
+
+def sample_constants(path: Path, names: list[str]) -> list[str]:
+    """``NAME=VALUE`` for each input of ``names`` (one-element integer inputs with no value
+    rule) whose array in the ``--sample-inputs`` file holds one value throughout (a sample
+    rate): the value the user's data gives it, as ``--input NAME=VALUE`` would."""
+    arrays = load_sample_arrays(path)
+    found = []
+    for name in names:
+        a = arrays.get(name)
+        if a is not None and a.size and a.dtype.kind in "iu" and (a == a.flat[0]).all():
+            found.append(f"{name}={int(a.flat[0])}")
+    return found
 
 
 def _batch_axis(spec: TensorSpec) -> int | None:
@@ -54,7 +67,7 @@ def read_sample_inputs(path: Path, recipe: Recipe, vocab_size: int | None = None
                        ) -> dict[str, np.ndarray]:
     """The checked arrays of ``path`` for ``recipe``'s inputs (an input with a value rule
     may be left out: its rule feeds it)."""
-    arrays = _load(path)
+    arrays = load_sample_arrays(path)
     specs = {s.name: s for s in recipe.input_specs()}
     where = f"--sample-inputs '{path}'"
     unknown = sorted(set(arrays) - set(specs))
@@ -146,6 +159,13 @@ class SampleInputs:
             return False
         feed.update(fitted)
         return True
+
+    def trace(self, path: Path | None, corners: int) -> str | None:
+        """Where the samples came from and where they were fed, for the stage's message and
+        metrics: ``samples from FILE at 3/3 corners`` (None without ``--sample-inputs``)."""
+        if self.samples is None or path is None:
+            return None
+        return f"samples from {path.name} at {corners - len(self.unfitted)}/{corners} corners"
 
     def warnings(self) -> list[str]:
         if self.samples is None or not self.unfitted:
