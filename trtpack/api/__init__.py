@@ -52,5 +52,11 @@ def build(request: BuildRequest, progress: ProgressCallback | None = None,
     for w in warnings:
         if on_warning is not None:
             on_warning(w)
+    from trtpack.pipeline.cache_budget import cache_budget, keep_within_budget
+
+    budget = cache_budget() if plan.use_cache else None  # a bad budget: exit 2 before work
     report = run_pipeline(plan, progress, warnings)
+    pruned = keep_within_budget(plan.cache_dir, budget)
+    if pruned is not None and on_warning is not None:
+        on_warning(pruned)
     return BuildResult(report, plan.out_dir)

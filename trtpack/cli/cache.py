@@ -18,6 +18,7 @@ from trtpack.cli.exits import handle_errors
 from trtpack.errors import UserInputError
 from trtpack.machine.paths import default_cache_dir
 from trtpack.pipeline.cache import StageCache
+from trtpack.pipeline.cache_budget import BUDGET_VARIABLE, DEFAULT_BUDGET
 
 commands = typer.Typer(help="The stage cache: show, check or empty it.",
                         no_args_is_help=True)
@@ -69,9 +70,10 @@ def info(cache_dir: CacheDir = None) -> None:
         table.add_row(stage, str(len(mine)), _size(sum(e.bytes for e in mine)),
                       time.strftime("%Y-%m-%d %H:%M", time.localtime(newest)))
     out.print(table)
-    out.print(f"{len(entries)} entries, {_size(sum(e.bytes for e in entries))} "
-              "(files shared with build folders by hard links are counted here)",
-              markup=False)
+    out.print(f"{len(entries)} entries, {_size(sum(e.bytes for e in entries))}, of which "
+              f"{_size(sum(e.own_bytes for e in entries))} held by the cache alone (the rest "
+              "is shared with build folders by hard links); the budget of what it alone "
+              f"holds: {BUDGET_VARIABLE} (default {DEFAULT_BUDGET})", markup=False)
 
 @commands.command("verify")
 @handle_errors

@@ -173,7 +173,8 @@ class EntryInfo:
     key: str
     path: Path
     bytes: int
-    modified: float
+    modified: float  # its last use (``StageCache.touch``)
+    own_bytes: int = 0  # of files no build folder links to: what removing it frees
 
 
 class StageCache:
@@ -278,7 +279,12 @@ class StageCache:
                 size = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file())
                 meta = entry / META
                 modified = (meta if meta.is_file() else entry).stat().st_mtime
-                found.append(EntryInfo(stage_dir.name, entry.name, entry, size, modified))
+                # its stage's files no build folder links to (its records beside them are
+                # the cache's own, but too small to count: removing them frees nothing)
+                own = sum(st.st_size for st in (f.stat() for f in (entry / "files").rglob("*")
+                                                if f.is_file()) if st.st_nlink == 1)
+                found.append(EntryInfo(stage_dir.name, entry.name, entry, size, modified,
+                                       own))
         return found
 
     def verify(self) -> list[str]:
