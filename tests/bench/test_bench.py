@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import CliResult, run_cli
+from trtpack.stages.package import SERVED
 
 RUNTIMES = ("served", "onnx-fp32", "pytorch")
 
@@ -160,6 +161,11 @@ def test_bench_of_an_engine_without_gpu_is_exit_3(tiny_copy: Path) -> None:
     report["stages"].append({"name": "engine", "status": "ok", "artifacts": [
         {"name": "engine", "path": "artifacts/engine/model.plan", "size": 4,
          "sha256": "0" * 64}]})
+    # the package stage's record of what is served (build_folder.served_model_file reads it)
+    package = next(s for s in report["stages"] if s["name"] == "package")
+    for entry in package["metrics"][SERVED]:
+        entry["file"] = entry["file"].replace("model.onnx", "model.plan")
+        entry["runtime"] = "tensorrt_plan"
     (tiny_copy / "report.json").write_text(json.dumps(report))
     _one_line_error(run_cli("bench", str(tiny_copy)), 3, "cannot bench the TensorRT engine")
 
