@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -77,3 +78,10 @@ def tiny_build(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Ite
                      "--out", str(out), "--cache-dir", str(cache_dir))
     assert result.exit_code == 0, result.output
     yield out
+
+
+def sigint_as_default() -> None:
+    """``preexec_fn`` for a build a test interrupts with SIGINT: a process started in the
+    background by a non-interactive shell (``cmd &``) inherits SIGINT ignored, and Python then
+    installs no KeyboardInterrupt handler, so the build would run on through the Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -14,7 +14,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, sigint_as_default
 from trtpack.model_io import model_io_from_onnx
 from trtpack.onnx_tools.files import sha256_file
 from trtpack.report import BuildReport
@@ -145,6 +145,7 @@ def test_ctrl_c_mid_build_leaves_nothing_half_written(signum: int, tmp_path: Pat
         [sys.executable, "-m", "trtpack.cli", "build", "tiny-bert", "--random-weights",
          "--target", "cpu", "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        preexec_fn=sigint_as_default,
     )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not list(tmp_path.glob(".interrupted.partial-*")):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import sigint_as_default
 from trtpack.onnx_tools.files import sha256_file
 
 MARK = "TRTPACK_TEST_BUILD_MARK"
@@ -53,7 +54,8 @@ def describe(pid: int) -> str:
 def start_build(out: Path, mark: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, MARK: mark}
     return subprocess.Popen([sys.executable, "-m", "trtpack.cli", *BUILD, "--out", str(out)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=sigint_as_default)
 
 
 def wait_for_stage(proc: subprocess.Popen[bytes], out: Path, stage: str) -> None:

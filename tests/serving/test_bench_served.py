@@ -21,6 +21,7 @@ import pytest
 from tests.conftest import run_cli
 from tests.serving.conftest import use_onnxruntime_standin
 from tests.serving.tritonserver import ROOT, TritonServer
+from trtpack.stages.package import SERVED
 
 pytestmark = pytest.mark.triton
 
@@ -92,6 +93,11 @@ def test_server_not_serving_the_model_is_exit_3_within_seconds(
     shutil.copytree(build, other)
     report = json.loads((other / "report.json").read_text())
     report["model"] = "not-served"
+    # the package stage's record of what is served (build_folder.served_model_file reads it)
+    package = next(s for s in report["stages"] if s["name"] == "package")
+    for entry in package["metrics"][SERVED]:
+        entry["file"] = entry["file"].replace("/tiny-bert/", "/not-served/")
+        entry["model"] = "not-served"
     (other / "report.json").write_text(json.dumps(report))
     (other / "model_repository" / "tiny-bert").rename(other / "model_repository" / "not-served")
     started = time.perf_counter()
