@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 import time
 from collections.abc import Collection, Hashable, Mapping, Sequence
@@ -200,23 +201,26 @@ def _cgroup_room(proc: Path, cgroup_root: Path) -> tuple[int, str] | None:
 # machine (a 16 GB laptop, a CI runner) is checked before running it there ("16G", "512M" or
 # bytes)
 MEMORY_ENV = "TRTPACK_MEMORY_AVAILABLE"
-_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+# A size as users write one: a number of bytes, or one with K, M, G or T (powers of 1024), an
+# optional trailing B, any case (16G, 512mb, 1.5GB, 4096)
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)b?\s*", re.IGNORECASE)
+_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
+def size_bytes(text: str) -> int | None:
+    """Bytes of a size written as ``_SIZE`` reads it; None when ``text`` is not one."""
+    m = _SIZE.fullmatch(text)
+    return None if m is None else int(float(m[1]) * _UNITS[m[2].lower()])
 
 
 def memory_from_env(value: str) -> int:
-    """Bytes of a ``MEMORY_ENV`` value: a number of bytes, or one with K, M, G or T (powers
-    of 1024, an optional trailing B); ``ValueError`` naming it otherwise."""
-    text = value.strip().upper().removesuffix("B")
-    unit = text[-1:] if text[-1:] in _UNITS else ""
-    number = text[:-1] if unit else text
-    try:
-        found = float(number) * _UNITS[unit]
-    except ValueError:
-        found = -1.0
-    if not number or found <= 0:
+    """Bytes of a ``MEMORY_ENV`` value (``size_bytes``, more than zero); ``ValueError``
+    naming it otherwise."""
+    found = size_bytes(value)
+    if not found:
         raise ValueError(f"{MEMORY_ENV}={value!r}: expected a size such as 16G, 512M or "
-                             "a number of bytes")
-    return int(found)
+                         "a number of bytes")
+    return found
 
 
 def available_memory(proc: Path = Path("/proc"),

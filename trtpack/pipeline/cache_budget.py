@@ -7,25 +7,24 @@ it; a build keeps its cache within it and says what it removed."""
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from pathlib import Path
 
 from trtpack.errors import UserInputError
 from trtpack.pipeline.cache import EntryInfo, StageCache
+from trtpack.resources import size_bytes
 
 BUDGET_VARIABLE = "TRTPACK_CACHE_BUDGET"
 DEFAULT_BUDGET = "10GB"
-_UNITS = {"": 1, "b": 1, "kb": 2**10, "mb": 2**20, "gb": 2**30, "tb": 2**40}
 
 
 def parse_size(text: str) -> int:
-    """Bytes of ``20GB``, ``500MB``, ``1.5gb``, ``0`` (binary units)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?b?)\s*", text.lower())
-    if m is None:
+    """Bytes of ``20GB``, ``500MB``, ``1.5gb``, ``0`` (binary units: ``resources.size_bytes``)."""
+    found = size_bytes(text)
+    if found is None:
         raise UserInputError(f"{BUDGET_VARIABLE}={text!r} is not a size; write it like 20GB "
                              "or 500MB (0: no budget)")
-    return int(float(m.group(1)) * _UNITS[m.group(2) if m.group(2) != "b" else ""])
+    return found
 
 
 def cache_budget() -> int | None:
