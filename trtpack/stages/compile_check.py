@@ -124,8 +124,7 @@ def run(ctx: StageContext) -> StageOutcome:
         parse_seconds=round(compiled.parse_seconds, 3),
         build_seconds=round(compiled.build_seconds, 3), seconds=round(seconds, 3),
         peak_memory_mb=_peak_mb(), left_out=dropped, wording=wording(compiled.builder_version))
-    (ctx.stage_dir / RECORD).write_text(json.dumps(asdict(metrics), indent=1) + "\n",
-                                        encoding="utf-8")
+    _write_record(ctx, metrics)
     warnings = [f"compile check: {target.describe()}"] if target.stand_in else []
     return StageOutcome(
         metrics=metrics, warnings=warnings,
@@ -134,6 +133,11 @@ def run(ctx: StageContext) -> StageOutcome:
                  f"{' (stand-in)' if target.stand_in else ''}, "
                  f"{compiled.engine_bytes / 2**20:.1f} MB engine in "
                  f"{compiled.build_seconds:.1f} s"))
+
+
+def _write_record(ctx: StageContext, metrics: CompileCheckMetrics) -> None:
+    (ctx.stage_dir / RECORD).write_text(json.dumps(asdict(metrics), indent=1) + "\n",
+                                        encoding="utf-8")
 
 
 def _not_checked(ctx: StageContext, version: str, target: CompiledFor, dropped: list[str],
@@ -146,8 +150,7 @@ def _not_checked(ctx: StageContext, version: str, target: CompiledFor, dropped: 
         profiles=[], engine_bytes=None, engine_sha256=None, parse_seconds=0.0,
         build_seconds=0.0, seconds=round(seconds, 3), peak_memory_mb=_peak_mb(),
         left_out=dropped, not_checked=row, wording=wording(version))
-    (ctx.stage_dir / RECORD).write_text(json.dumps(asdict(metrics), indent=1) + "\n",
-                                        encoding="utf-8")
+    _write_record(ctx, metrics)
     return StageOutcome(metrics=metrics,
                         warnings=[f"compile check: not checked: {row}; {BUILDER}: {refusal}"],
                         message=f"not checked: {row}")
