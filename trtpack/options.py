@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from trtpack.errors import UserInputError
-from trtpack.machine.paths import default_cache_dir
+from trtpack.machine.paths import CACHE_URL_VARIABLE, CacheUrl, default_cache_dir
 from trtpack.machine.targets import AUTO, HARDWARE_COMPATIBILITY, Target
 from trtpack.shapes import ShapeProfile
 from trtpack.sources.heads import task_help
@@ -153,6 +153,12 @@ class BuildRequest:
     cache_dir: Path | None = field(default=None, metadata=spec(
         "Stage cache folder (default ~/.cache/trtpack, or $TRTPACK_CACHE_DIR).",
         metavar="DIR", kind="path"))
+    cache_url: str | None = field(default=None, metadata=spec(
+        "A stage cache shared through an S3-compatible object store, behind the local one "
+        f"(default ${CACHE_URL_VARIABLE}): entries are downloaded, checked against their "
+        "recorded hashes and used; what this build makes is published. Credentials from the "
+        "AWS chain (never in the URL), the store's address from AWS_ENDPOINT_URL. A store "
+        "that fails costs one warning, never the build.", metavar="s3://BUCKET/PREFIX"))
     task: str | None = field(default=None, metadata=spec(
         task_help, metavar="TASK", recipe_key="task"))
     use_cache: bool = field(default=True, metadata=spec(
@@ -327,6 +333,7 @@ class BuildPlan:
     serve: Serve = "tensor"
     fallback_cpu: bool = False
     cache_dir: Path = field(default_factory=default_cache_dir)
+    cache_url: CacheUrl | None = None  # --cache-url: the remote cache behind cache_dir
     use_cache: bool = BuildRequest.use_cache
     seed: int = 0
     timing_cache: Path | None = None  # --timing-cache DIR: a TensorRT timing-cache folder to share

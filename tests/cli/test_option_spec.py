@@ -30,6 +30,7 @@ NO_RECIPE_KEY = {
     "fallback": "how this run's INT8 search behaves",
     "overrides": "--set itself writes recipe keys",
     "cache_dir": "this machine's cache",
+    "cache_url": "the cache this run shares with other machines",
     "use_cache": "this run's cache use",
     "timing_cache": "this machine's TensorRT timing caches",
     "min_int8_share": "this run's gate on the INT8 share",

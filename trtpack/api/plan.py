@@ -12,7 +12,7 @@ from trtpack.api.recipes import request_recipe
 from trtpack.errors import UserInputError, require_modules
 from trtpack.machine import local_targets, packages
 from trtpack.machine.packages import required_modules
-from trtpack.machine.paths import default_cache_dir
+from trtpack.machine.paths import cache_url_from, default_cache_dir
 from trtpack.machine.targets import (
     AUTO,
     CPU,
@@ -122,6 +122,10 @@ def plan_build(request: BuildRequest) -> tuple[BuildPlan, list[str]]:
         no_engine = None if target.is_gpu and request.build_engine else \
             "--no-engine" if target.is_gpu else f"--target {target.name}"
         warnings += timing_cache_warnings(request.timing_cache, no_engine)
+    cache_url = cache_url_from(request.cache_url)
+    if cache_url is not None and request.use_cache:
+        require_modules({"boto3": "boto3"}, purpose="--cache-url",
+                        install="pip install 'trtpack[remote-cache]'")
     out = request.out or Path("build") / recipe.name
     if out.exists() and not out.is_dir():
         raise UserInputError(f"--out '{out}' exists and is not a directory")
@@ -135,7 +139,8 @@ def plan_build(request: BuildRequest) -> tuple[BuildPlan, list[str]]:
                                             else None),
         fallback=fallback, serve=serve, sample_inputs=request.sample_inputs,
         fallback_cpu=fallback_cpu, cache_dir=cache_dir, source_files=source_files,
-        use_cache=request.use_cache, timing_cache=_timing_cache_dir(request.timing_cache),
+        use_cache=request.use_cache, cache_url=cache_url,
+        timing_cache=_timing_cache_dir(request.timing_cache),
         calibration_method=method, min_int8_share=request.min_int8_share, force=request.force)
     return plan, warnings
 

@@ -118,7 +118,7 @@ def build(**values: str | bool | float | int | Path | list[str] | None) -> None:
         sys.stdout.write(report.to_json() + "\n")
         return
     print_build_summary(built.report, built.out_dir)
-    if new_cache:
+    if new_cache and not any(s.cached for s in built.report.stages):  # none from --cache-url
         out.print(f"note: --cache-dir '{request.cache_dir}' did not exist: a new empty cache, "
                   "so every stage ran", markup=False)
     if bench:

@@ -247,24 +247,68 @@ class StageCache:
             return  # already gone
         shutil.rmtree(trash, ignore_errors=True)
 
+    def artifact_names(self, stage: str, key: str) -> frozenset[str] | None:
+        """The artifacts (``Artifacts`` fields) the entry holds, from its metadata (None:
+        unreadable)."""
+        try:
+            return frozenset(json.loads((self._entry(stage, key) / META).read_text())
+                             ["artifacts"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def entry_path(self, stage: str, key: str) -> Path:
+        return self._entry(stage, key)
+
+    def temporary_entry(self, stage: str, key: str) -> Path:
+        """A new folder beside where the entry goes, under a temporary name (what an
+        interrupted build leaves there is never a hit, and ``prune`` removes it)."""
+        tmp = self._entry(stage, key).with_name(
+            f"{key}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        tmp.mkdir(parents=True)
+        return tmp
+
     def store(self, stage: str, key: str, src: Path, meta: JsonObject) -> None:
         entry = self._entry(stage, key)
         if entry.exists():
             return
-        tmp = entry.with_name(f"{key}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        tmp: Path | None = None
         try:
-            tmp.mkdir(parents=True)
+            tmp = self.temporary_entry(stage, key)
             link_tree(src, tmp / "files")
-            for f in (tmp / "files").rglob("*"):
-                if f.is_file():  # shared by hard links with build folders: never edit in place
-                    f.chmod(0o444)
             started = time.time_ns()
             files = file_hashes(tmp / "files", mapped=False)  # beside a running stage
-            meta = {**meta, "files": files}
-            (tmp / META).write_text(json.dumps(meta, default=str))
-            Checked(tmp).record(tmp / "files", files, started)
-            tmp.rename(entry)  # another build stored the same key first: it stays
+            self._seal(tmp, entry, {**meta, "files": files}, started)
         except OSError:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    def adopt(self, stage: str, key: str, tmp: Path, meta: Mapping[str, Any]) -> str | None:
+        """Make ``tmp`` (from ``temporary_entry``, its files under ``tmp/files``, e.g.
+        downloaded from another machine) the entry of ``key``, once its files match the
+        sizes and BLAKE3 ``meta["files"]`` records; else what differs (nothing is stored)."""
+        started = time.time_ns()
+        problem = damage(tmp / "files", meta["files"])
+        if problem is None:
+            try:
+                self._seal(tmp, self._entry(stage, key), dict(meta), started)
+            except OSError as e:
+                return f"it could not be stored here ({type(e).__name__})"
+        return problem
+
+    @staticmethod
+    def _seal(tmp: Path, entry: Path, meta: Mapping[str, Any], checked_at: int) -> None:
+        """Finish the entry in ``tmp`` (its files hashed from ``checked_at`` on) and rename
+        it into place: its files read-only, its metadata written last."""
+        for f in (tmp / "files").rglob("*"):
+            if f.is_file():  # shared by hard links with build folders: never edit in place
+                f.chmod(0o444)
+        (tmp / META).write_text(json.dumps(meta, default=str))
+        Checked(tmp).record(tmp / "files", meta["files"], checked_at)
+        try:
+            tmp.rename(entry)
+        except OSError:  # another build stored the same key first: it stays
+            if not (entry / META).is_file():
+                raise
             shutil.rmtree(tmp, ignore_errors=True)
 
     def entries(self) -> list[EntryInfo]:

@@ -76,7 +76,8 @@ class Pipeline:
         self.options = plan
         self.progress: ProgressCallback = progress or (lambda event: None)
         self.warnings = list(warnings)  # about the request, first in the report
-        self.stages = StageRuns(plan, self.progress)
+        self._report: BuildReport | None = None
+        self.stages = StageRuns(plan, self.progress, self._warn)
         # stages another build ran, copied in (their verification rows come with them)
         self.finished = {f.result.name: f for f in finished}
         self.finished_rows = list(finished_rows)
@@ -86,6 +87,13 @@ class Pipeline:
     def processes(self) -> dict[str, StageProcess]:
         """The stage processes alive now (each ends with its stage or with the build)."""
         return self.stages.processes
+
+    def _warn(self, message: str) -> None:
+        """A warning about the build as a whole (the remote cache failing), said once: in
+        the report, and now."""
+        if self._report is not None:
+            self._report.warnings.append(message)
+        self.progress(ProgressEvent("", "notice", f"warning: {message}"))
 
     def _notice(self, message: str) -> None:
         self.progress(ProgressEvent("", "notice", message))
@@ -119,6 +127,7 @@ class Pipeline:
             profiles=[str(p) for p in o.profiles], out_dir=str(out),
             versions=tool_versions(), warnings=list(self.warnings),
         )
+        self._report = report
         started = time.perf_counter()
         try:
             try:
@@ -215,16 +224,18 @@ class Pipeline:
             stage_dir.mkdir(parents=True, exist_ok=True)  # a head start may have made it
             self.progress(ProgressEvent(stage.name, "start"))
             log_path = logs / f"{stage.name}.log"
-            discarded: str | None = None
             reused = None
+            discarded = plan.discarded
             if plan.cached:
-                reused, discarded = self.stages.reuse(stage, plan.key, stage_dir)
+                reused, discarded = self.stages.reuse(stage, plan, stage_dir)
             if reused is None:
-                if discarded is not None:  # a damaged entry: this stage and the next run again
+                if discarded is not None and plan.cached:
+                    # a damaged entry: this stage and the next run again
                     plan.cached = False
                     for later in order[order.index(plan) + 1:]:
-                        later.cached = later.cached and self.stages.cache.has(
-                            later.stage.name, later.key)
+                        later.cached = later.cached and (later.remote is not None or
+                                                         self.stages.cache.has(
+                                                             later.stage.name, later.key))
                     self.stages.start_ahead(plan, logs)
                 result, rows, made = self.stages.execute(stage, plan, stage_dir, artifacts,
                                                          work, log_path)

@@ -19,6 +19,8 @@ from trtpack.machine.packages import (
 from trtpack.options import BuildPlan
 from trtpack.precision.cpu.int8 import search_on_demand
 
+ArtifactReads = tuple[tuple[str, ...], ...]
+
 
 @dataclass(frozen=True)
 class Stage:
@@ -49,6 +51,10 @@ class Stage:
     environment: tuple[tuple[str, str], ...] = ()
     # False: the stage is not part of this build at all (not listed in the report)
     applies: Callable[[BuildPlan], bool] = lambda o: True
+    # The earlier stages' artifacts (``Artifacts`` fields) the stage reads when it runs: groups
+    # of alternatives, each met by the latest stage that made one of its fields. None: any of
+    # them. What an entry in the remote cache must be downloaded for (``StageRuns.plan``).
+    reads: Callable[[BuildPlan], ArtifactReads | None] = lambda o: None
 
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
@@ -93,6 +99,19 @@ def _onnx_in(o: BuildPlan) -> bool:
     return o.recipe.source.onnx is not None
 
 
+def _served_reads(o: BuildPlan) -> tuple[str, ...]:
+    """``Artifacts.served_model``'s fields, in its order of preference."""
+    return ("engine", "precision_onnx", "onnx") if o.target.is_gpu \
+        else ("cpu_onnx", "precision_onnx", "onnx")
+
+
+def _package_reads(o: BuildPlan) -> ArtifactReads:
+    groups = [_served_reads(o), ("tokenizer",), ("model_config",), ("reference",)]
+    if o.fallback_cpu:
+        groups.append(("cpu_onnx", "onnx"))
+    return tuple(groups)
+
+
 # what PyTorch export needs before it can start: torch, transformers and their model code
 _TORCH = ("torch", "transformers", "transformers.modeling_utils", "onnx", "onnxscript")
 
@@ -125,7 +144,8 @@ STAGES: tuple[Stage, ...] = (
     # polygraphy with POLYGRAPHY_USE_TENSORRT_RTX=1, and TensorRT-RTX's memory goes back after
     Stage(COMPILE_CHECK_STAGE, "trtpack.stages.compile_check", _compile_check_skip, isolated=True,
           applies=_compile_check_applies, environment=((USE_TENSORRT_RTX, "1"),),
+          reads=lambda o: (_served_reads(o),),
           warm_modules=("onnx", "polygraphy.backend.trt")),
     Stage("engine", "trtpack.stages.engine", _engine_skip),
-    Stage("package", "trtpack.stages.package", cacheable=False),
+    Stage("package", "trtpack.stages.package", cacheable=False, reads=_package_reads),
 )

@@ -13,11 +13,12 @@ import contextlib
 import shutil
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from trtpack.errors import StageError, StageKilledError, TrtpackError, no_space_cause
 from trtpack.options import BuildPlan
@@ -28,6 +29,9 @@ from trtpack.pipeline.cache import StageCache, relative_artifacts, stage_key
 from trtpack.pipeline.faults import killed_message, oom_kills
 from trtpack.pipeline.isolate import HeadStart, StageProcess
 from trtpack.pipeline.stage import STAGES, Stage
+
+if TYPE_CHECKING:
+    from trtpack.pipeline.remote_cache import RemoteCache, RemoteEntry
 from trtpack.report import Artifact, JsonObject, StageResult, VerificationRow
 from trtpack.resources import ResourceMeter
 from trtpack.stages.artifacts import Artifacts
@@ -36,12 +40,19 @@ from trtpack.stages.base import ProgressCallback, StageContext, StageOutcome, st
 
 @dataclass
 class PlannedStage:
-    """A stage of this build with its cache key, known before anything runs."""
+    """A stage of this build with its cache key, known before anything runs. ``cached``: in
+    the local cache, or in the remote one (``remote``: its manifest, when its files were not
+    downloaded because no stage that runs reads them)."""
 
     stage: Stage
     module: ModuleType
     key: str
     cached: bool
+    remote: RemoteEntry | None = None
+    # the entry found damaged in the remote cache (the stage runs again and replaces it)
+    discarded: str | None = None
+    # the artifacts its entry holds (by ``Artifacts`` field), where known
+    made: frozenset[str] | None = None
 
 
 # A stage that has a core to spare (the export, once its PyTorch reference pass is done) lets
@@ -55,10 +66,16 @@ class StageRuns:
     """Runs a build's stages for ``trtpack.pipeline.runner.Pipeline`` (which keeps the OUT
     folder and the report): ``processes`` are the stage processes alive now."""
 
-    def __init__(self, plan: BuildPlan, progress: ProgressCallback) -> None:
+    def __init__(self, plan: BuildPlan, progress: ProgressCallback,
+                 warn: Callable[[str], None] = lambda message: None) -> None:
         self.options = plan
         self.progress = progress
         self.cache = StageCache(plan.cache_dir)
+        self.remote: RemoteCache | None = None
+        if plan.cache_url is not None and plan.use_cache:
+            from trtpack.pipeline.remote_cache import RemoteCache
+
+            self.remote = RemoteCache(plan.cache_url, self.cache, warn)
         self.processes: dict[str, StageProcess] = {}
         # one stage's records and cache entry at a time, in the order the stages ran
         self._records = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trtpack-records")
@@ -85,9 +102,43 @@ class StageRuns:
             module = stage.load()
             upstream = stage_key(stage.name, module.fingerprint(o), upstream, versions)
             cached = stage.cacheable and o.use_cache and self.cache.has(stage.name, upstream)
-            planned.append(PlannedStage(stage, module, upstream, cached))
+            remote = None
+            if stage.cacheable and not cached and self.remote is not None:
+                remote = self.remote.lookup(stage.name, upstream)
+            made = None
+            if remote is not None:
+                made = frozenset(remote.meta.get("artifacts", {}))
+            elif cached and self.remote is not None:
+                made = self.cache.artifact_names(stage.name, upstream)
+            planned.append(PlannedStage(stage, module, upstream, cached or remote is not None,
+                                        remote, made=made))
+        if self.remote is not None:
+            self._fetch_needed(planned)
         self._planned = planned
         return planned
+
+    def _fetch_needed(self, planned: list[PlannedStage]) -> None:
+        """Download the remote entries whose files a stage that runs reads
+        (``remote_entries_read``), each checked before it is stored in the local cache; one
+        found damaged is a miss (its stage runs, and what it reads is then needed too), so
+        the needs are worked out again until every entry needed is here."""
+        assert self.remote is not None
+        remote = self.remote
+        while wanted := remote_entries_read(planned, self.options):
+            for p in wanted:
+                assert p.remote is not None
+                problem = remote.fetch(p.remote)
+                if remote.off is not None:  # the store failed: its entries are misses
+                    for q in planned:
+                        if q.remote is not None:
+                            q.remote, q.cached = None, False
+                    break
+                if problem is not None:
+                    p.discarded = (f"{remote.url.key('stages', p.stage.name, p.key)} in the "
+                                   f"remote cache: {problem}")
+                    p.remote, p.cached = None, False
+                    break
+                p.remote = None  # now in the local cache
 
     def start_ahead(self, current: PlannedStage, logs: Path) -> None:
         """Make sure the process of the stage about to run (``current``) and those of the
@@ -179,20 +230,33 @@ class StageRuns:
             if future.done() and not future.cancelled():
                 future.result()
 
-    def reuse(self, stage: Stage, key: str, stage_dir: Path
+    def reuse(self, stage: Stage, plan: PlannedStage, stage_dir: Path
               ) -> tuple[tuple[StageResult, list[VerificationRow], Artifacts] | None, str | None]:
         """The cached result, rows and artifacts (or None), and why the entry was discarded
-        (or None)."""
+        (or None). An entry left in the remote cache (``PlannedStage.remote``: nothing that
+        runs reads its files) gives its result and rows, and no files."""
         started = time.perf_counter()
-        loaded = self.cache.load(stage.name, key, stage_dir)
-        meta = loaded.meta
-        if meta is None:
-            return None, loaded.discarded
-        self.cache.touch(stage.name, key)
-        made = Artifacts.from_named({name: stage_dir / rel
-                                     for name, rel in meta["artifacts"].items()})
+        key = plan.key
+        if plan.remote is not None:
+            meta = plan.remote.meta
+            made = Artifacts()
+            records: list[Artifact] = []
+        else:
+            loaded = self.cache.load(stage.name, key, stage_dir)
+            if loaded.meta is None:
+                return None, loaded.discarded
+            meta = loaded.meta
+            self.cache.touch(stage.name, key)
+            if self.remote is not None:  # an entry made here before: shared now
+                self._pending.append(self._records.submit(self.remote.publish, stage.name, key))
+            made = Artifacts.from_named({name: stage_dir / rel
+                                         for name, rel in meta["artifacts"].items()})
+            records = [Artifact(**a) for a in meta["records"]]
         result = StageResult(**meta["result"])
-        result.artifacts = [Artifact(**a) for a in meta["records"]]
+        result.artifacts = records
+        if plan.remote is not None:
+            result.message += " (in the remote cache; not downloaded: nothing that ran " \
+                              "read its files)"
         result.cached = True
         result.ran_seconds = result.seconds  # entries are stored from stages that ran
         result.seconds = time.perf_counter() - started
@@ -274,3 +338,26 @@ class StageRuns:
             "verification": [asdict(r) for r in outcome.verification],
         }
         self.cache.store(stage, key, stage_dir, meta)
+        if self.remote is not None:
+            self.remote.publish(stage, key)
+
+
+def remote_entries_read(planned: list[PlannedStage], plan: BuildPlan) -> list[PlannedStage]:
+    """The planned stages whose entry is in the remote cache only and whose files a stage
+    that runs reads (``Stage.reads``), in order: walking back from the last stage, each
+    stage that runs adds what it reads, and each entry met takes away what it made. Only
+    entries made by stages upstream of a miss are downloaded (a hit needs no inputs)."""
+    wanted: list[PlannedStage] = []
+    needed: set[tuple[str, ...]] | None = set()  # None: every artifact
+    for p in reversed(planned):
+        if p.cached and p.made is not None and needed is not None:
+            read = {g for g in needed if p.made & set(g)}
+            if p.remote is not None and read:
+                wanted.append(p)
+            needed -= read
+        elif p.remote is not None:  # what every stage that runs from here on reads
+            wanted.append(p)
+        elif not p.cached:
+            reads = p.stage.reads(plan)
+            needed = None if needed is None or reads is None else needed | set(reads)
+    return wanted[::-1]

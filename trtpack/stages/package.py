@@ -57,7 +57,8 @@ def run(ctx: StageContext) -> StageOutcome:
         gpu=options.target.is_gpu,
         serve=options.serve,
         fallback_cpu=options.fallback_cpu,
-        fallback_onnx=ctx.needs(ctx.artifacts.cpu_fallback_model(), "onnx"),
+        fallback_onnx=ctx.needs(ctx.artifacts.cpu_fallback_model(), "onnx")
+        if options.fallback_cpu else None,
         tokenizer_dir=ctx.artifacts.tokenizer,
         model_config_json=ctx.artifacts.model_config,
         tuning_dir=tmp_tuning,
