@@ -199,7 +199,6 @@ def test_a_store_killed_during_an_upload_leaves_no_entry(own_store: ObjectStore,
     _check_whole(own_store, prefix)
 
 
-@pytest.mark.slow
 def test_four_concurrent_builds_into_one_bucket(store: ObjectStore, tmp_path: Path) -> None:
     url = f"s3://{BUCKET}/{new_prefix()}"
     prefix = url.split("/", 3)[3]
