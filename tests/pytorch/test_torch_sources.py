@@ -158,3 +158,25 @@ def test_python_build_of_a_recipe_name_serves_what_the_cli_serves(tmp_path: Path
     outputs = built.run(case.inputs)
     for name, want in case.outputs.items():
         np.testing.assert_allclose(outputs[name], want, atol=1e-4, err_msg=name)
+
+
+def test_a_fraction_for_an_int_argument_is_named(tmp_path: Path) -> None:
+    """``--input step=2.5`` for a TorchScript ``step: int`` names ``step`` (it was blamed on
+    the tensor input ``x``); ``step=2.0`` is taken as the whole number it is."""
+    import torch
+
+    class Counter(torch.nn.Module):
+        def forward(self, x: torch.Tensor, step: int) -> torch.Tensor:
+            return torch.cumsum(x, dim=-1) * step
+
+    model = tmp_path / "counter.pt"
+    torch.jit.save(torch.jit.script(Counter()), str(model))
+    cache = ["--cache-dir", str(tmp_path / "cache"), "--target", "cpu",
+             "--out", str(tmp_path / "out"), "--input", "x=float32[batch,8]"]
+    stderr = _one_error(trtpack("build", str(model), "--input", "step=2.5", *cache,
+                                usage_error=True))
+    assert "'step'" in stderr and "not a whole number" in stderr, stderr
+    assert "described as x=" not in stderr
+    assert not (tmp_path / "out").exists()
+    done = trtpack("build", str(model), "--input", "step=2.0", *cache)
+    assert done.returncode == 0, done.stderr

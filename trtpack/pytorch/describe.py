@@ -142,6 +142,28 @@ def forward_parameters(module: torch.nn.Module) -> list[tuple[str, str, bool]]:
     return params
 
 
+def _whole_numbers(module: torch.nn.Module, constants: Mapping[str, object]
+                   ) -> dict[str, int]:
+    """The constants given as floats for arguments TorchScript types ``int``, as ints
+    (``--input step=2.0``); one with a fraction (``step=2.5``) is the user's error, named
+    after that argument (not a failure of the forward blamed on the tensors)."""
+    import torch
+
+    whole: dict[str, int] = {}
+    if not isinstance(module, torch.jit.ScriptModule):
+        return whole
+    for arg in module.forward.schema.arguments[1:]:  # type: ignore[attr-defined]
+        value = constants.get(arg.name)
+        if str(arg.type) == "int" and isinstance(value, float) and not value.is_integer():
+            raise UserInputError(
+                f"--input {arg.name}={value:g}: the model's forward takes '{arg.name}' as an "
+                f"int, and {value:g} is not a whole number",
+                hint=f"give a whole number, e.g. --input {arg.name}={int(value)}")
+        if str(arg.type) == "int" and isinstance(value, float):
+            whole[arg.name] = int(value)
+    return whole
+
+
 def _example_dict(module: torch.nn.Module, example: object) -> dict[str, object]:
     names = [n for n, _, _ in forward_parameters(module)]
     if isinstance(example, dict):
@@ -169,6 +191,7 @@ def describe_module(module: torch.nn.Module, example: object, request: DescribeR
         raise UserInputError(
             f"--input {unknown[0]}: the model's forward has no argument '{unknown[0]}'; its "
             f"arguments are {', '.join(n for n, _, _ in forward_parameters(module)) or 'none'}")
+    constants.update(_whole_numbers(module, constants))
     inputs: list[InputDescription] = []
     for name, kind, required in forward_parameters(module):
         value = examples.get(name)
@@ -253,8 +276,9 @@ def output_axes(module: torch.nn.Module, inputs: Sequence[InputDescription],
             raise
         except Exception as e:  # the user's model, whatever it raises
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            shapes = ", ".join(f"{i['name']}={i['dtype']}[{','.join(map(str, i['axes']))}]"
-                               for i in inputs)
+            shapes = ", ".join([*(f"{i['name']}={i['dtype']}[{','.join(map(str, i['axes']))}]"
+                                  for i in inputs),
+                                *(f"{k}={v}" for k, v in constants.items())])
             raise UserInputError(f"the model's forward fails on inputs described as {shapes}: "
                                  f"{type(e).__name__}: {first}",
                                  hint="describe the inputs it takes with --input "
