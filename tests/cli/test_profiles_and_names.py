@@ -92,3 +92,34 @@ def test_inspect_names_onnx_files_and_reads_a_failed_build(tmp_path: Path) -> No
     done = trtpack("inspect", str(failed))
     assert done.returncode == 0, done.stderr
     assert "a trtpack build folder" in " ".join(done.stdout.split())
+
+
+def test_the_repository_view_names_dynamic_dims(tiny_build: Path, tmp_path: Path) -> None:
+    """``inspect`` of a repository names each dynamic dimension as the ONNX view does
+    (``[batch, sequence]``, not ``[batch, -1]``): from the served ONNX, else from the build's
+    recipe (a repository whose version holds no ONNX, as a TensorRT plan's does not)."""
+    import shutil
+
+    def inspected(path: Path) -> str:
+        done = trtpack("inspect", str(path), env={"COLUMNS": "200"})
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    onnx_view = inspected(next((tiny_build / "artifacts").glob("*/model.onnx")))
+    assert "[batch, sequence]" in onnx_view, onnx_view
+    def unnamed(text: str) -> bool:  # a shape holding a bare -1
+        import re
+
+        return re.search(r"\[[^\]]*\b-1\b[^\]]*\]", text) is not None
+
+    shown = inspected(tiny_build / "model_repository")
+    assert "[batch, sequence]" in shown and not unnamed(shown), shown
+    copy = tmp_path / "out"
+    shutil.copytree(tiny_build / "model_repository", copy / "model_repository")
+    shutil.copy(tiny_build / "recipe.yaml", copy / "recipe.yaml")
+    for served in (copy / "model_repository").glob("*/1/model.onnx"):
+        served.unlink()
+    from_recipe = inspected(copy / "model_repository")
+    assert "[batch, sequence]" in from_recipe and not unnamed(from_recipe), from_recipe
+    (copy / "recipe.yaml").unlink()  # nothing names them: the config's -1 stays
+    assert "[batch, -1]" in inspected(copy / "model_repository")

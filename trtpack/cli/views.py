@@ -73,8 +73,8 @@ class _ConfigTensor:
         dtype = tensor["data_type"].removeprefix("TYPE_").lower()  # as ONNX's view names it
         self.dtype = {"fp32": "float32", "fp16": "float16", "fp64": "float64",
                       "bf16": "bfloat16"}.get(dtype, dtype)
-        self.shape: list[str | int] = ["batch", *tensor["dims"]] if batched else [
-            *tensor["dims"]]
+        axes = tensor.get("axes", tensor["dims"])  # named dynamic dims (older JSON: none)
+        self.shape: list[str | int] = ["batch", *axes] if batched else [*axes]
 
 
 class _ShownTensor(Protocol):

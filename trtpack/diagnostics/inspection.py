@@ -10,7 +10,7 @@ deserialized when TensorRT is installed here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
@@ -68,6 +68,9 @@ class ConfigTensor(TypedDict):
     name: str
     data_type: str  # TYPE_FP32, ...
     dims: list[int]
+    # ``dims`` with each dynamic dimension (-1) named where the served ONNX or the build's
+    # recipe names it (``sequence``), as the ONNX view shows it
+    axes: list[str | int]
 
 
 @dataclass
@@ -182,11 +185,54 @@ def inspect_engine(plan: Path, machine: MachineFacts) -> EngineInspection:
     return EngineInspection(str(plan), prov, prov.model_io(), ok, reasons)
 
 
-def _dims(tensors: Iterable[ModelInput | ModelOutput]) -> list[ConfigTensor]:
+def _dims(tensors: Iterable[ModelInput | ModelOutput],
+          names: Mapping[str, Sequence[str | int]]) -> list[ConfigTensor]:
+    """Each tensor's dims, its dynamic ones named from ``names`` (tensor -> its axes without
+    the batch) where the rank agrees."""
     from tritonclient.grpc import model_config_pb2 as pb
 
-    return [{"name": t.name, "data_type": pb.DataType.Name(t.data_type), "dims": list(t.dims)}
-            for t in tensors]
+    found: list[ConfigTensor] = []
+    for t in tensors:
+        dims = list(t.dims)
+        named = list(names.get(t.name, ()))
+        axes: list[str | int] = [
+            named[i] if d == -1 and len(named) == len(dims) and isinstance(named[i], str)
+            else d for i, d in enumerate(dims)]
+        found.append({"name": t.name, "data_type": pb.DataType.Name(t.data_type),
+                      "dims": dims, "axes": axes})
+    return found
+
+
+def _axis_names(model_dir: Path, version: Path, filename: str, batched: bool
+                ) -> dict[str, list[str | int]]:
+    """Tensor name -> its axes without the batch, as the served ONNX file names them (its
+    ``dim_param``), else as the build's recipe (``recipe.yaml`` beside the repository) does;
+    empty when neither is there."""
+    import onnx
+    import yaml
+
+    start = 1 if batched else 0
+    served = version / filename
+    if served.suffix == ".onnx" and served.is_file():
+        try:
+            graph = onnx.load(str(served), load_external_data=False).graph
+        except Exception:  # an unreadable file is the ONNX check's to report
+            graph = None
+        if graph is not None:
+            return {v.name: [d.dim_param or d.dim_value
+                             for d in v.type.tensor_type.shape.dim][start:]
+                    for v in (*graph.input, *graph.output)}
+    recipe = model_dir.parent.parent / "recipe.yaml"
+    try:
+        data = yaml.safe_load(recipe.read_text(encoding="utf-8")) if recipe.is_file() else None
+    except (OSError, yaml.YAMLError):
+        data = None
+    if not isinstance(data, dict):
+        return {}
+    return {t["name"]: list(t["axes"])[start:]
+            for t in (*(data.get("inputs") or []), *(data.get("outputs") or []))
+            if isinstance(t, dict) and isinstance(t.get("name"), str)
+            and isinstance(t.get("axes"), list)}
 
 
 def inspect_model_dir(model_dir: Path, machine: MachineFacts,
@@ -197,16 +243,20 @@ def inspect_model_dir(model_dir: Path, machine: MachineFacts,
 
     config = read_config(model_dir / "config.pbtxt")
     kinds = [pb.ModelInstanceGroup.Kind.Name(g.kind) for g in config.instance_group]
-    model = ModelInspection(
-        name=config.name or model_dir.name, path=str(model_dir),
-        platform=config.platform or config.backend, max_batch_size=config.max_batch_size,
-        inputs=_dims(config.input), outputs=_dims(config.output),
-        instance_kind=",".join(kinds) or "KIND_AUTO",
-        profiles=[p for g in config.instance_group for p in g.profile],
-    )
     filename = config.default_model_filename or "model.plan"
     versions = sorted((p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()),
                       key=lambda p: int(p.name))
+    served = config.default_model_filename or (
+        "model.onnx" if "onnxruntime" in (config.platform + config.backend) else filename)
+    names = _axis_names(model_dir, versions[-1] if versions else model_dir / "1", served,
+                        config.max_batch_size > 0)
+    model = ModelInspection(
+        name=config.name or model_dir.name, path=str(model_dir),
+        platform=config.platform or config.backend, max_batch_size=config.max_batch_size,
+        inputs=_dims(config.input, names), outputs=_dims(config.output, names),
+        instance_kind=",".join(kinds) or "KIND_AUTO",
+        profiles=[p for g in config.instance_group for p in g.profile],
+    )
     by_cc = dict(sorted(config.cc_model_filenames.items()))
     for version in versions:
         files = [version / filename] + [version / f for f in by_cc.values()]
