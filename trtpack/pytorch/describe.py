@@ -11,7 +11,6 @@ those files changes.
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, SupportsInt
 
 from trtpack.errors import TrtpackError, UserInputError
+from trtpack.pytorch.forward_arguments import forward_parameters, whole_numbers
 from trtpack.pytorch.input_hints import first_layer_input
 from trtpack.shapes import BATCH_AXIS, TensorSpec
 from trtpack.sources.torch_sources import (
@@ -121,49 +121,6 @@ def describe(request: DescribeRequest) -> Description | FolderDescription:
     return {**describe_module(module, example, request), "files": files}
 
 
-def forward_parameters(module: torch.nn.Module) -> list[tuple[str, str, bool]]:
-    """(name, kind, required) of each argument of ``module.forward``: kind is ``tensor``,
-    ``constant`` (an int, float, bool or str: TorchScript says which) or ``any``."""
-    import torch
-
-    if isinstance(module, torch.jit.ScriptModule):
-        params = []
-        for arg in module.forward.schema.arguments[1:]:  # type: ignore[attr-defined]
-            text = str(arg.type)
-            kind = "tensor" if text.startswith(("Tensor", "Optional[Tensor]")) else \
-                "constant" if text in ("int", "float", "bool", "str") else "any"
-            params.append((arg.name, kind, arg.default_value is None))
-        return params
-    params = []
-    for p in inspect.signature(module.forward).parameters.values():
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            continue
-        params.append((p.name, "any", p.default is p.empty))
-    return params
-
-
-def _whole_numbers(module: torch.nn.Module, constants: Mapping[str, object]
-                   ) -> dict[str, int]:
-    """The constants given as floats for arguments TorchScript types ``int``, as ints
-    (``--input step=2.0``); one with a fraction (``step=2.5``) is the user's error, named
-    after that argument (not a failure of the forward blamed on the tensors)."""
-    import torch
-
-    whole: dict[str, int] = {}
-    if not isinstance(module, torch.jit.ScriptModule):
-        return whole
-    for arg in module.forward.schema.arguments[1:]:  # type: ignore[attr-defined]
-        value = constants.get(arg.name)
-        if str(arg.type) == "int" and isinstance(value, float) and not value.is_integer():
-            raise UserInputError(
-                f"--input {arg.name}={value:g}: the model's forward takes '{arg.name}' as an "
-                f"int, and {value:g} is not a whole number",
-                hint=f"give a whole number, e.g. --input {arg.name}={int(value)}")
-        if str(arg.type) == "int" and isinstance(value, float):
-            whole[arg.name] = int(value)
-    return whole
-
-
 def _example_dict(module: torch.nn.Module, example: object) -> dict[str, object]:
     names = [n for n, _, _ in forward_parameters(module)]
     if isinstance(example, dict):
@@ -191,7 +148,7 @@ def describe_module(module: torch.nn.Module, example: object, request: DescribeR
         raise UserInputError(
             f"--input {unknown[0]}: the model's forward has no argument '{unknown[0]}'; its "
             f"arguments are {', '.join(n for n, _, _ in forward_parameters(module)) or 'none'}")
-    constants.update(_whole_numbers(module, constants))
+    constants.update(whole_numbers(module, constants))
     inputs: list[InputDescription] = []
     for name, kind, required in forward_parameters(module):
         value = examples.get(name)
