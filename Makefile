@@ -120,6 +120,13 @@ docs: install-dev
 doctor: install
 	$(TRTPACK) doctor
 
+# The CPU anchor (benchmarks/cpu_anchor.py): trtpack's minilm CPU models against Hugging Face
+# Optimum's O2, O3 and dynamic INT8, timed in one process; Optimum runs in its own venv
+# (benchmarks/.venv-optimum, made by the script: optimum-onnx pins transformers<4.58).
+.PHONY: cpu-anchor
+cpu-anchor: install
+	$(PY) benchmarks/cpu_anchor.py
+
 # One target per instance family: `make g5 MODEL=bert-large PROFILE=1x128:16x128:128x128`.
 # Convert once, engines per family: `make convert MODEL=minilm` (any machine, no GPU: every
 # stage up to the engine, into $(OUT)/minilm-onnx), then on each GPU machine

@@ -1,0 +1,65 @@
+"""The benchmark scripts' own arithmetic (benchmarks/ is not a package: loaded by path):
+the CPU anchor's rotation, its rotation-by-rotation pairs and the issue's checks."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def anchor() -> ModuleType:
+    return load("cpu_anchor")
+
+
+def test_rotation_moves_the_start_of_the_order(anchor: ModuleType) -> None:
+    order: list[str] = []
+    calls = {name: (lambda name=name: order.append(name)) for name in "abc"}
+    timed = anchor.time_rotation(calls, rounds=3, seconds=0.0)
+    rotations = order[9:]  # after three warm-up runs each
+    assert rotations == list("abc" "bca" "cab")
+    assert all(len(t["round_p50_ms"]) == 3 for t in timed.values())
+
+
+def timing(*rounds: float) -> dict[str, object]:
+    return {"p50_ms": sorted(rounds)[len(rounds) // 2], "round_p50_ms": list(rounds)}
+
+
+def test_pairs_are_read_rotation_by_rotation(anchor: ModuleType) -> None:
+    # a load burst in rotation 2 slows both: the per-rotation ratio stays 2
+    timings = {"8x128": {"trtpack fp32": timing(10, 50, 10),
+                         "optimum O2": timing(20, 100, 20)}}
+    assert anchor.paired_ratios(timings) == {"optimum O2 / trtpack fp32": {"8x128": 2.0}}
+
+
+def test_checks_fail_on_one_slower_corner(anchor: ModuleType) -> None:
+    fast = {"trtpack fp32": timing(1), "optimum O2": timing(2), "optimum O3": timing(2),
+            "trtpack int8": timing(1), "optimum dynamic int8": timing(2)}
+    slow = {**fast, "trtpack fp32": timing(3)}
+    result = {"timings": {"1x8": fast, "8x128": slow},
+              "accuracy": {"trtpack int8": {"worst": 0.995}}}
+    checks = anchor.checks(result)
+    assert list(checks.values()) == [False, True, True]
+    result["timings"] = {"1x8": fast, "8x128": fast}
+    result["accuracy"] = {"trtpack int8": {"worst": 0.989}}
+    assert list(anchor.checks(result).values()) == [True, True, False]
+
+
+def test_the_optimum_venv_never_takes_a_cuda_torch(anchor: ModuleType) -> None:
+    assert anchor.TORCH_CPU.endswith("+cpu")
+    assert not any(p.startswith("torch") for p in anchor.optimum_pins())
