@@ -122,7 +122,7 @@ doctor: install
 
 # The CPU anchor (benchmarks/cpu_anchor.py): trtpack's minilm CPU models against Hugging Face
 # Optimum's O2, O3 and dynamic INT8, timed in one process; Optimum runs in its own venv
-# (benchmarks/.venv-optimum, made by the script: optimum-onnx pins transformers<4.58).
+# (.venv-optimum, made by the script: optimum-onnx pins transformers<4.58).
 .PHONY: cpu-anchor
 cpu-anchor: install
 	$(PY) benchmarks/cpu_anchor.py

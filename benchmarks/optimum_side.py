@@ -1,8 +1,8 @@
 """The Optimum side of the CPU anchor (``cpu_anchor.py``): run inside the Optimum venv
-(``benchmarks/.venv-optimum``: optimum-onnx pins transformers<4.58, so it cannot share
+(``.venv-optimum``: optimum-onnx pins transformers<4.58, so it cannot share
 trtpack's environment), never in trtpack's.
 
-    benchmarks/.venv-optimum/bin/python benchmarks/optimum_side.py MODEL_DIR WORK
+    .venv-optimum/bin/python benchmarks/optimum_side.py MODEL_DIR WORK
 
 Hugging Face Optimum itself, as its users call it: ``ORTModelForFeatureExtraction.
 from_pretrained(MODEL_DIR, export=True)`` (Optimum's exporter), ``ORTOptimizer`` with
