@@ -63,3 +63,35 @@ def test_checks_fail_on_one_slower_corner(anchor: ModuleType) -> None:
 def test_the_optimum_venv_never_takes_a_cuda_torch(anchor: ModuleType) -> None:
     assert anchor.TORCH_CPU.endswith("+cpu")
     assert not any(p.startswith("torch") for p in anchor.optimum_pins())
+
+
+@pytest.fixture(scope="module")
+def compute_floor() -> ModuleType:
+    return load("compute_floor")
+
+
+def test_onnxruntime_pass_multiplies_as_numpy(compute_floor: ModuleType, tmp_path: Path
+                                              ) -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((48, 32), dtype=np.float32)
+    b = rng.standard_normal((32, 24), dtype=np.float32)
+    for prepacked in (False, True):
+        (got,) = compute_floor.onnxruntime_matmul(b, 1, prepacked, tmp_path)(a)
+        np.testing.assert_allclose(got, a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_each_runtime_timed_on_a_tiny_gemm(compute_floor: ModuleType) -> None:
+    rates = compute_floor.gemm_rates(threads=1, repeats=2, m=64, k=32, n=48, prepacked=False)
+    assert set(rates) == {"torch", "onnxruntime", "numpy"}
+    assert all(r["best_gflops"] >= r["median_gflops"] > 0 for r in rates.values())
+
+
+def test_each_pass_at_the_rate_of_its_runtime(compute_floor: ModuleType) -> None:
+    rates = {"torch": {"best_gflops": 100.0}, "onnxruntime": {"best_gflops": 400.0},
+             "numpy": {"best_gflops": 10_000.0}}  # numpy runs no pass: never the floor's
+    passes = compute_floor.floor_seconds(4_000_000_000_000, rates)
+    assert list(passes.values()) == [40.0, 10.0, 10.0]
+    assert [runtime for _, runtime in compute_floor.PASSES] == ["torch", "onnxruntime",
+                                                               "onnxruntime"]
