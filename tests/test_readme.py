@@ -56,6 +56,7 @@ RUN = [
     "trtpack build OUT/artifacts/export/model.onnx",
     "trtpack cache info",
     "trtpack cache verify",
+    "trtpack cache constraints",
 ]
 # Run too, but slowly (a timed benchmark of every profile corner): marked slow.
 RUN_SLOW = [

@@ -1,5 +1,6 @@
-"""``trtpack cache info|verify|prune``: the stage cache that builds share (on a laptop, or a
-CI volume kept between runs). Thin wrappers over ``trtpack.pipeline.cache.StageCache``."""
+"""``trtpack cache info|verify|prune|constraints``: the stage cache that builds share (on a
+laptop, or a CI volume kept between runs). Thin wrappers over
+``trtpack.pipeline.cache.StageCache`` (and ``pipeline.keys`` for the constraints)."""
 
 from __future__ import annotations
 
@@ -122,3 +123,22 @@ def prune(
     removed = cache.prune(age)
     out.print(f"removed {len(removed)} entries, {_size(sum(e.bytes for e in removed))}",
               markup=False)
+
+
+@commands.command("constraints")
+@handle_errors
+def constraints() -> None:
+    """Print, as a pip constraints file, the version of every package a stage's cache key
+    holds (the packages each stage's code imports, and what they require).
+
+    \b
+    Machines sharing a cache (--cache-url) share an entry only when its key
+    matches: install every runner of a fleet with the same constraints,
+    written once on a reference machine:
+      trtpack cache constraints > fleet-constraints.txt
+      pip install -c fleet-constraints.txt 'trtpack[all]'
+    """
+    from trtpack.pipeline.keys import constraints as pinned
+    from trtpack.pipeline.stage import STAGES
+
+    sys.stdout.write(pinned([s.module for s in STAGES]))

@@ -1,5 +1,6 @@
 """The stage cache. A stage's key hashes its name, its fingerprint (the options it depends
-on), the key of the stage before it, the tool versions and a digest of trtpack's own code.
+on), the key of the stage before it, and the code it runs with the versions of the packages
+that code uses (``pipeline.keys``).
 A finished stage folder is hard-linked into ``CACHE/stages/<stage>/<key>/`` through a
 temporary name and a rename, so an interrupted build never leaves anything that could be
 taken for a result; a hit hard-links it back (gigabytes of weights cost nothing to reuse).
@@ -55,11 +56,16 @@ def tool_versions() -> dict[str, str | None]:
     return {"trtpack": __version__, "trtpack_source": source_digest(), **recorded_versions()}
 
 
+KEY_FORMAT = 2  # what a key holds (2: each stage's own code and packages, ``keys``)
+
+
 def stage_key(stage: str, fingerprint: JsonObject, upstream: str,
-              versions: dict[str, str | None]) -> str:
+              dependencies: Mapping[str, object]) -> str:
+    """The entry's name: the stage, its options (``fingerprint``), the key of the stage
+    before it, and what its code depends on (``keys.stage_dependencies``)."""
     payload = json.dumps(
-        {"stage": stage, "fingerprint": fingerprint, "upstream": upstream,
-         "versions": versions},
+        {"format": KEY_FORMAT, "stage": stage, "fingerprint": fingerprint,
+         "upstream": upstream, "dependencies": dependencies},
         sort_keys=True, default=str,
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:32]

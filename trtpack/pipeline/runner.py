@@ -196,8 +196,7 @@ class Pipeline:
         artifacts = Artifacts()
         logs = work / LOGS
         logs.mkdir()
-        order = self.stages.plan(report.versions,
-                                 {name: f.key for name, f in self.finished.items()})
+        order = self.stages.plan({name: f.key for name, f in self.finished.items()})
         planned = {p.stage.name: p for p in order}
         if order:
             self.stages.start_ahead(order[0], logs)

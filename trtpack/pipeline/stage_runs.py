@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from trtpack.errors import StageError, StageKilledError, TrtpackError, no_space_cause
 from trtpack.options import BuildPlan
 from trtpack.out_files import ARTIFACTS
-from trtpack.pipeline import prestart
+from trtpack.pipeline import keys, prestart
 from trtpack.pipeline.build_folder import artifact_records
 from trtpack.pipeline.cache import StageCache, relative_artifacts, stage_key
 from trtpack.pipeline.faults import killed_message, oom_kills
@@ -84,8 +84,7 @@ class StageRuns:
         self._head_started: dict[str, Path] = {}
         self._planned: list[PlannedStage] = []  # the stages ``plan`` found to run
 
-    def plan(self, versions: dict[str, str | None],
-             finished: Mapping[str, str] | None = None) -> list[PlannedStage]:
+    def plan(self, finished: Mapping[str, str] | None = None) -> list[PlannedStage]:
         """The stages that will run, each with its key and whether the cache has it.
         ``finished``: stages another build ran (name -> the sha256 of their files), which
         are copied in, not run; the later keys chain on those files."""
@@ -97,10 +96,11 @@ class StageRuns:
                 continue
             if finished and stage.name in finished:
                 upstream = stage_key(stage.name, {"finished": finished[stage.name]}, upstream,
-                                     versions)
+                                     keys.stage_dependencies(stage.module))
                 continue
             module = stage.load()
-            upstream = stage_key(stage.name, module.fingerprint(o), upstream, versions)
+            upstream = stage_key(stage.name, module.fingerprint(o), upstream,
+                                 keys.stage_dependencies(stage.module))
             cached = stage.cacheable and o.use_cache and self.cache.has(stage.name, upstream)
             remote = None
             if stage.cacheable and not cached and self.remote is not None:
