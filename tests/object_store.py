@@ -120,6 +120,12 @@ class ObjectStore:
             config=Config(s3={"addressing_style": "path"}, connect_timeout=2,
                           retries={"max_attempts": 2, "mode": "standard"}))
 
+    def keys(self, prefix: str) -> list[str]:
+        """The keys of the objects under ``prefix`` (listed, not read)."""
+        pages = self.client().get_paginator("list_objects_v2").paginate(Bucket=BUCKET,
+                                                                        Prefix=prefix)
+        return [o["Key"] for page in pages for o in page.get("Contents", [])]
+
     def objects(self, prefix: str) -> dict[str, bytes]:
         """Every object under ``prefix``, by key."""
         s3 = self.client()

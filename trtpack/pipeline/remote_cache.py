@@ -184,11 +184,13 @@ class RemoteCache:
                 try:
                     self._s3().download_file(self.url.bucket, self._blob_key(digest),
                                              str(path))
-                except ClientError as e:
-                    if e.response.get("Error", {}).get("Code") not in ("NoSuchKey", "404"):
-                        raise
+                except ClientError as e:  # the store answered: this blob is missing or
+                    # unreadable (a store that crashed while writing it), the entry damaged
                     self._damaged.add((entry.stage, entry.key))
-                    return f"{rel} is missing from the bucket"
+                    self._bad_blobs.add(digest)
+                    if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                        return f"{rel} is missing from the bucket"
+                    return f"{rel} could not be read from the bucket ({_describe(e)})"
             problem = self.local.adopt(entry.stage, entry.key, tmp, entry.meta)
             if problem is not None:
                 self._damaged.add((entry.stage, entry.key))
