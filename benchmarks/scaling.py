@@ -80,6 +80,15 @@ def build_row(model: str, precision: str, target: str, profile: str | None,
          "peak_mb": round(s["peak_memory_mb"]) if s.get("peak_memory_mb") else None,
          "ratio": round(s["peak_memory_mb"] * MB / base, 2) if s.get("peak_memory_mb") else None}
         for s in report["stages"] if s["status"] != "skipped"]
+    precision_stage = next((s for s in report["stages"] if s["name"] == "precision"), None)
+    metrics = (precision_stage or {}).get("metrics") or {}
+    if metrics.get("precision") == "int8":  # what the INT8 model is, beside what it cost
+        low = metrics["low_precision"]
+        row["int8"] = {"quantizer": metrics.get("quantizer"),
+                       "matmul_gemm_int8": low["matmul_gemm_low_precision"],
+                       "matmul_gemm": low["matmul_gemm_nodes"],
+                       "held_out_worst": (metrics["splits"].get("holdout") or {}).get("worst"),
+                       "calibration_samples": metrics["calibration"]["samples"]}
     row["worst_ratio"] = max((s["ratio"] for s in row["stages"] if s["ratio"] is not None),
                              default=None)
     row["within_budget"] = None if row["weights"] <= LARGE_MODEL_BYTES else \
@@ -127,6 +136,8 @@ def main() -> None:
                     rows = [r for r in rows if (r["model"], r["precision"], r["target"],
                                                 r["profile"]) != key] + [row]
                     print(markdown([row]).splitlines()[-1], flush=True)
+                    if "int8" in row:
+                        print(f"  int8: {json.dumps(row['int8'])}", flush=True)
                     for leftover in Path(name).iterdir():  # one build's files at a time
                         if leftover.is_dir():
                             import shutil

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
 if TYPE_CHECKING:
+    import numpy as np
     import onnx
 
 DATA_SUFFIX = ".data"  # model.onnx -> model.onnx.data
@@ -50,6 +51,20 @@ def tensor_bytes(tensor: onnx.TensorProto) -> int:
             return int(entry.value)
     count = int(np.prod(tensor.dims)) if tensor.dims else 1
     return count * np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+
+
+def initializer_array(tensor: onnx.TensorProto, folder: Path) -> np.ndarray:
+    """An initializer's values: from its bytes, or mapped from its external data file."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    if not uses_external_data(tensor):
+        return numpy_helper.to_array(tensor)
+    info = ExternalDataInfo(tensor)
+    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
+    return np.memmap(folder / info.location, dtype=dtype, mode="r", offset=info.offset or 0,
+                     shape=tuple(tensor.dims))
 
 
 def fits_in_protobuf(model: onnx.ModelProto) -> bool:

@@ -236,3 +236,57 @@ def node_hint(node: onnx.NodeProto, initializer_names: set[str]) -> str:
                 name = name.removesuffix(suffix)
             return name
     return node.name
+
+
+def absmax_types() -> frozenset[int]:
+    """The ONNX element types a tensor's largest absolute value is taken of (numbers and
+    booleans, cast to FP32 for it)."""
+    from onnx import TensorProto as T
+
+    return frozenset({T.FLOAT, T.FLOAT16, T.BFLOAT16, T.DOUBLE, T.BOOL, T.INT8, T.INT16,
+                      T.INT32, T.INT64, T.UINT8, T.UINT16, T.UINT32, T.UINT64})
+
+
+def absmax_outputs(model: onnx.ModelProto, tensors: list[str]) -> dict[str, str]:
+    """Make ``model`` (an ``onnx.ModelProto``, changed in place) output, instead of its own
+    outputs, the largest absolute value of each of ``tensors`` as an FP32 scalar: Cast, Abs,
+    flattened with a 0 appended (an empty tensor gives 0), ReduceMax, placed right after the
+    node that makes the tensor (a graph input's: first), so that a one-run session
+    (priority-based order) frees each tensor there: in ONNX Runtime's default order every
+    tensor lived to the end of the run. Returns tensor name -> output name."""
+    from onnx import TensorProto, helper
+
+    graph = model.graph
+    flat, zero = "trtpack_absmax/flat_shape", "trtpack_absmax/zero"
+    graph.initializer.extend([helper.make_tensor(flat, TensorProto.INT64, [1], [-1]),
+                              helper.make_tensor(zero, TensorProto.FLOAT, [1], [0.0])])
+    wanted = set(tensors)
+    outputs: dict[str, str] = {}
+
+    def reduce(name: str) -> list[onnx.NodeProto]:
+        if name not in wanted or name in outputs:
+            return []
+        p = f"trtpack_absmax/{len(outputs)}/"
+        outputs[name] = p + "max"
+        return [
+            helper.make_node("Cast", [name], [p + "cast"], to=TensorProto.FLOAT,
+                             name=p + "Cast"),
+            helper.make_node("Abs", [p + "cast"], [p + "abs"], name=p + "Abs"),
+            helper.make_node("Reshape", [p + "abs", flat], [p + "flat"], name=p + "Reshape"),
+            helper.make_node("Concat", [p + "flat", zero], [p + "padded"], axis=0,
+                             name=p + "Concat"),
+            helper.make_node("ReduceMax", [p + "padded"], [p + "max"], keepdims=0,
+                             name=p + "ReduceMax"),
+        ]
+
+    nodes = [n for i in graph.input for n in reduce(i.name)]
+    for node in graph.node:
+        nodes.append(node)
+        for name in node.output:
+            nodes += reduce(name)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    del graph.output[:]
+    graph.output.extend(helper.make_tensor_value_info(o, TensorProto.FLOAT, [])
+                        for o in outputs.values())
+    return outputs

@@ -163,9 +163,11 @@ class Int8Metrics(PrecisionMetrics):
     quantize_op_types: list[str] | str = "modelopt default"
     high_precision: str = "fp32"
     kept_layers: list[str] = field(default_factory=list)  # module path (op type) of each
+    # who made the Q/DQ: "trtpack" (precision.int8.qdq) or "ModelOpt"
+    quantizer: str = "trtpack"
 
     def as_dict(self) -> JsonObject:
-        return {"precision": "int8",
+        return {"precision": "int8", "quantizer": self.quantizer,
                 "calibration": asdict(self.calibration) if self.calibration else None,
                 "splits": {k: asdict(v) if v else {} for k, v in self.splits.items()},
                 "quantize_op_types": self.quantize_op_types,

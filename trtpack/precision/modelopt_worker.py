@@ -26,6 +26,7 @@ from trtpack.precision.fp16.autocast_weights import (
     save_converted,
     strip_weights,
 )
+from trtpack.precision.int8.placement import INT8_OPSET
 from trtpack.precision.modelopt_jobs import Int8Job, ModelOptJob, WorkerResult
 from trtpack.processes import die_with_parent
 
@@ -68,10 +69,6 @@ def _calibration_reader(feeds_path: str) -> CalibrationDataReader:
             return len(self.feeds)
 
     return FeedReader()
-
-
-# ModelOpt's INT8 path needs this opset (Q/DQ with FP16 scales); it upgrades lower ones.
-INT8_OPSET = 19
 
 
 def prepare_int8_input(source: Path) -> tuple[Path, list[str]]:

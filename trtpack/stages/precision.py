@@ -6,6 +6,7 @@ precision from the ONNX, so this model is what the engine stage builds.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from trtpack.precision.int8.fallback import (
     SEARCH_PER_NODE,
     SENSITIVITY_SAMPLES,
 )
+from trtpack.precision.int8.qdq import QUANTIZER_VARIABLE, first_conversion_is_own
 from trtpack.precision.metrics import Fp16Metrics, Int8Metrics
 from trtpack.precision.modelopt_jobs import ModelOptWorker
 from trtpack.precision.source import prepare_source
@@ -34,7 +36,7 @@ from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 
 # Bump when the conversion or the search changes what this stage produces (cache key).
-ALGORITHM_VERSION = 5
+ALGORITHM_VERSION = 6
 
 
 def fingerprint(plan: BuildPlan) -> JsonObject:
@@ -44,6 +46,7 @@ def fingerprint(plan: BuildPlan) -> JsonObject:
         raise UserInputError(f"calibration file {path} does not exist")
     return {
         "algorithm": ALGORITHM_VERSION,
+        "int8_quantizer": os.environ.get(QUANTIZER_VARIABLE) or "trtpack",
         "search": [SEARCH_MARGIN, SEARCH_PER_NODE, MAX_INT8_ROUNDS, MAX_FP16_ROUNDS,
                    FP16_FIRST_NODES, MAX_SEARCH_EVALUATIONS, FALLBACK_QUANTIZE_OP_TYPES,
                    GREEDY_FAILURES, SENSITIVITY_SAMPLES],
@@ -68,7 +71,8 @@ _EARLY_WORKERS: dict[str, ModelOptWorker] = {}  # started by warm_up, by precisi
 def warm_up(plan: BuildPlan, build_dir: Path) -> None:
     """In the stage's own process, before its job: start the ModelOpt worker so it imports
     ModelOpt while the stages before this one run."""
-    if plan.precision in ("fp16", "int8"):
+    if plan.precision == "fp16" or (plan.precision == "int8"
+                                    and not first_conversion_is_own(plan)):
         _EARLY_WORKERS[plan.precision] = ModelOptWorker(plan.precision, build_dir)
 
 
@@ -116,15 +120,19 @@ def convert(ctx: StageContext, precision: str, share_gate: bool = True) -> Stage
     stage runs the INT8 one itself, only when its first CPU form fails; ``share_gate``
     False: ``--min-int8-share`` is judged on the model served instead)."""
     work = Path(tempfile.mkdtemp(prefix=".work-", dir=ctx.stage_dir))
-    # the first conversion's worker imports ModelOpt while its job is prepared here
-    worker = _EARLY_WORKERS.pop(precision, None) or ModelOptWorker(precision, ctx.stage_dir)
+    # the first conversion's worker imports ModelOpt while its job is prepared here (none
+    # when trtpack's own INT8 Q/DQ makes it)
+    worker = _EARLY_WORKERS.pop(precision, None) or (
+        None if precision == "int8" and first_conversion_is_own(ctx.options)
+        else ModelOptWorker(precision, ctx.stage_dir))
     try:
         source = prepare_source(ctx.needs(ctx.artifacts.onnx, "onnx"), work / "source")
         view = ConversionView(ctx)
         result = (Fp16Conversion(view, work, source, worker).run() if precision == "fp16"
                   else Int8Conversion(view, work, source, worker, share_gate=share_gate).run())
     finally:
-        worker.close()
+        if worker is not None:
+            worker.close()
         shutil.rmtree(work, ignore_errors=True)
     return StageOutcome(artifacts=Artifacts.from_named(result.artifacts),
                         metrics=PrecisionMetrics(result.metrics),

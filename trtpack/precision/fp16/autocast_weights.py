@@ -11,7 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from trtpack.onnx_tools.files import LARGE_INITIALIZER_BYTES, data_path, tensor_bytes
+from trtpack.onnx_tools.files import (
+    LARGE_INITIALIZER_BYTES,
+    data_path,
+    initializer_array,
+    tensor_bytes,
+)
+from trtpack.precision.graph import absmax_outputs, absmax_types
 
 if TYPE_CHECKING:
     import numpy as np
@@ -58,71 +64,6 @@ def out_of_range_nodes(source: Path, feed: dict[str, np.ndarray], data_max: floa
     graph = onnx.load(str(source), load_external_data=False).graph
     return [n.name for n in graph.node if n.op_type != "Constant" and any(
         absmax.get(t, 0.0) > data_max for t in (*n.input, *n.output))]
-
-
-def absmax_types() -> frozenset[int]:
-    """The ONNX element types a tensor's largest absolute value is taken of (numbers and
-    booleans, cast to FP32 for it)."""
-    from onnx import TensorProto as T
-
-    return frozenset({T.FLOAT, T.FLOAT16, T.BFLOAT16, T.DOUBLE, T.BOOL, T.INT8, T.INT16,
-                      T.INT32, T.INT64, T.UINT8, T.UINT16, T.UINT32, T.UINT64})
-
-
-def absmax_outputs(model: onnx.ModelProto, tensors: list[str]) -> dict[str, str]:
-    """Make ``model`` (an ``onnx.ModelProto``, changed in place) output, instead of its own
-    outputs, the largest absolute value of each of ``tensors`` as an FP32 scalar: Cast, Abs,
-    flattened with a 0 appended (an empty tensor gives 0), ReduceMax, placed right after the
-    node that makes the tensor, so that a one-run session (priority-based order) frees each
-    tensor there: in ONNX Runtime's default order every tensor lived to the end of the run.
-    Returns tensor name -> output name."""
-    from onnx import TensorProto, helper
-
-    graph = model.graph
-    flat, zero = "trtpack_absmax/flat_shape", "trtpack_absmax/zero"
-    graph.initializer.extend([helper.make_tensor(flat, TensorProto.INT64, [1], [-1]),
-                              helper.make_tensor(zero, TensorProto.FLOAT, [1], [0.0])])
-    wanted = set(tensors)
-    outputs: dict[str, str] = {}
-    nodes = []
-    for node in graph.node:
-        nodes.append(node)
-        for name in node.output:
-            if name not in wanted or name in outputs:
-                continue
-            p = f"trtpack_absmax/{len(outputs)}/"
-            nodes += [
-                helper.make_node("Cast", [name], [p + "cast"], to=TensorProto.FLOAT,
-                                 name=p + "Cast"),
-                helper.make_node("Abs", [p + "cast"], [p + "abs"], name=p + "Abs"),
-                helper.make_node("Reshape", [p + "abs", flat], [p + "flat"],
-                                 name=p + "Reshape"),
-                helper.make_node("Concat", [p + "flat", zero], [p + "padded"], axis=0,
-                                 name=p + "Concat"),
-                helper.make_node("ReduceMax", [p + "padded"], [p + "max"], keepdims=0,
-                                 name=p + "ReduceMax"),
-            ]
-            outputs[name] = p + "max"
-    del graph.node[:]
-    graph.node.extend(nodes)
-    del graph.output[:]
-    graph.output.extend(helper.make_tensor_value_info(o, TensorProto.FLOAT, [])
-                        for o in outputs.values())
-    return outputs
-
-
-def _weight_array(tensor: onnx.TensorProto, folder: Path) -> np.ndarray:
-    """An initializer's values: from its bytes, or mapped from its external data file."""
-    import numpy as np
-    from onnx import helper, numpy_helper
-    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
-
-    if not uses_external_data(tensor):
-        return numpy_helper.to_array(tensor)
-    info = ExternalDataInfo(tensor)
-    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
-    return np.memmap(folder / info.location, dtype=dtype, mode="r", offset=info.offset or 0,
-                     shape=tuple(tensor.dims))
 
 
 FP16_CHUNK = 1 << 20
@@ -186,7 +127,7 @@ def strip_weights(source: Path, graph_path: Path
         if t.data_type == onnx.TensorProto.FLOAT and tensor_bytes(t) >= LARGE_INITIALIZER_BYTES:
             weights[t.name] = onnx.TensorProto()
             weights[t.name].CopyFrom(t)
-            if float(np.abs(_weight_array(t, source.parent)).max(initial=0.0)) > \
+            if float(np.abs(initializer_array(t, source.parent)).max(initial=0.0)) > \
                     np.finfo(np.float16).max:
                 beyond.extend(readers.get(t.name, []))
         else:
@@ -224,7 +165,7 @@ def restore_weights(model: onnx.ModelProto, weights: dict[str, onnx.TensorProto]
     readers = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
     external = set()
     for name, tensor in weights.items():
-        values = _weight_array(tensor, folder)
+        values = initializer_array(tensor, folder)
         as_input = inputs.get(name)
         if as_input is not None and \
                 as_input.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16:
@@ -266,7 +207,7 @@ def save_converted(model: onnx.ModelProto, path: Path, external_weights: list[on
         for t in external_weights:
             info = ExternalDataInfo(t)
             length = info.length if info.length is not None else \
-                _weight_array(t, source_folder).nbytes
+                initializer_array(t, source_folder).nbytes
             offset = out.tell()
             with open(source_folder / info.location, "rb") as src:
                 src.seek(info.offset or 0)

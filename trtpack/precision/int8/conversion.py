@@ -1,11 +1,19 @@
-"""INT8: ModelOpt PTQ (Q/DQ) calibrated on the calibration split (optionally on a
+"""INT8: PTQ (Q/DQ) calibrated on the calibration split (optionally on a
 SmoothQuant-smoothed copy, or with percentile ranges), judged per sample at the profile
 corners and on the search split; with ``--fallback auto`` the measured search
 (``trtpack.precision.int8.fallback``) keeps node groups in high precision until it passes, and
-the held-out split, judged once on the final model, gates the build."""
+the held-out split, judged once on the final model, gates the build.
+
+The Q/DQ model of MatMul/Gemm/Conv with ``max`` calibration is trtpack's own
+(``trtpack.precision.int8.qdq``: ModelOpt's placement and scales, without its copies of the
+weights); its calibration run is the run that computes the splits' FP32 references. Any
+other conversion (other op types, ``entropy``, FP16 kept nodes) is ModelOpt's, in its worker.
+"""
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -29,6 +37,7 @@ from trtpack.precision.int8.fallback import (
     SearchInputs,
     int8_fallback,
 )
+from trtpack.precision.int8.qdq import own_qdq
 from trtpack.precision.int8.search import evaluation_workers, run_model, score_outputs
 from trtpack.precision.int8.summary import calibration_summary, check_int8_share, int8_message
 from trtpack.precision.metrics import (
@@ -44,9 +53,9 @@ if TYPE_CHECKING:
     import numpy as np
     import onnx
 
+    from trtpack.precision.int8.placement import Calibration
     from trtpack.runtimes.onnxruntime import CpuSession
     from trtpack.verify.compare import SampleText
-
 
 class Int8Conversion(Conversion):
     precision = "int8"
@@ -65,6 +74,10 @@ class Int8Conversion(Conversion):
         self.texts: dict[int, list[str]] = {}  # id(case inputs) -> the text of each row
         self.fp32_model: onnx.ModelProto | None = None  # what ModelOpt quantizes, in memory
         self.workers = evaluation_workers()  # ONNX Runtime runs at a time, one thread each
+        # own Q/DQ: the calibration measured (model, op types, measurements), kept for reuse
+        self.qdq_calibration: tuple[Path, tuple[str, ...], Calibration] | None = None
+        self.qdq_results: list[dict[str, object]] = []
+        self.quantizer = "trtpack"  # who made the last Q/DQ model: "trtpack" or "ModelOpt"
 
     @property
     def method(self) -> str:
@@ -84,7 +97,16 @@ class Int8Conversion(Conversion):
         parts = (("heldout", cal.held_out), ("check", cal.check), ("search", cal.search),
                  ("prefix", cal.prefixes), ("calibration", cal.feeds))
         feeds = [f for _, part in parts for f in part]
-        refs = run_model(self.source, feeds) if feeds else []
+        op_types = self.op_types_to_quantize()
+        if feeds and cal.feeds and self.quantize_source == self.source and own_qdq(
+                op_types, self.method, "fp32"):
+            # one run: the references, and the calibration of trtpack's own Q/DQ
+            from trtpack.precision.int8.qdq import references_and_calibration
+
+            refs, measured = references_and_calibration(self.source, parts, op_types)
+            self.qdq_calibration = (self.source, tuple(op_types), measured)
+        else:
+            refs = run_model(self.source, feeds) if feeds else []
         texts = [*cal.held_out_texts, *cal.check_texts, *cal.search_texts, *cal.prefix_texts]
         for feed, rows in zip(feeds, texts, strict=False):
             self.texts[id(feed)] = rows
@@ -95,6 +117,12 @@ class Int8Conversion(Conversion):
         self.held_out, self.check_cases, self.search = (
             cases["heldout"], cases["check"], cases["search"])
         self.prefixes, self.calibration_cases = cases["prefix"], cases["calibration"]
+
+    def op_types_to_quantize(self) -> list[str]:
+        """An empty quantize_op_types means MatMul/Gemm/Conv, with or without the fallback
+        (ModelOpt's own default placement also quantizes Add inputs, which MiniLM never
+        survives)."""
+        return list(self.settings.quantize_op_types) or list(FALLBACK_QUANTIZE_OP_TYPES)
 
     def decision_cases(self) -> list[Case]:
         """What the search decides on: every sample that is neither check nor held-out
@@ -137,6 +165,13 @@ class Int8Conversion(Conversion):
                 ) -> Attempt:
         assert self.calibration is not None
         method = "entropy" if self.method == "entropy" else "max"
+        if own_qdq(op_types, self.method, high_precision):
+            self.quantizer = "trtpack"
+            path = self.quantize_own(label, op_types, excluded, meanwhile)
+            if self.method == "percentile":
+                self.percentile_ranges(path)
+            return self.judge(label, path, excluded)
+        self.quantizer = "ModelOpt"
         self.ctx.progress(f"ModelOpt INT8 quantization ({label}, {method} calibration on "
                           f"{self.calibration.samples} samples)")
         job = ModelOptJob("int8", int8=Int8Job(
@@ -148,6 +183,36 @@ class Int8Conversion(Conversion):
         if self.method == "percentile":
             self.percentile_ranges(path)
         return self.judge(label, path, excluded)
+
+    def quantize_own(self, label: str, op_types: Sequence[str], excluded: Sequence[str],
+                     meanwhile: Callable[[], None] | None = None) -> Path:
+        """trtpack's own Q/DQ model (``trtpack.precision.int8.qdq``) of ``quantize_source``
+        in ``<work>/<label>/model.onnx``; ``meanwhile`` runs first (it may measure the
+        calibration, in the references' run)."""
+        from trtpack.precision.int8.qdq import quantize
+
+        assert self.calibration is not None
+        if meanwhile is not None:
+            meanwhile()
+        self.ctx.progress(f"INT8 Q/DQ ({label}, max calibration on "
+                          f"{self.calibration.samples} samples)")
+        started = time.perf_counter()
+        out_dir = self.work / label
+        out_dir.mkdir()
+        output = out_dir / "model.onnx"
+        measured = self.qdq_calibration
+        reuse = measured is not None and measured[0] == self.quantize_source \
+            and set(op_types) <= set(measured[1])
+        result = quantize(self.quantize_source, output, op_types, excluded,
+                          self.settings.exclude_op_types, self.calibration.feeds,
+                          measured[2] if reuse and measured is not None else None)
+        seconds = time.perf_counter() - started
+        self.conversion_seconds += seconds
+        self.conversions += 1
+        result["seconds"] = round(seconds, 2)
+        self.qdq_results.append(result)
+        self.ctx.log.info("own INT8 Q/DQ %s: %s", label, json.dumps(result))
+        return output
 
     def search_inputs(self) -> SearchInputs:
         """What the fallback search decides on (``trtpack.precision.int8.fallback``)."""
@@ -210,8 +275,7 @@ class Int8Conversion(Conversion):
         return SmoothQuantSummary(self.settings.smoothquant, len(smoothed))
 
     def percentile_ranges(self, path: Path) -> None:
-        """ModelOpt's max model with its activation ranges set to a percentile
-        (``trtpack.precision.int8.activation_ranges``)."""
+        """The max model's activation ranges set to a percentile (``activation_ranges``)."""
         import onnx
 
         from trtpack.onnx_tools.files import save_model
@@ -266,11 +330,9 @@ class Int8Conversion(Conversion):
         user_excluded = self.resolve(s.exclude_nodes, "exclude_nodes")
         self.load_calibration()
         smoothed = self.smooth() if s.smoothquant is not None else None
-        # An empty quantize_op_types means MatMul/Gemm/Conv, with or without the fallback
-        # (ModelOpt's own default placement also quantizes Add inputs, which MiniLM never
-        # survives); the first model already quantizes only the op types the search works on.
+        # the first model already quantizes only the op types the search works on
         auto = self.options.fallback == "auto"
-        op_types = list(s.quantize_op_types) or list(FALLBACK_QUANTIZE_OP_TYPES)
+        op_types = self.op_types_to_quantize()
         first = self.convert("quantize", op_types, user_excluded,
                              "fp32" if auto else s.high_precision, self.while_quantizing)
         final, search = self.searched(first, user_excluded, op_types) if auto \
@@ -309,7 +371,8 @@ class Int8Conversion(Conversion):
                     "check": SplitSummary.of(check_rows),
                     "search": SplitSummary.of(final.split_rows), "holdout": held},
             quantize_op_types=op_types or "modelopt default",
-            high_precision=s.high_precision, kept_layers=[self.display(n) for n in added])
+            high_precision=s.high_precision, kept_layers=[self.display(n) for n in added],
+            quantizer=self.quantizer)
         message = int8_message(stats, self.method, cal, final.worst, held, final is not first,
                                first.worst, search.check_consultations,
                                [self.display(n) for n in added], s.high_precision,
