@@ -124,6 +124,8 @@ def main() -> None:
     parser.add_argument("--profile", default="", help="one --profile for every build "
                         "(empty: each recipe's own)")
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/scaling.json"))
+    parser.add_argument("--keep", type=Path, help="move each build folder here (its "
+                        "report.json and logs) instead of removing it")
     args = parser.parse_args()
     existing = json.loads(args.json.read_text()) if args.json.is_file() else {"rows": []}
     rows: list[dict[str, Any]] = existing["rows"]
@@ -138,6 +140,13 @@ def main() -> None:
                     print(markdown([row]).splitlines()[-1], flush=True)
                     if "int8" in row:
                         print(f"  int8: {json.dumps(row['int8'])}", flush=True)
+                    if args.keep is not None:
+                        import shutil
+
+                        args.keep.mkdir(parents=True, exist_ok=True)
+                        for folder in Path(name).glob("out-*"):
+                            shutil.rmtree(args.keep / folder.name, ignore_errors=True)
+                            shutil.move(str(folder), str(args.keep / folder.name))
                     for leftover in Path(name).iterdir():  # one build's files at a time
                         if leftover.is_dir():
                             import shutil

@@ -68,13 +68,18 @@ STAGE_MEMORY: tuple[StageMemory, ...] = (
 # quantize (ONNX Runtime's quantizer holds its own copies); fitted while the FP32 fusions
 # still loaded the weights (they now stay on disk), so a bound from above
 CPU_MODEL_INT8 = StageMemory("cpu_model", 200 * MB, 6.0, 1.5, "runtime")
-# INT8 for a GPU target: the precision stage's process (ONNX Runtime checking the Q/DQ model
-# at the corners, as verify does) beside ModelOpt's worker, whose INT8 quantize (0.47) holds
-# about ten copies of the weights at once and runs each calibration batch with its
-# activations alive together; fitted on bert-base and bert-large at 1x128:16x128:128x128
-# (8.2 and 18.7 GB measured), as an upper bound (benchmarks/README.md, "INT8's precision
-# stage")
-PRECISION_INT8 = StageMemory("precision", 1600 * MB, 12.0, 4.0, "runtime")
+# INT8 for a GPU target: the precision stage's process, trtpack's own Q/DQ (no ModelOpt
+# worker): the FP32 references and the calibration in one ONNX Runtime session (the weights,
+# pre-packed, and one batch's activations), then ONNX Runtime checking the Q/DQ model at the
+# corners, as verify does, two runs at a time; fitted on bert-base and bert-large at
+# 1x128:16x128:128x128 as an upper bound (benchmarks/README.md, "INT8's precision stage").
+# ModelOpt's quantize, which it replaced, held about ten copies of the weights (below)
+PRECISION_INT8 = StageMemory("precision", 300 * MB, 2.5, 4.0, "runtime")
+# INT8 through ModelOpt's quantize (entropy calibration, op types other than MatMul/Gemm/
+# Conv, FP16 kept nodes without the fallback): its worker held about ten copies of the
+# weights at once and ran each calibration batch with its activations alive together;
+# fitted on bert-base and bert-large (8.2 and 18.7 GB measured) as an upper bound
+PRECISION_INT8_MODELOPT = StageMemory("precision", 1600 * MB, 12.0, 4.0, "runtime")
 # A stage with a head start (``Stage.head_start``: the CPU model fusing its graph, weights
 # left on disk) runs its process beside the stage before it, which counts it in its peak:
 # verify measured 130-200 MB more with it on tiny-bert and minilm (benchmarks/README.md)
@@ -112,7 +117,7 @@ def _stages(plan: BuildPlan) -> list[StageMemory]:
     beside_head_start = {s.name for s, after in itertools.pairwise(runs) if after.head_start}
     int8 = plan.precision == "int8" or plan.auto_precision
     found = []
-    modelled = (*STAGE_MEMORY, PRECISION_INT8) if int8 else STAGE_MEMORY
+    modelled = (*STAGE_MEMORY, int8_precision_memory(plan)) if int8 else STAGE_MEMORY
     for m in modelled:
         if m.stage not in names:
             continue
@@ -120,6 +125,13 @@ def _stages(plan: BuildPlan) -> list[StageMemory]:
         found.append(replace(m, base=m.base + HEAD_START) if m.stage in beside_head_start
                      else m)
     return found
+
+
+def int8_precision_memory(plan: BuildPlan) -> StageMemory:
+    """The INT8 precision stage's model: trtpack's own Q/DQ, or ModelOpt's worker."""
+    from trtpack.precision.int8.qdq import first_conversion_is_own
+
+    return PRECISION_INT8 if first_conversion_is_own(plan) else PRECISION_INT8_MODELOPT
 
 
 def stage_bytes(model: StageMemory, weights: int, activations: int) -> int:

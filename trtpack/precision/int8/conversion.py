@@ -140,13 +140,18 @@ class Int8Conversion(Conversion):
                 if not score_outputs(self.recipe, "int8", [c], [out]).passed]
 
     def while_quantizing(self) -> None:
-        """What needs no quantized model, done while ModelOpt works: the splits' FP32
-        references, the FP32 model the search takes nodes from."""
+        """What needs no quantized model (done while ModelOpt works, or first): the splits'
+        FP32 references (with trtpack's own Q/DQ: and its calibration)."""
         self.split_references()
-        if self.fp32_model is None and self.options.fallback == "auto":
+
+    def fp32(self) -> onnx.ModelProto:
+        """The FP32 model quantized, with its weights (the search's kept nodes come from it):
+        loaded when the search needs it, not for a first model that passes."""
+        if self.fp32_model is None:
             import onnx
 
             self.fp32_model = onnx.load(str(self.quantize_source))
+        return self.fp32_model
 
     def split_text(self) -> SampleText:
         """Sample texts for the split cases: the calibration file's own lines."""
@@ -216,11 +221,7 @@ class Int8Conversion(Conversion):
 
     def search_inputs(self) -> SearchInputs:
         """What the fallback search decides on (``trtpack.precision.int8.fallback``)."""
-        if self.fp32_model is None:
-            import onnx
-
-            self.fp32_model = onnx.load(str(self.quantize_source))
-        return SearchInputs(self.recipe, self.fp32_model, self.cases, self.decision_cases(),
+        return SearchInputs(self.recipe, self.fp32, self.cases, self.decision_cases(),
                             bool(self.check_cases), self.settings.high_precision,
                             self.options.min_int8_share, self.workers,
                             {n: self.display(n) for n in self.module_paths}, self.ctx.progress)

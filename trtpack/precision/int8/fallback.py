@@ -73,7 +73,8 @@ class SearchInputs:
     split, and the check split only through ``check_failures``."""
 
     recipe: Recipe
-    fp32_model: onnx.ModelProto  # the model ModelOpt quantized: where kept nodes come from
+    # the FP32 model quantized, loaded when called: where kept nodes come from
+    fp32_model: Callable[[], onnx.ModelProto]
     corners: list[Case]  # the profile corners
     decision: list[Case]  # neither check nor held-out, short prefixes first
     has_check: bool  # whether there is a check split to consult
@@ -145,7 +146,7 @@ def search_groups(inputs: SearchInputs, first: Attempt, user_excluded: list[str]
     from trtpack.precision.int8.surrogates import SurrogateBuilder, ToggledSurrogates, node_groups
 
     started = time.perf_counter()
-    fp32 = inputs.fp32_model
+    fp32 = inputs.fp32_model()
     progress = inputs.progress
     quantized = onnx.load(str(first.path))
     candidates = sorted(int8_quantized_nodes(quantized) - set(user_excluded))
