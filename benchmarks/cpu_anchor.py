@@ -23,7 +23,7 @@ eager: one command, one process timing every model on the same ONNX Runtime.
    process (``--threads`` intra-op threads, 2 by default, no spinning; PyTorch with
    ``OMP_WAIT_POLICY=PASSIVE``), at each profile corner (minilm: 1x8, 4x32, 8x128; real
    tokens, no padding), ``--rounds`` rotations (60): in each rotation every model runs for
-   ``--seconds`` (at least once), the start of the order moving by one each rotation. p50 =
+   ``--seconds`` (at least once), in an order shuffled anew each rotation. p50 =
    the median of the rotations' medians; spread = (max - min) / p50 of those. A pair
    (trtpack against Optimum) is also read rotation by rotation: the median over rotations
    of Optimum's time / trtpack's (> 1: trtpack faster), which a loaded machine moves less
@@ -155,15 +155,19 @@ def corner_inputs(tokenizer: Any, batch: int, seq: int) -> dict[str, np.ndarray]
 def time_rotation(calls: dict[str, Callable[[], object]], rounds: int, seconds: float
                   ) -> dict[str, dict[str, Any]]:
     """Each call's p50, spread and per-rotation medians (ms), timed in ``rounds``
-    rotations; the order's start moves by one each rotation."""
+    rotations; each rotation takes the calls in a new order (shuffled, seeded), so that no
+    call always follows the same one (what a call leaves behind, in the caches or the
+    scheduler, lands on a different one each time)."""
+    import random
+
     for call in calls.values():  # warm-up
         for _ in range(3):
             call()
     names = list(calls)
+    order = random.Random(0)
     medians: dict[str, list[float]] = {name: [] for name in names}
-    for turn in range(rounds):
-        start = turn % len(names)
-        for name in names[start:] + names[:start]:
+    for _ in range(rounds):
+        for name in order.sample(names, len(names)):
             call = calls[name]
             found: list[float] = []
             started = time.perf_counter()

@@ -27,13 +27,15 @@ def anchor() -> ModuleType:
     return load("cpu_anchor")
 
 
-def test_rotation_moves_the_start_of_the_order(anchor: ModuleType) -> None:
+def test_each_rotation_runs_every_call_in_a_new_order(anchor: ModuleType) -> None:
     order: list[str] = []
-    calls = {name: (lambda name=name: order.append(name)) for name in "abc"}
-    timed = anchor.time_rotation(calls, rounds=3, seconds=0.0)
-    rotations = order[9:]  # after three warm-up runs each
-    assert rotations == list("abc" "bca" "cab")
-    assert all(len(t["round_p50_ms"]) == 3 for t in timed.values())
+    calls = {name: (lambda name=name: order.append(name)) for name in "abcd"}
+    timed = anchor.time_rotation(calls, rounds=6, seconds=0.0)
+    rotations = ["".join(order[12 + 4 * i:16 + 4 * i]) for i in range(6)]  # after warm-up
+    assert all(sorted(r) == list("abcd") for r in rotations)
+    followers = {r[r.index("a") + 1] for r in rotations if not r.endswith("a")}
+    assert len(followers) > 1  # "a" is not always followed by the same call
+    assert all(len(t["round_p50_ms"]) == 6 for t in timed.values())
 
 
 def timing(*rounds: float) -> dict[str, object]:
