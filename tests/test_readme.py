@@ -67,6 +67,8 @@ NOT_ON_THIS_MACHINE = {
     "trtpack build bert-large --profile 1x128:16x128:128x128 --target g5":
         "a TensorRT engine for an A10G: needs that GPU and TensorRT",
     "trtpack build MODEL --target g5": "a TensorRT engine for an A10G",
+    "trtpack fleet plan MANIFEST": "a fleet manifest: tests/test_fleet.py runs it on the "
+                                   "repository's fleet.yaml",
     "trtpack merge out/minilm-g4dn out/minilm-g5 out/minilm-p4d --out out/minilm-fleet":
         "merges engine builds for three GPU families (CPU builds are refused)",
     "trtpack bench OUT --served URL": "needs a running Triton server serving OUT",

@@ -15,7 +15,7 @@ import typer
 from typer.core import TyperArgument, TyperCommand, TyperOption
 
 from trtpack import __version__
-from trtpack.cli import build, cache, diagnostics, outputs, recipes
+from trtpack.cli import build, cache, diagnostics, fleet, outputs, recipes
 from trtpack.cli.console import out, print_interrupted, print_usage_error
 from trtpack.cli.exits import STATE, quiet_stdout
 from trtpack.errors import ExitCode
@@ -77,7 +77,7 @@ class PlainHelpCommand(TyperCommand):
 
 
 for group in (build.commands, diagnostics.commands, outputs.commands, recipes.commands,
-              cache.commands):
+              cache.commands, fleet.commands):
     for info in group.registered_commands:
         if info.cls in (None, TyperCommand):
             info.cls = PlainHelpCommand
@@ -87,6 +87,7 @@ app.add_typer(diagnostics.commands)
 app.add_typer(outputs.commands)
 app.add_typer(recipes.commands, name="recipes")
 app.add_typer(cache.commands, name="cache")
+app.add_typer(fleet.commands, name="fleet")
 
 
 def show_version(value: bool) -> None:
