@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,7 +83,7 @@ def machine() -> dict[str, str]:
                             capture_output=True, text=True, check=False).stdout.strip()
     return {"cpu": model, "cores": str(os.cpu_count()),
             "load_average": " ".join(f"{x:.1f}" for x in os.getloadavg()),
-            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit}
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "commit": commit}
 
 
 def main() -> None:
