@@ -78,7 +78,7 @@ def mask_index(model: Any, filter_value: float | None = None) -> None:
                 attribute.f = filter_value
 
 
-def _residual_adds(model: Any) -> list[tuple[Any, Any]]:
+def residual_adds(model: Any) -> list[tuple[Any, Any]]:
     """(bias Add, residual Sum) pairs of the served graph."""
     producer = {o: n for n in model.graph.node for o in n.output}
     pairs = []
@@ -92,7 +92,7 @@ def _residual_adds(model: Any) -> list[tuple[Any, Any]]:
 
 def sum3(model: Any) -> None:
     """bias Add → Sum(·, skip) as one ``Sum(x, bias, skip)``."""
-    for add, total in _residual_adds(model):
+    for add, total in residual_adds(model):
         total.input[0] = add.input[0]
         total.input.insert(1, add.input[1])
         model.graph.node.remove(add)
@@ -105,7 +105,7 @@ def gemm_bias(model: Any) -> None:
     graph = model.graph
     producer = {o: n for n in graph.node for o in n.output}
     weights = {i.name: i for i in graph.initializer}
-    for add, total in _residual_adds(model):
+    for add, total in residual_adds(model):
         matmul = producer[add.input[0]]
         x, w = matmul.input
         rows = f"{matmul.name}_rows"

@@ -97,3 +97,59 @@ def test_each_pass_at_the_rate_of_its_runtime(compute_floor: ModuleType) -> None
     assert list(passes.values()) == [40.0, 10.0, 10.0]
     assert [runtime for _, runtime in compute_floor.PASSES] == ["torch", "onnxruntime",
                                                                "onnxruntime"]
+
+
+def test_each_fp32_form_computes_the_served_model(tiny_build: Path, tmp_path: Path) -> None:
+    """cpu_fp32_forms.py's variants of a served fused CPU model (tiny-bert): each makes the
+    change it names and gives the served model's outputs on the build's own inputs."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    forms = load("cpu_fp32_forms")
+    served = next(tiny_build.glob("model_repository/*/1/model.onnx"))
+    reference = np.load(tiny_build / "artifacts" / "export" / "reference.npz")
+    feed = {k.rsplit(".", 1)[1]: reference[k] for k in reference.files
+            if k.startswith("p1.max.input.")}
+    assert feed["attention_mask"].min() == 0  # padded rows: the mask matters
+
+    def run(path: Path, optimized: Path | None = None) -> np.ndarray:
+        options = ort.SessionOptions()
+        if optimized is not None:
+            options.optimized_model_filepath = str(optimized)
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        names = {i.name for i in session.get_inputs()}
+        return session.run(None, {k: v for k, v in feed.items() if k in names})[0]
+
+    # tiny-bert's random biases are zeros, which the simplifier removes: give each residual
+    # a bias Add (as minilm's served graph has) so that sum3 and gemm have one to move
+    model = onnx.load(str(served))
+    rng = np.random.default_rng(3)
+    for index, total in enumerate([n for n in model.graph.node if n.op_type == "Sum"]):
+        hidden = int(np.load(tiny_build / "artifacts" / "export" / "reference.npz")[
+            "p1.max.output.last_hidden_state"].shape[-1])
+        model.graph.initializer.append(onnx.numpy_helper.from_array(
+            rng.normal(0, 0.1, hidden).astype(np.float32), f"injected{index}"))
+        add = onnx.helper.make_node("Add", [total.input[0], f"injected{index}"],
+                                    [f"injected{index}_out"], name=f"injected{index}_bias")
+        total.input[0] = f"injected{index}_out"
+        model.graph.node.insert(list(model.graph.node).index(total), add)
+    served = tmp_path / "served.onnx"
+    onnx.save_model(model, str(served))
+    assert len(forms.residual_adds(model)) == 4
+    expected = run(served)
+    signs = {"skip layer norm (O2's residual)": "SkipLayerNormalization",
+             "mask index (O2's mask, -60)": "ReduceSum",
+             "sum3 (bias in the residual Sum)": "Sum", "gemm bias (bias in the projection)": "Gemm"}
+    for index, (name, change) in enumerate(forms.VARIANTS.items()):
+        model = onnx.load(str(served))
+        change(model)
+        path, optimized = tmp_path / f"form{index}.onnx", tmp_path / f"form{index}.ran.onnx"
+        onnx.save_model(model, str(path))
+        np.testing.assert_allclose(run(path, optimized), expected, rtol=1e-4, atol=1e-4,
+                                   err_msg=name)
+        ran = [n.op_type for n in onnx.load(str(optimized), load_external_data=False).graph.node]
+        if name in signs:
+            assert signs[name] in ran, (name, sorted(set(ran)))
+        if name.startswith(("sum3", "gemm")):
+            assert forms.residual_adds(model) == []  # every bias Add moved
