@@ -120,13 +120,17 @@ class BuildReport:
         return next((s for s in self.stages if s.name == name), None)
 
     def name_served_precision(self) -> None:
-        """``--precision auto``: ``precision`` (the report's title) becomes the candidate the
-        CPU model stage chose and serves (its metrics' ``auto.winner``), not the one the
-        precision stages built."""
+        """``precision`` (the report's title) becomes what the CPU model stage serves: under
+        ``--precision auto`` the candidate it chose (its metrics' ``auto.winner``), not the
+        one the precision stages built; for ``--target cpu``, ``fp32`` where it declined a
+        convolutional model's INT8 candidate (``int8_fp32_reason``)."""
         stage = self.stage("cpu_model")
         auto = stage.metrics.get("auto") if stage is not None else None
         if isinstance(auto, dict) and isinstance(auto.get("winner"), str):
             self.precision = auto["winner"]
+        elif stage is not None and self.target == "cpu" \
+                and stage.metrics.get("int8_fp32_reason"):
+            self.precision = "fp32"  # the INT8 candidate was declined: FP32 is served
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -64,8 +64,8 @@ def _precision_skip(o: BuildPlan) -> str | None:
     if o.precision == "fp32":
         return "fp32: nothing to convert"
     if search_on_demand(o):
-        return ("target cpu: the CPU INT8 form is served; the Q/DQ search runs in cpu_model "
-                "only if that form fails its gates")
+        return ("target cpu: cpu_model makes and gates the CPU INT8 model (the Q/DQ search "
+                "runs there only if a transformer's first CPU INT8 form fails its gates)")
     return None
 
 

@@ -28,6 +28,9 @@ class Artifacts:
     # what ONNX Runtime serves on the CPU (that, the INT8 form or the Q/DQ graph)
     cpu_fp32_onnx: Path | None = None
     cpu_onnx: Path | None = None
+    # cpu_model, a convolutional model's static INT8 candidate when FP32 is served instead
+    # (it failed its gates or gained nothing): kept so that its reported figures can be checked
+    cpu_int8_candidate: Path | None = None
     # precision (or cpu_model, when its first INT8 form failed and the Q/DQ search ran
     # there): the FP16 / INT8 ONNX, and the recipe overlay of the nodes kept in high precision
     precision_onnx: Path | None = None

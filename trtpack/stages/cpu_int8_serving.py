@@ -10,7 +10,12 @@ For ``--target cpu`` (``--precision int8`` or ``auto``) the precision stage does
 the search runs here, and only when the first form fails (``search_on_demand``). Beside a GPU
 engine (``--fallback-cpu``) the precision stage has searched already and its kept layers are
 read off its Q/DQ model. ``--min-int8-share`` is judged on the model served, counted as ONNX
-Runtime runs it (weight MatMuls on integer kernels)."""
+Runtime runs it (weight MatMuls on integer kernels).
+
+A convolutional model (a Conv with a constant weight) takes none of these forms: its CPU
+INT8 model is ONNX Runtime's static quantization of Conv, MatMul and Gemm
+(``trtpack.stages.cpu_conv_int8``), served when it passes its gates and is faster, else the
+FP32 model with the reason."""
 
 from __future__ import annotations
 
@@ -55,6 +60,10 @@ class ServedInt8:
     failures: list[str] = field(default_factory=list)
     search: StageOutcome | None = None  # the Q/DQ search's outcome, where it ran here
     warnings: list[str] = field(default_factory=list)
+    # a convolutional model's static INT8 candidate (``cpu_conv_int8``): its worst sample,
+    # integer-kernel Conv count and p50 per corner; and why FP32 is served instead, if it is
+    candidate: JsonObject | None = None
+    fp32_reason: str | None = None
 
 
 def verify_rows(ctx: StageContext, path: Path, cases: list[Case], check: str, precision: str
@@ -209,13 +218,15 @@ def qdq_weight_matmuls(model: onnx.ModelProto) -> int:
                if n.op_type in ("MatMul", "Gemm") and len(n.input) > 1 and constant(n.input[1]))
 
 
-def share_failures(plan: BuildPlan, share: tuple[int, int]) -> list[str]:
+def share_failures(plan: BuildPlan, share: tuple[int, int], layers: str = "weight MatMuls"
+                   ) -> list[str]:
     """``--min-int8-share`` on a served CPU model (only where the CPU model is what the
-    build serves: beside a GPU engine the engine's Q/DQ model is gated instead)."""
+    build serves: beside a GPU engine the engine's Q/DQ model is gated instead);
+    ``layers``: what ``share`` counts."""
     quantized, total = share
     if plan.target.is_gpu or not total or quantized / total >= plan.min_int8_share:
         return []
-    return [f"{quantized}/{total} weight MatMuls on integer kernels "
+    return [f"{quantized}/{total} {layers} on integer kernels "
             f"({quantized / total:.0%}), under --min-int8-share {plan.min_int8_share:.0%}"]
 
 

@@ -24,9 +24,11 @@ from trtpack.options import BuildPlan
 from trtpack.precision.cpu import fusion
 from trtpack.precision.cpu.fusion import CpuGraph
 from trtpack.precision.cpu.int8 import search_on_demand
+from trtpack.precision.cpu.static_int8 import has_weight_convs
 from trtpack.report import JsonObject, VerificationRow
 from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
+from trtpack.stages.cpu_conv_int8 import serve_conv_int8
 from trtpack.stages.cpu_int8_serving import (
     CHECK_INT8_HELDOUT,
     QDQ_FORM,
@@ -36,7 +38,7 @@ from trtpack.stages.cpu_int8_serving import (
 )
 
 # Bump when the fusion or the quantization changes what this stage writes (cache key).
-CPU_FORM_VERSION = 8
+CPU_FORM_VERSION = 9
 CHECK_FP32 = "cpu-fp32-vs-fp32"
 
 
@@ -68,6 +70,10 @@ class CpuModelMetrics(StageMetrics):
     search: JsonObject | None = None
     # the fusion's seconds when it ran while the stage before ran (not in this stage's time)
     head_start_seconds: float | None = None
+    # a convolutional model's static INT8 candidate (``cpu_conv_int8``): worst sample,
+    # integer-kernel Conv and MatMul counts, p50 per corner against FP32's
+    int8_candidate: JsonObject | None = None
+    int8_fp32_reason: str | None = None  # why FP32 is served instead of that candidate
 
 
 def fingerprint(plan: BuildPlan) -> JsonObject:
@@ -217,9 +223,12 @@ def run(ctx: StageContext) -> StageOutcome:
                             "CPU model is the plain FP32 graph")
         artifacts = Artifacts(cpu_fp32_onnx=fp32_path, cpu_onnx=fp32_path)
         if ctx.options.precision == "int8" and all(r.passed for r in rows):
-            served = serve_int8(ctx, work, source, {
-                "config_model_type": model_type, "num_heads": heads, "hidden_size": hidden,
-                "mask_input": mask}, cases)
+            if has_weight_convs(source):  # ONNX Runtime's static INT8 of Conv/MatMul/Gemm
+                served = serve_conv_int8(ctx, work, source, fp32_path, cases)
+            else:
+                served = serve_int8(ctx, work, source, {
+                    "config_model_type": model_type, "num_heads": heads,
+                    "hidden_size": hidden, "mask_input": mask}, cases)
             describe_served(metrics, served)
             metrics.smoothquant = recipe.precision_options.int8.smoothquant
             warnings += served.warnings
@@ -233,6 +242,11 @@ def run(ctx: StageContext) -> StageOutcome:
                     metrics.form = "fp32, fused for ONNX Runtime (--precision auto)"
                 elif served.passed:
                     rows += served.rows
+            elif served.fp32_reason is not None:  # the INT8 candidate is not served
+                if served.path.is_file():
+                    artifacts = replace(artifacts, cpu_int8_candidate=served.path)
+                warnings.append(f"int8: the CPU model is FP32: {served.fp32_reason}; "
+                                + candidate_text(served.candidate))
             else:
                 artifacts = replace(artifacts, cpu_onnx=served.path)
                 rows += served.rows  # what is served is gated
@@ -251,7 +265,7 @@ def run(ctx: StageContext) -> StageOutcome:
     if metrics.skip_layer_norms_split:
         message += (f" ({metrics.skip_layer_norms_split} SkipLayerNormalization run as Sum + "
                     "LayerNormalization, faster on the CPU)")
-    if metrics.int8_weight_matmuls:
+    if metrics.int8_weight_matmuls and metrics.int8_candidate is None:
         kernels = ", ".join(f"{n} {op}" for op, n in metrics.integer_kernels.items())
         message += (f"; int8 {metrics.int8_weight_matmuls} weight MatMuls on integer kernels "
                     f"({kernels or 'none'})")
@@ -263,6 +277,10 @@ def run(ctx: StageContext) -> StageOutcome:
             message += f", {len(metrics.kept_fp32_layers)} layers kept in FP32"
         if metrics.heldout_worst is not None:
             message += f", held-out worst {metrics.heldout_worst:.4f}"
+    if metrics.int8_candidate is not None:
+        message += "; int8 candidate: " + candidate_text(metrics.int8_candidate)
+        if metrics.int8_fp32_reason:
+            message += f"; FP32 served: {metrics.int8_fp32_reason}"
     if search_note:
         message += f"; the first CPU form failed, so the Q/DQ search ran: {search_note}"
     if metrics.auto is not None:
@@ -293,6 +311,25 @@ def _choose_precision(ctx: StageContext, fp32_path: Path, served: ServedInt8,
     return next(c.path for c in candidates if c.name == choice.winner)
 
 
+def candidate_text(candidate: JsonObject | None) -> str:
+    """A convolutional model's INT8 candidate in one clause: its Conv and MatMul/Gemm on
+    integer kernels (as ONNX Runtime runs it), its worst sample, its p50 against FP32's."""
+    if candidate is None:
+        return ""
+    text = (f"{candidate['integer_convs']}/{candidate['weight_convs']} Conv and "
+            f"{candidate['integer_matmuls']}/{candidate['weight_matmuls']} MatMul/Gemm on "
+            "integer kernels")
+    worst = candidate.get("worst")
+    if isinstance(worst, float):
+        text += (f", worst sample {candidate.get('worst_metric')} {worst:.4f} "
+                 f"({candidate.get('worst_at')})")
+    int8_ms, fp32_ms = candidate.get("p50_ms"), candidate.get("fp32_p50_ms")
+    if isinstance(int8_ms, dict) and isinstance(fp32_ms, dict):
+        text += ", p50 " + ", ".join(f"{k} {v:.1f} ms (fp32 {fp32_ms.get(k, 0.0):.1f})"
+                                     for k, v in int8_ms.items())
+    return text
+
+
 def describe_served(metrics: CpuModelMetrics, served: ServedInt8) -> None:
     """The served INT8 CPU model in the stage's metrics (and the Q/DQ search's, where it
     ran in this stage)."""
@@ -313,5 +350,7 @@ def describe_served(metrics: CpuModelMetrics, served: ServedInt8) -> None:
         [r for r in served.rows if r.check.endswith("heldout")])
     if served.search is not None:
         metrics.search = served.search.metrics.to_dict()
-    if served.passed:
+    metrics.int8_candidate = served.candidate
+    metrics.int8_fp32_reason = served.fp32_reason
+    if served.passed and served.fp32_reason is None:
         metrics.form = served.form

@@ -1,0 +1,189 @@
+"""INT8 for convolutions on the CPU (issue 46, item 7): ``--precision int8 --target cpu`` of a
+convolutional model builds ONNX Runtime's static INT8 (Conv/MatMul/Gemm Q/DQ, calibrated on
+the build's calibration split), counts the Conv layers ONNX Runtime runs on integer kernels
+in the graph it runs, gates it per sample, times it against FP32 at each profile corner, and
+serves it, or serves FP32 saying why. Through the real CLI.
+
+The real-weights model is the PP-OCRv4 text detector from the rapidocr-onnxruntime wheel
+(``tests/stages/test_third_party_onnx.py``), calibrated on real pictures scikit-image ships
+(``skimage.data``) and judged, beside the build's own gates, on other pictures it never
+calibrated on (a scanned page among them), worst sample first."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.conftest import run_cli
+from tests.stages.test_third_party_onnx import DETECTOR
+from trtpack.testing.models import conv_onnx
+
+INT8_GATE = 0.95  # 1 - the INT8 max_scaled_error (0.05)
+
+
+def _build(model: Path, tmp_path: Path, cache_dir: Path, *flags: str) -> dict[str, Any]:
+    result = run_cli("build", str(model), "--target", "cpu", "--precision", "int8",
+                     "--out", str(tmp_path / "out"), "--cache-dir", str(cache_dir),
+                     "--json", *flags)
+    assert result.exit_code == 0, result.output
+    report: dict[str, Any] = json.loads(result.stdout)
+    return report
+
+
+def _cpu_stage(report: dict[str, Any]) -> dict[str, Any]:
+    stage: dict[str, Any] = next(s for s in report["stages"] if s["name"] == "cpu_model")
+    return stage
+
+
+def _runtime_ops(path: Path, tmp_path: Path) -> dict[str, int]:
+    """The op counts of the graph ONNX Runtime runs for ``path`` (read here, apart from
+    trtpack's own counting)."""
+    import onnx
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "runtime.onnx")
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    counts: dict[str, int] = {}
+    for node in onnx.load(str(tmp_path / "runtime.onnx")).graph.node:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts
+
+
+def _served(tmp_path: Path) -> Path:
+    return next((tmp_path / "out" / "model_repository").glob("*/1/model.onnx"))
+
+
+def _check_outcome(report: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
+    """What every convolutional INT8 build reports, whichever model it serves: the
+    candidate's integer-kernel Conv count (checked against ONNX Runtime's graph here), its
+    worst sample and its p50 beside FP32's at every corner; then either the INT8 model
+    served on integer kernels within its gates, or FP32 served with the reason."""
+    stage = _cpu_stage(report)
+    candidate = stage["metrics"]["int8_candidate"]
+    assert candidate["weight_convs"] > 0
+    assert candidate["integer_convs"] == candidate["weight_convs"], candidate
+    corners = {f"p0.{r['corner']}" for r in report["verification"]
+               if r["check"] == "cpu-fp32-vs-fp32"}
+    assert set(candidate["p50_ms"]) == set(candidate["fp32_p50_ms"]) == corners
+    assert all(v > 0 for v in (*candidate["p50_ms"].values(),
+                               *candidate["fp32_p50_ms"].values()))
+    assert candidate["worst"] is not None and candidate["worst_at"]
+    assert "int8 candidate:" in stage["message"] and "Conv" in stage["message"]
+    served = _served(tmp_path)
+    reason = stage["metrics"].get("int8_fp32_reason")
+    if reason is None:
+        assert report["precision"] == "int8"
+        ops = _runtime_ops(served, tmp_path)
+        assert ops.get("QLinearConv", 0) >= candidate["weight_convs"], ops
+        rows = [r for r in report["verification"] if r["check"].startswith("cpu-int8")]
+        assert rows and all(r["passed"] for r in rows)
+        assert candidate["passed"]
+    else:
+        assert report["precision"] == "fp32", reason
+        assert any(w.startswith("int8: the CPU model is FP32: ") for w in report["warnings"])
+        assert "QLinearConv" not in _runtime_ops(served, tmp_path)
+        assert not any(r["check"].startswith("cpu-int8") for r in report["verification"])
+        if candidate["passed"]:
+            assert "gains nothing" in reason
+        else:
+            assert "failed its gates" in reason
+            assert candidate["worst"] < candidate["threshold"]
+        kept = tmp_path / "out" / "artifacts" / "cpu_model" / "int8" / "model.onnx"
+        assert kept.is_file()  # the declined candidate, for its figures to be checked
+    return candidate
+
+
+def test_a_conv_model_gets_integer_convs_or_says_why_not(tmp_path: Path,
+                                                         cache_dir: Path) -> None:
+    model = conv_onnx(tmp_path / "conv.onnx", channels=(32, 64))
+    report = _build(model, tmp_path, cache_dir, "--profile", "1x64x64:2x96x96:4x128x128")
+    candidate = _check_outcome(report, tmp_path)
+    assert candidate["integer_convs"] == 2
+    assert candidate["passed"], candidate  # a 2-layer model: INT8 within 0.05 everywhere
+
+
+def test_a_conv_int8_candidate_failing_its_gate_serves_fp32(tmp_path: Path,
+                                                            cache_dir: Path) -> None:
+    model = conv_onnx(tmp_path / "conv.onnx", channels=(32, 64))
+    report = _build(model, tmp_path, cache_dir, "--profile", "1x64x64:2x96x96:4x128x128",
+                    "--set", "verify.int8.max_scaled_error=0.000001")
+    candidate = _check_outcome(report, tmp_path)
+    assert not candidate["passed"]
+    assert "failed its gates" in _cpu_stage(report)["metrics"].get("int8_fp32_reason")
+
+
+# ---- a real-weights detector on real pictures -------------------------------------------
+
+# pictures the build calibrates on (its held-out split is cut from them too) and pictures it
+# never sees; text in both (scikit-image's "text" and a scanned "page")
+CALIBRATION_PICTURES = ("astronaut", "coffee", "chelsea", "rocket", "camera", "coins",
+                        "brick", "text", "immunohistochemistry", "moon", "grass",
+                        "colorwheel")
+UNSEEN_PICTURES = ("page", "hubble_deep_field", "cell", "clock", "gravel", "retina")
+
+
+def _pictures(names: tuple[str, ...], size: int, per_picture: int) -> np.ndarray:
+    """``per_picture`` crops of ``size`` x ``size`` along each picture's diagonal (scaled so
+    its short side is ``1.5 * size``), as PP-OCR feeds them: BGR, (x / 255 - 0.5) / 0.5,
+    NCHW float32."""
+    import skimage.data
+    from PIL import Image
+
+    crops = []
+    for name in names:
+        picture = np.asarray(getattr(skimage.data, name)())
+        if picture.dtype == np.bool_:
+            picture = picture.astype(np.uint8) * 255
+        if picture.ndim == 2:
+            picture = np.stack([picture] * 3, axis=-1)
+        image = Image.fromarray(picture[..., :3].astype(np.uint8))
+        scale = 1.5 * size / min(image.size)
+        image = image.resize((max(size, round(image.size[0] * scale)),
+                              max(size, round(image.size[1] * scale))))
+        array = (np.asarray(image, np.float32)[..., ::-1] / 255.0 - 0.5) / 0.5
+        height, width = array.shape[:2]
+        for k in range(per_picture):
+            y = (height - size) * k // max(1, per_picture - 1)
+            x = (width - size) * k // max(1, per_picture - 1)
+            crops.append(array[y:y + size, x:x + size].transpose(2, 0, 1))
+    return np.ascontiguousarray(np.stack(crops))
+
+
+def _scaled_error_worst(reference: Path, model: Path, pictures: np.ndarray) -> float:
+    """The worst picture's 1 - max |a - b| / max(max |a|, 1) (the INT8 gate's metric)."""
+    import onnxruntime as ort
+
+    sessions = [ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])
+                for p in (reference, model)]
+    name = sessions[0].get_inputs()[0].name
+    worst = 1.0
+    for picture in pictures:
+        a, b = (s.run(None, {name: picture[None]})[0].astype(np.float64) for s in sessions)
+        worst = min(worst, 1.0 - float(np.abs(a - b).max()) / max(float(np.abs(a).max()), 1.0))
+    return worst
+
+
+def test_a_real_detector_on_real_pictures(tmp_path: Path, cache_dir: Path) -> None:
+    """The PP-OCRv4 detector, calibrated on real pictures: every Conv runs on integer
+    kernels in the candidate, which is served only within its gates. It is judged here
+    again on pictures the build never saw; a declined candidate must be one that fails
+    there too (or gains nothing), and what is served must hold the gate on them."""
+    pytest.importorskip("skimage")
+    source = DETECTOR.extract(tmp_path)
+    np.savez(tmp_path / "pictures.npz", x=_pictures(CALIBRATION_PICTURES, 160, 2))
+    report = _build(source, tmp_path, cache_dir, "--profile", "1x64x64:2x160x160:4x224x224",
+                    "--calibration", str(tmp_path / "pictures.npz"))
+    candidate = _check_outcome(report, tmp_path)
+    assert candidate["integer_convs"] >= 60, candidate  # the detector's 62 Convs
+    unseen = _pictures(UNSEEN_PICTURES, 224, 2)
+    served_worst = _scaled_error_worst(source, _served(tmp_path), unseen)
+    assert served_worst >= INT8_GATE, served_worst
+    reason = _cpu_stage(report)["metrics"].get("int8_fp32_reason")
+    if reason is not None and "failed its gates" in reason:
+        kept = tmp_path / "out" / "artifacts" / "cpu_model" / "int8" / "model.onnx"
+        assert _scaled_error_worst(source, kept, unseen) < INT8_GATE
