@@ -21,6 +21,7 @@ import pytest
 from tests.conftest import run_cli
 from tests.stages.test_third_party_onnx import DETECTOR
 from trtpack.testing.models import conv_onnx
+from trtpack.testing.pictures import CALIBRATION_PICTURES, UNSEEN_PICTURES, ppocr_pictures
 
 INT8_GATE = 0.95  # 1 - the INT8 max_scaled_error (0.05)
 
@@ -119,41 +120,6 @@ def test_a_conv_int8_candidate_failing_its_gate_serves_fp32(tmp_path: Path,
 
 # ---- a real-weights detector on real pictures -------------------------------------------
 
-# pictures the build calibrates on (its held-out split is cut from them too) and pictures it
-# never sees; text in both (scikit-image's "text" and a scanned "page")
-CALIBRATION_PICTURES = ("astronaut", "coffee", "chelsea", "rocket", "camera", "coins",
-                        "brick", "text", "immunohistochemistry", "moon", "grass",
-                        "colorwheel")
-UNSEEN_PICTURES = ("page", "hubble_deep_field", "cell", "clock", "gravel", "retina")
-
-
-def _pictures(names: tuple[str, ...], size: int, per_picture: int) -> np.ndarray:
-    """``per_picture`` crops of ``size`` x ``size`` along each picture's diagonal (scaled so
-    its short side is ``1.5 * size``), as PP-OCR feeds them: BGR, (x / 255 - 0.5) / 0.5,
-    NCHW float32."""
-    import skimage.data
-    from PIL import Image
-
-    crops = []
-    for name in names:
-        picture = np.asarray(getattr(skimage.data, name)())
-        if picture.dtype == np.bool_:
-            picture = picture.astype(np.uint8) * 255
-        if picture.ndim == 2:
-            picture = np.stack([picture] * 3, axis=-1)
-        image = Image.fromarray(picture[..., :3].astype(np.uint8))
-        scale = 1.5 * size / min(image.size)
-        image = image.resize((max(size, round(image.size[0] * scale)),
-                              max(size, round(image.size[1] * scale))))
-        array = (np.asarray(image, np.float32)[..., ::-1] / 255.0 - 0.5) / 0.5
-        height, width = array.shape[:2]
-        for k in range(per_picture):
-            y = (height - size) * k // max(1, per_picture - 1)
-            x = (width - size) * k // max(1, per_picture - 1)
-            crops.append(array[y:y + size, x:x + size].transpose(2, 0, 1))
-    return np.ascontiguousarray(np.stack(crops))
-
-
 def _scaled_error_worst(reference: Path, model: Path, pictures: np.ndarray) -> float:
     """The worst picture's 1 - max |a - b| / max(max |a|, 1) (the INT8 gate's metric)."""
     import onnxruntime as ort
@@ -175,12 +141,12 @@ def test_a_real_detector_on_real_pictures(tmp_path: Path, cache_dir: Path) -> No
     there too (or gains nothing), and what is served must hold the gate on them."""
     pytest.importorskip("skimage")
     source = DETECTOR.extract(tmp_path)
-    np.savez(tmp_path / "pictures.npz", x=_pictures(CALIBRATION_PICTURES, 160, 2))
+    np.savez(tmp_path / "pictures.npz", x=ppocr_pictures(CALIBRATION_PICTURES, 160, 2))
     report = _build(source, tmp_path, cache_dir, "--profile", "1x64x64:2x160x160:4x224x224",
                     "--calibration", str(tmp_path / "pictures.npz"))
     candidate = _check_outcome(report, tmp_path)
     assert candidate["integer_convs"] >= 60, candidate  # the detector's 62 Convs
-    unseen = _pictures(UNSEEN_PICTURES, 224, 2)
+    unseen = ppocr_pictures(UNSEEN_PICTURES, 224, 2)
     served_worst = _scaled_error_worst(source, _served(tmp_path), unseen)
     assert served_worst >= INT8_GATE, served_worst
     reason = _cpu_stage(report)["metrics"].get("int8_fp32_reason")
