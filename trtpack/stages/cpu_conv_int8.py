@@ -28,8 +28,7 @@ from trtpack.stages.cpu_int8_serving import (
     verify_rows,
 )
 
-# the timing of the candidate against FP32 at each corner (rounds taken in rotation)
-SECONDS_PER_CORNER = 2.0
+# rounds of the timing against FP32 at each corner (auto_choice's seconds a corner)
 ROUNDS = 3
 
 
@@ -113,7 +112,7 @@ def time_against_fp32(ctx: StageContext, fp32_path: Path, int8_path: Path, cases
     candidates = [Candidate("fp32", fp32_path, True, None),
                   Candidate("int8", int8_path, True, None)]
     sessions = {c.name: cpu_session(c.path, spinning=False) for c in candidates}
-    time_candidates(candidates, cases, sessions, seconds=SECONDS_PER_CORNER, rounds=ROUNDS)
+    time_candidates(candidates, cases, sessions, rounds=ROUNDS)
     return candidates[0].p50_ms, candidates[1].p50_ms
 
 
