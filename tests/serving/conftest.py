@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import made_once
 from tests.serving.tritonserver import TritonServer, missing_reason, start_tritonserver
 from trtpack.serving.layout import ModelRepository
 from trtpack.serving.repository import RepositoryPlan, write_model_repository
@@ -85,9 +86,12 @@ def minilm(minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> BuiltM
     from transformers import AutoModel
 
     recipe = load_recipe_file(RECIPES_DIR / "minilm.yaml")
-    model = AutoModel.from_pretrained(str(minilm_dir))
-    onnx = export_onnx(model, TOKEN_INPUTS, "last_hidden_state",
-                       tmp_path_factory.mktemp("minilm") / "model.onnx", 3)
+
+    def export(folder: Path) -> None:
+        model = AutoModel.from_pretrained(str(minilm_dir))
+        export_onnx(model, TOKEN_INPUTS, "last_hidden_state", folder / "model.onnx", 3)
+
+    onnx = made_once(tmp_path_factory, "minilm", export) / "model.onnx"
     profiles = tuple(parse_profiles(recipe.profiles, recipe.input_specs()))
     return BuiltModel(recipe, profiles, onnx, minilm_dir)
 
@@ -99,24 +103,29 @@ def classifier(minilm_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Bu
     import torch
     from transformers import BertConfig, BertForSequenceClassification
 
-    folder = tmp_path_factory.mktemp("classifier") / "tiny-classifier"
-    folder.mkdir()
-    for name in TOKENIZER_FILES:
-        if (minilm_dir / name).is_file():
-            shutil.copy(minilm_dir / name, folder / name)
-    # this tokenizer pads on the left (transformers reads that from tokenizer_config.json)
-    tok_config = json.loads((folder / "tokenizer_config.json").read_text())
-    write_json(folder / "tokenizer_config.json", {**tok_config, "padding_side": "left"})
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2,
-                        num_attention_heads=2, intermediate_size=64, num_labels=3,
-                        id2label=CLASSIFIER_LABELS,
-                        label2id={v: k for k, v in CLASSIFIER_LABELS.items()})
-    model = BertForSequenceClassification(config).eval()
-    model.save_pretrained(str(folder))
+    def make(root: Path) -> None:
+        folder = root / "tiny-classifier"
+        folder.mkdir()
+        for name in TOKENIZER_FILES:
+            if (minilm_dir / name).is_file():
+                shutil.copy(minilm_dir / name, folder / name)
+        # this tokenizer pads on the left (transformers reads that from tokenizer_config.json)
+        tok_config = json.loads((folder / "tokenizer_config.json").read_text())
+        write_json(folder / "tokenizer_config.json", {**tok_config, "padding_side": "left"})
+        torch.manual_seed(0)
+        config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2,
+                            num_attention_heads=2, intermediate_size=64, num_labels=3,
+                            id2label=CLASSIFIER_LABELS,
+                            label2id={v: k for k, v in CLASSIFIER_LABELS.items()})
+        model = BertForSequenceClassification(config).eval()
+        model.save_pretrained(str(folder))
+        export_onnx(model, tuple(i.name for i in recipe_for_hf_dir(folder).inputs), "logits",
+                    root / "model.onnx", 2)
+
+    root = made_once(tmp_path_factory, "classifier", make)
+    folder = root / "tiny-classifier"
     recipe = recipe_for_hf_dir(folder)
-    onnx = export_onnx(model, tuple(i.name for i in recipe.inputs), "logits",
-                       folder.parent / "model.onnx", 2)
+    onnx = root / "model.onnx"
     profiles = tuple(parse_profiles(["1x4:2x16:4x64"], recipe.input_specs()))
     return BuiltModel(recipe, profiles, onnx, folder)
 
