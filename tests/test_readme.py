@@ -92,6 +92,7 @@ NOT_ON_THIS_MACHINE = {
 # Inline options of other tools the README mentions (benchmark scripts, tritonserver).
 OTHER_TOOLS_OPTIONS = {
     "--durations": "pytest (make test)",
+    "--dist": "pytest-xdist (make test)",
     "--method": "benchmarks/int8_minilm.py",
     "--recipe": "benchmarks/int8_minilm.py",
     "--model-control-mode": "tritonserver",
