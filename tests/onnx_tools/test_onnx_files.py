@@ -86,3 +86,22 @@ def test_save_model_streams_weights_left_on_disk_into_the_same_files(tmp_path: P
     np.testing.assert_allclose(got, x @ weight + const, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="no folder"):
         save_model(onnx.load(str(source), load_external_data=False), tmp_path / "x.onnx")
+
+
+def test_the_same_model_is_written_as_the_same_bytes_whatever_its_value_info_order(
+        tmp_path: Path) -> None:
+    """Tools fill ``value_info`` in an order that changes from process to process; the
+    file written is the same (two machines sharing a cache serve the same bytes)."""
+    def model(order: list[str]) -> onnx.ModelProto:
+        nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Neg", ["a"], ["b"]),
+                 helper.make_node("Abs", ["b"], ["y"])]
+        infos = {n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [2]) for n in "ab"}
+        graph = helper.make_graph(
+            nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+            value_info=[infos[n] for n in order])
+        return helper.make_model(graph)
+
+    save_model(model(["a", "b"]), tmp_path / "one.onnx")
+    save_model(model(["b", "a"]), tmp_path / "two.onnx")
+    assert (tmp_path / "one.onnx").read_bytes() == (tmp_path / "two.onnx").read_bytes()

@@ -77,6 +77,17 @@ def fits_in_protobuf(model: onnx.ModelProto) -> bool:
     return True
 
 
+def sort_value_info(model: onnx.ModelProto) -> None:
+    """The graph's ``value_info`` in name order. Its order means nothing, but tools fill it
+    from sets and dicts whose order changes from process to process (string hashing is
+    seeded per process): without this one model was written as different bytes by two
+    builds (minilm FP16, AutoCast's output), and two machines could not serve the same
+    bytes."""
+    infos = sorted(model.graph.value_info, key=lambda v: v.name)
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(infos)
+
+
 def save_model(model: onnx.ModelProto, path: Path, weights_dir: Path | None = None) -> None:
     """Save an in-memory ONNX model in the layout above (an old sidecar is replaced).
 
@@ -123,6 +134,7 @@ def save_model(model: onnx.ModelProto, path: Path, weights_dir: Path | None = No
     finally:
         if sidecar is not None:
             sidecar.close()
+    sort_value_info(model)
     onnx.save_model(model, str(path))
 
 

@@ -15,6 +15,7 @@ from trtpack.onnx_tools.files import (
     LARGE_INITIALIZER_BYTES,
     data_path,
     initializer_array,
+    sort_value_info,
     tensor_bytes,
 )
 from trtpack.precision.graph import absmax_outputs, absmax_types
@@ -223,4 +224,5 @@ def save_converted(model: onnx.ModelProto, path: Path, external_weights: list[on
                                ("length", str(length))):
                 entry = t.external_data.add()
                 entry.key, entry.value = key, value
+    sort_value_info(model)
     onnx.save_model(model, str(path))
