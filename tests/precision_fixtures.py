@@ -40,28 +40,28 @@ def build_options(model: str, precision: str, out: Path, profiles: list[str] | N
 
     # FP16 is converted for a GPU target (--target cpu serves FP32 and skips it)
     gpu = precision == "fp16"
-    options, _ = resolve_options(BuildRequest(
+    plan, _ = resolve_options(BuildRequest(
         model=model, target="g5" if gpu else "cpu", build_engine=not gpu,
         precision=precision, profiles=profiles or [], random_weights=True, out=out))
-    return dataclasses.replace(options, **changes)
+    return dataclasses.replace(plan, **changes)
 
 
-def with_recipe(options: BuildPlan, **recipe_changes: Any) -> BuildPlan:
+def with_recipe(plan: BuildPlan, **recipe_changes: Any) -> BuildPlan:
     """``options`` with recipe fields replaced (values validated through the Recipe model)."""
-    data = options.recipe.model_dump()
+    data = plan.recipe.model_dump()
     data.update(recipe_changes)
-    return dataclasses.replace(options, recipe=Recipe.model_validate(data))
+    return dataclasses.replace(plan, recipe=Recipe.model_validate(data))
 
 
-def strict_gate(options: BuildPlan, precision: str, **tolerance: float) -> BuildPlan:
+def strict_gate(plan: BuildPlan, precision: str, **tolerance: float) -> BuildPlan:
     """``options`` with the recipe's ``precision`` gate replaced by ``tolerance``
     (``min_cosine``, ``atol``, ...)."""
-    verify = options.recipe.verify.model_dump()
+    verify = plan.recipe.verify.model_dump()
     verify[precision] = tolerance
-    return with_recipe(options, verify=verify)
+    return with_recipe(plan, verify=verify)
 
 
-def make_context(options: BuildPlan, artifacts: dict[str, Path], stage_dir: Path
+def make_context(plan: BuildPlan, artifacts: dict[str, Path], stage_dir: Path
                  ) -> tuple[StageContext, list[str], Path]:
     """A precision StageContext logging to a file; (context, progress messages, log path)."""
     stage_dir.mkdir(parents=True)
@@ -72,7 +72,7 @@ def make_context(options: BuildPlan, artifacts: dict[str, Path], stage_dir: Path
     logger.addHandler(logging.FileHandler(log_path))
     messages: list[str] = []
     kwargs: dict[str, Any] = {
-        "options": options, "stage": "precision", "stage_dir": stage_dir,
+        "plan": plan, "stage": "precision", "stage_dir": stage_dir,
         "artifacts": Artifacts.from_named(artifacts), "log": logger,
         "on_progress": lambda event: messages.append(event.message),
     }
@@ -93,12 +93,12 @@ class PrecisionRun:
     message: str
 
 
-def run_stage(options: BuildPlan, artifacts: dict[str, Path], stage_dir: Path
+def run_stage(plan: BuildPlan, artifacts: dict[str, Path], stage_dir: Path
               ) -> tuple[PrecisionRun, list[str], Path]:
     """Run the precision stage once; (outcome, progress messages, log file)."""
     from trtpack.stages import precision
 
-    ctx, messages, log_path = make_context(options, artifacts, stage_dir)
+    ctx, messages, log_path = make_context(plan, artifacts, stage_dir)
     try:
         outcome = precision.run(ctx)
     finally:

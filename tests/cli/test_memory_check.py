@@ -87,11 +87,11 @@ def test_skip_memory_check_goes_on_to_the_build(tmp_path: Path) -> None:
 
 
 def test_the_refusal_names_the_stage_against_the_memory_given(tmp_path: Path) -> None:
-    options, _ = resolve_options(BuildRequest("tiny-bert", target="cpu",
+    plan, _ = resolve_options(BuildRequest("tiny-bert", target="cpu",
                                               cache_dir=tmp_path / "cache"))
-    assert check_build_memory(options, AvailableMemory(64 * 2**30, "test")) == []
+    assert check_build_memory(plan, AvailableMemory(64 * 2**30, "test")) == []
     with pytest.raises(UserInputError) as refused:
-        check_build_memory(options, AvailableMemory(100 * 2**20, "a 100 MB test figure"))
+        check_build_memory(plan, AvailableMemory(100 * 2**20, "a 100 MB test figure"))
     message = str(refused.value)
     assert message.startswith("profile 0 max (input_ids=4x16") and " needs " in message
     assert "in the export stage" in message  # PyTorch's imports alone pass 100 MB
@@ -101,18 +101,18 @@ def test_the_refusal_names_the_stage_against_the_memory_given(tmp_path: Path) ->
 def test_a_rebuild_reads_the_stored_estimate(tmp_path: Path) -> None:
     from trtpack.pipeline.memory_check import estimate_in_child, stored_estimate
 
-    options, _ = resolve_options(BuildRequest("tiny-bert", target="cpu",
+    plan, _ = resolve_options(BuildRequest("tiny-bert", target="cpu",
                                               cache_dir=tmp_path / "cache"))
-    stored = stored_estimate(options)
+    stored = stored_estimate(plan)
     assert stored is not None and not stored.exists()
-    first = estimate_in_child(options)
+    first = estimate_in_child(plan)
     assert isinstance(first, list) and stored.is_file()
     stored.write_text(stored.read_text().replace('"weights": ', '"weights": 1000'))
-    again = estimate_in_child(options)  # read back: the edited figure shows it was not traced
+    again = estimate_in_child(plan)  # read back: the edited figure shows it was not traced
     assert isinstance(again, list) and again[0].weights == int(f"1000{first[0].weights}")
-    options, _ = resolve_options(BuildRequest("tiny-bert", target="cpu", use_cache=False,
+    plan, _ = resolve_options(BuildRequest("tiny-bert", target="cpu", use_cache=False,
                                               cache_dir=tmp_path / "cache"))
-    assert stored_estimate(options) is None
+    assert stored_estimate(plan) is None
 
 
 def test_cpu_model_estimate_follows_the_precision() -> None:
@@ -121,9 +121,9 @@ def test_cpu_model_estimate_follows_the_precision() -> None:
     from trtpack.pipeline.memory_check import lower_bounds
 
     def cpu_model_bytes(precision: str) -> int:
-        options, _ = resolve_options(BuildRequest("tiny-bert", target="cpu",
+        plan, _ = resolve_options(BuildRequest("tiny-bert", target="cpu",
                                                   precision=precision))
-        return max(e.stages["cpu_model"] for e in lower_bounds(options))
+        return max(e.stages["cpu_model"] for e in lower_bounds(plan))
 
     verify = max(e.stages["verify"] for e in lower_bounds(resolve_options(
         BuildRequest("tiny-bert", target="cpu", precision="fp32"))[0]))
@@ -140,20 +140,20 @@ def test_a_cold_pytorch_build_is_traced_in_the_export_stage(tmp_path: Path) -> N
     from trtpack.errors import MemoryRefusal
     from trtpack.pipeline.memory_check import check_in_export, stored_estimate, traced_in_export
 
-    options, _ = resolve_options(BuildRequest("tiny-bert", target="cpu",
+    plan, _ = resolve_options(BuildRequest("tiny-bert", target="cpu",
                                               cache_dir=tmp_path / "cache"))
-    stored = stored_estimate(options)
-    assert stored is not None and traced_in_export(options)
-    assert check_build_memory(options, AvailableMemory(64 * 2**30, "test"),
+    stored = stored_estimate(plan)
+    assert stored is not None and traced_in_export(plan)
+    assert check_build_memory(plan, AvailableMemory(64 * 2**30, "test"),
                               trace_in_export=True) == []
     assert not stored.exists()  # nothing traced yet: the export stage will
-    assert check_in_export(options, AvailableMemory(64 * 2**30, "test")) == []  # not asked
-    options = replace(options, check_memory_in_export=True)
+    assert check_in_export(plan, AvailableMemory(64 * 2**30, "test")) == []  # not asked
+    plan = replace(plan, check_memory_in_export=True)
     with pytest.raises(MemoryRefusal) as refused:
-        check_in_export(options, AvailableMemory(100 * 2**20, "a 100 MB test figure"))
+        check_in_export(plan, AvailableMemory(100 * 2**20, "a 100 MB test figure"))
     assert str(refused.value).startswith("profile 0 max (input_ids=4x16")
     assert "about" in str(refused.value) and "in the export stage" in str(refused.value)
-    assert stored.is_file() and not traced_in_export(options)  # a rebuild reads it back
+    assert stored.is_file() and not traced_in_export(plan)  # a rebuild reads it back
 
 
 def test_each_stage_peak_of_a_cpu_build_is_within_its_estimate(tmp_path: Path) -> None:
@@ -169,9 +169,9 @@ def test_each_stage_peak_of_a_cpu_build_is_within_its_estimate(tmp_path: Path) -
     result = trtpack("build", "tiny-bert", "--target", "cpu", "--random-weights", "--profile",
                      "1x4:2x8:4x16", "--out", str(out), "--cache-dir", str(tmp_path / "cache"))
     assert result.returncode == 0, result.stderr
-    options, _ = resolve_options(BuildRequest("tiny-bert", profiles=["1x4:2x8:4x16"],
+    plan, _ = resolve_options(BuildRequest("tiny-bert", profiles=["1x4:2x8:4x16"],
                                               target="cpu", random_weights=True))
-    corners = estimate_corners(options)
+    corners = estimate_corners(plan)
     estimated = {stage: max(e.stages[stage] for e in corners) / 2**20
                  for stage in corners[0].stages}
     measured = {s["name"]: s["peak_memory_mb"]

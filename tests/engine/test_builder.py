@@ -217,9 +217,9 @@ def test_timing_cache_option_takes_a_folder(tmp_path: Path) -> None:
     from trtpack.api import BuildRequest, resolve_options
 
     folder = tmp_path / "timing"
-    options, _ = resolve_options(BuildRequest("tiny-bert", target="g5", build_engine=False,
+    plan, _ = resolve_options(BuildRequest("tiny-bert", target="g5", build_engine=False,
                                               timing_cache=folder, out=tmp_path / "o"))
-    assert options.timing_cache == folder.resolve()
+    assert plan.timing_cache == folder.resolve()
     file = tmp_path / "timing.cache"
     file.write_bytes(b"x")
     with pytest.raises(UserInputError, match="is a file; give a folder"):

@@ -16,11 +16,11 @@ from trtpack.api.plan import timing_cache_warnings
 def test_timing_cache_without_an_engine_is_a_warning(target: str, build_engine: bool,
                                                       option: str, tmp_path: Path) -> None:
     cache = tmp_path / "timing"
-    options, warnings = resolve_options(BuildRequest(
+    plan, warnings = resolve_options(BuildRequest(
         model="tiny-bert", target=target, build_engine=build_engine, timing_cache=cache,
         out=tmp_path / "out"))
     assert warnings == [f"--timing-cache is ignored: {option} builds no TensorRT engine"]
-    assert options.timing_cache == cache.resolve()
+    assert plan.timing_cache == cache.resolve()
     assert not cache.exists()
     assert resolve_options(BuildRequest(model="tiny-bert", target=target,
                                         build_engine=build_engine))[1] == []

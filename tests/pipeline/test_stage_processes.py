@@ -15,7 +15,7 @@ from trtpack.stages.base import ProgressEvent
 
 
 def test_only_the_next_stage_warms_up_beside_the_export(tmp_path: Path) -> None:
-    options, _ = resolve_options(BuildRequest(
+    plan, _ = resolve_options(BuildRequest(
         model="tiny-bert", profiles=["1x4:2x8:4x16"], precision="fp32", target="cpu",
         random_weights=True, out=tmp_path / "out", cache_dir=tmp_path / "cache",
         use_cache=False))
@@ -27,7 +27,7 @@ def test_only_the_next_stage_warms_up_beside_the_export(tmp_path: Path) -> None:
         elif event.message.startswith("exporting to ONNX"):  # after its spare_core message
             alive["exporter"] = sorted(pipeline.processes)
 
-    pipeline = Pipeline(options, on_progress)
+    pipeline = Pipeline(plan, on_progress)
     report = pipeline.run()
     assert report.status == "ok"
     assert alive["export"] == ["export", "simplify"]
@@ -42,7 +42,7 @@ def test_only_the_next_stage_warms_up_beside_the_export(tmp_path: Path) -> None:
     # stage took it up instead of fusing again
     cpu_model = next(s for s in report.stages if s.name == "cpu_model")
     assert cpu_model.metrics["head_start_seconds"] > 0
-    log = (options.out_dir / "logs" / "cpu_model.log").read_text()
+    log = (plan.out_dir / "logs" / "cpu_model.log").read_text()
     assert log.count("fusing the transformer graph") == 1
     assert "the fusion ran while the stage before ran" in log
 
@@ -52,12 +52,12 @@ def test_a_large_model_keeps_later_stages_waiting_when_the_export_spares_a_core(
     """Each warming process holds 80-140 MB of imports: beside a model over
     SMALL_MODEL_BYTES none starts early; at that size the next three do, left out of the
     export's memory."""
-    options, _ = resolve_options(BuildRequest(
+    plan, _ = resolve_options(BuildRequest(
         model="tiny-bert", profiles=["1x4:2x8:4x16"], precision="fp32", target="cpu",
         random_weights=True, out=tmp_path / "out", cache_dir=tmp_path / "cache",
         use_cache=False))
-    runs = StageRuns(options, lambda event: None)
-    planned = runs.plan({})
+    runs = StageRuns(plan, lambda event: None)
+    planned = runs.planned_stages({})
     export = planned[0]
     assert export.stage.name == "export"
     logs = tmp_path / "build" / "logs"

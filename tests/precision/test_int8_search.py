@@ -150,9 +150,9 @@ def test_check_failure_continues_conservatively_and_held_out_is_never_decided_on
     (held_row,) = [r for r in (n, n + 1) if r in splits.held_out]
     npz = tmp_path / "calibration.npz"
     np.savez(npz, allow_pickle=False, **feeds)
-    options = build_options("tiny-bert", "int8", tmp_path / "o", TINY_PROFILES,
+    plan = build_options("tiny-bert", "int8", tmp_path / "o", TINY_PROFILES,
                             calibration=npz, min_int8_share=0.0)
-    first, _, _ = run_stage(options, tiny, tmp_path / "first" / "precision")
+    first, _, _ = run_stage(plan, tiny, tmp_path / "first" / "precision")
     assert first.metrics["fallback"]["rounds"] == 0
     assert first.metrics["fallback"]["check_consultations"] == 1
     m = first.metrics["splits"]
@@ -166,7 +166,7 @@ def test_check_failure_continues_conservatively_and_held_out_is_never_decided_on
     values = pooled_cosine_per_sample(fp32.run(None, probe)[0], int8.run(None, probe)[0],
                                       probe, "attention_mask")
     assert values.min() < passing - 1e-4 and values.max() >= passing
-    strict = strict_gate(options, "int8", min_cosine=passing - 1e-7)
+    strict = strict_gate(plan, "int8", min_cosine=passing - 1e-7)
 
     # the check sample is the worst token: the check split decides the next rounds
     feeds["input_ids"][check_row, 0] = int(values.argmin())
@@ -203,16 +203,16 @@ def test_check_failure_continues_conservatively_and_held_out_is_never_decided_on
 def test_int8_ships_only_above_the_minimum_share(tiny: dict[str, Path], tmp_path: Path
                                                  ) -> None:
     npz = tiny_npz(tmp_path / "calibration.npz")
-    options = build_options("tiny-bert", "int8", tmp_path / "out", TINY_PROFILES,
+    plan = build_options("tiny-bert", "int8", tmp_path / "out", TINY_PROFILES,
                             calibration=npz, min_int8_share=1.0)
-    options = strict_gate(options, "int8", min_cosine=0.99999)
+    plan = strict_gate(plan, "int8", min_cosine=0.99999)
     with pytest.raises(AccuracyError, match=r"best configuration that passed keeps only "
                                             r"\d+% of MatMul/Gemm .* --min-int8-share 100%"):
-        run_stage(options, tiny, tmp_path / "precision")
+        run_stage(plan, tiny, tmp_path / "precision")
     # the same search with the default minimum ships its (partly FP32) INT8 model
-    options = build_options("tiny-bert", "int8", tmp_path / "out", TINY_PROFILES,
+    plan = build_options("tiny-bert", "int8", tmp_path / "out", TINY_PROFILES,
                             calibration=npz)
-    outcome, _, _ = run_stage(strict_gate(options, "int8", min_cosine=0.99999), tiny,
+    outcome, _, _ = run_stage(strict_gate(plan, "int8", min_cosine=0.99999), tiny,
                               tmp_path / "again")
     share = outcome.metrics["low_precision"]["matmul_gemm_share"]
     assert 0.5 <= share < 1.0

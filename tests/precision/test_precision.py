@@ -77,9 +77,9 @@ def _assert_no_modelopt_leftovers(*folders: Path) -> None:
 
 def test_fp16_autocast_keeps_io_types_and_matches_fp32(tiny: dict[str, Path], tmp_path: Path
                                                        ) -> None:
-    options = build_options("tiny-bert", "fp16", tmp_path / "out", TINY_PROFILES)
+    plan = build_options("tiny-bert", "fp16", tmp_path / "out", TINY_PROFILES)
     cwd_before = set(os.listdir())
-    outcome, messages, log = run_stage(options, tiny, tmp_path / "precision")
+    outcome, messages, log = run_stage(plan, tiny, tmp_path / "precision")
     model_path = outcome.artifacts["precision_onnx"]
     assert model_path == tmp_path / "precision" / "model.onnx"
     model = onnx.load(str(model_path))
@@ -119,11 +119,11 @@ def test_fp16_recipe_keeps_nodes_and_op_types_in_fp32(tiny: dict[str, Path], tmp
                                                       ) -> None:
     fp32 = onnx.load(str(tiny["onnx"]), load_external_data=False)
     first_matmul = next(n.name for n in fp32.graph.node if n.op_type == "MatMul")
-    options = build_options("tiny-bert", "fp16", tmp_path / "out", TINY_PROFILES)
-    options = with_recipe(options, precision_options={"fp16": {
+    plan = build_options("tiny-bert", "fp16", tmp_path / "out", TINY_PROFILES)
+    plan = with_recipe(plan, precision_options={"fp16": {
         "keep_fp32_nodes": [first_matmul, "no_such_node.*"],
         "keep_fp32_op_types": ["Softmax"]}})
-    outcome, _, _ = run_stage(options, tiny, tmp_path / "precision")
+    outcome, _, _ = run_stage(plan, tiny, tmp_path / "precision")
     model = onnx.load(str(outcome.artifacts["precision_onnx"]))
     low = fp16_nodes(model)
     assert first_matmul not in low
@@ -139,9 +139,9 @@ def test_fp16_recipe_keeps_nodes_and_op_types_in_fp32(tiny: dict[str, Path], tmp
 
 def test_fp16_fallback_keeps_the_worst_nodes_in_fp32_and_writes_an_overlay(
         tiny: dict[str, Path], tmp_path: Path) -> None:
-    options = build_options("tiny-bert", "fp16", tmp_path / "out", TINY_PROFILES)
-    options = strict_gate(options, "fp16", atol=1e-3, min_cosine=0.999)
-    outcome, messages, _ = run_stage(options, tiny, tmp_path / "precision")
+    plan = build_options("tiny-bert", "fp16", tmp_path / "out", TINY_PROFILES)
+    plan = strict_gate(plan, "fp16", atol=1e-3, min_cosine=0.999)
+    outcome, messages, _ = run_stage(plan, tiny, tmp_path / "precision")
     m = outcome.metrics
     assert not m["before"]["passed"] and m["after"]["passed"]
     assert m["after"]["max_abs_diff"] <= 1e-3 < m["before"]["max_abs_diff"]
@@ -171,8 +171,8 @@ def test_models_with_external_data_convert_and_save_their_data_beside(
     save_model(model, folder / "model.onnx")
     assert (folder / "model.onnx.data").stat().st_size >= 1000 * 64 * 4  # word embeddings
     assert model_bytes(folder / "model.onnx") > 100_000
-    options = build_options("tiny-bert", "fp16", tmp_path / "out", TINY_PROFILES)
-    outcome, _, _ = run_stage(options, {**tiny, "onnx": folder / "model.onnx"},
+    plan = build_options("tiny-bert", "fp16", tmp_path / "out", TINY_PROFILES)
+    outcome, _, _ = run_stage(plan, {**tiny, "onnx": folder / "model.onnx"},
                               tmp_path / "precision")
     assert all(r.passed for r in outcome.verification)
     out = tmp_path / "moved"
@@ -194,10 +194,10 @@ def test_models_with_external_data_convert_and_save_their_data_beside(
 def test_int8_fallback_search_keeps_groups_in_fp32_and_the_overlay_reproduces_it(
         tiny: dict[str, Path], tmp_path: Path) -> None:
     npz = tiny_npz(tmp_path / "calibration.npz")
-    options = build_options("tiny-bert", "int8", tmp_path / "out", TINY_PROFILES,
+    plan = build_options("tiny-bert", "int8", tmp_path / "out", TINY_PROFILES,
                             calibration=npz)
-    options = strict_gate(options, "int8", min_cosine=0.99999)
-    outcome, messages, log = run_stage(options, tiny, tmp_path / "first")
+    plan = strict_gate(plan, "int8", min_cosine=0.99999)
+    outcome, messages, log = run_stage(plan, tiny, tmp_path / "first")
     m = outcome.metrics
     # every MatMul/Gemm/Conv quantized fails this gate; the search finds what to keep in FP32
     assert not m["before"]["passed"] and m["after"]["passed"]
@@ -230,7 +230,7 @@ def test_int8_fallback_search_keeps_groups_in_fp32_and_the_overlay_reproduces_it
         "quantize_op_types": ["MatMul", "Gemm", "Conv"], "exclude_nodes": excluded}
     recipe = load_recipe_file(overlay_path)
     assert recipe.name == "tiny-bert" and recipe.precision_options.int8.exclude_nodes == excluded
-    again = strict_gate(options.__class__(**{**options.__dict__, "recipe": recipe}), "int8",
+    again = strict_gate(plan.__class__(**{**plan.__dict__, "recipe": recipe}), "int8",
                     min_cosine=0.99999)
     second, _, _ = run_stage(again, tiny, tmp_path / "second")
     assert second.metrics["before"]["passed"] and second.metrics["fallback"]["rounds"] == 0
@@ -251,10 +251,10 @@ def test_int8_fallback_search_keeps_groups_in_fp32_and_the_overlay_reproduces_it
 def test_int8_fallback_off_reports_the_failed_gate(tiny: dict[str, Path], tmp_path: Path
                                                    ) -> None:
     npz = tiny_npz(tmp_path / "calibration.npz")
-    options = build_options("tiny-bert", "int8", tmp_path / "out", TINY_PROFILES,
+    plan = build_options("tiny-bert", "int8", tmp_path / "out", TINY_PROFILES,
                             calibration=npz, fallback="off")
-    options = strict_gate(options, "int8", min_cosine=0.99999)
-    outcome, _, _ = run_stage(options, tiny, tmp_path / "precision")
+    plan = strict_gate(plan, "int8", min_cosine=0.99999)
+    outcome, _, _ = run_stage(plan, tiny, tmp_path / "precision")
     failed = [r for r in outcome.verification if not r.passed]
     assert failed and all("cosine" in r.reason for r in failed)
     assert outcome.metrics["fallback"] == {"mode": "off", "rounds": 0,
@@ -268,13 +268,13 @@ def test_surrogates_equal_modelopt_conversions_with_those_nodes_excluded(
     """What the search evaluates is what ModelOpt builds for the exclusions it picks."""
     from trtpack.precision.calibration.data import load_calibration, save_feeds
 
-    options = build_options("tiny-bert", "int8", tmp_path / "out", TINY_PROFILES)
-    ctx, _, _ = make_context(options, tiny, tmp_path / "stage")
+    plan = build_options("tiny-bert", "int8", tmp_path / "out", TINY_PROFILES)
+    ctx, _, _ = make_context(plan, tiny, tmp_path / "stage")
     work = tmp_path / "work"
     work.mkdir()
     source = prepare_source(tiny["onnx"], work / "source")
     conv = Int8Conversion(ConversionView(ctx), work, source)
-    cal = load_calibration(options.recipe, options.profiles, tiny_npz(tmp_path / "c.npz"),
+    cal = load_calibration(plan.recipe, plan.profiles, tiny_npz(tmp_path / "c.npz"),
                            tokenizer=None, max_samples=64, seed=0)
     save_feeds(work / "calibration.npz", cal.feeds)
     conv.calibration = cal
@@ -303,8 +303,8 @@ def test_surrogates_equal_modelopt_conversions_with_those_nodes_excluded(
 
 def test_worker_failure_is_a_stage_error_with_the_reason(tiny: dict[str, Path], tmp_path: Path
                                                          ) -> None:
-    options = build_options("tiny-bert", "fp16", tmp_path / "out", TINY_PROFILES)
-    ctx, _, log = make_context(options, tiny, tmp_path / "stage")
+    plan = build_options("tiny-bert", "fp16", tmp_path / "out", TINY_PROFILES)
+    ctx, _, log = make_context(plan, tiny, tmp_path / "stage")
     work = tmp_path / "work"
     work.mkdir()
     conv = Fp16Conversion(ConversionView(ctx), work, prepare_source(tiny["onnx"], work / "src"))
@@ -387,17 +387,17 @@ def test_fingerprint_follows_calibration_content_fallback_and_seed(tmp_path: Pat
 
     path = tmp_path / "c.txt"
     path.write_text("first sentence\n")
-    options = build_options("tiny-bert", "int8", tmp_path / "out", calibration=path)
-    base = precision.fingerprint(options)
+    plan = build_options("tiny-bert", "int8", tmp_path / "out", calibration=path)
+    base = precision.fingerprint(plan)
     assert json.dumps(base)  # JSON-able
     path.write_text("another sentence\n")
-    assert precision.fingerprint(options) != base
-    changed = precision.fingerprint(options)
+    assert precision.fingerprint(plan) != base
+    changed = precision.fingerprint(plan)
     for change in ({"fallback": "off"}, {"seed": 1}):
-        assert precision.fingerprint(dataclasses.replace(options, **change)) != changed
+        assert precision.fingerprint(dataclasses.replace(plan, **change)) != changed
     path.unlink()
     with pytest.raises(UserInputError, match="does not exist"):
-        precision.fingerprint(options)
+        precision.fingerprint(plan)
 
 
 def test_precision_modules_import_without_heavy_packages() -> None:
@@ -438,9 +438,9 @@ def test_cli_int8_held_out_failure_after_the_search_exits_1(tiny: dict[str, Path
     np.savez(npz, **feeds)  # type: ignore[arg-type]
     # the model the build below makes: its first attempt (every MatMul/Gemm quantized)
     # passes the default gate, so the fallback keeps it
-    options = build_options("tiny-bert", "int8", tmp_path / "o", TINY_PROFILES,
+    plan = build_options("tiny-bert", "int8", tmp_path / "o", TINY_PROFILES,
                             calibration=npz)
-    first, _, _ = run_stage(options, tiny, tmp_path / "first" / "precision")
+    first, _, _ = run_stage(plan, tiny, tmp_path / "first" / "precision")
     assert first.metrics["fallback"]["rounds"] == 0
     splits_metrics = first.metrics["splits"]
     passing = min(splits_metrics["search"]["worst"], splits_metrics["calibration"]["worst"],
@@ -488,16 +488,16 @@ def test_int8_percentile_calibration_sets_activation_ranges(tiny: dict[str, Path
     )
 
     npz = tiny_npz(tmp_path / "calibration.npz")
-    options = build_options("tiny-bert", "int8", tmp_path / "out", TINY_PROFILES,
+    plan = build_options("tiny-bert", "int8", tmp_path / "out", TINY_PROFILES,
                             calibration=npz, calibration_method="percentile")
-    outcome, _, _ = run_stage(options, tiny, tmp_path / "stage")
+    outcome, _, _ = run_stage(plan, tiny, tmp_path / "stage")
     assert outcome.metrics["calibration"]["method"] == "percentile"
     model = onnx.load(str(outcome.artifacts["precision_onnx"]))
     quantizers = activation_quantizers(model)
     assert quantizers
-    cal = load_calibration(options.recipe, options.profiles, npz, tokenizer=None,
-                           max_samples=options.recipe.precision_options.int8
-                           .max_calibration_samples, seed=options.seed)
+    cal = load_calibration(plan.recipe, plan.profiles, npz, tokenizer=None,
+                           max_samples=plan.recipe.precision_options.int8
+                           .max_calibration_samples, seed=plan.seed)
     copy = tmp_path / "fp32"  # onnx refuses the cache's hard-linked external data
     shutil.copytree(tiny["onnx"].parent, copy)
     fp32 = onnx.load(str(copy / tiny["onnx"].name))

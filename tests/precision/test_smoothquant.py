@@ -121,12 +121,12 @@ def test_int8_stage_quantizes_the_smoothed_model(tiny_build: Path, tmp_path: Pat
     )
     from trtpack.precision.graph import int8_quantized_nodes
 
-    options = build_options("tiny-bert", "int8", tmp_path / "out", ["1x4:2x8:4x16"],
+    plan = build_options("tiny-bert", "int8", tmp_path / "out", ["1x4:2x8:4x16"],
                             calibration=tiny_npz(tmp_path / "calibration.npz"))
-    settings = options.recipe.precision_options.model_dump()
+    settings = plan.recipe.precision_options.model_dump()
     settings["int8"]["smoothquant"] = 0.5
-    options = with_recipe(options, precision_options=settings)
-    outcome, messages, _ = run_stage(options, fp32_artifacts(tiny_build), tmp_path / "stage")
+    plan = with_recipe(plan, precision_options=settings)
+    outcome, messages, _ = run_stage(plan, fp32_artifacts(tiny_build), tmp_path / "stage")
     smoothed = outcome.metrics["calibration"]["smoothquant"]
     assert smoothed["alpha"] == 0.5 and smoothed["activations"] > 0
     assert any("SmoothQuant" in m for m in messages)

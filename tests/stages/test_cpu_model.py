@@ -396,14 +396,14 @@ def test_an_optimizer_crash_serves_the_plain_graph_with_a_warning(
         raise RuntimeError("no pattern for this graph")
 
     monkeypatch.setattr(cpu_fusion, "cpu_graph", crash)
-    options, _ = resolve_options(BuildRequest(
+    plan, _ = resolve_options(BuildRequest(
         model="tiny-bert", profiles=["1x4:2x8:4x16"], precision="fp32", target="cpu",
         random_weights=True, out=tmp_path / "out", cache_dir=tmp_path / "cache"))
     stage_dir = tmp_path / "stage"
     stage_dir.mkdir()
     artifacts = Artifacts(onnx=tiny_build / "artifacts" / "simplify" / "model.onnx",
                           fp32_outputs=tiny_build / "artifacts" / "verify" / "fp32_outputs.npz")
-    ctx = StageContext(options, "cpu_model", stage_dir, tmp_path, artifacts,
+    ctx = StageContext(plan, "cpu_model", stage_dir, tmp_path, artifacts,
                        logging.getLogger("test"), lambda event: None)
     outcome = cpu_model.run(ctx)
     assert any("optimizer failed (RuntimeError: no pattern" in w for w in outcome.warnings)

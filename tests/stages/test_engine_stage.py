@@ -28,19 +28,19 @@ needs_no_gpu = pytest.mark.skipif(
 
 def _options(tmp_path: Path, **changes: object) -> BuildPlan:
     recipe = resolve_model("minilm")
-    options = BuildPlan(
+    plan = BuildPlan(
         recipe=recipe, profiles=tuple(parse_profiles(recipe.profiles, recipe.input_specs())),
         precision_choice=FixedPrecision("fp16"), target=resolve_target("g5"),
         out_dir=tmp_path / "out", opset=18,
         cache_dir=tmp_path / "cache",
     )
-    return replace(options, **changes)  # type: ignore[arg-type]
+    return replace(plan, **changes)  # type: ignore[arg-type]
 
 
-def _context(options: BuildPlan, tmp_path: Path) -> StageContext:
+def _context(plan: BuildPlan, tmp_path: Path) -> StageContext:
     stage_dir = tmp_path / "build" / "artifacts" / "engine"
     stage_dir.mkdir(parents=True)
-    return StageContext(options=options, stage="engine", stage_dir=stage_dir,
+    return StageContext(plan=plan, stage="engine", stage_dir=stage_dir,
                         build_dir=tmp_path / "build", artifacts=Artifacts(),
                         log=logging.getLogger("test-engine"), on_progress=lambda e: None)
 
@@ -73,8 +73,8 @@ def test_fingerprint_is_json_and_tracks_engine_inputs(tmp_path: Path) -> None:
         _options(tmp_path, profiles=tuple(parse_profiles(["1x8:2x16:4x32"],
                                                          base.recipe.input_specs()))),
     ]
-    for options in changed:
-        assert engine_stage.fingerprint(options) != fp
+    for plan in changed:
+        assert engine_stage.fingerprint(plan) != fp
     # where the output goes does not change the engine
     assert engine_stage.fingerprint(_options(tmp_path, out_dir=tmp_path / "elsewhere")) == fp
 

@@ -131,9 +131,9 @@ def build_engine_from(root: Path, target: str, out: Path, *, cache_dir: Path | N
     ``root``, into ``out`` (a build folder like ``trtpack build``'s). Exit 3 at once when
     this machine cannot build that target's engine."""
     build = read_finished_build(root)
-    options = engine_options(build, target, out, cache_dir, use_cache)
-    check_engine_environment(options.target, options.recipe.engine.hardware_compatibility)
-    pipeline = Pipeline(options, progress, warnings, finished=build.stages,
+    plan = engine_options(build, target, out, cache_dir, use_cache)
+    check_engine_environment(plan.target, plan.recipe.engine.hardware_compatibility)
+    pipeline = Pipeline(plan, progress, warnings, finished=build.stages,
                         finished_rows=build.rows)
     return pipeline.run()
 

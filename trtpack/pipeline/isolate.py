@@ -45,7 +45,7 @@ from trtpack.processes import die_with_parent
 from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import ProgressEvent, StageContext, StageOutcome, stage_logger
 
-# what the build sends a stage's process: the stage's name, the options, its folder, the build
+# what the build sends a stage's process: the stage's name, the plan, its folder, the build
 # folder, the artifacts it reads and its log
 StageJob: TypeAlias = tuple[str, BuildPlan, Path, Path, Artifacts, Path]
 
@@ -124,7 +124,7 @@ class StageProcess:
         keeps its message and exit code; anything else becomes this process's exception with
         the traceback in the stage log."""
         name = self.stage.name
-        job: StageJob = (name, ctx.options, ctx.stage_dir, ctx.build_dir, ctx.artifacts,
+        job: StageJob = (name, ctx.plan, ctx.stage_dir, ctx.build_dir, ctx.artifacts,
                          log_path)
         try:
             try:
@@ -176,7 +176,7 @@ class StageProcess:
 
 
 def _run_job(module_name: str, job: StageJob, messages: Connection) -> None:
-    name, options, stage_dir, build_dir, artifacts, log_path = job
+    name, plan, stage_dir, build_dir, artifacts, log_path = job
     logger, handler = stage_logger(f"trtpack.stage.{name}.process", log_path)
 
     def forward(event: ProgressEvent) -> None:
@@ -185,7 +185,7 @@ def _run_job(module_name: str, job: StageJob, messages: Connection) -> None:
     def spare_core(model_bytes: int) -> None:
         messages.send(("spare_core", model_bytes))
 
-    ctx = StageContext(options, name, stage_dir, build_dir, artifacts, logger, forward,
+    ctx = StageContext(plan, name, stage_dir, build_dir, artifacts, logger, forward,
                        spare_core)
     try:
         module = importlib.import_module(module_name)
@@ -193,7 +193,7 @@ def _run_job(module_name: str, job: StageJob, messages: Connection) -> None:
         if name == MEMORY_TRACED_IN:  # torch and the model code are imported here anyway
             from trtpack.pipeline.memory_check import check_in_export
 
-            warnings = check_in_export(options)
+            warnings = check_in_export(plan)
         outcome = module.run(ctx)
         outcome.warnings[:0] = warnings
         messages.send(("outcome", outcome))
@@ -229,8 +229,8 @@ def _output_to(log_path: Path, before: Path) -> None:
 
 def main(argv: list[str]) -> int:
     """The stage process: ``JOBS_FD MESSAGES_FD STAGE_NAME LOG_PATH``. It imports the stage's
-    module and its ``warm_modules`` first; the first message is ``(options, build_dir,
-    stage_log)`` for the module's optional ``warm_up(options, build_dir)`` (``stage_log``: where
+    module and its ``warm_modules`` first; the first message is ``(plan, build_dir,
+    stage_log)`` for the module's optional ``warm_up(plan, build_dir)`` (``stage_log``: where
     the output goes from now on, None to stay at ``LOG_PATH``); the second is the job."""
     die_with_parent()
     jobs = Connection(int(argv[0]), writable=False)
@@ -250,14 +250,14 @@ def main(argv: list[str]) -> int:
     if not planned:
         _import(stage.warm_modules)
     try:
-        options, build_dir, stage_log = jobs.recv()
+        plan, build_dir, stage_log = jobs.recv()
     except EOFError:  # not needed after all (cache hit, or the build ended)
         return 0
     if stage_log is not None:
         _output_to(stage_log, Path(argv[3]))
     warm_up = getattr(stage_module, "warm_up", None)
     if warm_up is not None:  # e.g. precision starts the ModelOpt worker
-        warm_up(options, build_dir)
+        warm_up(plan, build_dir)
     if planned:
         _import(stage.warm_modules)
     gc.freeze()
@@ -270,7 +270,7 @@ def main(argv: list[str]) -> int:
         # runs the module as __main__, and unpickles trtpack.pipeline.isolate's HeadStart)
         if isinstance(job, tuple):
             break
-        _head_start(stage.name, stage_module, options, build_dir, job)
+        _head_start(stage.name, stage_module, plan, build_dir, job)
     _run_job(stage.module, job, messages)
     messages.close()
     return 0

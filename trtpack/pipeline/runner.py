@@ -73,7 +73,7 @@ class Pipeline:
     def __init__(self, plan: BuildPlan, progress: ProgressCallback | None = None,
                  warnings: Sequence[str] = (), finished: Sequence[FinishedStage] = (),
                  finished_rows: Sequence[VerificationRow] = ()) -> None:
-        self.options = plan
+        self.plan = plan
         self.progress: ProgressCallback = progress or (lambda event: None)
         self.warnings = list(warnings)  # about the request, first in the report
         self._report: BuildReport | None = None
@@ -99,7 +99,7 @@ class Pipeline:
         self.progress(ProgressEvent("", "notice", message))
 
     def run(self) -> BuildReport:
-        o = self.options
+        o = self.plan
         out = o.out_dir.resolve()
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
@@ -117,7 +117,7 @@ class Pipeline:
             return self._run(out)
 
     def _run(self, out: Path) -> BuildReport:
-        o = self.options
+        o = self.plan
         work = out.with_name(f".{out.name}.partial-{os.getpid()}")
         failed_dir = out.with_name(out.name + ".failed")
         if failed_dir.exists() and build_files(failed_dir) is None:
@@ -147,7 +147,7 @@ class Pipeline:
                 if full is None:
                     raise
                 self.stages.end(failed=True)
-                raise disk_full_error(full, self.options, work, out,
+                raise disk_full_error(full, self.plan, work, out,
                                       self.current_stage) from e
         except MemoryRefusal:  # refused before the work started, as the pre-check refuses
             self.stages.end(failed=True)
@@ -191,11 +191,11 @@ class Pipeline:
         return report
 
     def _run_stages(self, work: Path, report: BuildReport) -> None:
-        o = self.options
+        o = self.plan
         artifacts = Artifacts()
         logs = work / LOGS
         logs.mkdir()
-        order = self.stages.plan({name: f.key for name, f in self.finished.items()})
+        order = self.stages.planned_stages({name: f.key for name, f in self.finished.items()})
         planned = {p.stage.name: p for p in order}
         if order:
             self.stages.start_ahead(order[0], logs)

@@ -68,7 +68,7 @@ class StageRuns:
 
     def __init__(self, plan: BuildPlan, progress: ProgressCallback,
                  warn: Callable[[str], None] = lambda message: None) -> None:
-        self.options = plan
+        self.plan = plan
         self.progress = progress
         self.cache = StageCache(plan.cache_dir)
         self.remote: RemoteCache | None = None
@@ -82,13 +82,13 @@ class StageRuns:
         self._pending: list[Future[None]] = []
         # stages whose process got a head start (stage -> its folder), until they run
         self._head_started: dict[str, Path] = {}
-        self._planned: list[PlannedStage] = []  # the stages ``plan`` found to run
+        self._planned: list[PlannedStage] = []  # the stages ``planned_stages`` found to run
 
-    def plan(self, finished: Mapping[str, str] | None = None) -> list[PlannedStage]:
+    def planned_stages(self, finished: Mapping[str, str] | None = None) -> list[PlannedStage]:
         """The stages that will run, each with its key and whether the cache has it.
         ``finished``: stages another build ran (name -> the sha256 of their files), which
         are copied in, not run; the later keys chain on those files."""
-        o = self.options
+        o = self.plan
         planned: list[PlannedStage] = []
         upstream = ""
         for stage in STAGES:
@@ -124,7 +124,7 @@ class StageRuns:
         the needs are worked out again until every entry needed is here."""
         assert self.remote is not None
         remote = self.remote
-        while wanted := remote_entries_read(planned, self.options):
+        while wanted := remote_entries_read(planned, self.plan):
             for p in wanted:
                 assert p.remote is not None
                 problem = remote.fetch(p.remote)
@@ -193,7 +193,7 @@ class StageRuns:
     def _start(self, stage: Stage, log_path: Path, build_dir: Path) -> None:
         """The stage's process: the one the command prestarted for it, or a new one."""
         process = StageProcess(stage, log_path, prestart.take(stage.name))
-        process.prepare(self.options, build_dir, log_path)
+        process.prepare(self.plan, build_dir, log_path)
         self.processes[stage.name] = process
 
     def stop_processes(self) -> None:
@@ -283,7 +283,7 @@ class StageRuns:
         def spare_core(model_bytes: int) -> None:
             self.warm_on_spare_core(plan, model_bytes, log_path.parent, meter)
 
-        ctx = StageContext(self.options, stage.name, stage_dir, work, artifacts, logger,
+        ctx = StageContext(self.plan, stage.name, stage_dir, work, artifacts, logger,
                            self.progress, spare_core)
         oom_before = oom_kills()
         try:
@@ -314,7 +314,7 @@ class StageRuns:
             warnings=outcome.warnings,
         )
         stored: JsonObject | None = None
-        if stage.cacheable and self.options.use_cache and outcome.status == "ok" and all(
+        if stage.cacheable and self.plan.use_cache and outcome.status == "ok" and all(
             r.passed for r in outcome.verification
         ):  # the result as stored, taken now: the runner adds to it (its log, warnings) later
             stored = {k: v for k, v in asdict(result).items()

@@ -40,7 +40,7 @@ WORKER_TIMEOUT_SECONDS = 4 * 3600
 class ConversionContext(Protocol):
     """What a conversion sees of its stage (``trtpack.stages.base.StageContext`` is one)."""
 
-    options: BuildPlan
+    plan: BuildPlan
     stage: str
     stage_dir: Path
     artifacts: dict[str, Path]
@@ -111,8 +111,8 @@ class Conversion:
         import onnx
 
         self.ctx = ctx
-        self.options = ctx.options
-        self.recipe = ctx.options.recipe
+        self.plan = ctx.plan
+        self.recipe = ctx.plan.recipe
         self.work = work
         self.source = source
         self.quantize_source = source  # what ModelOpt quantizes (a smoothed copy for INT8)

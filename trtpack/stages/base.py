@@ -54,9 +54,9 @@ def _ignore(model_bytes: int) -> None:
 
 @dataclass
 class StageContext:
-    """What a stage sees: the options, its own empty folder, upstream artifacts, a logger."""
+    """What a stage sees: the build plan, its own empty folder, upstream artifacts, a logger."""
 
-    options: BuildPlan
+    plan: BuildPlan
     stage: str
     stage_dir: Path
     build_dir: Path  # the (temporary) output folder being built; renamed to OUT at the end

@@ -87,7 +87,7 @@ def run(ctx: StageContext) -> StageOutcome:
     from trtpack.runtimes import tensorrt as tensorrt_api
     from trtpack.runtimes.tensorrt_compile import CompileRefused, compile_engine
 
-    o = ctx.options
+    o = ctx.plan
     onnx = ctx.artifacts.served_model(gpu=True)
     onnx_io = model_io_from_onnx(onnx)
     profiles = builder.tensorrt_profiles(o.profiles, [t.name for t in onnx_io.inputs])

@@ -46,8 +46,8 @@ def serve_conv_int8(ctx: StageContext, work: Path, source: Path, fp32_path: Path
         weight_layers,
     )
 
-    settings = ctx.options.recipe.precision_options.int8
-    method = ctx.options.calibration_method or settings.calibration_method
+    settings = ctx.plan.recipe.precision_options.int8
+    method = ctx.plan.calibration_method or settings.calibration_method
     cal, tokenizer = calibration(ctx)
     out = ctx.stage_dir / "int8" / "model.onnx"
     ctx.progress(f"CPU INT8: static quantization of Conv/MatMul/Gemm ({method} calibration "
@@ -62,14 +62,14 @@ def serve_conv_int8(ctx: StageContext, work: Path, source: Path, fp32_path: Path
                           fp32_reason=reason, warnings=list(cal.warnings))
     rows = verify_rows(ctx, out, cases, CHECK_INT8, "int8")
     held = held_out_cases(ctx.needs(ctx.artifacts.onnx, "onnx"), cal)
-    rows += held_out_rows(CHECK_INT8_HELDOUT, ctx.options.recipe, held, out, cal, tokenizer)
+    rows += held_out_rows(CHECK_INT8_HELDOUT, ctx.plan.recipe, held, out, cal, tokenizer)
     layers = weight_layers(onnx.load(str(out), load_external_data=False))
     runs = integer_layers(runtime_op_counts(out, work))
     integer_convs, integer_matmuls = min(runs.convs, layers.convs), min(runs.matmuls,
                                                                          layers.matmuls)
     share = (integer_convs + integer_matmuls, layers.total)
     failures = [f"{r.check} {r.corner}: {r.reason}" for r in rows if not r.passed][:5]
-    failures += share_failures(ctx.options, share, "weight Conv/MatMul/Gemm layers")
+    failures += share_failures(ctx.plan, share, "weight Conv/MatMul/Gemm layers")
     candidate: JsonObject = {
         "form": STATIC_FORM, "calibration": method, "calibration_samples": cal.samples,
         "integer_convs": integer_convs, "weight_convs": layers.convs,
@@ -77,7 +77,7 @@ def serve_conv_int8(ctx: StageContext, work: Path, source: Path, fp32_path: Path
         **worst_sample(rows), "passed": not failures}
     served = ServedInt8(out, rows, not failures, f"int8, {STATIC_FORM}", share, runs.kernels,
                         failures=failures, candidate=candidate, warnings=list(cal.warnings))
-    if not ctx.options.auto_precision:
+    if not ctx.plan.auto_precision:
         fp32_ms, int8_ms = time_against_fp32(ctx, fp32_path, out, cases)
         candidate["p50_ms"], candidate["fp32_p50_ms"] = int8_ms, fp32_ms
         served.fp32_reason = fp32_reason(failures, fp32_ms, int8_ms)

@@ -71,7 +71,7 @@ def verify_rows(ctx: StageContext, path: Path, cases: list[Case], check: str, pr
     """``path`` judged at the profile corners (``cases``) against the FP32 outputs."""
     from trtpack.verify.compare import compare_cases, run_onnxruntime, saved_tokenizer_text
 
-    recipe = ctx.options.recipe
+    recipe = ctx.plan.recipe
     return compare_cases(check, recipe, precision, cases, run_onnxruntime(path, cases),
                          saved_tokenizer_text(ctx.artifacts.tokenizer, recipe))
 
@@ -90,7 +90,7 @@ def serve_int8(ctx: StageContext, work: Path, source: Path, graph_shape: dict[st
         make_cpu_int8,
     )
 
-    settings = ctx.options.recipe.precision_options.int8
+    settings = ctx.plan.recipe.precision_options.int8
     cal, tokenizer = calibration(ctx)
     held = held_out_cases(ctx.needs(ctx.artifacts.onnx, "onnx"), cal)
     served: ServedInt8 | None = None
@@ -122,7 +122,7 @@ def serve_int8(ctx: StageContext, work: Path, source: Path, graph_shape: dict[st
             form_failures = [reason]
             continue
         rows = verify_rows(ctx, form.path, cases, CHECK_INT8, "int8")
-        rows += held_out_rows(CHECK_INT8_HELDOUT, ctx.options.recipe, held, form.path, cal,
+        rows += held_out_rows(CHECK_INT8_HELDOUT, ctx.plan.recipe, held, form.path, cal,
                              tokenizer)
         served = describe_form(ctx, form, rows, work)
         form_failures = served.failures
@@ -156,7 +156,7 @@ def describe_form(ctx: StageContext, form: CpuInt8Form, rows: list[VerificationR
 
     share, kernels = served_share(form.path, work)
     failures = [f"{r.check} {r.corner}: {r.reason}" for r in rows if not r.passed][:5]
-    failures += share_failures(ctx.options, share)
+    failures += share_failures(ctx.plan, share)
     kept_layers, outliers = form_layer_names(ctx.needs(ctx.artifacts.onnx, "onnx"), form)
     return ServedInt8(form.path, rows, not failures, f"int8, {CPU_INT8_FORM}; {form.name}",
                       share, kernels, form.excluded, kept_layers, outliers,
@@ -173,7 +173,7 @@ def describe_qdq(ctx: StageContext, qdq: Path, search: StageOutcome | None,
     rows = list(search.verification) if search is not None else []
     share, kernels = served_share(qdq, work)
     passed = all(r.passed for r in rows)
-    failures = share_failures(ctx.options, share)
+    failures = share_failures(ctx.plan, share)
     if passed and failures:
         raise AccuracyError(
             "int8: no INT8 model for the CPU passes its gates: the CPU INT8 forms failed ("
@@ -248,5 +248,5 @@ def calibration(ctx: StageContext) -> tuple[CalibrationData, Tokenizer | None]:
 
     folder = ctx.artifacts.tokenizer
     return load_build_calibration(
-        ctx.options, ctx.needs(ctx.artifacts.onnx, "onnx"),
-        lambda: None if folder is None else saved_tokenizer(ctx.options.recipe, folder))
+        ctx.plan, ctx.needs(ctx.artifacts.onnx, "onnx"),
+        lambda: None if folder is None else saved_tokenizer(ctx.plan.recipe, folder))

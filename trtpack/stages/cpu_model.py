@@ -104,7 +104,7 @@ def fingerprint(plan: BuildPlan) -> JsonObject:
 def model_shape(ctx: StageContext) -> tuple[str | None, int | None, int | None]:
     """(model_type, attention heads, hidden size) from the model's config.json, else the
     recipe's config."""
-    config: dict[str, Any] = dict(ctx.options.recipe.config)
+    config: dict[str, Any] = dict(ctx.plan.recipe.config)
     path = ctx.artifacts.model_config
     if path is not None and path.is_file():
         config = {**config, **json.loads(path.read_text())}
@@ -162,7 +162,7 @@ def fuse(ctx: StageContext) -> FusedGraph:
         try:
             graph = fusion.cpu_graph(source, config_model_type=model_type, num_heads=heads,
                                      hidden_size=hidden,
-                                     mask_input=ctx.options.recipe.input_name("attention_mask"),
+                                     mask_input=ctx.plan.recipe.input_name("attention_mask"),
                                      load_weights=False)
         except Exception as e:  # an optimizer crash on an unusual graph: serve the plain one
             import onnx
@@ -197,7 +197,7 @@ def _head_started(ctx: StageContext) -> FusedGraph | None:
 
 
 def run(ctx: StageContext) -> StageOutcome:
-    recipe = ctx.options.recipe
+    recipe = ctx.plan.recipe
     mask = recipe.input_name("attention_mask")
     model_type, heads, hidden = model_shape(ctx)
     fused = _head_started(ctx)
@@ -222,7 +222,7 @@ def run(ctx: StageContext) -> StageOutcome:
             warnings.append(f"ONNX Runtime's {graph.model_type} optimizer fused nothing: the "
                             "CPU model is the plain FP32 graph")
         artifacts = Artifacts(cpu_fp32_onnx=fp32_path, cpu_onnx=fp32_path)
-        if ctx.options.precision == "int8" and all(r.passed for r in rows):
+        if ctx.plan.precision == "int8" and all(r.passed for r in rows):
             if has_weight_convs(source):  # ONNX Runtime's static INT8 of Conv/MatMul/Gemm
                 served = serve_conv_int8(ctx, work, source, fp32_path, cases)
             else:
@@ -235,7 +235,7 @@ def run(ctx: StageContext) -> StageOutcome:
             if served.search is not None:  # the Q/DQ search ran here: its files too
                 artifacts = artifacts.merged(served.search.artifacts)
                 search_note = served.search.message
-            if ctx.options.auto_precision:
+            if ctx.plan.auto_precision:
                 chosen = _choose_precision(ctx, fp32_path, served, cases, rows, metrics)
                 artifacts = replace(artifacts, cpu_onnx=chosen)
                 if chosen == fp32_path:
@@ -255,7 +255,7 @@ def run(ctx: StageContext) -> StageOutcome:
                                     "failed their gates (" + "; ".join(served.failures[:2])
                                     + "); the CPU model is the Q/DQ graph, which ONNX Runtime "
                                     "runs mostly in FP32")
-        elif ctx.options.precision == "fp16":
+        elif ctx.plan.precision == "fp16":
             # ONNX Runtime's CPU kernels are FP32: the CPU model of an FP16 build is FP32
             warnings.append("fp16 build: the CPU model is the fused FP32 graph")
     finally:

@@ -79,7 +79,7 @@ def final_path(ctx: StageContext, path: Path) -> Path:
     folder is renamed to OUT: the paths a reproduce command must use."""
     build_dir = ctx.stage_dir.parent.parent  # BUILD/artifacts/<stage>
     if path.is_relative_to(build_dir):
-        return ctx.options.out_dir.resolve() / path.relative_to(build_dir)
+        return ctx.plan.out_dir.resolve() / path.relative_to(build_dir)
     return path
 
 
@@ -87,7 +87,7 @@ def run(ctx: StageContext) -> StageOutcome:
     from trtpack.runtimes import tensorrt as tensorrt_api
     from trtpack.runtimes.polygraphy_setup import cuda_versions
 
-    o = ctx.options
+    o = ctx.plan
     env = check_engine_environment(o.target, o.recipe.engine.hardware_compatibility)
     assert env.gpu is not None
     onnx = engine_onnx(ctx)

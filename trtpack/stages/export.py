@@ -179,17 +179,17 @@ def run_torch(wrapper: torch.nn.Module, recipe: Recipe, cases: list[Case],
 
 
 def run(ctx: StageContext) -> StageOutcome:
-    options = ctx.options
-    recipe = options.recipe
-    ctx.progress("loading the model" + (" (random weights)" if options.random_weights else ""))
-    loaded = load_model(recipe, random_weights=options.random_weights, seed=options.seed)
+    plan = ctx.plan
+    recipe = plan.recipe
+    ctx.progress("loading the model" + (" (random weights)" if plan.random_weights else ""))
+    loaded = load_model(recipe, random_weights=plan.random_weights, seed=plan.seed)
     wrapper = output_selector(loaded.module, recipe)
     fresh = None
     if recipe.source.torchscript:
         path = recipe.source.torchscript
         fresh = lambda: output_selector(load_torchscript(path), recipe)  # noqa: E731
     ctx.progress("running PyTorch at every profile corner")
-    cases, sample_warnings, samples_fed = build_cases(options, loaded)
+    cases, sample_warnings, samples_fed = build_cases(plan, loaded)
     run_torch(wrapper, recipe, cases, fresh)
     reference = ctx.stage_dir / "reference.npz"
     save_cases(reference, cases)
@@ -197,17 +197,17 @@ def run(ctx: StageContext) -> StageOutcome:
     ctx.spare_core(sum(t.numel() * t.element_size() for t in
                        (*loaded.module.parameters(), *loaded.module.buffers())))
     exporter = "legacy" if recipe.source.torchscript else recipe.exporter
-    ctx.progress(f"exporting to ONNX (opset {options.opset}, {exporter} exporter)")
+    ctx.progress(f"exporting to ONNX (opset {plan.opset}, {exporter} exporter)")
     onnx_path = ctx.stage_dir / "model.onnx"
-    exported = export_onnx(wrapper, options, onnx_path, ctx.log,
+    exported = export_onnx(wrapper, plan, onnx_path, ctx.log,
                            saved=fresh() if fresh is not None else None)
     summary = graph_summary(onnx_path)
     warnings_out: list[str] = list(sample_warnings)
     if exported.fallback:
         warnings_out.append(f"{exported.fallback}; exported with the TorchScript exporter "
                             "(dynamo=False) instead, verified against PyTorch the same way")
-    if summary["opset"] != options.opset:
-        warnings_out.append(f"exporter wrote opset {summary['opset']}, asked for {options.opset}")
+    if summary["opset"] != plan.opset:
+        warnings_out.append(f"exporter wrote opset {summary['opset']}, asked for {plan.opset}")
     tok_dir = config_path = None
     if loaded.tokenizer is not None:
         tok_dir = ctx.stage_dir / "tokenizer"

@@ -188,9 +188,9 @@ def run(ctx: StageContext) -> StageOutcome:
 
     from trtpack.runtimes.onnxruntime import cpu_session, few_runs_prepacked, run_session
 
-    options = ctx.options
-    recipe = options.recipe
-    src = source_path(options)
+    plan = ctx.plan
+    recipe = plan.recipe
+    src = source_path(plan)
     ctx.progress(f"importing {src.name}")
     onnx_path = ctx.stage_dir / "model.onnx"
     axes = {i.name: list(i.axes) for i in recipe.inputs}
@@ -198,7 +198,7 @@ def run(ctx: StageContext) -> StageOutcome:
     external = copy_model(src, onnx_path, axes)
     tokenizer = tok_dir = config_path = None
     if recipe.tokenizer:
-        tokenizer, tok_dir = _tokenizer(tokenizer_folder(options), ctx.stage_dir)
+        tokenizer, tok_dir = _tokenizer(tokenizer_folder(plan), ctx.stage_dir)
     if (src.parent / "config.json").is_file():
         config_path = ctx.stage_dir / "config.json"
         shutil.copyfile(src.parent / "config.json", config_path)
@@ -213,18 +213,18 @@ def run(ctx: StageContext) -> StageOutcome:
                             "vocabulary size with --set vocab_size=N, or a tokenizer beside "
                             "the ONNX")
     specs = recipe.input_specs()
-    samples = SampleInputs.of(options, vocab)
+    samples = SampleInputs.of(plan, vocab)
     cases: list[Case] = []
-    for index, profile in enumerate(options.profiles):
+    for index, profile in enumerate(plan.profiles):
         for k, (corner, shapes) in enumerate(profile.corners()):
             inputs = make_inputs(specs, shapes, tokenizer=tokenizer, vocab_size=vocab or 30522,
-                                 seed=options.seed + 10 * index + k, offset=5 * k + index,
+                                 seed=plan.seed + 10 * index + k, offset=5 * k + index,
                                  values=recipe.value_rules())
             if not samples.use(inputs, shapes):
                 samples.unfitted.append(f"profile {index} {corner}")
             cases.append(Case(index, corner, inputs))
     warnings += samples.warnings()
-    samples_fed = samples.trace(options.sample_inputs, len(cases))
+    samples_fed = samples.trace(plan.sample_inputs, len(cases))
     dependent = [o.name for o in recipe.outputs if o.metric == "data_dependent"]
     if dependent:
         warnings.append(

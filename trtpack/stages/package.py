@@ -44,21 +44,21 @@ def fingerprint(plan: BuildPlan) -> JsonObject:
 def run(ctx: StageContext) -> StageOutcome:
     from trtpack.serving.repository import RepositoryPlan, write_model_repository
 
-    options = ctx.options
+    plan = ctx.plan
     final, tuning = ctx.build_dir / REPOSITORY, ctx.build_dir / TUNING
     tmp, tmp_tuning = (ctx.build_dir / f".{REPOSITORY}.tmp", ctx.build_dir / f".{TUNING}.tmp")
     for folder in (tmp, tmp_tuning):
         shutil.rmtree(folder, ignore_errors=True)
     ctx.progress("writing the Triton model repository")
     repo = write_model_repository(tmp, RepositoryPlan(
-        recipe=options.recipe,
-        profiles=options.profiles,
-        model_path=ctx.artifacts.served_model(options.target.is_gpu),
-        gpu=options.target.is_gpu,
-        serve=options.serve,
-        fallback_cpu=options.fallback_cpu,
+        recipe=plan.recipe,
+        profiles=plan.profiles,
+        model_path=ctx.artifacts.served_model(plan.target.is_gpu),
+        gpu=plan.target.is_gpu,
+        serve=plan.serve,
+        fallback_cpu=plan.fallback_cpu,
         fallback_onnx=ctx.needs(ctx.artifacts.cpu_fallback_model(), "onnx")
-        if options.fallback_cpu else None,
+        if plan.fallback_cpu else None,
         tokenizer_dir=ctx.artifacts.tokenizer,
         model_config_json=ctx.artifacts.model_config,
         tuning_dir=tmp_tuning,

@@ -93,7 +93,7 @@ class ConversionView:
 
     def __init__(self, ctx: StageContext) -> None:
         self.context = ctx
-        self.options = ctx.options
+        self.plan = ctx.plan
         self.stage = ctx.stage
         self.stage_dir = ctx.stage_dir
         self.log: logging.Logger = ctx.log
@@ -109,7 +109,7 @@ class ConversionView:
 
 
 def run(ctx: StageContext) -> StageOutcome:
-    precision = ctx.options.precision
+    precision = ctx.plan.precision
     if precision not in ("fp16", "int8"):
         raise UserInputError(f"the precision stage converts to fp16 or int8, not {precision}")
     return convert(ctx, precision)
@@ -123,7 +123,7 @@ def convert(ctx: StageContext, precision: str, share_gate: bool = True) -> Stage
     # the first conversion's worker imports ModelOpt while its job is prepared here (none
     # when trtpack's own INT8 Q/DQ makes it)
     worker = _EARLY_WORKERS.pop(precision, None) or (
-        None if precision == "int8" and first_conversion_is_own(ctx.options)
+        None if precision == "int8" and first_conversion_is_own(ctx.plan)
         else ModelOptWorker(precision, ctx.stage_dir))
     try:
         source = prepare_source(ctx.needs(ctx.artifacts.onnx, "onnx"), work / "source")

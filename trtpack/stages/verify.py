@@ -35,8 +35,8 @@ def run(ctx: StageContext) -> StageOutcome:
     cases = load_cases(ctx.needs(ctx.artifacts.reference, "reference"))
     ctx.progress(f"ONNX Runtime on {len(cases)} cases (min/opt/max of every profile)")
     outputs = run_onnxruntime(ctx.needs(ctx.artifacts.onnx, "onnx"), cases)
-    onnx_in = ctx.options.recipe.source.onnx is not None
-    recipe = ctx.options.recipe
+    onnx_in = ctx.plan.recipe.source.onnx is not None
+    recipe = ctx.plan.recipe
     rows = compare_cases(CHECK_ONNX_IN if onnx_in else CHECK, recipe, "fp32", cases, outputs,
                          saved_tokenizer_text(ctx.artifacts.tokenizer, recipe))
     fp32_outputs = ctx.stage_dir / "fp32_outputs.npz"

@@ -121,7 +121,7 @@ class Fp16Conversion(Conversion):
         final = first
         added: list[str] = []
         rounds = 0
-        if not first.passed and self.options.fallback == "auto":
+        if not first.passed and self.plan.fallback == "auto":
             while not final.passed and rounds < MAX_FP16_ROUNDS:
                 rounds += 1
                 failing = [c for c, r in zip(self.cases, self._case_pass(final), strict=True)
@@ -148,7 +148,7 @@ class Fp16Conversion(Conversion):
             excluded_nodes=[*user_nodes, *added], excluded_by_fallback=added,
             excluded_node_hints=self.hints(added), low_precision=stats,
             before=first.summary(), after=final.summary(),
-            fallback=FallbackSummary(self.options.fallback, rounds),
+            fallback=FallbackSummary(self.plan.fallback, rounds),
             keep_io_types=s.keep_io_types, kept_fp32_out_of_range=self.range_nodes(),
             converter=converter, autocast_failure=self.autocast_failure,
             kept_fp32_reasons=self.kept_reasons(user_nodes, added))

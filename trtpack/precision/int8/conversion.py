@@ -81,11 +81,11 @@ class Int8Conversion(Conversion):
 
     @property
     def method(self) -> str:
-        return self.options.calibration_method or self.settings.calibration_method
+        return self.plan.calibration_method or self.settings.calibration_method
 
     def load_calibration(self) -> None:
         self.ctx.progress("loading calibration data")
-        cal, _ = load_build_calibration(self.options, self.source, self.tokenizer)
+        cal, _ = load_build_calibration(self.plan, self.source, self.tokenizer)
         self.calibration = cal
         self.warnings.extend(cal.warnings)
         save_feeds(self.work / "calibration.npz", cal.feeds)
@@ -223,7 +223,7 @@ class Int8Conversion(Conversion):
         """What the fallback search decides on (``trtpack.precision.int8.fallback``)."""
         return SearchInputs(self.recipe, self.fp32, self.cases, self.decision_cases(),
                             bool(self.check_cases), self.settings.high_precision,
-                            self.options.min_int8_share, self.workers,
+                            self.plan.min_int8_share, self.workers,
                             {n: self.display(n) for n in self.module_paths}, self.ctx.progress)
 
     def attempt_with(self, op_types: Sequence[str], label: str, excluded: list[str],
@@ -332,12 +332,12 @@ class Int8Conversion(Conversion):
         self.load_calibration()
         smoothed = self.smooth() if s.smoothquant is not None else None
         # the first model already quantizes only the op types the search works on
-        auto = self.options.fallback == "auto"
+        auto = self.plan.fallback == "auto"
         op_types = self.op_types_to_quantize()
         first = self.convert("quantize", op_types, user_excluded,
                              "fp32" if auto else s.high_precision, self.while_quantizing)
         final, search = self.searched(first, user_excluded, op_types) if auto \
-            else (first, FallbackSummary(self.options.fallback, 0))
+            else (first, FallbackSummary(self.plan.fallback, 0))
         added = [n for n in final.excluded if n not in user_excluded]
         overlay = None
         changed_types = op_types != list(s.quantize_op_types)
@@ -356,7 +356,7 @@ class Int8Conversion(Conversion):
         final.session = first.session = None  # closes them
         stats = self.stats(final.path)
         if auto and final.passed and self.share_gate:
-            check_int8_share(stats, self.options.min_int8_share)
+            check_int8_share(stats, self.plan.min_int8_share)
         if stats["compute_nodes"] and stats["low_precision_nodes"] == 0:
             self.warnings.append("no MatMul/Gemm/Conv node is quantized: this INT8 model "
                                  f"computes in {s.high_precision}")
