@@ -78,7 +78,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     for item in items:
         info = getattr(item, "_fixtureinfo", None)
-        if info is None:
+        if info is None or any(item.iter_markers("xdist_group")):  # a group of its own
             continue
         scopes = {d.scope for defs in info.name2fixturedefs.values() for d in defs}
         if scopes & {"module", "class"}:

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.slow
+# over-2gb: the models over 2 GB build one at a time, in one xdist worker (~7 GB of disk each)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("over-2gb")]
 
 MODEL = "big-embedding"
 OUTPUT = "sentence_embedding"

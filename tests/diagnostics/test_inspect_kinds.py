@@ -15,6 +15,8 @@ from tests.conftest import run_cli, trtpack
 from trtpack.diagnostics.model_files import load_onnx_graph, onnx_precision
 from trtpack.testing.models import conv_onnx
 
+WIDE = {"COLUMNS": "400"}
+
 
 def flat(text: str) -> str:
     return " ".join(text.split())
@@ -60,7 +62,7 @@ def test_an_onnx_file_of_a_build(tiny_build: Path) -> None:
 
 def test_an_onnx_file_from_elsewhere(tmp_path: Path) -> None:
     model = conv_onnx(tmp_path / "conv.onnx")
-    result = trtpack("inspect", str(model))
+    result = trtpack("inspect", str(model), env=WIDE)  # a long tmp_path (xdist) is not wrapped
     assert result.returncode == 0, result.stderr
     text = flat(result.stdout)
     assert f"{model}: an ONNX model" in text and "precision fp32; opset 17, 5 nodes" in text

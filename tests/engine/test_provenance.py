@@ -193,7 +193,8 @@ def test_cli_inspect_shows_provenance_and_io_and_check_exits_3(tmp_path: Path) -
     result = run_cli("inspect", str(plan))
     assert result.exit_code == 0, result.output
     text = " ".join(result.stdout.split())
-    assert f"{plan}: a TensorRT engine" in text
+    # the path may be wrapped anywhere (a worker's tmp_path is longer): compared without spaces
+    assert f"{plan}:aTensorRTengine" in "".join(result.stdout.split())
     assert "NVIDIA A10G" in text and "TensorRT 10.13.0.35" in text
     assert "last_hidden_state" in text and "float16" in text
     assert "runs on this machine:" in text

@@ -17,7 +17,8 @@ import pytest
 from tests.conftest import run_cli
 from trtpack.cases import load_cases
 
-pytestmark = pytest.mark.slow
+# over-2gb: the models over 2 GB build one at a time, in one xdist worker (~7 GB of disk each)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("over-2gb")]
 
 ROWS, HIDDEN, OUT = 540_000, 1024, 16  # 2.21 GB of float32
 
