@@ -30,8 +30,8 @@ def test_a_build_folder(tiny_build: Path) -> None:
     assert "built by trtpack" in text and "tiny-bert, precision fp32, target cpu" in text
     assert "profiles 1x4:2x8:4x16 2x16:4x32:8x64, status ok" in text
     assert "tiny-bert (onnxruntime_onnx, serves fp32, max_batch_size 8, KIND_CPU)" in text
-    assert "input input_ids int64 [batch, -1]" in text
-    assert "output last_hidden_state float32 [batch, -1, 64]" in text
+    assert "input input_ids int64 [batch, sequence]" in text
+    assert "output last_hidden_state float32 [batch, sequence, 64]" in text
     assert "runs on this machine: not checked" in text
 
 
@@ -51,7 +51,7 @@ def test_an_onnx_file_of_a_build(tiny_build: Path) -> None:
     result = run_cli("inspect", str(served))
     assert result.exit_code == 0, result.output
     text = flat(result.stdout)
-    assert f"{served}: an ONNX model" in text
+    assert f"{served}:anONNXmodel" in "".join(text.split())  # a long tmp_path may wrap
     assert "engine" not in text  # it was once shown as an engine with unknown provenance
     assert "precision fp32; opset" in text
     assert "input input_ids int64 [batch, sequence]" in text
