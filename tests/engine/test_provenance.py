@@ -159,7 +159,8 @@ def test_inspect_model_repository(tmp_path: Path) -> None:
     result = inspect_path(repo, A10G_HERE)
     (model,) = result.models
     assert (model.platform, model.max_batch_size, model.profiles) == ("tensorrt_plan", 8, ["0"])
-    assert model.inputs[0] == {"name": "input_ids", "data_type": "TYPE_INT64", "dims": [-1]}
+    assert model.inputs[0] == {"name": "input_ids", "data_type": "TYPE_INT64", "dims": [-1],
+                               "axes": [-1]}  # no ONNX or recipe.yaml beside the plan: unnamed
     assert model.problems == []
     assert inspect_path(repo, MachineFacts("NVIDIA L4", (8, 9), "10.13.0.35")).runs_here is False
 

@@ -158,9 +158,12 @@ class Checked:
         if data["files"] == self.files and self.at > 0:
             return
         tmp = self.path.with_name(f"{CHECKED}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        with contextlib.suppress(OSError):  # a read-only cache: checked again next time
+        try:
             tmp.write_text(json.dumps(data))
             os.replace(tmp, self.path)
+        except OSError:  # a read-only or full cache: checked again next time, nothing left
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
 
 
 @dataclass
