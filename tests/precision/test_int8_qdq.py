@@ -19,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tests.precision_fixtures import fp32_artifacts, tiny_npz
 from trtpack.precision.calibration.data import load_feeds, save_feeds
 from trtpack.precision.int8 import qdq
+from trtpack.precision.int8.placement import place
 from trtpack.precision.modelopt_jobs import Int8Job, ModelOptJob, ModelOptWorker
 from trtpack.precision.source import prepare_source
 from trtpack.testing.models import conv_onnx
@@ -111,6 +112,55 @@ def test_own_qdq_is_modelopts_model_on_convolutions(tmp_path: Path) -> None:
     done = qdq.quantize(source, mine, OP_TYPES, [], [], load_feeds(tmp_path / "feeds.npz"))
     assert_same_model(mine, theirs)
     assert done["quantized_nodes"] == 2
+
+
+def attention_onnx(path: Path, hidden: int = 32) -> Path:
+    """One self-attention block (Q/K/V projections, scaled scores, Softmax, context, output
+    projection) with small random weights: its attention is nearly uniform, so the Softmax
+    output's largest value stays far below 1."""
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(
+        (rng.standard_normal((hidden, hidden)) * 0.02).astype(np.float32), f"w_{k}")
+        for k in ("q", "k", "v", "o")]
+    inits.append(numpy_helper.from_array(np.array(np.sqrt(hidden), np.float32), "root"))
+    nodes = [helper.make_node("MatMul", ["x", f"w_{k}"], [k], name=f"proj_{k}")
+             for k in ("q", "k", "v")]
+    nodes += [helper.make_node("Transpose", ["k"], ["k_t"], name="k_t", perm=[0, 2, 1]),
+              helper.make_node("MatMul", ["q", "k_t"], ["scores"], name="bmm1"),
+              helper.make_node("Div", ["scores", "root"], ["scaled"], name="scale"),
+              helper.make_node("Softmax", ["scaled"], ["probs"], name="softmax", axis=-1),
+              helper.make_node("MatMul", ["probs", "v"], ["context"], name="bmm2"),
+              helper.make_node("MatMul", ["context", "w_o"], ["y"], name="proj_o")]
+    axes: list[str | int] = ["batch", "sequence", hidden]
+    graph = helper.make_graph(nodes, "attention",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, axes)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, axes)],
+                              inits)
+    onnx.save_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+                    str(path))
+    return path
+
+
+def test_own_qdq_gives_softmax_outputs_modelopts_unit_range(tmp_path: Path) -> None:
+    """A Softmax output read by a quantized MatMul gets the range [0, 1] (scale 1/127),
+    as ModelOpt (``_adjust_tensor_ranges``) and ONNX Runtime set it, not its measured
+    largest value: a sample that attends more sharply than every calibration sample
+    (a short one, on bert-large's random weights) is then not clipped."""
+    source = prepare_source(attention_onnx(tmp_path / "attention.onnx"), tmp_path / "source")
+    rng = np.random.default_rng(0)
+    feeds = [{"x": rng.standard_normal((2, 32, 32)).astype(np.float32)} for _ in range(3)]
+    save_feeds(tmp_path / "feeds.npz", feeds)
+    theirs = modelopt_qdq(source, tmp_path / "feeds.npz", tmp_path)
+    mine = tmp_path / "mine" / "model.onnx"
+    mine.parent.mkdir()
+    done = qdq.quantize(source, mine, OP_TYPES, [], [], load_feeds(tmp_path / "feeds.npz"))
+    assert done["quantized_nodes"] == 6
+    calibration = qdq.calibrate(source, place(onnx.load(str(source)).graph, OP_TYPES, [], []),
+                                feeds)
+    assert calibration.absmax["probs"] < 0.5  # measured: far below the rule's 1
+    scale = graph_view(mine)[1]["probs_scale"]
+    assert scale == np.float32(1.0 / 127.0)
+    assert_same_model(mine, theirs)
 
 
 def test_nodes_named_or_of_an_excluded_type_stay_fp32(tiny_source: Path, tmp_path: Path

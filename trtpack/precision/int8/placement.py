@@ -5,7 +5,8 @@ Every MatMul/Gemm/Conv node that is not excluded (by name or op type), less the 
 small-GEMM MatMul/Gemm nodes (``find_nodes_from_matmul_to_exclude``: an output dimension of
 1, or N or K below 16, on the first calibration batch), the attention MatMuls of a sequence
 longer than 512 (``find_nodes_from_mha_to_exclude``) and the Conv nodes TensorRT has no INT8
-kernel for (``find_nodes_from_convs_to_exclude``). Its preprocessing (``prepare_graph``): the
+kernel for (``find_nodes_from_convs_to_exclude``); a Softmax output's range set to [0, 1]
+(``FIXED_RANGE_OP_TYPES``). Its preprocessing (``prepare_graph``): the
 opset raised to 19, shared initializers duplicated.
 onnx is imported inside the functions.
 """
@@ -22,6 +23,12 @@ if TYPE_CHECKING:
 MIN_MATMUL_DIM = 16  # ModelOpt 0.47 graph_utils._MIN_MATMUL_DIM: N or K below it stays FP32
 MAX_MHA_SEQUENCE = 512  # ModelOpt 0.47: INT8 attention MatMuls only up to this sequence
 MHA_WILDCARDS = frozenset({"Div", "Mul", "Add", "Reshape", "Transpose", "Flatten", "Cast"})
+FIXED_RANGE_OP_TYPES = {"Softmax": 1.0}
+"""Op types whose output's range is set, not measured: ModelOpt 0.47 (``ort_patching.
+_adjust_tensor_ranges``), like ONNX Runtime's ``adjust_tensor_ranges``, gives a Softmax
+output the range [0, 1] (scale 1/127). Measured instead, the range of nearly uniform
+attention (bert-large's random weights) is a fraction of that, and a sample that attends
+more sharply than every calibration sample (a short one) is clipped."""
 
 
 @dataclass
@@ -32,6 +39,7 @@ class Placement:
     activations: list[str]  # tensors read by candidates that get an activation Q/DQ
     shaped: list[str]  # tensors whose first-batch shape the MatMul rules need
     attention: list[tuple[str, str, str]]  # (BMM1, its second input, BMM2) of each MHA
+    fixed: dict[str, float] = field(default_factory=dict)  # activation -> absmax by rule
 
 
 @dataclass
@@ -151,7 +159,15 @@ def place(graph: onnx.GraphProto, op_types: Iterable[str], excluded: Iterable[st
     names = {n.name for n in nodes}
     attention = [a for a in attention_pairs(graph) if a[0] in names or a[2] in names]
     shaped += [b for _, b, _ in attention if b not in shaped]
-    return Placement(nodes, activations, shaped, attention)
+    return Placement(nodes, activations, shaped, attention, fixed_ranges(graph, activations))
+
+
+def fixed_ranges(graph: onnx.GraphProto, activations: Iterable[str]) -> dict[str, float]:
+    """The absmax of each of ``activations`` whose range is set by its producer's op type
+    (``FIXED_RANGE_OP_TYPES``), not measured."""
+    produced = {out: node.op_type for node in graph.node for out in node.output}
+    return {t: FIXED_RANGE_OP_TYPES[produced[t]] for t in activations
+            if produced.get(t) in FIXED_RANGE_OP_TYPES}
 
 
 def shape_exclusions(placement: Placement, calibration: Calibration,

@@ -18,7 +18,8 @@ same model is built here from the graph alone (``onnx.load(load_external_data=Fa
   the calibration batches, which the graph itself computes (``absmax_outputs``) in one ONNX
   Runtime session, one batch at a time: the run frees each activation after its reduction,
   so the peak is the weights, the session and one batch's activations. scale = absmax / 127,
-  as ``onnxruntime.quantization.quant_utils.compute_scale_zp`` computes it.
+  as ``onnxruntime.quantization.quant_utils.compute_scale_zp`` computes it; a Softmax
+  output's absmax is 1 (``placement.FIXED_RANGE_OP_TYPES``), as ModelOpt sets it.
 
 The weights are read one at a time (for a weight's per-channel scale) and copied into the
 output's data file one at a time (``save_model(weights_dir=...)``).
@@ -203,12 +204,17 @@ def weight_scale(values: np.ndarray, axis: int) -> np.ndarray:
 
 
 def insert_qdq(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto],
-               calibration: Calibration, weights_dir: Path) -> int:
+               calibration: Calibration, weights_dir: Path,
+               fixed: Mapping[str, float] | None = None) -> int:
     """Q/DQ before ``nodes`` of ``model`` (graph only, changed in place; its weights are
-    read one at a time from ``weights_dir``); returns how many tensors got a pair."""
+    read one at a time from ``weights_dir``); returns how many tensors got a pair.
+    ``fixed``: activations whose absmax is set by a rule (``Placement.fixed``), not taken
+    from ``calibration``."""
     from onnx import helper, numpy_helper
 
     from trtpack.onnx_tools.files import initializer_array
+
+    fixed = fixed or {}
 
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
@@ -233,7 +239,8 @@ def insert_qdq(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto],
                 del values
             else:
                 axis = None
-                scale = _scale(np.asarray(calibration.absmax[t], dtype=np.float32))
+                scale = _scale(np.asarray(fixed.get(t, calibration.absmax[t]),
+                                          dtype=np.float32))
                 zero = np.zeros((), dtype=np.int8)
             extra: dict[str, Any] = {"axis": axis} if axis is not None and scale.ndim else {}
             new_inits += [numpy_helper.from_array(scale, f"{t}_scale"),
@@ -278,7 +285,7 @@ def quantize(source: Path, output: Path, op_types: Iterable[str], excluded: Iter
     inits = {i.name: i for i in model.graph.initializer}
     by_shape = set(shape_exclusions(placement, calibration, inits))
     nodes = [n for n in placement.nodes if n.name not in by_shape]
-    pairs = insert_qdq(model, nodes, calibration, source.parent)
+    pairs = insert_qdq(model, nodes, calibration, source.parent, placement.fixed)
     save_model(model, output, weights_dir=source.parent)
     return {"quantized_nodes": len(nodes), "qdq_pairs": pairs,
             "excluded_by_shape": sorted(by_shape), "calibration_batches": calibration.batches}
