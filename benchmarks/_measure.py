@@ -1,4 +1,5 @@
-"""Shared by the benchmark scripts: run a command, sample its process tree's RSS."""
+"""Shared by the benchmark scripts: run a command, sample its process tree's RSS; make the
+job INT8's precision stage quantizes."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import resource
 import subprocess
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -60,3 +62,55 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "load_average_at_start": os.getloadavg()[0],
     }
+
+
+@dataclass
+class Int8Inputs:
+    """What INT8's precision stage quantizes: the simplified FP32 graph and the calibration
+    batches (``save_feeds``), with the batches' shapes (``8x128``...)."""
+
+    graph: Path
+    calibration: Path
+    batch_shapes: list[str]
+
+
+def int8_inputs(model: str, profile: str, work: Path, build: Path | None = None) -> Int8Inputs:
+    """The job INT8's precision stage quantizes, made as the stage makes it, in ``work``
+    (emptied first): the simplified FP32 graph of MODEL (``build``, a finished build folder
+    of it, or one built here with ``--precision fp32 --target g5 --no-engine
+    --random-weights``), copied out of the build (its files may be hard links into the
+    cache), and its calibration batches (trtpack's default text, the recipe's sample count
+    and seed) saved as ``calibration.npz``."""
+    import shutil
+    import sys
+
+    from trtpack.api import BuildRequest, resolve_options
+    from trtpack.precision.calibration.data import graph_vocab_size, load_calibration, save_feeds
+    from trtpack.precision.calibration.text_batches import json_tokenizer
+
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    out = build or work / "fp32"
+    if build is None:
+        subprocess.run([sys.executable, "-m", "trtpack.cli", "build", model, "--precision",
+                        "fp32", "--target", "g5", "--no-engine", "--random-weights",
+                        "--profile", profile, "--out", str(out), "--no-cache"], check=True)
+    graph = out / "artifacts" / "simplify" / "model.onnx"
+    source = work / "source"
+    source.mkdir()
+    for f in graph.parent.iterdir():
+        if f.name.startswith(graph.name):
+            shutil.copyfile(f, source / f.name)
+    plan, _ = resolve_options(BuildRequest(model, precision="int8", target="g5",
+                                           build_engine=False, random_weights=True,
+                                           profiles=[profile]))
+    settings = plan.recipe.precision_options.int8
+    cal = load_calibration(plan.recipe, plan.profiles, None,
+                           tokenizer=json_tokenizer(out / "artifacts" / "export" / "tokenizer"),
+                           max_samples=settings.max_calibration_samples, seed=plan.seed,
+                           vocab_size=graph_vocab_size(source / "model.onnx", plan.recipe))
+    calibration = work / "calibration.npz"
+    save_feeds(calibration, cal.feeds)
+    shapes = sorted({"x".join(map(str, next(iter(f.values())).shape)) for f in cal.feeds})
+    print(f"{len(cal.feeds)} calibration batches ({', '.join(shapes)})", flush=True)
+    return Int8Inputs(source / "model.onnx", calibration, shapes)

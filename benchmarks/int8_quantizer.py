@@ -21,14 +21,12 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _measure import machine, run_measured
+from _measure import int8_inputs, machine, run_measured
 
 ROOT = Path(__file__).resolve().parents[1]
 OP_TYPES = ["MatMul", "Gemm", "Conv"]
@@ -91,36 +89,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    from trtpack.api import BuildRequest, resolve_options
-    from trtpack.precision.calibration.data import graph_vocab_size, load_calibration, save_feeds
-    from trtpack.precision.calibration.text_batches import json_tokenizer
-
     work = args.workdir
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    out = args.build or work / "fp32"
-    if args.build is None:
-        subprocess.run([sys.executable, "-m", "trtpack.cli", "build", args.model,
-                        "--precision", "fp32", "--target", "g5", "--no-engine",
-                        "--random-weights", "--profile", args.profile, "--out", str(out),
-                        "--no-cache"], check=True)
-    graph = out / "artifacts" / "simplify" / "model.onnx"
-    source = work / "source"
-    source.mkdir()
-    for f in graph.parent.iterdir():  # copies: the build's files may be hard links
-        if f.name.startswith(graph.name):
-            shutil.copyfile(f, source / f.name)
-    plan, _ = resolve_options(BuildRequest(args.model, precision="int8", target="g5",
-                                           build_engine=False, random_weights=True,
-                                           profiles=[args.profile]))
-    settings = plan.recipe.precision_options.int8
-    cal = load_calibration(plan.recipe, plan.profiles, None,
-                           tokenizer=json_tokenizer(out / "artifacts" / "export" / "tokenizer"),
-                           max_samples=settings.max_calibration_samples, seed=plan.seed,
-                           vocab_size=graph_vocab_size(source / "model.onnx", plan.recipe))
-    save_feeds(work / "calibration.npz", cal.feeds)
-    shapes = sorted({"x".join(map(str, next(iter(f.values())).shape)) for f in cal.feeds})
-    print(f"{len(cal.feeds)} calibration batches ({', '.join(shapes)})", flush=True)
+    job = int8_inputs(args.model, args.profile, work, args.build)
     runs: list[dict[str, Any]] = []
     outputs: dict[str, Path] = {}
     for k in range(args.repeat):
@@ -129,8 +99,8 @@ def main() -> None:
             folder.mkdir()
             script = TRTPACK if quantizer == "trtpack" else MODELOPT
             measured = run_measured(
-                [sys.executable, "-c", script, str(source / "model.onnx"),
-                 str(work / "calibration.npz"), str(folder / "model.onnx")],
+                [sys.executable, "-c", script, str(job.graph), str(job.calibration),
+                 str(folder / "model.onnx")],
                 env={"PYTHONPATH": str(ROOT)}, cwd=str(folder))
             run = {"quantizer": quantizer, "exit": measured.returncode,
                    "seconds": round(measured.seconds, 1), "peak_mb": round(measured.peak_mb),
@@ -143,7 +113,7 @@ def main() -> None:
     result: dict[str, Any] = {
         "model": args.model, "profile": args.profile, "machine": machine(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "calibration_batches": shapes, "runs": runs}
+        "calibration_batches": job.batch_shapes, "runs": runs}
     if {"trtpack", "modelopt"} <= outputs.keys() and all(r["exit"] == 0 for r in runs):
         result["comparison"] = compare(outputs["trtpack"], outputs["modelopt"])
         print(json.dumps(result["comparison"]), flush=True)

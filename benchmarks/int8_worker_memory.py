@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _measure import int8_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,38 +81,11 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/int8-memory"))
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
     args = parser.parse_args()
-    from trtpack.api import BuildRequest, resolve_options
-    from trtpack.precision.calibration.data import graph_vocab_size, load_calibration, save_feeds
-    from trtpack.precision.calibration.text_batches import json_tokenizer
-
-    work = args.workdir
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    out = work / "fp32"
-    subprocess.run([sys.executable, "-m", "trtpack.cli", "build", args.model, "--precision",
-                    "fp32", "--target", "g5", "--no-engine", "--random-weights", "--profile",
-                    args.profile, "--out", str(out), "--no-cache"], check=True)
-    graph = out / "artifacts" / "simplify" / "model.onnx"
-    source = work / "source"
-    source.mkdir()
-    for f in graph.parent.iterdir():  # copies: the build's files may be hard links
-        if f.name.startswith(graph.name):
-            shutil.copyfile(f, source / f.name)
-    plan, _ = resolve_options(BuildRequest(args.model, precision="int8", target="g5",
-                                           build_engine=False, random_weights=True,
-                                           profiles=[args.profile]))
-    settings = plan.recipe.precision_options.int8
-    cal = load_calibration(plan.recipe, plan.profiles, None,
-                           tokenizer=json_tokenizer(out / "artifacts" / "export" / "tokenizer"),
-                           max_samples=settings.max_calibration_samples, seed=plan.seed,
-                           vocab_size=graph_vocab_size(source / "model.onnx", plan.recipe))
-    save_feeds(work / "calibration.npz", cal.feeds)
-    shapes = sorted({"x".join(map(str, next(iter(f.values())).shape)) for f in cal.feeds})
-    print(f"{len(cal.feeds)} calibration batches ({', '.join(shapes)})", flush=True)
+    job = int8_inputs(args.model, args.profile, args.workdir)
     env = {**os.environ, "PYTHONPATH": str(ROOT),
            **dict(e.split("=", 1) for e in args.env)}
-    subprocess.run([sys.executable, "-c", TRACE, str(source / "model.onnx"),
-                    str(work / "calibration.npz")], cwd=work, env=env, check=True)
+    subprocess.run([sys.executable, "-c", TRACE, str(job.graph), str(job.calibration)],
+                   cwd=args.workdir, env=env, check=True)
 
 
 if __name__ == "__main__":

@@ -137,3 +137,10 @@ def no_space_cause(exc: BaseException) -> OSError | None:
             return OSError(int(m.group(1)), "No space left on device"
                            if int(m.group(1)) == errno.ENOSPC else "Disk quota exceeded")
     return None
+
+
+def first_line(error: BaseException, empty: str | None = None) -> str:
+    """The first line of an exception's message, for a one-line error that quotes what a
+    library or the user's code raised; ``empty`` (default: the exception's type name) where
+    the message has none."""
+    return (str(error).strip().splitlines() or [empty or type(error).__name__])[0]

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, get_type_hints
 import numpy as np
 
 from trtpack.api import build as run_build
-from trtpack.errors import UserInputError
+from trtpack.errors import UserInputError, first_line
 from trtpack.machine.paths import default_cache_dir
 from trtpack.options import (
     BuildRequest,
@@ -231,7 +231,7 @@ def export_module(module: torch.nn.Module, example_inputs: ExampleInputs | None,
         program = torch.export.export(module, (), kwargs={**tensors, **constants},
                                       dynamic_shapes={**dynamic, **{n: None for n in constants}})
     except Exception as e:  # torch.export's own failures: the module's to change
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        first = first_line(e)
         raise UserInputError(f"torch.export could not export the module: {first}",
                              hint="export it yourself (torch.export.export) and pass the "
                              "saved .pt2, or give a factory file.py:make_model") from None

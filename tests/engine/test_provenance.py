@@ -81,7 +81,7 @@ def test_onnx_hashes_cover_external_data(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("gpu", "cc", "trt", "ok"), [
     ("NVIDIA A10G", (8, 6), "10.13.0.35", True),
-    ("NVIDIA A10", (8, 6), "10.13.0.35", True),  # same compute capability
+    ("NVIDIA A10", (8, 6), "10.13.0.35", False),  # same compute capability, another GPU
     ("NVIDIA L4", (8, 9), "10.13.0.35", False),
     ("NVIDIA A10G", (8, 6), "10.13.1.0", False),  # engines need the exact TensorRT
     (None, None, "10.13.0.35", False),
@@ -109,6 +109,29 @@ def test_runs_here_portable_and_version_compatible() -> None:
                                             "version_compatible": True})
     assert runs_here(eleven, "NVIDIA A10G", (8, 6), "11.4.1")[0]
     assert not runs_here(eleven, "NVIDIA A10G", (8, 6), "10.16.1")[0]
+
+
+def test_runs_here_a_plain_engine_needs_its_gpu_model_not_only_its_compute_capability(
+        ) -> None:
+    """Hardware compatibility ``none`` (TensorRT's kNONE) is meant for the GPU model the
+    engine was built on: an L4 engine does not run on an L40S (both 8.9), while one built with
+    ``same_compute_capability`` does, and ``ampere+`` runs on any 8.0+ GPU."""
+    l4 = make_provenance(gpu_name="NVIDIA L4", compute_capability="8.9", target="g6")
+    assert runs_here(l4, "NVIDIA L4", (8, 9), "10.13.0.35") == (True, [])
+    ok, reasons = runs_here(l4, "NVIDIA L40S", (8, 9), "10.13.0.35")
+    assert not ok and len(reasons) == 1
+    assert "'none'" in reasons[0] and "NVIDIA L4 " in reasons[0] and "L40S" in reasons[0]
+    assert "same_compute_capability" in reasons[0]
+    shared = make_provenance(gpu_name="NVIDIA L4", compute_capability="8.9", target="g6",
+                             build_options={"hardware_compatibility": "same_compute_capability",
+                                            "version_compatible": False})
+    assert runs_here(shared, "NVIDIA L40S", (8, 9), "10.13.0.35")[0]
+    assert not runs_here(shared, "NVIDIA A10G", (8, 6), "10.13.0.35")[0]
+    h100 = make_provenance(gpu_name="NVIDIA H100 80GB HBM3", compute_capability="9.0")
+    assert runs_here(h100, "NVIDIA-H100 80GB hbm3", (9, 0), "10.13.0.35")[0]  # the same words
+    t4 = make_provenance(gpu_name="NVIDIA T4", compute_capability="7.5")
+    assert runs_here(t4, "Tesla T4", (7, 5), "10.13.0.35")[0]  # the vendor's word aside
+    assert not runs_here(h100, "NVIDIA H200", (9, 0), "10.13.0.35")[0]
 
 
 def test_runs_here_reasons_name_both_sides() -> None:

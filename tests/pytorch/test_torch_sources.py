@@ -180,3 +180,36 @@ def test_a_fraction_for_an_int_argument_is_named(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
     done = trtpack("build", str(model), "--input", "step=2.0", *cache)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_range_for_an_int_argument_says_why_it_cannot_be_one(tmp_path: Path) -> None:
+    """``--input step=0..10`` for a TorchScript ``step: int`` said "not described, give it
+    --input step=VALUE" as if no value were given: it names the range, says that an ``int``
+    argument is folded into the graph as one constant (no served input takes a range), and
+    suggests one value. A range for a tensor input the user also describes still builds a
+    description (the values apply later)."""
+    import torch
+
+    from trtpack.api.recipes import describe_torch
+
+    class Counter(torch.nn.Module):
+        def forward(self, x: torch.Tensor, step: int) -> torch.Tensor:
+            return torch.cumsum(x, dim=-1) * step
+
+    model = tmp_path / "counter.pt"
+    torch.jit.save(torch.jit.script(Counter()), str(model))
+    source = torch_source(str(model))
+    assert source is not None
+
+    def describe(*inputs: str) -> object:
+        request = BuildRequest(model=str(model), inputs=list(inputs), cache_dir=tmp_path)
+        return describe_torch(source, request, tmp_path / "cache")
+
+    with pytest.raises(UserInputError) as refused:
+        describe("x=float32[batch,8]", "step=0..10")
+    message = str(refused.value)
+    assert "--input step=0..10" in message and "as an int, not a tensor" in message, message
+    assert "one constant" in message and "not described" not in message, message
+    assert refused.value.hint == "give it one value, e.g. --input step=0"
+    described = describe("x=float32[batch,8]=0..1", "step=3")
+    assert described["kind"] == "module" and described["arguments"] == {"step": 3}

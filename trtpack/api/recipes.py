@@ -96,17 +96,23 @@ def describe_torch(source: dict[str, str], request: BuildRequest, cache_dir: Pat
         inputs = {i.name: {"dtype": i.dtype, "axes": list(i.axes)} for i in recipe.inputs}
         arguments = dict(recipe.source.arguments)
     # NAME=DTYPE[...] describes a tensor input; NAME=VALUE alone gives a non-tensor argument
-    # (sr=16000), folded into the graph; a tensor input's values (=LOW..HIGH) apply later
+    # (sr=16000), folded into the graph; a tensor input's values (=LOW..HIGH) apply later, and
+    # a range alone is passed on so that describe refuses it for a non-tensor argument
+    ranged: dict[str, str] = {}
     for described in parse_input_options(request.inputs):
         if described.spec is not None:
             inputs[described.name] = {"dtype": described.spec.dtype,
                                       "axes": list(described.spec.axes)}
         elif described.value is not None and described.value.constant is not None:
             arguments[described.name] = described.value.constant
+        elif described.value is not None:
+            ranged[described.name] = str(described.value)
     from trtpack.pipeline.cache import source_digest
 
     request_data: DescribeRequest = {  # a description is trtpack's reading
         "source": source, "inputs": inputs, "arguments": arguments, "trtpack": source_digest()}
+    if ranged:
+        request_data["ranged"] = ranged
     return describe_in_process(request_data, cache_dir)
 
 

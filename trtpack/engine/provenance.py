@@ -22,7 +22,7 @@ from trtpack.engine.triton_release import (
     tensorrt_loads,
     triton_serving,
 )
-from trtpack.machine.targets import AMPERE
+from trtpack.machine.targets import AMPERE, same_device_model
 from trtpack.model_io import ModelIO, TensorIO
 from trtpack.onnx_tools.files import data_path, sha256_file
 
@@ -185,7 +185,13 @@ def runs_here(prov: EngineProvenance, gpu_name: str | None,
               compute_capability: tuple[int, int] | None,
               tensorrt_version: str | None) -> tuple[bool, list[str]]:
     """Whether the engine can be deserialized and run on a machine with this GPU and
-    TensorRT, and if not, why (every reason, not just the first)."""
+    TensorRT, and if not, why (every reason, not just the first).
+
+    The GPU as the engine's hardware compatibility needs it (the rule of
+    ``machine.targets.gpu_mismatch``): ``ampere+`` any GPU of compute capability 8.0 or
+    newer, ``same_compute_capability`` any GPU of its compute capability, ``none`` (TensorRT's
+    ``kNONE``) the GPU model it was built on, not merely one of its compute capability (an
+    A10G's engine is not an A10's, an L4's not an L40S's)."""
     reasons: list[str] = []
     if compute_capability is None:
         reasons.append("no NVIDIA GPU on this machine")
@@ -199,6 +205,12 @@ def runs_here(prov: EngineProvenance, gpu_name: str | None,
         elif compute_capability != prov.cc:
             reasons.append(f"the engine was built for {built}; this machine's GPU is "
                            f"{gpu_name} ({cc})")
+        elif prov.hardware_compatibility == "none" and not same_device_model(
+                prov.gpu_name, gpu_name or ""):
+            reasons.append(f"the engine was built on {built} with hardware compatibility "
+                           f"'none', meant for that GPU model alone (TensorRT's kNONE); this "
+                           f"machine's GPU is {gpu_name} (also {cc}): build it here, or with "
+                           "--portable same_compute_capability")
     if tensorrt_version is None:
         reasons.append(f"TensorRT is not installed here (the engine needs TensorRT "
                        f"{prov.tensorrt_version})")

@@ -141,6 +141,16 @@ def same_gpu_model(gpu: Gpu, device_name: str) -> bool:
     return all(w in words for w in gpu.name.lower().replace("-", " ").split())
 
 
+def same_device_model(built_on: str, device_name: str) -> bool:
+    """Whether two device names as the driver gives them ("NVIDIA A10G", "NVIDIA H100 80GB
+    HBM3", "Tesla T4") name one GPU model: the same words, case, dashes and the vendor's words
+    (NVIDIA, Tesla) aside ("NVIDIA A10" is not "NVIDIA A10G", "NVIDIA L4" not "NVIDIA L40S")."""
+    def words(name: str) -> list[str]:
+        return [w for w in name.lower().replace("-", " ").split() if w not in ("nvidia", "tesla")]
+
+    return words(built_on) == words(device_name)
+
+
 def is_gpu_target(name: str) -> bool:
     """Whether the target named ``name`` (as a report records it) is a GPU's: every target
     but ``cpu`` is. The one spelling of that test for a target known only by its name."""

@@ -18,8 +18,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, SupportsInt
 
-from trtpack.errors import TrtpackError, UserInputError
-from trtpack.pytorch.forward_arguments import forward_parameters, whole_numbers
+from trtpack.errors import TrtpackError, UserInputError, first_line
+from trtpack.pytorch.forward_arguments import (
+    forward_parameters,
+    range_for_a_constant,
+    refuse_ranges_for_constants,
+    whole_numbers,
+)
 from trtpack.pytorch.input_hints import first_layer_input
 from trtpack.shapes import BATCH_AXIS, TensorSpec
 from trtpack.sources.torch_sources import (
@@ -142,13 +147,15 @@ def describe_module(module: torch.nn.Module, example: object, request: DescribeR
     described = request.get("inputs", {})
     constants = dict(request.get("arguments", {}))
     examples = _example_dict(module, example) if example is not None else {}
-    unknown = sorted((set(described) | set(constants))
+    ranged = request.get("ranged", {})
+    unknown = sorted((set(described) | set(constants) | set(ranged))
                      - {n for n, _, _ in forward_parameters(module)})
     if unknown:
         raise UserInputError(
             f"--input {unknown[0]}: the model's forward has no argument '{unknown[0]}'; its "
             f"arguments are {', '.join(n for n, _, _ in forward_parameters(module)) or 'none'}")
     constants.update(whole_numbers(module, constants))
+    refuse_ranges_for_constants(module, ranged)
     inputs: list[InputDescription] = []
     for name, kind, required in forward_parameters(module):
         value = examples.get(name)
@@ -162,14 +169,18 @@ def describe_module(module: torch.nn.Module, example: object, request: DescribeR
                                      for d, s in enumerate(value.shape)]
             inputs.append({"name": name, "dtype": _dtype_name(value.dtype), "axes": axes})
         elif name in examples:
+            if name in ranged:
+                raise range_for_a_constant(name, ranged[name], type(examples[name]).__name__)
             constants[name] = examples[name]
         elif required:
             hint = (f"--input {name}=VALUE" if kind == "constant" else
                     f"--input {name}={first_layer_input(module)} (its dtype and dims, as "
                     "its first layer suggests; a name is a dynamic dim)")
+            given = f" (--input {name}={ranged[name]} gives its values, not them)" \
+                if name in ranged else ""
             raise UserInputError(
                 f"input '{name}' of the model's forward is not described: trtpack cannot "
-                "read its dtype and shape from the module", hint=f"give it: {hint}")
+                f"read its dtype and shape from the module{given}", hint=f"give it: {hint}")
     if not inputs:
         raise UserInputError("the model's forward takes no tensor input to feed")
     outputs = output_axes(module, inputs, constants, request.get("sizes", {}))
@@ -232,7 +243,7 @@ def output_axes(module: torch.nn.Module, inputs: Sequence[InputDescription],
         except UserInputError:
             raise
         except Exception as e:  # the user's model, whatever it raises
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            first = first_line(e)
             shapes = ", ".join([*(f"{i['name']}={i['dtype']}[{','.join(map(str, i['axes']))}]"
                                   for i in inputs),
                                 *(f"{k}={v}" for k, v in constants.items())])
@@ -289,6 +300,8 @@ def describe_program(program: torch.export.ExportedProgram, request: DescribeReq
         if isinstance(value, torch.Tensor):
             inputs.append({"name": name, "dtype": _dtype_name(value.dtype),
                            "axes": [axis(d) for d in value.shape]})
+        elif name in request.get("ranged", {}):
+            raise range_for_a_constant(name, request["ranged"][name], type(value).__name__)
         else:
             constants[name] = value
     ranges: dict[str, list[int | None]] = {}

@@ -9,7 +9,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Union
 
-from trtpack.errors import MissingEnvironmentError, UserInputError
+from trtpack.errors import MissingEnvironmentError, UserInputError, first_line
 from trtpack.sources.recipe import Source
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ def load_torchscript(path: str) -> torch.jit.ScriptModule:
     try:
         return torch.jit.load(path, map_location="cpu").eval()
     except RuntimeError as e:
-        first = (str(e).strip().splitlines() or ["unreadable"])[0]
+        first = first_line(e, "unreadable")
         raise UserInputError(f"'{path}' is not a loadable TorchScript model: {first}") from None
 
 
@@ -96,7 +96,7 @@ def load_exported_program(path: str) -> torch.export.ExportedProgram:
         try:
             return torch.export.load(path)
         except Exception as e:  # torch raises several kinds for a damaged or foreign archive
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            first = first_line(e)
             raise UserInputError(f"'{path}' is not a loadable ExportedProgram: {first}"
                                  ) from None
 

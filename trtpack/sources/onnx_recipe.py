@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
-from trtpack.errors import UserInputError
+from trtpack.errors import UserInputError, first_line
 from trtpack.model_io import ONNX_ELEM_TO_NUMPY
 from trtpack.shapes import BATCH_AXIS
 from trtpack.sources.recipe import TOKENIZER_OUTPUTS, Recipe, safe_name
@@ -43,7 +43,7 @@ def load_onnx_graph(path: Path) -> onnx.ModelProto:
     try:
         model = onnx.load(str(path), load_external_data=False)
     except (DecodeError, RuntimeError, ValueError, OSError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        first = first_line(e)
         raise UserInputError(f"'{path}' is not a readable ONNX model (damaged or truncated: "
                              f"{first})") from None
     if not model.graph.node or not model.graph.output or not model.opset_import:
@@ -53,7 +53,7 @@ def load_onnx_graph(path: Path) -> onnx.ModelProto:
     try:
         check_graph(model, path)
     except onnx.checker.ValidationError as e:
-        first = (str(e).strip().splitlines() or ["invalid"])[0]
+        first = first_line(e, "invalid")
         raise UserInputError(f"'{path}' is not a valid ONNX model: {first}") from None
     except UnicodeDecodeError:  # the checker's message quotes bytes that are not UTF-8
         raise UserInputError(f"'{path}' is not a valid ONNX model (a name or field in it is "

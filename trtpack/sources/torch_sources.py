@@ -182,6 +182,7 @@ class DescribeRequest(TypedDict, total=False):
     source: dict[str, str]  # a recipe ``source:``: factory, torchscript or exported_program
     inputs: dict[str, InputSpec]
     arguments: dict[str, object]  # constants for forward's non-tensor arguments
+    ranged: dict[str, str]  # inputs given a value range alone (``step=0..10``): name -> range
     sizes: dict[str, int]  # an example size per axis
     trtpack: str
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from trtpack.cases import Case, save_cases
-from trtpack.errors import UserInputError
+from trtpack.errors import UserInputError, first_line
 from trtpack.onnx_tools.files import graph_summary
 from trtpack.options import BuildPlan
 from trtpack.pytorch.models import LoadedModel, load_model, source_directory
@@ -168,7 +168,7 @@ def run_torch(wrapper: torch.nn.Module, recipe: Recipe, cases: list[Case],
             except UserInputError:
                 raise
             except Exception as e:  # the user's model, whatever it raises, at these shapes
-                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                first = first_line(e)
                 raise UserInputError(
                     f"the model's own PyTorch forward fails at profile {case.profile} "
                     f"{case.corner} ({shapes_text(case.inputs)}): {type(e).__name__}: "

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from trtpack.cases import Case, save_cases, with_outputs
-from trtpack.errors import UserInputError
+from trtpack.errors import UserInputError, first_line
 from trtpack.onnx_tools.files import (
     LARGE_INITIALIZER_BYTES,
     data_path,
@@ -237,7 +237,7 @@ def run(ctx: StageContext) -> StageOutcome:
         session = cpu_session(onnx_path, few_runs=True,
                               prepacked=few_runs_prepacked(c.inputs for c in cases))
     except Exception as e:  # onnxruntime's own errors: the model does not load
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        first = first_line(e)
         raise UserInputError(f"ONNX Runtime cannot load {src.name}: {first}") from None
     outputs: list[dict[str, np.ndarray]] = []
     for case in cases:
@@ -245,7 +245,7 @@ def run(ctx: StageContext) -> StageOutcome:
             outputs.extend({k: np.asarray(v) for k, v in out.items()}
                            for out in run_session(session, [case.inputs]))
         except Exception as e:  # onnxruntime's own errors: the model does not run as given
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            first = first_line(e)
             raise UserInputError(
                 f"ONNX Runtime cannot run {src.name} on what trtpack fed it at the "
                 f"{case.corner} corner ({fed_values_text(case.inputs, recipe.value_rules())}):"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trtpack.errors import UserInputError
+from trtpack.errors import UserInputError, first_line
 from trtpack.onnx_tools.files import sha256_file
 from trtpack.precision.calibration.splits import MEDIUM_TOKENS
 from trtpack.precision.calibration.text_batches import (
@@ -115,7 +115,7 @@ def read_npz_arrays(path: Path) -> dict[str, np.ndarray]:
         with np.load(path, allow_pickle=False) as data:
             return {k: data[k] for k in data.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        first = first_line(e)[:200]
         raise UserInputError(f"calibration file {path} is not a readable .npz: {first}"
                              ) from None
 
