@@ -169,6 +169,9 @@ def all_sources() -> list[tuple[str, str, dict[str, str]]]:
     sources: list[tuple[str, str, dict[str, str]]] = [("Dockerfile.ngc", dockerfile_shell(), {})]
     sources += [(where, run, WORKFLOW_VARIABLES) for where, run in workflow_runs()]
     sources.append(("Makefile (make -n <family>)", makefile_gpu_commands(), {}))
+    # the commands gpu.yml's engine jobs run from the matrix of `trtpack fleet plan fleet.yaml`
+    sources.append(("fleet.yaml's plan (gpu.yml's matrix)", "\n".join(
+        f"{job['convert']}\n{job['engine']}" for job in fleet_plan()["include"]), {}))
     return sources
 
 
@@ -185,7 +188,7 @@ def test_every_trtpack_command_parses() -> None:
                 for args in trtpack_commands(text, variables)]
     found = {args[0] for _, args in commands}
     # the reader finds the commands the files really run
-    assert {"doctor", "build", "inspect", "merge"} <= found, found
+    assert {"doctor", "build", "inspect", "fleet", "engine"} <= found, found
     assert any(where.startswith("Makefile") and args[0] == "build" for where, args in commands)
     problems = []
     for where, args in commands:
@@ -239,18 +242,32 @@ def makefile_family_problems(text: str) -> list[str]:
     return problems
 
 
-def workflow_family_problems(workflow: dict[str, Any]) -> list[str]:
-    """Where the GPU workflow's matrix (one job per family, ``fleet``: the fleet repository
-    its engine is merged into, 0 for none) differs from ``ci_families()`` /
-    ``fleet_repositories()``."""
+def workflow_family_problems(workflow: dict[str, Any], plan: dict[str, Any]) -> list[str]:
+    """Where the GPU workflow's engine jobs (the matrix of ``trtpack fleet plan fleet.yaml``,
+    one job per model and family, ``repository``: the fleet repository its engine is
+    assembled into, 0 for none) differ from ``ci_families()`` / ``fleet_repositories()``."""
     from trtpack.machine.targets import ci_families, fleet_repositories
 
+    slot = "${{ fromJSON(needs.fleet-plan.outputs.matrix) }}"
+    if workflow["jobs"]["engines"]["strategy"]["matrix"] != slot:
+        return [f"gpu.yml: the engines matrix is not the fleet plan's ({slot})"]
     fleet = {t.name: k for k, repo in enumerate(fleet_repositories(), 1) for t in repo}
-    expected = [{"target": t.name, "fleet": fleet.get(t.name, 0)} for t in ci_families()]
-    found = workflow["jobs"]["engines"]["strategy"]["matrix"].get("include", [])
-    if found != expected:
-        return [f"gpu.yml: the engines matrix is {found}, trtpack.machine.targets says {expected}"]
-    return []
+    expected = [(t.name, fleet.get(t.name, 0)) for t in ci_families()]
+    problems = []
+    models = list(dict.fromkeys(j["model"] for j in plan["include"]))
+    for model in models:
+        found = [(j["instance_type"], j["repository"]) for j in plan["include"]
+                 if j["model"] == model]
+        if found != expected:
+            problems.append(f"fleet.yaml: {model}'s engine jobs are {found}, "
+                            f"trtpack.machine.targets says {expected}")
+    return problems
+
+
+def fleet_plan() -> dict[str, Any]:
+    from trtpack.api.fleet import job_matrix, load_manifest
+
+    return job_matrix(load_manifest(ROOT / "fleet.yaml"))
 
 
 def family_listings(text: str) -> list[tuple[set[str], str]]:
@@ -280,7 +297,8 @@ def test_the_gpu_families_have_one_home() -> None:
     pages = {str(p.relative_to(ROOT)): p.read_text(encoding="utf-8") for p in
              [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))] if p.is_file()}
     problems = makefile_family_problems(MAKEFILE.read_text(encoding="utf-8"))
-    problems += workflow_family_problems(yaml.safe_load(GPU_WORKFLOW.read_text("utf-8")))
+    problems += workflow_family_problems(yaml.safe_load(GPU_WORKFLOW.read_text("utf-8")),
+                                         fleet_plan())
     for name, text in pages.items():
         problems += family_list_problems(name, text)
     assert not problems, "\n".join(problems)
@@ -294,15 +312,21 @@ def test_the_family_checks_catch_a_missing_or_extra_family() -> None:
     without_p3 = makefile.replace(" p3 p4d", " p4d")
     assert len(makefile_family_problems(without_p3)) == 2
     workflow = yaml.safe_load(GPU_WORKFLOW.read_text(encoding="utf-8"))
-    assert workflow_family_problems(workflow) == []
-    include = workflow["jobs"]["engines"]["strategy"]["matrix"]["include"]
-    include.insert(4, {"target": "p3", "fleet": 1})  # Volta: TensorRT 10.5 dropped it
-    assert workflow_family_problems(workflow)
+    plan = fleet_plan()
+    assert workflow_family_problems(workflow, plan) == []
+    include = plan["include"]
+    assert include[3]["instance_type"] == "g6e"
+    include.insert(4, {**include[4], "instance_type": "p3"})  # Volta: TensorRT 10.5 dropped it
+    assert workflow_family_problems(workflow, plan)
     include.pop(4)
-    include[3]["fleet"] = 1  # g6e beside g6: two engines for compute capability 8.9
-    assert workflow_family_problems(workflow)
-    include[3]["fleet"] = 0  # g6e's L40S served by g6's L4 engine (issue 45, item 2)
-    assert workflow_family_problems(workflow)
+    include[3]["repository"] = 1  # g6e beside g6: two engines for compute capability 8.9
+    assert workflow_family_problems(workflow, plan)
+    include[3]["repository"] = 0  # g6e's L40S served by g6's L4 engine (issue 45, item 2)
+    assert workflow_family_problems(workflow, plan)
+    include[3]["repository"] = 2
+    assert workflow_family_problems(workflow, plan) == []
+    workflow["jobs"]["engines"]["strategy"]["matrix"] = {"include": include}  # by hand
+    assert workflow_family_problems(workflow, plan)
     listing = "Build for `g4dn`, `g5`, `g6`, `g6e`, `p4d`, `p5` or `p7`."
     assert "p7" in family_list_problems("README.md", listing)[0]
 

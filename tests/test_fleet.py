@@ -25,9 +25,9 @@ def _plan(manifest: Path) -> dict:
     return json.loads(result.stdout)
 
 
-def test_the_plan_is_the_matrix_gpu_yml_runs(tmp_path: Path) -> None:
-    manifest = yaml.safe_load(MANIFEST.read_text())
-    plan = _plan(MANIFEST)
+def _validated_with_plan(plan: dict, tmp_path: Path) -> list[dict]:
+    """gpu.yml with ``plan`` in its ``fromJSON`` slot, validated as a GitHub workflow by
+    check-jsonschema; the engine jobs' matrix entries."""
     text = GPU_WORKFLOW.read_text()
     assert text.count(SLOT) == 1
     planned = tmp_path / "gpu.yml"
@@ -39,15 +39,49 @@ def test_the_plan_is_the_matrix_gpu_yml_runs(tmp_path: Path) -> None:
     done = subprocess.run([checker, "--builtin-schema", "vendor.github-workflows",
                            str(planned)], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
-    jobs = yaml.safe_load(planned.read_text())["jobs"]["fleet"]["strategy"]["matrix"]["include"]
+    jobs: list[dict] = yaml.safe_load(planned.read_text())["jobs"]["engines"]["strategy"][
+        "matrix"]["include"]
+    return jobs
+
+
+def test_the_plan_is_the_matrix_gpu_yml_runs(tmp_path: Path) -> None:
+    manifest = yaml.safe_load(MANIFEST.read_text())
+    jobs = _validated_with_plan(_plan(MANIFEST), tmp_path)
     pairs = {(j["model"], j["instance_type"]) for j in jobs}
     names = [m.get("name") or m["source"] for m in manifest["models"]]
-    assert len(names) == 3 and len(manifest["instance_types"]) == 3
+    assert len(names) == 3
     assert pairs == {(n, t) for n in names for t in manifest["instance_types"]}
-    assert len(jobs) == 9
+    assert len(jobs) == 3 * len(manifest["instance_types"])
     for job in jobs:  # its convert (a --no-engine build) and engine commands
         assert job["convert"].startswith("trtpack build ") and "--no-engine" in job["convert"]
-        assert f"--target {job['instance_type']}" in job["engine"]
+        assert job["engine"].startswith(f"trtpack engine onnx/{job['model']} --target "
+                                        f"{job['instance_type']} ")
+    # the GPU tests run once per family: on its first job
+    assert sorted(j["instance_type"] for j in jobs if j["gpu_tests"]) == \
+        sorted(manifest["instance_types"])
+
+
+def test_three_models_on_three_families_in_gpu_yml(tmp_path: Path) -> None:
+    """The issue's line: three models x three families, the plan in gpu.yml's slot, every
+    pair found; g4dn, g5 and p4d differ in compute capability: one fleet repository."""
+    path = tmp_path / "three.yaml"
+    path.write_text("instance_types: [g4dn, g5, p4d]\nmodels:\n"
+                    "  - {source: tiny-bert, random_weights: true}\n  - minilm\n"
+                    "  - {name: bert-base-fp16, source: bert-base, precision: fp16}\n")
+    jobs = _validated_with_plan(_plan(path), tmp_path)
+    assert {(j["model"], j["instance_type"]) for j in jobs} == {
+        (m, t) for m in ("tiny-bert", "minilm", "bert-base-fp16")
+        for t in ("g4dn", "g5", "p4d")}
+    assert {j["repository"] for j in jobs} == {1}
+
+
+def test_gpu_models_sharing_a_compute_capability_get_repositories_of_their_own(
+        tmp_path: Path) -> None:
+    """g6 (L4) and g6e (L40S) share 8.9; p5en has p5e's H200: the layout rule of the GPU
+    path (``machine.targets.fleet_repositories``)."""
+    path = _manifest(tmp_path, "instance_types: [g6, g6e, p5e, p5en]\nmodels: [tiny-bert]\n")
+    repositories = {j["instance_type"]: j["repository"] for j in _plan(path)["include"]}
+    assert repositories == {"g6": 1, "g6e": 2, "p5e": 1, "p5en": 0}
 
 
 def _manifest(tmp_path: Path, text: str) -> Path:

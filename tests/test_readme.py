@@ -69,6 +69,11 @@ NOT_ON_THIS_MACHINE = {
     "trtpack build MODEL --target g5": "a TensorRT engine for an A10G",
     "trtpack fleet plan MANIFEST": "a fleet manifest: tests/test_fleet.py runs it on the "
                                    "repository's fleet.yaml",
+    "trtpack fleet plan fleet.yaml": "tests/test_fleet.py runs it",
+    "trtpack fleet build MANIFEST --target cpu": "builds every model of a manifest: "
+                                                 "tests/test_fleet_build.py runs it on a "
+                                                 "small one (tiny-bert, two ONNX models)",
+    "trtpack package DIR --sagemaker": "the fleet's folder: tests/test_fleet_build.py",
     "trtpack merge out/minilm-g4dn out/minilm-g5 out/minilm-p4d --out out/minilm-fleet":
         "merges engine builds for three GPU families (CPU builds are refused)",
     "trtpack bench OUT --served URL": "needs a running Triton server serving OUT",

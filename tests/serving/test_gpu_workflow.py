@@ -26,7 +26,7 @@ from trtpack.sources.resolve import resolve_model
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / ".github" / "workflows" / "gpu.yml"
-MERGE_UPLOAD = "The minilm fp16 build folder for the merge"
+ASSEMBLE_UPLOAD = "The build folder for the fleet repository"
 
 
 def _workflow() -> dict[str, Any]:
@@ -34,75 +34,62 @@ def _workflow() -> dict[str, Any]:
     return yaml.safe_load(WORKFLOW.read_text(encoding="utf-8"))  # type: ignore[no-any-return]
 
 
-def _matrix_entries(job: dict[str, Any]) -> list[dict[str, Any]]:
-    matrix = job["strategy"]["matrix"]
-    entries = [dict(e) for e in matrix.get("include", [])]
-    entries += [{"target": t} for t in matrix.get("target", [])]
-    return entries
+def _plan() -> list[dict[str, Any]]:
+    """The engine jobs: the matrix ``trtpack fleet plan fleet.yaml`` gives gpu.yml."""
+    from trtpack.api.fleet import job_matrix, load_manifest
 
-
-def _uploads_for_merge(step: dict[str, Any], entry: dict[str, Any]) -> bool:
-    """Evaluate the upload step's ``if`` for one matrix entry (the forms this file uses)."""
-    condition = str(step.get("if", "true")).strip()
-    condition = condition.removeprefix("${{").removesuffix("}}").strip()
-    if condition in ("true", "success()", "always()"):
-        return True
-    if condition.startswith("matrix."):
-        return bool(entry.get(condition.removeprefix("matrix.")))
-    raise AssertionError(f"unexpected condition on '{MERGE_UPLOAD}': {condition}")
-
-
-def _fleet_of(step: dict[str, Any], entry: dict[str, Any]) -> str | None:
-    """The fleet repository an entry's upload goes to (None: not uploaded), from the upload
-    step's ``if`` and artifact name."""
-    if not _uploads_for_merge(step, entry):
-        return None
-    name = str(step["with"]["name"])
-    return name.replace("${{ matrix.fleet }}", str(entry.get("fleet"))).split("-")[3]
+    jobs = _workflow()["jobs"]
+    assert jobs["engines"]["strategy"]["matrix"] == \
+        "${{ fromJSON(needs.fleet-plan.outputs.matrix) }}"
+    plan = next(s["run"] for s in jobs["fleet-plan"]["steps"] if s.get("id") == "plan")
+    assert "trtpack fleet plan fleet.yaml" in plan
+    return job_matrix(load_manifest(ROOT / "fleet.yaml"))["include"]
 
 
 def test_each_fleet_has_one_engine_per_gpu_model_and_compute_capability() -> None:
-    """Issue 45, item 2: the families whose build folders reach one ``trtpack merge`` have
-    one compute capability each (merge's own rule), and every family built finds, in some
-    fleet repository, an engine built on its own GPU model: engines are built with hardware
+    """Issue 45, item 2: the families whose build folders reach one fleet repository (one
+    ``trtpack fleet assemble``, which merges each model's engines by ``trtpack merge``'s
+    rule) have one compute capability each, and every family built finds, in some fleet
+    repository, an engine built on its own GPU model: engines are built with hardware
     compatibility ``none``, meant for the GPU model they were built on (TensorRT
     ``include/NvInfer.h`` at a892d22, lines 10396-10423: ``kNONE`` vs the opt-in
     ``kSAME_COMPUTE_CAPABILITY``). Before: g6's L4 engine was merged to serve g6e's L40S."""
     from trtpack.machine.targets import families_served, resolve_target
 
     jobs = _workflow()["jobs"]
-    engines = jobs["engines"]
-    (upload,) = [s for s in engines["steps"] if s.get("name") == MERGE_UPLOAD]
-    assert upload["with"]["name"].startswith("build-minilm-fp16-fleet")
+    (upload,) = [s for s in jobs["engines"]["steps"] if s.get("name") == ASSEMBLE_UPLOAD]
+    assert upload["if"] == "${{ matrix.repository }}"  # 0: not assembled
+    assert upload["with"]["name"].startswith("build-repo${{ matrix.repository }}-")
     (download,) = [s for s in jobs["merge"]["steps"] if s.get("uses", "").startswith(
         "actions/download-artifact")]
-    assert download["with"]["pattern"] == "build-minilm-fp16-fleet*"
-    merge_script = next(s["run"] for s in jobs["merge"]["steps"]
-                        if "trtpack merge" in str(s.get("run", "")))
-    assert 'builds/build-minilm-fp16-fleet"$fleet"-*' in merge_script  # one merge per fleet
-    entries = _matrix_entries(engines)
-    fleets: dict[str, list[str]] = {}
-    for entry in entries:
-        fleet = _fleet_of(upload, entry)
-        if fleet is not None:
-            fleets.setdefault(fleet, []).append(entry["target"])
-    assert fleets
-    for fleet, merged in fleets.items():
-        keyed = []
-        for target in merged:
-            cc = target_compute_capability(target)
-            assert cc is not None, target
-            keyed.append((f"{cc[0]}.{cc[1]}", target))
-        assert one_engine_per_compute_capability(keyed) == [], (fleet, keyed)
-        assert len(merged) >= 2, fleet  # merge needs two builds
-    merged_all = [t for merged in fleets.values() for t in merged]
-    for entry in entries:
-        target = resolve_target(entry["target"])
-        assert target.gpu is not None
-        served_by = [m for m in merged_all
-                     if target in families_served("none", _device_name(m),
-                                                  target.gpu.compute_capability)]
-        assert served_by, f"{target.name}'s GPU ({target.gpu.name}) gets no engine of its own"
+    assert download["with"]["pattern"] == "build-repo*"
+    script = next(s["run"] for s in jobs["merge"]["steps"]
+                  if "trtpack fleet assemble" in str(s.get("run", "")))
+    assert 'builds/build-repo"$repository"-*' in script  # one repository per number
+    entries = _plan()
+    for model in {e["model"] for e in entries}:
+        fleets: dict[int, list[str]] = {}
+        mine = [e for e in entries if e["model"] == model]
+        for entry in mine:
+            if entry["repository"]:
+                fleets.setdefault(entry["repository"], []).append(entry["instance_type"])
+        assert fleets
+        for fleet, merged in fleets.items():
+            keyed = []
+            for target in merged:
+                cc = target_compute_capability(target)
+                assert cc is not None, target
+                keyed.append((f"{cc[0]}.{cc[1]}", target))
+            assert one_engine_per_compute_capability(keyed) == [], (fleet, keyed)
+            assert len(merged) >= 2, fleet  # merged: two builds or more
+        merged_all = [t for merged in fleets.values() for t in merged]
+        for entry in mine:
+            target = resolve_target(entry["instance_type"])
+            assert target.gpu is not None
+            served_by = [m for m in merged_all
+                         if target in families_served("none", _device_name(m),
+                                                      target.gpu.compute_capability)]
+            assert served_by, f"{target.name}'s GPU ({target.gpu.name}) gets no engine of its own"
 
 
 def _device_name(target: str) -> str:
@@ -115,32 +102,44 @@ def _device_name(target: str) -> str:
 
 
 def _convert_builds() -> list[list[str]]:
-    """The arguments of every ``trtpack build`` of the convert job."""
+    """The arguments of every ``trtpack build`` the convert job's fleet build runs."""
+    from trtpack.api.fleet import load_manifest
+
     script = next(s["run"] for s in _workflow()["jobs"]["convert"]["steps"]
-                  if str(s.get("name", "")).startswith("Build every model up to the engine"))
-    return [shlex.split(cmd.replace("\\\n", " ")) for cmd in script.split("trtpack build ")[1:]]
+                  if str(s.get("name", "")).startswith("Build every model of fleet.yaml"))
+    args = shlex.split(script)
+    assert args[:4] == ["trtpack", "fleet", "build", "fleet.yaml"] and "--no-engine" in args
+    target = args[args.index("--target") + 1]
+    return [m.build_arguments(target, f"onnx/{m.name}", no_engine=True)[1:]
+            for m in load_manifest(ROOT / "fleet.yaml").models]
 
 
 def test_every_engine_is_built_from_the_one_converted_folder() -> None:
-    """Convert once (issue 32, item F): the convert job builds every model with
-    --no-engine on one machine, and each engine job runs ``trtpack engine`` on exactly those
-    folders, so the families merged share one ``onnx_sha256`` (``engine_builds.SAME_FIELDS``,
-    which ``trtpack merge`` checks)."""
+    """Convert once (issue 32, item F): the convert job builds every model of fleet.yaml
+    with --no-engine on one machine (``trtpack fleet build``), and each engine job runs
+    ``trtpack engine`` on exactly those folders, so the families merged share one
+    ``onnx_sha256`` (``engine_builds.SAME_FIELDS``, which merging checks)."""
     jobs = _workflow()["jobs"]
-    assert jobs["engines"]["needs"] == "convert"
-    converted = {Path(args[args.index("--out") + 1]).name for args in _convert_builds()
-                 if "--no-engine" in args}
-    assert converted and all("--no-engine" in args for args in _convert_builds())
-    script = next(s["run"] for s in jobs["engines"]["steps"]
-                  if str(s.get("name", "")).startswith("Build and verify the engines"))
-    assert "trtpack build" not in script
-    loop = next(line for line in script.splitlines() if line.strip().startswith("for build in"))
-    assert set(loop.split(" in ", 1)[1].rstrip("; do").split()) == converted
-    assert 'trtpack engine "/onnx/$build" --target "$target"' in script
-    upload = next(s for s in jobs["engines"]["steps"] if s.get("name") == MERGE_UPLOAD)
-    assert any(line.strip().startswith("out/minilm-fp16/") for line in
-               upload["with"]["path"].splitlines())
-    assert "minilm-fp16" in converted
+    assert set(jobs["engines"]["needs"]) == {"fleet-plan", "convert"}
+    builds = _convert_builds()
+    assert builds and all("--no-engine" in args for args in builds)
+    converted = {Path(args[args.index("--out") + 1]).name for args in builds}
+    script = next(s["run"] for s in jobs["convert"]["steps"]
+                  if str(s.get("name", "")).startswith("Build every model of fleet.yaml"))
+    out = shlex.split(script)[shlex.split(script).index("--out") + 1]
+    upload = next(s for s in jobs["convert"]["steps"]
+                  if str(s.get("uses", "")).startswith("actions/upload-artifact"))
+    assert upload["with"]["path"].rstrip("/") == f"{out}/builds"  # fleet build's builds/
+    download = next(s for s in jobs["engines"]["steps"]
+                    if str(s.get("uses", "")).startswith("actions/download-artifact"))
+    assert download["with"] == {"name": upload["with"]["name"], "path": "onnx"}
+    engine_step = next(s["run"] for s in jobs["engines"]["steps"]
+                       if str(s.get("name", "")).startswith("Build and verify the engine"))
+    assert "trtpack build" not in engine_step and 'eval "${{ matrix.engine }}"' in engine_step
+    for entry in _plan():
+        assert entry["model"] in converted
+        assert entry["engine"].startswith(f"trtpack engine onnx/{entry['model']} --target "
+                                          f"{entry['instance_type']} ")
 
 
 def test_the_workflow_profiles_are_ones_triton_can_serve() -> None:
@@ -162,6 +161,9 @@ def test_the_workflow_profiles_are_ones_triton_can_serve() -> None:
 IMAGE_FILES = ("pyproject.toml", "Makefile", "Dockerfile.ngc", ".github/workflows/gpu.yml")
 """What the GPU jobs build their image and install from, besides the folders the Dockerfile
 copies (``COPY`` lines, read below)."""
+READ_FILES = ("fleet.yaml",)
+"""What the GPU jobs read as data: the fleet manifest (the plan's matrix, the convert job's
+builds)."""
 ENTRY_POINTS = ("trtpack/cli/app.py", "tests/conftest.py")
 """What the GPU jobs run, besides tests/gpu/: the ``trtpack`` commands (doctor, engine,
 inspect, merge: the typer app) and the test suite's shared fixtures."""
@@ -216,7 +218,8 @@ def _names_imported(path: Path) -> set[str]:
 
 def gpu_job_files() -> set[str]:
     """The files the GPU jobs run: the import graph from ``ENTRY_POINTS`` and tests/gpu/
-    (every package on the way, every module imported), plus ``IMAGE_FILES`` and the folders
+    (every package on the way, every module imported), plus ``IMAGE_FILES``, ``READ_FILES``
+    (each checked to be read by a step of the workflow) and the folders
     Dockerfile.ngc copies that are not code (mk/, data/)."""
     todo = [ROOT / f for f in ENTRY_POINTS] + sorted((ROOT / "tests" / "gpu").glob("*.py"))
     seen: set[Path] = set()
@@ -234,7 +237,7 @@ def gpu_job_files() -> set[str]:
     copied = re.findall(r"^COPY (\S+) ", (ROOT / "Dockerfile.ngc").read_text(), re.MULTILINE)
     data = {str(f.relative_to(ROOT)) for folder in copied if folder in ("mk", "data")
             for f in (ROOT / folder).rglob("*") if f.is_file()}
-    return {str(p.relative_to(ROOT)) for p in seen} | set(IMAGE_FILES) | data
+    return {str(p.relative_to(ROOT)) for p in seen} | set(IMAGE_FILES) | set(READ_FILES) | data
 
 
 def test_a_push_to_any_file_the_gpu_jobs_run_runs_the_gpu_workflow() -> None:
@@ -256,6 +259,10 @@ def test_a_push_to_any_file_the_gpu_jobs_run_runs_the_gpu_workflow() -> None:
     # and no pattern is stale: each matches some file the jobs run
     stale = [p.pattern for p in patterns if not any(p.fullmatch(f) for f in files)]
     assert not stale, stale
+    steps = " ".join(str(s.get("run", "")) for job in workflow["jobs"].values()
+                     for s in job["steps"])
+    for read in READ_FILES:  # a file the jobs no longer read would keep triggering them
+        assert (ROOT / read).is_file() and f" {read}" in steps, read
 
 
 def test_the_engine_jobs_remove_their_image_whatever_happened() -> None:

@@ -329,3 +329,45 @@ def test_two_gpu_models_of_one_compute_capability(no_engine: Path, tmp_path: Pat
     shown = " ".join(run_cli("inspect", str(out)).stdout.split())
     assert "meant for every GPU of compute capability 8.9, through hardware compatibility " \
         "same_compute_capability (built on NVIDIA L4)" in shown
+
+
+def test_fleet_assemble_puts_every_model_in_one_repository(
+        fleet: list[Path], no_engine: Path, tmp_path: Path) -> None:
+    """``trtpack fleet assemble`` (gpu.yml's last job): one model's engine builds for three
+    families (stand-in plans, as above) merged by merge's rule, beside another model's CPU
+    build, in one repository whose configs parse with Triton's schema; a model built both
+    for the CPU and a GPU, or two GPU models of one compute capability, are refused by the
+    same rules, nothing written."""
+    from trtpack.testing.models import conv_onnx
+
+    conv = conv_onnx(tmp_path / "conv.onnx")
+    result = run_cli("build", str(conv), "--target", "cpu", "--profile",
+                     "1x3x8x8:2x3x16x16:4x3x32x32", "--out", str(tmp_path / "conv-cpu"),
+                     "--cache-dir", str(tmp_path / "cache"))
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "assembled"
+    result = run_cli("fleet", "assemble", *map(str, fleet), str(tmp_path / "conv-cpu"),
+                     "--out", str(out))
+    assert result.exit_code == 0, result.output
+    repository = out / "model_repository"
+    configs = {p.parent.name: read_config(p) for p in repository.glob("*/config.pbtxt")}
+    assert {"tiny-bert", "conv"} <= set(configs)
+    assert dict(configs["tiny-bert"].cc_model_filenames) == {
+        "7.5": "model.sm75.plan", "8.0": "model.sm80.plan", "8.6": "model.sm86.plan"}
+    assert sorted(p.name for p in (repository / "tiny-bert" / "1").glob("*.plan")) == [
+        "model.sm75.plan", "model.sm80.plan", "model.sm86.plan"]
+    assert configs["conv"].platform == "onnxruntime_onnx"
+    record = json.loads((out / "assemble.json").read_text())
+    assert {m["model"]: m["merged"] for m in record["models"]} == {"tiny-bert": True,
+                                                                   "conv": False}
+    # refused, nothing written
+    g6 = engine_build(no_engine, tmp_path / "g6", "g6")
+    g6e = engine_build(no_engine, tmp_path / "g6e", "g6e")
+    for folders, says in (([fleet[0], no_engine], "is not a GPU engine build"),
+                          ([g6, g6e], "compute capability 8.9")):
+        refused = run_cli("fleet", "assemble", *map(str, folders), "--out",
+                          str(tmp_path / "refused"))
+        assert refused.exit_code == 2, refused.output
+        assert refused.stderr.count("error:") == 1 and says in refused.stderr, refused.stderr
+        assert not (tmp_path / "refused").exists()
+        assert not list(tmp_path.glob(".refused.assembling-*"))

@@ -42,11 +42,12 @@ class FleetModel:
     random_weights: bool = False
     instance_types: tuple[str, ...] = ()  # the families it is served on
 
-    def build_arguments(self, target: str, out: str) -> list[str]:
+    def build_arguments(self, target: str, out: str, no_engine: bool | None = None
+                        ) -> list[str]:
         """``trtpack build`` arguments for this model on ``target`` (``cpu``, or a GPU
-        family: the convert job's ``--no-engine`` build)."""
+        family: by default the convert job's ``--no-engine`` build)."""
         args = ["build", self.source, "--target", target, "--out", out]
-        if target != "cpu":
+        if no_engine if no_engine is not None else target != "cpu":
             args.append("--no-engine")
         if self.precision is not None:
             args += ["--precision", self.precision]
@@ -145,11 +146,24 @@ def _model(entry: Any, where: str, fleet_types: tuple[str, ...]) -> FleetModel:
                       tuple(profiles), bool(entry.get("random_weights", False)), own_types)
 
 
-def job_matrix(manifest: FleetManifest) -> dict[str, list[dict[str, str]]]:
+def job_matrix(manifest: FleetManifest) -> dict[str, list[dict[str, str | int | bool]]]:
     """GitHub Actions' ``strategy.matrix`` for the manifest: ``include`` holds one job per
-    (model, instance type), each with the ``trtpack build`` command of its convert step and
-    the ``trtpack engine`` target. Over ``MAX_JOBS`` jobs is refused (GitHub's limit)."""
-    jobs = []
+    (model, instance type), each with the ``trtpack build`` command of its convert step (a
+    ``--no-engine`` build, shared through the remote cache by every job of the model), the
+    ``trtpack engine`` command that builds the family's engine from ``onnx/<model>`` (the
+    convert-once folder ``trtpack fleet build --no-engine`` writes under ``builds/``), the
+    fleet ``repository`` its engine is assembled into (``machine.targets.fleet_repositories``:
+    one engine per GPU model and compute capability in each; 0: another family's engine
+    serves its GPU), and ``gpu_tests`` on the first job of each family. Over ``MAX_JOBS``
+    jobs is refused (GitHub's limit)."""
+    from trtpack.machine.targets import fleet_repositories, resolve_target
+
+    families = [resolve_target(f) for m in manifest.models for f in m.instance_types]
+    unique = list({t.name: t for t in families}.values())
+    repository = {t.name: k for k, repo in enumerate(fleet_repositories("none", unique), 1)
+                  for t in repo}
+    jobs: list[dict[str, str | int | bool]] = []
+    tested: set[str] = set()
     for model in manifest.models:
         for family in model.instance_types:
             convert = " ".join(_quoted(a) for a in model.build_arguments(
@@ -157,7 +171,10 @@ def job_matrix(manifest: FleetManifest) -> dict[str, list[dict[str, str]]]:
             jobs.append({"model": model.name, "instance_type": family,
                          "convert": f"trtpack {convert}",
                          "engine": f"trtpack engine onnx/{model.name} --target {family} "
-                                   f"--out out/{model.name}-{family}"})
+                                   f"--out out/{model.name}-{family}",
+                         "repository": repository.get(family, 0),
+                         "gpu_tests": family not in tested})
+            tested.add(family)
     if len(jobs) > MAX_JOBS:
         raise UserInputError(
             f"{manifest.path}: {len(jobs)} jobs ({len(manifest.models)} models x their "

@@ -19,6 +19,7 @@ serve an L40S (g6e), though both are compute capability 8.9.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -102,8 +103,11 @@ def ci_families() -> tuple[Target, ...]:
     return tuple(t for t in TARGETS if t.builds_engines)
 
 
-def fleet_repositories(level: HardwareCompatibility = "none") -> tuple[tuple[Target, ...], ...]:
-    """The families of ``ci_families`` whose engines ``trtpack merge`` puts into each fleet
+def fleet_repositories(level: HardwareCompatibility = "none",
+                       families: Sequence[Target] | None = None
+                       ) -> tuple[tuple[Target, ...], ...]:
+    """The families of ``families`` (default ``ci_families``: a fleet manifest's instance
+    types, ``trtpack fleet plan``) whose engines ``trtpack merge`` puts into each fleet
     repository (Triton's ``cc_model_filenames`` holds one engine per compute capability).
 
     ``none``: an engine serves only its GPU model, so each GPU model gets its own engine (the
@@ -113,7 +117,7 @@ def fleet_repositories(level: HardwareCompatibility = "none") -> tuple[tuple[Tar
     first family of each compute capability, whose engine serves the others."""
     repositories: list[dict[tuple[int, int], Target]] = []
     models: set[Gpu] = set()
-    for target in ci_families():
+    for target in ci_families() if families is None else families:
         assert target.gpu is not None
         cc = target.gpu.compute_capability
         if level != "none":
