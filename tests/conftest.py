@@ -129,6 +129,28 @@ def tiny_build(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Ite
     yield made_once(tmp_path_factory, "tiny", build) / "out"
 
 
+@pytest.fixture(scope="session")
+def hf_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``hf_model(kind)``: the tiny Hugging Face folder ``kind`` (``tests/hf_models.py``),
+    made once for the run (all workers) at one path, so the tests that build the same head
+    (served and checked in ``tests/sources/test_heads.py``, INT8 in
+    ``tests/stages/test_cpu_forms_everywhere.py``) share its export, simplify and verify
+    through the session cache (``cache_dir``). Read it; copy it before changing it."""
+    from tests.hf_models import make_model_dir
+
+    made: dict[str, Path] = {}
+
+    def get(kind: str) -> Path:
+        def make(folder: Path) -> None:
+            make_model_dir(kind, folder)
+
+        if kind not in made:
+            made[kind] = made_once(tmp_path_factory, f"hf-{kind}", make) / kind
+        return made[kind]
+
+    return get
+
+
 def sigint_as_default() -> None:
     """``preexec_fn`` for a build a test interrupts with SIGINT: a process started in the
     background by a non-interactive shell (``cmd &``) inherits SIGINT ignored, and Python then

@@ -82,9 +82,10 @@ VISION_MODELS: dict[str, Callable[[], Any]] = {
     "vit-cls": _vision("ViTConfig", "ViTForImageClassification", hidden_size=32,
                        num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
                        image_size=32, patch_size=8, **_labels(4)),
+    # image_size: read by trtpack (its default is 224), kept in config.json by transformers
     "resnet-cls": _vision("ResNetConfig", "ResNetForImageClassification", embedding_size=8,
                           hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic",
-                          **_labels(4)),
+                          image_size=32, **_labels(4)),
     "convnext-cls": _vision("ConvNextConfig", "ConvNextForImageClassification",
                             hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, image_size=32,
                             **_labels(4)),
@@ -92,7 +93,8 @@ VISION_MODELS: dict[str, Callable[[], Any]] = {
                               num_attention_heads=2, intermediate_size=64, image_size=32,
                               patch_size=8),
     "resnet-base-model": _vision("ResNetConfig", "ResNetModel", embedding_size=8,
-                                 hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic"),
+                                 hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic",
+                                 image_size=32),
 }
 
 

@@ -116,7 +116,7 @@ def test_bench_through_the_cli_says_its_policy_and_spread(tiny_copy: Path) -> No
 
 def test_bench_on_a_busy_machine_flags_rows_in_terminal_and_page(
         tiny_copy: Path, busy_machine: None) -> None:
-    result = bench_cli(str(tiny_copy), "--seconds", "1", "--threads", "1")
+    result = bench_cli(str(tiny_copy), "--seconds", "0.5", "--threads", "1")
     assert result.returncode == 0, result.stderr
     bench = json.loads((tiny_copy / "report.json").read_text())["benchmark"]
     flagged = [r for r in bench["rows"] if r["status"] == "ok" and r["unreliable"]]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +56,6 @@ def models_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("hf-heads")
 
 
-def model_dir(kind: str, root: Path) -> Path:
-    """The tiny model ``kind`` under ``root`` (made once per module)."""
-    return root / kind if (root / kind).is_dir() else make_model_dir(kind, root)
 
 
 def build(model: Path | str, out: Path, cache_dir: Path, *extra: str,
@@ -105,10 +103,10 @@ def transformers_outputs(folder: Path, cls_name: str, inputs: dict[str, np.ndarr
 
 @pytest.mark.parametrize(
     "kind", [pytest.param(k, marks=() if k in FAST else pytest.mark.slow) for k in HEADS])
-def test_head_is_built_served_and_matches_transformers(kind: str, models_root: Path,
-                                                       cache_dir: Path, tmp_path: Path) -> None:
+def test_head_is_built_served_and_matches_transformers(
+        kind: str, hf_model: Callable[[str], Path], cache_dir: Path, tmp_path: Path) -> None:
     task, metrics, cls_name = HEADS[kind]
-    folder = model_dir(kind, models_root)
+    folder = hf_model(kind)
     recipe = run_cli("recipes", "show", str(folder))
     assert recipe.exit_code == 0 and f"task: {task}" in recipe.stdout
     out = tmp_path / "out"
@@ -213,11 +211,11 @@ def test_decoder_without_token_types_gets_no_token_type_ids(tmp_path: Path) -> N
     pytest.param("bert-tokcls", "labels", "id2label", marks=pytest.mark.slow),
 ])
 def test_text_serving_postprocess_follows_the_head(kind: str, output: str, names: str,
-                                                   models_root: Path, cache_dir: Path,
-                                                   tmp_path: Path) -> None:
+                                                   hf_model: Callable[[str], Path],
+                                                   cache_dir: Path, tmp_path: Path) -> None:
     from tests.hf_models import LABELS, minilm_dir
 
-    folder = model_dir(kind, models_root)
+    folder = hf_model(kind)
     out = tmp_path / "out"
     build(folder, out, cache_dir, "--serve", "text")
     repo = out / "model_repository"

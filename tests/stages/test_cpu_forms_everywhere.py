@@ -7,12 +7,14 @@ failing rows), never exit 4 (ViT's fused Gelu once lacked its domain import; Dis
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import run_cli
-from tests.hf_models import TEXT_MODELS, VISION_MODELS, make_model_dir
+from tests.hf_models import TEXT_MODELS, VISION_MODELS
+from trtpack.precision.calibration.data import DEFAULT_TEXT
 from trtpack.precision.cpu.fusion import optimizer_model_type
 from trtpack.report import JsonObject
 from trtpack.sources.architectures import config_int
@@ -74,17 +76,29 @@ def test_every_builtin_transformer_recipe_gets_its_cpu_fusions(name: str, tmp_pa
 FAST_HEADS = ("vit-cls",)  # exited 4 (distilbert-cls, which got no fusion: slow, and above)
 
 
+# every 8th line of the shipped calibration text (41 of 321, all three lengths): the same
+# forms, gates and Q/DQ search on a fifth of the samples (the search's cost; the sample
+# counts are tests/precision's subject, this sweep's is the graphs of every head)
+CALIBRATION_EVERY = 8
+
+
 @pytest.mark.parametrize("kind", [
     k if k in FAST_HEADS else pytest.param(k, marks=pytest.mark.slow)
     for k in (*TEXT_MODELS, *VISION_MODELS)])
-def test_every_head_builds_int8_on_the_cpu_or_says_why(kind: str, tmp_path: Path) -> None:
-    folder = make_model_dir(kind, tmp_path / "models")
+def test_every_head_builds_int8_on_the_cpu_or_says_why(
+        kind: str, hf_model: Callable[[str], Path], cache_dir: Path, tmp_path: Path) -> None:
+    # the folder and profile tests/sources/test_heads.py builds FP32 from, in the session
+    # cache: export, simplify and verify are made once for both (INT8 is the subject here);
     # within the tiny configs' 64 positions (RoBERTa's start at 2)
-    profile = ("1x8:2x16:4x32" if kind in TEXT_MODELS else
-               "1x3x32x32:2x3x32x32:4x3x32x32" if "vit" in kind else None)
-    result = run_cli("build", str(folder), "--target", "cpu", "--precision", "int8",
-                     "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache"),
-                     "--json", *(("--profile", profile) if profile else ()))
+    profile = "1x8:2x16:4x32" if kind in TEXT_MODELS else "1:2:4"
+    calibration: tuple[str, ...] = ()
+    if kind in TEXT_MODELS:
+        lines = DEFAULT_TEXT.read_text().splitlines()[::CALIBRATION_EVERY]
+        (tmp_path / "lines.txt").write_text("\n".join(lines) + "\n")
+        calibration = ("--calibration", str(tmp_path / "lines.txt"))
+    result = run_cli("build", str(hf_model(kind)), "--target", "cpu", "--precision", "int8",
+                     "--out", str(tmp_path / "out"), "--cache-dir", str(cache_dir),
+                     "--json", "--profile", profile, *calibration)
     assert result.exit_code in (0, 1), result.output
     if result.exit_code == 1:
         assert "failed" in result.output or "below" in result.output
