@@ -40,9 +40,11 @@ STATIC_FORM = ("onnxruntime static int8 (Q/DQ: u8 activations per tensor, s8 per
 PER_CHANNEL_OPSET = 13  # DequantizeLinear's axis attribute
 # ONNX Runtime's calibrators, by trtpack's --calibration-method
 CALIBRATORS = {"max": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
-# batches whose activations the calibrator holds before it folds them into its ranges (it
-# keeps every intermediate tensor of each batch: ResNet-50's are ~100 MB a sample)
-CALIBRATION_BATCHES_HELD = 2
+# No ``CalibMaxIntermediateOutputs``: in onnxruntime 1.32 its MinMax calibrator drops each
+# full group of batches without folding it into the ranges (microsoft/onnxruntime#18893,
+# the fix #20226 closed unmerged), so the ranges came from the last (count mod N) batches
+# alone, or none ("No data is collected."). MinMax holds only each tensor's ReduceMin and
+# ReduceMax per batch; the histogram calibrators never read the option.
 
 
 @dataclass(frozen=True)
@@ -166,5 +168,4 @@ def quantize_static_int8(source: Path, work: Path, out: Path,
         per_channel=True, reduce_range=False, activation_type=QuantType.QUInt8,
         weight_type=QuantType.QInt8,
         calibrate_method=getattr(CalibrationMethod, CALIBRATORS.get(method, "MinMax")),
-        use_external_data_format=large,
-        extra_options={"CalibMaxIntermediateOutputs": CALIBRATION_BATCHES_HELD})
+        use_external_data_format=large)
