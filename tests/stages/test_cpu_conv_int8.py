@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import run_cli
-from tests.stages.test_third_party_onnx import DETECTOR
+from tests.stages.test_third_party_onnx import DETECTOR, FLAGS, VAD
 from trtpack.testing.models import conv_onnx
 from trtpack.testing.pictures import CALIBRATION_PICTURES, UNSEEN_PICTURES, ppocr_pictures
 
@@ -116,6 +116,26 @@ def test_a_conv_int8_candidate_failing_its_gate_serves_fp32(tmp_path: Path,
     candidate = _check_outcome(report, tmp_path)
     assert not candidate["passed"]
     assert "failed its gates" in _cpu_stage(report)["metrics"].get("int8_fp32_reason")
+
+
+def test_a_model_whose_weight_layers_are_all_in_if_bodies_serves_fp32_saying_why(
+        tmp_path: Path, cache_dir: Path) -> None:
+    """silero-vad keeps its Conv and MatMul inside the bodies of ``If`` nodes (one branch
+    per sample rate), which ONNX Runtime's quantization does not convert: ``--precision
+    int8`` serves FP32 and says why, never "int8" with 0/0 integer layers."""
+    source = VAD.extract(tmp_path)
+    report = _build(source, tmp_path, cache_dir, *FLAGS[VAD])
+    metrics = _cpu_stage(report)["metrics"]
+    reason = metrics["int8_fp32_reason"]
+    assert reason and "If/Loop/Scan bodies" in reason and "Conv" in reason, metrics
+    assert report["precision"] == "fp32"
+    assert metrics["int8_passed"] is False
+    assert any(w.startswith("int8: the CPU model is FP32: no Conv, MatMul or Gemm")
+               for w in report["warnings"]), report["warnings"]
+    assert not any(r["check"].startswith("cpu-int8") for r in report["verification"])
+    served = _served(tmp_path)
+    assert not any(op.startswith(("QLinear", "QGemm", "MatMulInteger", "DynamicQuantize"))
+                   for op in _runtime_ops(served, tmp_path))
 
 
 # ---- a real-weights detector on real pictures -------------------------------------------

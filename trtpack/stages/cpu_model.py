@@ -24,7 +24,7 @@ from trtpack.options import BuildPlan
 from trtpack.precision.cpu import fusion
 from trtpack.precision.cpu.fusion import CpuGraph
 from trtpack.precision.cpu.int8 import search_on_demand
-from trtpack.precision.cpu.static_int8 import has_weight_convs
+from trtpack.precision.cpu.static_int8 import has_weight_convs, no_int8_layers_reason
 from trtpack.report import JsonObject, VerificationRow
 from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
@@ -38,7 +38,7 @@ from trtpack.stages.cpu_int8_serving import (
 )
 
 # Bump when the fusion or the quantization changes what this stage writes (cache key).
-CPU_FORM_VERSION = 9
+CPU_FORM_VERSION = 10
 CHECK_FP32 = "cpu-fp32-vs-fp32"
 
 
@@ -51,7 +51,10 @@ class CpuModelMetrics(StageMetrics):
     nodes_after: int
     int8_form: str | None = None
     integer_kernels: dict[str, int] = field(default_factory=dict)  # in the graph ORT runs
-    int8_weight_matmuls: str | None = None  # "quantized/all" in the served CPU form
+    # "on integer kernels/all" of the served CPU form's Conv, MatMul and Gemm with a constant
+    # weight, as ONNX Runtime runs it (reports before 2026-11-28 call it int8_weight_matmuls:
+    # ``trtpack.report.int8_weight_layers`` reads either)
+    int8_weight_layers: str | None = None
     int8_share: float | None = None
     kept_fp32_nodes: list[str] = field(default_factory=list)
     kept_fp32_layers: list[str] = field(default_factory=list)  # module paths of those
@@ -223,7 +226,14 @@ def run(ctx: StageContext) -> StageOutcome:
                             "CPU model is the plain FP32 graph")
         artifacts = Artifacts(cpu_fp32_onnx=fp32_path, cpu_onnx=fp32_path)
         if ctx.plan.precision == "int8" and all(r.passed for r in rows):
-            if has_weight_convs(source):  # ONNX Runtime's static INT8 of Conv/MatMul/Gemm
+            nothing = no_int8_layers_reason(source)
+            if nothing is not None:  # nothing INT8 could run: FP32, saying so
+                served = ServedInt8(ctx.stage_dir / "int8" / "model.onnx", [], False,
+                                    "int8 (none: no weight layer)", (0, 0), {},
+                                    failures=[nothing], fp32_reason=nothing,
+                                    tried=[{"form": "none", "passed": False,
+                                            "failures": [nothing], "status": "failed"}])
+            elif has_weight_convs(source):  # ONNX Runtime's static INT8 of Conv/MatMul/Gemm
                 served = serve_conv_int8(ctx, work, source, fp32_path, cases)
             else:
                 served = serve_int8(ctx, work, source, {
@@ -235,7 +245,7 @@ def run(ctx: StageContext) -> StageOutcome:
             if served.search is not None:  # the Q/DQ search ran here: its files too
                 artifacts = artifacts.merged(served.search.artifacts)
                 search_note = served.search.message
-            if ctx.plan.auto_precision:
+            if ctx.plan.auto_precision and nothing is None:
                 chosen = _choose_precision(ctx, fp32_path, served, cases, rows, metrics)
                 artifacts = replace(artifacts, cpu_onnx=chosen)
                 if chosen == fp32_path:
@@ -245,8 +255,9 @@ def run(ctx: StageContext) -> StageOutcome:
             elif served.fp32_reason is not None:  # the INT8 candidate is not served
                 if served.path.is_file():
                     artifacts = replace(artifacts, cpu_int8_candidate=served.path)
-                warnings.append(f"int8: the CPU model is FP32: {served.fp32_reason}; "
-                                + candidate_text(served.candidate))
+                warnings.append("; ".join(filter(None, (
+                    f"int8: the CPU model is FP32: {served.fp32_reason}",
+                    candidate_text(served.candidate)))))
             else:
                 artifacts = replace(artifacts, cpu_onnx=served.path)
                 rows += served.rows  # what is served is gated
@@ -265,10 +276,12 @@ def run(ctx: StageContext) -> StageOutcome:
     if metrics.skip_layer_norms_split:
         message += (f" ({metrics.skip_layer_norms_split} SkipLayerNormalization run as Sum + "
                     "LayerNormalization, faster on the CPU)")
-    if metrics.int8_weight_matmuls and metrics.int8_candidate is None:
+    if metrics.int8_fp32_reason and metrics.int8_candidate is None:
+        message += f"; FP32 served: {metrics.int8_fp32_reason}"
+    elif metrics.int8_weight_layers and metrics.int8_candidate is None:
         kernels = ", ".join(f"{n} {op}" for op, n in metrics.integer_kernels.items())
-        message += (f"; int8 {metrics.int8_weight_matmuls} weight MatMuls on integer kernels "
-                    f"({kernels or 'none'})")
+        message += (f"; int8 {metrics.int8_weight_layers} weight layers (Conv/MatMul/Gemm) on "
+                    f"integer kernels ({kernels or 'none'})")
         if metrics.outlier_channels:
             channels = sum(len(c) for c in metrics.outlier_channels.values())
             message += (f", {channels} outlier channels of {len(metrics.outlier_channels)} "
@@ -338,7 +351,7 @@ def describe_served(metrics: CpuModelMetrics, served: ServedInt8) -> None:
     quantized, total = served.share
     metrics.int8_form = served.form.removeprefix("int8, ")
     metrics.integer_kernels = served.integer_kernels
-    metrics.int8_weight_matmuls = f"{quantized}/{total}"
+    metrics.int8_weight_layers = f"{quantized}/{total}"
     metrics.int8_share = round(quantized / total, 4) if total else 0.0
     metrics.kept_fp32_nodes = served.kept_nodes
     metrics.kept_fp32_layers = served.kept_layers

@@ -91,6 +91,33 @@ def weight_layers(model: onnx.ModelProto) -> WeightLayers:
     return WeightLayers(convs, matmuls)
 
 
+def nested_weight_layers(model: onnx.ModelProto) -> WeightLayers:
+    """The Conv and MatMul/Gemm nodes inside ``If``/``Loop``/``Scan`` bodies: ONNX Runtime's
+    quantization (static and dynamic) converts the main graph's nodes only."""
+    from trtpack.precision.graph import nodes_with_subgraphs
+
+    top = {id(n) for n in model.graph.node}
+    nested = [n for n in nodes_with_subgraphs(model.graph) if id(n) not in top]
+    return WeightLayers(sum(n.op_type == "Conv" for n in nested),
+                        sum(n.op_type in ("MatMul", "Gemm") for n in nested))
+
+
+def no_int8_layers_reason(path: Path) -> str | None:
+    """Why the model at ``path`` has no CPU INT8 form, or None: no Conv, MatMul or Gemm with
+    a constant weight in its main graph (those in control-flow bodies named)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    if weight_layers(model).total:
+        return None
+    nested = nested_weight_layers(model)
+    where = (f" ({nested.convs} Conv and {nested.matmuls} MatMul/Gemm are inside If/Loop/"
+             "Scan bodies, which ONNX Runtime's quantization does not convert)"
+             if nested.total else "")
+    return ("no Conv, MatMul or Gemm with a constant weight in the main graph for ONNX "
+            f"Runtime's INT8 to run on integer kernels{where}")
+
+
 def has_weight_convs(path: Path) -> bool:
     """Whether the model at ``path`` has a convolution with a constant weight: the models
     whose CPU INT8 form is the static one."""
