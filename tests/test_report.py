@@ -33,3 +33,21 @@ def test_a_build_without_a_choice_keeps_its_precision() -> None:
     report = auto_report(None)
     report.name_served_precision()
     assert report.precision == "int8"
+
+
+@pytest.mark.parametrize("key", ["int8_weight_layers", "int8_weight_matmuls"])
+def test_the_cpu_int8_weight_layer_count_reads_from_new_and_older_reports(key: str) -> None:
+    """report.json calls the served CPU model's count of Conv/MatMul/Gemm on integer
+    kernels ``int8_weight_layers``; reports written before named it ``int8_weight_matmuls``
+    (a conv model's Conv were in it too): the report page reads both."""
+    from trtpack.report import int8_weight_layers
+    from trtpack.report_page.sections import cpu_model_section
+
+    metrics = {"form": "int8, static", "int8_form": "static", key: "60/62",
+               "integer_kernels": {"QLinearConv": 60}}
+    assert int8_weight_layers(metrics) == "60/62"
+    report = BuildReport(model="m", precision="int8", target="cpu", profiles=[],
+                         out_dir="/nonexistent",
+                         stages=[StageResult("cpu_model", "ok", metrics=metrics)])
+    assert "60/62 weight layers (Conv/MatMul/Gemm) INT8" in cpu_model_section(report)
+    assert int8_weight_layers({"form": "fp32"}) is None

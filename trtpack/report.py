@@ -22,6 +22,14 @@ JsonObject: TypeAlias = dict[str, JsonValue]
 StageStatus = Literal["ok", "failed", "skipped"]
 
 
+def int8_weight_layers(metrics: Mapping[str, Any]) -> str | None:
+    """A CPU model stage's ``"on integer kernels/all"`` count of its weight layers (Conv,
+    MatMul, Gemm with a constant weight), from this report's key or an older report's
+    ``int8_weight_matmuls`` (which held the same count under a MatMul-only name)."""
+    value = metrics.get("int8_weight_layers", metrics.get("int8_weight_matmuls"))
+    return value if isinstance(value, str) else None
+
+
 def shown_metric(value: float, threshold: float | None = None, digits: int = 4) -> str:
     """``value`` with ``digits`` decimals, or with as many more (up to 12) as it takes to show
     on which side of ``threshold`` it lies: 0.99999987 against 0.9999999 is not "1.0000"."""

@@ -106,7 +106,7 @@ def test_minilm_int8_holds_per_sentence_on_text_it_never_saw(
     served = out / "artifacts" / "cpu_model" / "int8" / "model.onnx"
     served_ops = {n.op_type for n in onnx.load(str(served)).graph.node}
     assert served_ops & set(cpu.metrics["integer_kernels"]), served_ops
-    on_integer_kernels, weight_matmuls = map(int, cpu.metrics["int8_weight_matmuls"].split("/"))
+    on_integer_kernels, weight_matmuls = map(int, cpu.metrics["int8_weight_layers"].split("/"))
     assert on_integer_kernels >= 0.5 * weight_matmuls
     # the first CPU form passes here: every weight MatMul INT8, the feed-forward outlier
     # channels (minilm's [CLS] activations, layers 0-3) in small FP32 branches

@@ -55,7 +55,7 @@ def test_cpu_target_gates_the_first_cpu_form_and_runs_no_search_when_it_passes(
     held = [r["metric_value"] for r in report["verification"] if r["check"] == "cpu-int8-heldout"]
     assert m["heldout_worst"] == min(held)
     assert f"held-out worst {m['heldout_worst']:.4f}" in cpu["message"]
-    quantized, total = (int(x) for x in m["int8_weight_matmuls"].split("/"))
+    quantized, total = (int(x) for x in m["int8_weight_layers"].split("/"))
     assert quantized == total > 0 and m["int8_share"] == 1.0
 
 
@@ -79,7 +79,7 @@ def test_a_failing_first_form_runs_the_search_then_serves_the_second_form(
     assert "the Q/DQ search ran" in _stage(report, "cpu_model")["message"]
     assert _stage(report, "precision")["status"] == "skipped"
     # what the search kept in FP32 is what the served form keeps in FP32
-    quantized, total = (int(x) for x in m["int8_weight_matmuls"].split("/"))
+    quantized, total = (int(x) for x in m["int8_weight_layers"].split("/"))
     assert total - quantized == len(m["kept_fp32_nodes"]) or m["kept_fp32_layers"]
 
 

@@ -207,7 +207,7 @@ def test_int8_cpu_build_runs_on_integer_kernels_and_keeps_its_gates(
     else:  # the Q/DQ model is served, and a warning says why
         assert "DequantizeLinear" in ops
         assert any("CPU INT8 form" in w for w in stage["warnings"])
-    quantized, total = (int(x) for x in metrics["int8_weight_matmuls"].split("/"))
+    quantized, total = (int(x) for x in metrics["int8_weight_layers"].split("/"))
     assert 0 < quantized <= total and metrics["int8_share"] == round(quantized / total, 4)
 
 

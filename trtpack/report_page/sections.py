@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from trtpack.report import BuildReport, shown_metric
+from trtpack.report import BuildReport, int8_weight_layers, shown_metric
 from trtpack.report_page.charts import (
     benchmark_chart,
     sensitivity_chart,
@@ -287,7 +287,8 @@ def cpu_model_section(report: BuildReport) -> str:
                             (m.get("integer_kernels") or {}).items()) or "none"
         kept = ", ".join(html.escape(n) for n in m.get("kept_fp32_layers") or []) or "none"
         parts.append(f"<p>INT8 form: {html.escape(str(m['int8_form']))}; "
-                     f"{html.escape(str(m.get('int8_weight_matmuls')))} weight MatMuls INT8; "
+                     f"{html.escape(str(int8_weight_layers(m)))} weight layers "
+                     "(Conv/MatMul/Gemm) INT8; "
                      f"integer kernels in the graph ONNX Runtime runs: {kernels}; kept in "
                      f"FP32: {kept}.</p>")
     auto = m.get("auto")
