@@ -207,7 +207,7 @@ def test_int8_ships_only_above_the_minimum_share(tiny: dict[str, Path], tmp_path
                             calibration=npz, min_int8_share=1.0)
     plan = strict_gate(plan, "int8", min_cosine=0.99999)
     with pytest.raises(AccuracyError, match=r"best configuration that passed keeps only "
-                                            r"\d+% of MatMul/Gemm .* --min-int8-share 100%"):
+                                            r"\d+% of Conv/MatMul/Gemm .* --min-int8-share 100%"):
         run_stage(plan, tiny, tmp_path / "precision")
     # the same search with the default minimum ships its (partly FP32) INT8 model
     plan = build_options("tiny-bert", "int8", tmp_path / "out", TINY_PROFILES,
@@ -383,3 +383,37 @@ def test_the_search_margin_grows_with_the_spread_of_the_worst_cases() -> None:
     # too few cases to measure a spread: the floor alone decides
     assert judge.spread_reasons(scores(worst, 0.9999)) == []
     assert Evaluator(recipe, "int8", [], margin=0.1).spread_rank == 0
+
+
+def test_the_int8_share_counts_conv_with_matmul_and_gemm() -> None:
+    """``--min-int8-share`` on the Q/DQ model (a GPU target) counts Conv with MatMul/Gemm, as
+    the CPU path does: a ResNet-50 with its one Gemm INT8 and its 53 Conv left FP32 keeps
+    1/54 of its weight layers INT8, not 100%."""
+    from trtpack.errors import AccuracyError
+    from trtpack.precision.graph import LowPrecisionStats
+    from trtpack.precision.int8.summary import check_int8_share
+
+    convs_fp32 = LowPrecisionStats(total=54, low=1, matmul_gemm_total=1, matmul_gemm_low=1,
+                                   by_op_type={"Conv": [0, 53], "Gemm": [1, 1]}).as_dict()
+    with pytest.raises(AccuracyError, match=r"keeps only 2% of Conv/MatMul/Gemm nodes INT8 "
+                                            r"\(1/54\), under --min-int8-share 50%"):
+        check_int8_share(convs_fp32, 0.5)
+    every = LowPrecisionStats(total=54, low=54, matmul_gemm_total=1, matmul_gemm_low=1,
+                              by_op_type={"Conv": [53, 53], "Gemm": [1, 1]}).as_dict()
+    check_int8_share(every, 1.0)
+
+
+def test_the_conservative_choice_counts_conv_too() -> None:
+    from onnx import helper
+
+    from trtpack.precision.int8.fallback import conservative_share
+    from trtpack.precision.int8.search import Sensitivity
+    from trtpack.precision.int8.surrogates import NodeGroup
+
+    nodes = [helper.make_node("Conv", [f"x{i}", f"w{i}"], [f"y{i}"], name=f"conv{i}")
+             for i in range(3)] + [helper.make_node("Gemm", ["a", "b"], ["c"], name="fc")]
+    quantized = helper.make_model(helper.make_graph(nodes, "g", [], []))
+    ranked = [Sensitivity(NodeGroup(n, [n], [n]), damage, None)
+              for n, damage in [("fc", 0.001), ("conv2", 0.01), ("conv1", 0.02),
+                                ("conv0", 0.3)]]
+    assert conservative_share(ranked, quantized, 0.5) == {"fc", "conv2"}

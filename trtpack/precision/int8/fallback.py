@@ -108,9 +108,10 @@ def first_samples(cases: Sequence[Case], samples: int) -> list[Case]:
 def conservative_share(ranked: Sequence[Sensitivity], quantized: onnx.ModelProto, min_share: float
                        ) -> set[str]:
     """The fewest of the least sensitive groups' nodes (``ranked``, least damaging first)
-    that keep ``min_share`` of the quantized model's MatMul/Gemm nodes INT8."""
-    total = low_precision_stats(quantized, "int8").matmul_gemm_total
-    compute = {n.name for n in quantized.graph.node if n.op_type in ("MatMul", "Gemm")}
+    that keep ``min_share`` of the quantized model's Conv/MatMul/Gemm nodes INT8 (counted as
+    ``check_int8_share`` counts them)."""
+    total = low_precision_stats(quantized, "int8").total
+    compute = {n.name for n in quantized.graph.node if n.op_type in COMPUTE_OP_TYPES}
     chosen: set[str] = set()
     for row in ranked:
         if total and sum(n in compute for n in chosen) >= min_share * total:

@@ -22,14 +22,15 @@ def calibration_summary(cal: CalibrationData, method: str,
 
 
 def check_int8_share(stats: LowPrecisionCounts, min_share: float) -> None:
-    """``AccuracyError`` when the searched model keeps under ``min_share`` of its
-    MatMul/Gemm nodes INT8."""
-    share = stats["matmul_gemm_share"]
-    if stats["matmul_gemm_nodes"] and share < min_share:
+    """``AccuracyError`` when the searched model keeps under ``min_share`` of its weight
+    layers INT8: Conv, MatMul and Gemm counted together (``compute_nodes``), as the CPU
+    path counts them (a convolutional model's Conv are its INT8 work)."""
+    share = stats["share"]
+    if stats["compute_nodes"] and share < min_share:
         raise AccuracyError(
             f"int8: the best configuration that passed keeps only {share:.0%} of "
-            f"MatMul/Gemm nodes INT8 ({stats['matmul_gemm_low_precision']}/"
-            f"{stats['matmul_gemm_nodes']}), under --min-int8-share "
+            f"Conv/MatMul/Gemm nodes INT8 ({stats['low_precision_nodes']}/"
+            f"{stats['compute_nodes']}), under --min-int8-share "
             f"{min_share:.0%}: not shipping INT8 (use --precision fp16, "
             "more or better calibration text, or a lower --min-int8-share)")
 
