@@ -265,3 +265,33 @@ def test_a_cache_url_that_is_not_s3_is_refused(tmp_path: Path) -> None:
                      usage_error=True)
     assert result.returncode == 2
     assert "error: --cache-url takes s3://BUCKET/PREFIX" in result.stderr
+
+
+def test_a_damaged_local_entry_whose_inputs_stayed_in_the_bucket(store: ObjectStore,
+                                                                 tmp_path: Path) -> None:
+    """A second runner's precision entry (downloaded: the package stage reads it) is damaged
+    in its local cache, while the simplified model precision reads stayed in the bucket (no
+    stage that ran needed it): the next build finds the damage only when it reuses the
+    entry, downloads simplify's entry then (checked, as every download), runs precision
+    again and serves the same bytes."""
+    url = f"s3://{BUCKET}/{new_prefix()}"
+    first = _build(tmp_path / "a", url, store.env(), *GPU_FP16)
+    assert "precision" in _ran(first)
+    second = _build(tmp_path / "b", url, store.env(), *GPU_FP16)
+    assert _ran(second) == ["package"]
+    local = tmp_path / "b" / "cache" / "stages"
+    assert not (local / "simplify").exists()  # left in the bucket
+    (entry,) = (local / "precision").iterdir()
+    damaged = max((f for f in (entry / "files").rglob("*") if f.is_file()),
+                  key=lambda f: f.stat().st_size)
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # the same size, one byte changed
+    damaged.write_bytes(bytes(data))
+
+    third = _build(tmp_path / "b", url, store.env(), *GPU_FP16, extra=("--force",))
+    assert _ran(third) == ["precision", "package"], _stages(third)
+    assert "discarded" in _stages(third)["precision"]["warnings"][0]
+    assert (local / "simplify").is_dir()  # downloaded once precision had to run
+    served, reference = _served(tmp_path / "b"), _served(tmp_path / "a")
+    assert served.keys() == reference.keys()
+    assert [f for f in served if served[f] != reference[f]] == []

@@ -193,6 +193,9 @@ class Pipeline:
     def _run_stages(self, work: Path, report: BuildReport) -> None:
         o = self.plan
         artifacts = Artifacts()
+        # each stage's artifacts as it started, and what it made (a late download recomposes)
+        before: dict[str, Artifacts] = {}
+        made_by: dict[str, Artifacts] = {}
         logs = work / LOGS
         logs.mkdir()
         order = self.stages.planned_stages({name: f.key for name, f in self.finished.items()})
@@ -222,6 +225,7 @@ class Pipeline:
             stage_dir.mkdir(parents=True, exist_ok=True)  # a head start may have made it
             self.progress(ProgressEvent(stage.name, "start"))
             log_path = logs / f"{stage.name}.log"
+            before[stage.name] = artifacts
             reused = None
             discarded = plan.discarded
             if plan.cached:
@@ -235,15 +239,24 @@ class Pipeline:
                                                          self.stages.cache.has(
                                                              later.stage.name, later.key))
                     self.stages.start_ahead(plan, logs)
+                    fetched = self.stages.inputs_after_damage(plan, work)
+                    if fetched:  # in stage order again, the files downloaded now in place
+                        first = next(n for n in made_by if n in fetched)
+                        artifacts = before[first]
+                        for name in list(made_by)[list(made_by).index(first):]:
+                            made_by[name] = fetched.get(name, made_by[name])
+                            artifacts = artifacts.merged(made_by[name])
                 result, rows, made = self.stages.execute(stage, plan, stage_dir, artifacts,
                                                          work, log_path)
                 artifacts = artifacts.merged(made)
+                made_by[stage.name] = made
                 if discarded is not None:
                     result.warnings.insert(0, f"cache entry {discarded}; discarded, "
                                               f"{stage.name} ran again")
             else:
                 result, rows, made = reused
                 artifacts = artifacts.merged(made)
+                made_by[stage.name] = made
                 log_path.write_text(f"reused from cache key {plan.key}\n")
             result.log_path = str(log_path.relative_to(work))
             if not any(stage_dir.iterdir()):

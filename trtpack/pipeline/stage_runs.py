@@ -140,6 +140,31 @@ class StageRuns:
                     break
                 p.remote = None  # now in the local cache
 
+    def inputs_after_damage(self, damaged: PlannedStage, work: Path
+                            ) -> dict[str, Artifacts]:
+        """A local entry found damaged when it was reused (``damaged``, now a miss): its
+        stage runs, and may read files of earlier entries that stayed in the bucket (reused
+        without their files, since nothing that ran read them). Those are downloaded now,
+        checked as every download, and loaded into their stage folders: the artifacts of
+        each, by stage. (An earlier entry found damaged in the bucket now cannot run again:
+        the stage then fails, naming the artifact it lacks.)"""
+        if self.remote is None or damaged not in self._planned:
+            return {}
+        left = [p for p in self._planned[:self._planned.index(damaged)] if p.remote is not None]
+        if not left:
+            return {}
+        self._fetch_needed(self._planned)
+        fetched = {}
+        for p in left:
+            if p.remote is not None or not p.cached:
+                continue  # not needed, or could not be had
+            stage_dir = work / ARTIFACTS / p.stage.name
+            loaded = self.cache.load(p.stage.name, p.key, stage_dir)
+            if loaded.meta is not None:
+                fetched[p.stage.name] = Artifacts.from_named(
+                    {name: stage_dir / rel for name, rel in loaded.meta["artifacts"].items()})
+        return fetched
+
     def start_ahead(self, current: PlannedStage, logs: Path) -> None:
         """Make sure the process of the stage about to run (``current``) and those of the
         next isolated stages to run (as many as its ``warm_beside``) exist: they warm up
