@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trtpack.machine.object_store import READ_TIMEOUT_S, s3_client
 from trtpack.machine.paths import CacheUrl
 from trtpack.pipeline.cache import META, StageCache
 
@@ -43,26 +44,6 @@ BOTO3_INSTALL = "pip install 'trtpack[remote-cache]' (boto3)"
 # tests: SIGKILL this process id (the test's object store) once an entry's first blob is up:
 # the store dies in the middle of an upload, at the same point every time
 KILL_STORE_VARIABLE = "TRTPACK_TEST_KILL_STORE_DURING_UPLOAD"
-
-# bounded: a store that does not answer costs seconds, not minutes
-CONNECT_TIMEOUT_S = 3
-READ_TIMEOUT_S = 60
-MAX_ATTEMPTS = 3  # botocore's "standard" retry mode: the first try and two retries
-
-
-def s3_client() -> Any:
-    """A boto3 S3 client with bounded timeouts and retries; the endpoint from
-    ``AWS_ENDPOINT_URL`` (boto3 reads it), path-style addressing when one is set (a local
-    store has no per-bucket host names)."""
-    import boto3
-    from botocore.config import Config
-
-    custom = bool(os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"))
-    config = Config(connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S,
-                    retries={"max_attempts": MAX_ATTEMPTS, "mode": "standard"},
-                    s3={"addressing_style": "path"} if custom else None)
-    return boto3.session.Session().client("s3", config=config)
-
 
 class StoreError(Exception):
     """The store failed; the message says how in words that carry no credential."""

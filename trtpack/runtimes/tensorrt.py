@@ -64,6 +64,19 @@ def tensorrt_module() -> ModuleType:
     return module
 
 
+class TimingCacheMaker:
+    """A builder config kept with its builder, to make and combine timing caches with
+    (``IBuilderConfig.create_timing_cache``; ``engine.timing_caches.combine_caches``)."""
+
+    def __init__(self) -> None:
+        trt = tensorrt_module()
+        self.builder = trt.Builder(trt.Logger(trt.Logger.ERROR))
+        self.config = self.builder.create_builder_config()
+
+    def create_timing_cache(self, serialized_timing_cache: bytes) -> trt.ITimingCache:
+        return self.config.create_timing_cache(serialized_timing_cache)
+
+
 def tensorrt_version() -> str:
     trt = tensorrt_module()
     return str(trt.__version__)

@@ -98,6 +98,14 @@ def run(ctx: StageContext) -> StageOutcome:
     cache = builder.timing_cache_path(o.cache_dir, env.gpu.name, env.gpu.compute_capability,
                                       trt_version, settings.hardware_compatibility,
                                       o.timing_cache)
+    shared = None
+    if o.cache_url is not None and o.use_cache:  # the fleet's caches of this device, combined
+        from trtpack.engine.timing_caches import SharedTimingCaches, combine_into
+
+        shared = SharedTimingCaches(o.cache_url, cache.stem, warn=ctx.log.warning)
+        downloaded = shared.download()
+        combined = combine_into(cache, tensorrt_api.TimingCacheMaker(), downloaded) \
+            if downloaded else None
     plan = ctx.stage_dir / PLAN_FILENAME
     cache_hit = cache.is_file() and cache.stat().st_size > 0
     ctx.progress(f"building on {env.gpu.name} (sm {env.gpu.sm}) with TensorRT {trt_version}, "
@@ -133,6 +141,13 @@ def run(ctx: StageContext) -> StageOutcome:
         "sha256_before": built.timing_cache_sha256_before,
         "sha256_after": built.timing_cache_sha256_after,
         "rejected": built.timing_cache_rejected}
+    if shared is not None:  # this job's cache as an object of its own
+        timing["remote"] = {
+            "downloaded": len(downloaded),
+            "combined": combined.combined if combined else 0,
+            "refused": combined.refused if combined else 0,
+            "uploaded": shared.upload(cache.read_bytes()) if cache.is_file() else None,
+            "failed": shared.failed}
     provenance = EngineProvenance(
         trtpack_version=__version__, tensorrt_version=trt_version, gpu_name=env.gpu.name,
         compute_capability=env.gpu.sm, target=o.target.name, precision=o.precision,
