@@ -4,6 +4,9 @@ fake /proc and cgroup tree."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -97,3 +100,58 @@ def test_the_memory_given_in_the_environment_is_used_when_smaller(
     monkeypatch.setenv(MEMORY_ENV, "64G")  # more than the machine has: the machine's figure
     found = available_memory(proc, tmp_path / "cg")
     assert found is not None and found.bytes == 4000000 * 1024 and found.source == "MemAvailable"
+
+
+def _holder(megabytes: int) -> subprocess.Popen[bytes]:
+    """A child process that allocates and touches ``megabytes`` MB, says so, and waits."""
+    code = (f"import sys, time; b = bytearray({megabytes} * 2**20); b[::4096] = b'x' * "
+            f"len(b[::4096]); print('ready', flush=True); time.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    assert child.stdout is not None and child.stdout.readline().strip() == b"ready"
+    return child
+
+
+def test_the_meter_counts_a_child_started_while_it_runs_and_leaves_out_an_excluded_one(
+) -> None:
+    """The meter lists children only every RESCAN_EVERY samples (issue 47: listing reads every
+    process on the machine), yet a child that appears while it runs is counted, and an
+    excluded one (a later stage's process warming up) is not."""
+    from trtpack.resources import RESCAN_EVERY, ResourceMeter
+
+    excluded = _holder(300)
+    try:
+        with ResourceMeter(interval=0.01, exclude={excluded.pid}) as meter:
+            before = meter.peak_mb
+            assert before is not None
+            counted = _holder(200)
+            try:
+                time.sleep(0.01 * (RESCAN_EVERY + 5) + 0.5)
+                assert meter.peak_mb is not None
+                assert meter.peak_mb - before >= 180  # the new child, found by a rescan
+                assert meter.peak_mb - before < 450  # not the excluded one
+            finally:
+                counted.kill()
+                counted.wait()
+    finally:
+        excluded.kill()
+        excluded.wait()
+
+
+def test_the_rss_the_meter_reads_matches_psutil() -> None:
+    import psutil
+
+    from trtpack.resources import ResourceMeter
+
+    child = _holder(100)
+    try:
+        by_psutil = (psutil.Process().memory_info().rss + sum(
+            c.memory_info().rss for c in psutil.Process().children(recursive=True))) / 2**20
+        with ResourceMeter(interval=60) as meter:
+            pass
+        found = meter.peak_mb
+        assert found is not None
+        assert abs(found - by_psutil) < 20
+        assert found > 100
+    finally:
+        child.kill()
+        child.wait()

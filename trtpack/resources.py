@@ -15,27 +15,62 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+# A meter lists the process's descendants anew every RESCAN_EVERY samples: psutil reads every
+# process on the machine for that, where reading a known process's RSS is one small file.
+# Listing them at every sample was most of the build process's own CPU time (issue 47;
+# benchmarks/README.md, "CPU-seconds of the design card").
+RESCAN_EVERY = 10
+_STATM = Path("/proc/self/statm").is_file()  # Linux; elsewhere psutil reads the RSS
 
-def _rss_mb(exclude: frozenset[int] = frozenset()) -> float | None:
+
+def _descendants(exclude: frozenset[int] = frozenset()) -> list[int] | None:
+    """This process's descendants, less ``exclude`` and theirs (None: psutil missing)."""
     try:
         import psutil
     except ImportError:  # pragma: no cover - psutil is a core dependency
         return None
-    proc = psutil.Process()
-    total = proc.memory_info().rss
+    found = []
     skipped: set[int] = set(exclude)
-    for child in proc.children(recursive=True):
+    for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
             if child.pid in skipped or child.ppid() in skipped:
                 skipped.add(child.pid)
                 continue
-            total += child.memory_info().rss
-    return total / 2**20
+            found.append(child.pid)
+    return found
+
+
+def _rss_bytes(pid: int | str) -> int:
+    """A process's resident set (``/proc/PID/statm``); 0 when it is gone."""
+    if not _STATM:
+        import psutil
+
+        try:
+            return int(psutil.Process(os.getpid() if pid == "self" else int(pid))
+                       .memory_info().rss)
+        except psutil.Error:
+            return 0
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * PAGE_BYTES
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _rss_mb(exclude: frozenset[int] = frozenset()) -> float | None:
+    """RSS of this process and its descendants (less ``exclude`` and theirs), MB."""
+    pids = _descendants(exclude)
+    if pids is None:
+        return None
+    return (_rss_bytes("self") + sum(_rss_bytes(p) for p in pids)) / 2**20
 
 
 class ResourceMeter:
     """Context manager sampling RSS (self + children) every ``interval`` seconds; the
     processes in ``exclude`` (and theirs) are not counted (another stage's, warming up).
+    The children are listed anew every ``RESCAN_EVERY`` samples (and at the first and the
+    last); between, the RSS of those listed is read.
 
     ``seconds`` and ``peak_mb`` hold the wall time and the highest sample after exit.
     """
@@ -48,14 +83,23 @@ class ResourceMeter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._start = 0.0
+        self._pids: list[int] | None = None
+        self._since_scan = 0
 
     def exclude_process(self, pid: int) -> None:
         """Leave ``pid`` (and its children) out from the next sample on."""
         self.exclude = self.exclude | {pid}
+        self._pids = None  # listed anew at the next sample
 
-    def _sample(self) -> None:
-        value = _rss_mb(self.exclude)
-        if value is not None and (self.peak_mb is None or value > self.peak_mb):
+    def _sample(self, rescan: bool = False) -> None:
+        if rescan or self._pids is None or self._since_scan >= RESCAN_EVERY:
+            self._pids = _descendants(self.exclude)
+            self._since_scan = 0
+        self._since_scan += 1
+        if self._pids is None:
+            return
+        value = (_rss_bytes("self") + sum(_rss_bytes(p) for p in self._pids)) / 2**20
+        if self.peak_mb is None or value > self.peak_mb:
             self.peak_mb = value
 
     def _loop(self) -> None:
@@ -64,7 +108,7 @@ class ResourceMeter:
 
     def __enter__(self) -> ResourceMeter:
         self._start = time.perf_counter()
-        self._sample()
+        self._sample(rescan=True)
         self._thread = threading.Thread(target=self._loop, name="trtpack-meter", daemon=True)
         self._thread.start()
         return self
@@ -78,7 +122,7 @@ class ResourceMeter:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self._sample()
+        self._sample(rescan=True)
         self.seconds = time.perf_counter() - self._start
 
 

@@ -4,6 +4,7 @@ on the way (the pipeline runs the stages; the stages never import the pipeline).
 from __future__ import annotations
 
 import logging
+import resource
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -84,13 +85,28 @@ class StageContext:
         return path
 
 
+class ProcessCpu(logging.Filter):
+    """Puts the process's CPU seconds so far (user + system, all its threads) on each
+    record (``cpu``): a stage's log then reads in CPU time as well as wall time, what a
+    loaded machine moves far less (issue 47)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        record.cpu = usage.ru_utime + usage.ru_stime
+        return True
+
+
 def stage_logger(name: str, log_path: Path) -> tuple[logging.Logger, logging.Handler]:
-    """A logger writing (appending) to a stage's log file only; close the handler after."""
+    """A logger writing (appending) to a stage's log file only; close the handler after.
+    Each line: the time, the process's CPU seconds so far (``cpu 12.3``), the level, the
+    message."""
     logger = logging.getLogger(name)
     logger.propagate = False
     logger.setLevel(logging.INFO)
     handler = logging.FileHandler(log_path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    handler.addFilter(ProcessCpu())
+    handler.setFormatter(logging.Formatter("%(asctime)s cpu %(cpu).1f %(levelname)s "
+                                           "%(message)s"))
     logger.addHandler(handler)
     return logger, handler
 

@@ -177,6 +177,7 @@ def fuse(ctx: StageContext) -> FusedGraph:
         fp32_dir.mkdir()
         made_fp32_dir = True
         fp32_path = fp32_dir / "model.onnx"
+        ctx.log.info("fused; saving it")
         save_model(graph.model, fp32_path, weights_dir=work)  # weights streamed from work
     except BaseException:  # nothing half-made stays in the stage's folder
         shutil.rmtree(work, ignore_errors=True)
@@ -215,6 +216,7 @@ def run(ctx: StageContext) -> StageOutcome:
     try:
         cases = load_cases(ctx.needs(ctx.artifacts.fp32_outputs, "fp32_outputs"))
         rows = verify_rows(ctx, fp32_path, cases, CHECK_FP32, "fp32")
+        ctx.log.info("the fused FP32 model checked at every corner")
         metrics = CpuModelMetrics(
             form="fp32, fused for ONNX Runtime" if graph.fused else "fp32 (no fusion matched)",
             optimizer_model_type=graph.model_type, fused_operators=graph.fused,

@@ -193,6 +193,7 @@ def run(ctx: StageContext) -> StageOutcome:
     run_torch(wrapper, recipe, cases, fresh)
     reference = ctx.stage_dir / "reference.npz"
     save_cases(reference, cases)
+    ctx.log.info("PyTorch outputs of %d cases saved", len(cases))
     # the exporter traces in Python, on one core: later stages' processes may import on the other
     ctx.spare_core(sum(t.numel() * t.element_size() for t in
                        (*loaded.module.parameters(), *loaded.module.buffers())))
@@ -202,6 +203,7 @@ def run(ctx: StageContext) -> StageOutcome:
     exported = export_onnx(wrapper, plan, onnx_path, ctx.log,
                            saved=fresh() if fresh is not None else None)
     summary = graph_summary(onnx_path)
+    ctx.log.info("ONNX model written: %d nodes", summary["nodes"])
     warnings_out: list[str] = list(sample_warnings)
     if exported.fallback:
         warnings_out.append(f"{exported.fallback}; exported with the TorchScript exporter "

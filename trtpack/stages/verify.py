@@ -35,6 +35,7 @@ def run(ctx: StageContext) -> StageOutcome:
     cases = load_cases(ctx.needs(ctx.artifacts.reference, "reference"))
     ctx.progress(f"ONNX Runtime on {len(cases)} cases (min/opt/max of every profile)")
     outputs = run_onnxruntime(ctx.needs(ctx.artifacts.onnx, "onnx"), cases)
+    ctx.log.info("ONNX Runtime ran every case; comparing")
     onnx_in = ctx.plan.recipe.source.onnx is not None
     recipe = ctx.plan.recipe
     rows = compare_cases(CHECK_ONNX_IN if onnx_in else CHECK, recipe, "fp32", cases, outputs,
@@ -42,6 +43,7 @@ def run(ctx: StageContext) -> StageOutcome:
     fp32_outputs = ctx.stage_dir / "fp32_outputs.npz"
     # ONNX in: later stages are compared with the user's ONNX itself
     save_cases(fp32_outputs, cases if onnx_in else with_outputs(cases, outputs))
+    ctx.log.info("compared and saved")
     failed = sum(not r.passed for r in rows)
     worst = max((r.max_abs_diff for r in rows), default=0.0)
     return StageOutcome(
