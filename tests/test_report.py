@@ -51,3 +51,42 @@ def test_the_cpu_int8_weight_layer_count_reads_from_new_and_older_reports(key: s
                          stages=[StageResult("cpu_model", "ok", metrics=metrics)])
     assert "60/62 weight layers (Conv/MatMul/Gemm) INT8" in cpu_model_section(report)
     assert int8_weight_layers({"form": "fp32"}) is None
+
+
+def test_a_malformed_report_names_its_field(tmp_path: Path) -> None:
+    """report.json is read through typed records: a field of another JSON type, at any depth
+    (a stage, a verification row, a benchmark row, a served row), is one ``ValueError`` that
+    names it, and a build folder holding such a report is the user's error (exit 2) saying so;
+    unknown fields (a newer trtpack's) are ignored."""
+    import json
+
+    from trtpack.errors import UserInputError
+    from trtpack.pipeline.build_folder import load_build_report
+
+    good = BuildReport("tiny-bert", "fp32", "cpu", ["1x8"], "out",
+                       stages=[StageResult("export", "ok", metrics={"weights": "random"})])
+    good.benchmark = {"seconds_per_row": 1.0, "threads": 2, "device": "cpu",
+                      "machine": {"cpu": "x"}, "rows": [
+                          {"runtime": "served", "engine": "ort", "profile": 0, "corner": "opt",
+                           "shapes": "x=1x8", "batch": 1, "p50_ms": 1.5}],
+                      "served": {"url": "localhost:8000", "rows": []}}
+    data = json.loads(good.to_json())
+    assert BuildReport.from_dict({**data, "added_later": 1}) == good
+    assert good.benchmark_result() is not None and good.benchmark_result().rows[0].p50_ms == 1.5
+    for path, value, named in [
+            (("stages", 0, "seconds"), "fast", "stages[0]: field 'seconds' is a string"),
+            (("stages", 0, "status"), "done", "stages[0]: field 'status' is a string"),
+            (("benchmark", "rows", 0, "p50_ms"), "1.5", "benchmark.rows[0]: field 'p50_ms'"),
+            (("benchmark", "served"), {"rows": []}, "benchmark.served: field 'url' is missing"),
+            (("verification",), [{"check": "x"}], "verification[0]: field 'profile' is missing")]:
+        broken = json.loads(good.to_json())
+        *parents, last = path
+        holder = broken
+        for key in parents:
+            holder = holder[key]
+        holder[last] = value
+        with pytest.raises(ValueError, match=named.replace("[", r"\[").replace("]", r"\]")):
+            BuildReport.from_dict(broken)
+        (tmp_path / "report.json").write_text(json.dumps(broken))
+        with pytest.raises(UserInputError, match="is not a trtpack report"):
+            load_build_report(tmp_path)

@@ -10,7 +10,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import Field, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
 from trtpack.errors import UserInputError
 from trtpack.machine.paths import CACHE_URL_VARIABLE, CacheUrl, default_cache_dir
@@ -241,7 +241,7 @@ def check_choices(request: BuildRequest) -> BuildRequest:
     """``request`` with the word of each option that has choices (``OptionSpec.choices``)
     read case-insensitively (--precision FP16, --serve Text) and checked: a word outside
     them is the user's error, one message per option naming its choices."""
-    chosen: dict[str, Any] = {}  # each a str field
+    checked = replace(request)
     for f in fields(request):
         choices, value = option_spec(f).choices, getattr(request, f.name)
         if not choices or value is None:
@@ -249,8 +249,8 @@ def check_choices(request: BuildRequest) -> BuildRequest:
         word = str(value).strip().lower()
         if word not in choices:
             raise UserInputError(f"{flag(f)} must be {one_of(choices)}, not '{value}'")
-        chosen[f.name] = word
-    return replace(request, **chosen)
+        setattr(checked, f.name, word)  # each option with choices is a str field
+    return checked
 
 
 def keyword_default(request_field: Field[object]) -> object:
@@ -267,7 +267,7 @@ def request_from_keywords(values: Mapping[str, object],
                           request_type: type[BuildRequest] = BuildRequest) -> BuildRequest:
     """The request for keyword values (the CLI's parameters, ``trtpack.build``'s keywords),
     by ``keyword``; a keyword not given takes its default."""
-    given: dict[str, Any] = {}  # each field's own type, checked where the values come from
+    given: dict[str, object] = {}  # each field's own type, checked where the values come from
     for f in fields(request_type):
         value = values.get(keyword(f), keyword_default(f))
         if option_spec(f).inverted:
@@ -275,7 +275,9 @@ def request_from_keywords(values: Mapping[str, object],
         elif is_list(f) and value is None:
             value = ()
         given[f.name] = value
-    return request_type(**given)
+    # each value is the field's default or the caller's value for that very field, typed by
+    # the CLI's parameters and trtpack.build's keywords: mypy cannot follow names in a loop
+    return request_type(**given)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

@@ -1,28 +1,26 @@
-"""Stage results and the build report, saved as ``OUT/report.json`` (JSON round-trip)."""
+"""Stage results and the build report, saved as ``OUT/report.json`` (JSON round-trip), with
+its records read and checked (``json_values.record_from_json``): the benchmark's rows and
+served results among them."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeAlias
+from typing import Literal, TypedDict
 
+from trtpack.json_values import JsonObject as JsonObject
+from trtpack.json_values import JsonValue as JsonValue
+from trtpack.json_values import record_from_json
 from trtpack.onnx_tools.files import sha256_file
 
 REPORT = "report.json"  # every build folder's report, beside model_repository/
 
-JsonValue: TypeAlias = (str | int | float | bool | Sequence["JsonValue"]
-                        | Mapping[str, "JsonValue"] | None)
-"""A value JSON (and YAML's safe subset) holds: report.json's records, stage fingerprints."""
-
-JsonObject: TypeAlias = dict[str, JsonValue]
-"""A JSON object as trtpack builds one (a report record, a fingerprint)."""
-
 StageStatus = Literal["ok", "failed", "skipped"]
 
 
-def int8_weight_layers(metrics: Mapping[str, Any]) -> str | None:
+def int8_weight_layers(metrics: Mapping[str, JsonValue]) -> str | None:
     """A CPU model stage's ``"on integer kernels/all"`` count of its weight layers (Conv,
     MatMul, Gemm with a constant weight), from this report's key or an older report's
     ``int8_weight_matmuls`` (which held the same count under a MatMul-only name)."""
@@ -102,9 +100,114 @@ class StageResult:
     ran_seconds: float | None = None
     message: str = ""
     artifacts: list[Artifact] = field(default_factory=list)
-    metrics: dict[str, Any] = field(default_factory=dict)
+    metrics: JsonObject = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     log_path: str | None = None
+
+
+class MachineInfo(TypedDict):
+    """The machine a benchmark ran on (report.json's ``benchmark.machine``)."""
+
+    cpu: str
+    logical_cores: int | None
+    physical_cores: int | None
+    memory_gb: float
+    gpu: str | None
+    gpu_driver: str | None
+    load_average: list[float]
+    python: str
+    platform: str
+
+
+@dataclass
+class BenchRow:
+    """One runtime timed at one profile corner (``trtpack bench``). Latencies in milliseconds
+    per request (a request is one batch of the corner's shape); throughput in samples per
+    second."""
+
+    runtime: str  # served / onnx-fp32 / cpu-fp32 / pytorch / triton
+    engine: str  # what ran: "onnxruntime fp32", "tensorrt fp16", "pytorch eager cpu", ...
+    profile: int
+    corner: str
+    shapes: str
+    batch: int
+    status: str = "ok"  # ok / skipped / unrun
+    reason: str = ""
+    iterations: int = 0
+    p50_ms: float | None = None
+    p90_ms: float | None = None
+    p99_ms: float | None = None
+    mean_ms: float | None = None
+    throughput: float | None = None  # samples per second
+    speedup_vs_pytorch: float | None = None  # pytorch p50 / this p50, same corner
+    rounds: int = 0  # turns in rotation with the other runtimes (SLICES)
+    spread: float | None = None  # (max - min) / median of the rounds' medians
+    unreliable: str = ""  # why this row's timing is not to be trusted ("" when it is)
+    speedup_unreliable: str = ""  # why speedup_vs_pytorch is not ("" when it is)
+
+
+@dataclass
+class BenchmarkResult:
+    """The runtimes' part of report.json's ``benchmark`` section."""
+
+    seconds_per_row: float
+    threads: int
+    device: str  # cpu / cuda
+    machine: MachineInfo
+    rows: list[BenchRow] = field(default_factory=list)
+    measured_at: str = ""
+    notes: list[str] = field(default_factory=list)
+    thread_policy: str = ""  # the same for every row: how the runtimes' threads wait
+
+    def to_dict(self) -> JsonObject:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "benchmark") -> BenchmarkResult:
+        """Read and checked (``record_from_json``), its rows too."""
+        result = record_from_json(cls, data, where)
+        result.rows = [record_from_json(BenchRow, r, f"{where}.rows[{i}]")
+                       for i, r in enumerate(result.rows)]
+        return result
+
+
+@dataclass
+class ServedRow:
+    """perf_analyzer at one concurrency: client-side throughput and latency percentiles."""
+
+    model: str
+    backend: str  # what the server says runs the model (onnxruntime, tensorrt, python …)
+    batching: str  # "dynamic" (as configured) / "none" (variant) / "unbatched model"
+    profile: int | None
+    corner: str
+    batch: int
+    concurrency: int
+    throughput: float  # inferences (samples) per second
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    server_queue_ms: float  # time requests waited in the server's queue (batching)
+    server_infer_ms: float  # the model's compute per execution
+
+
+@dataclass
+class ServedResult:
+    """Throughput through a running Triton: report.json's ``benchmark.served``."""
+
+    url: str  # host:port
+    rows: list[ServedRow] = field(default_factory=list)
+    tool: str = "perf_analyzer"
+    perf_analyzer: str | None = None  # its version (or the binary's name)
+    window_ms: int = 0
+    concurrency: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, data: object, where: str = "benchmark.served") -> ServedResult:
+        """Read and checked (``record_from_json``), its rows too."""
+        result = record_from_json(cls, data, where)
+        result.rows = [record_from_json(ServedRow, r, f"{where}.rows[{i}]")
+                       for i, r in enumerate(result.rows)]
+        return result
 
 
 @dataclass
@@ -122,7 +225,9 @@ class BuildReport:
     total_seconds: float = 0.0
     peak_memory_mb: float | None = None
     error: str | None = None
-    benchmark: dict[str, Any] | None = None  # trtpack bench: latency rows, served throughput
+    # trtpack bench: the runtimes' rows (``benchmark_result``) and served throughput
+    # (``served_result``), kept as written so that a bench of one keeps the other's
+    benchmark: JsonObject | None = None
 
     def stage(self, name: str) -> StageResult | None:
         return next((s for s in self.stages if s.name == name), None)
@@ -140,7 +245,20 @@ class BuildReport:
                 and stage.metrics.get("int8_fp32_reason"):
             self.precision = "fp32"  # the INT8 candidate was declined: FP32 is served
 
-    def to_dict(self) -> dict[str, Any]:
+    def benchmark_result(self) -> BenchmarkResult | None:
+        """The runtimes ``trtpack bench`` timed (``benchmark``), checked; None where none
+        were (never benched, or only through Triton)."""
+        if not self.benchmark or "rows" not in self.benchmark:
+            return None
+        return BenchmarkResult.from_json(self.benchmark)
+
+    def served_result(self) -> ServedResult | None:
+        """What ``trtpack bench --served`` measured through Triton, checked; None where
+        nothing was."""
+        served = (self.benchmark or {}).get("served")
+        return ServedResult.from_json(served) if served else None
+
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
     def to_json(self) -> str:
@@ -150,15 +268,24 @@ class BuildReport:
         path.write_text(self.to_json() + "\n", encoding="utf-8")
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> BuildReport:
-        data = dict(data)
-        stages = [
-            StageResult(**{**s, "artifacts": [Artifact(**a) for a in s.get("artifacts", [])]})
-            for s in data.pop("stages", [])
-        ]
-        rows = [VerificationRow(**r) for r in data.pop("verification", [])]
-        return cls(**data, stages=stages, verification=rows)
+    def from_dict(cls, data: object) -> BuildReport:
+        """The report in ``data`` (parsed report.json), its records checked
+        (``record_from_json``): a ``ValueError`` names a malformed field."""
+        report = record_from_json(cls, data, "report")
+        report.stages = [stage_from_json(s, f"stages[{i}]") for i, s in enumerate(report.stages)]
+        report.verification = [record_from_json(VerificationRow, r, f"verification[{i}]")
+                               for i, r in enumerate(report.verification)]
+        report.benchmark_result(), report.served_result()  # checked here, read where shown
+        return report
 
     @classmethod
     def load(cls, path: Path) -> BuildReport:
         return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+def stage_from_json(data: object, where: str) -> StageResult:
+    """A stage's result as report.json (or a cache entry) records it, checked."""
+    stage = record_from_json(StageResult, data, where)
+    stage.artifacts = [record_from_json(Artifact, a, f"{where}.artifacts[{i}]")
+                       for i, a in enumerate(stage.artifacts)]
+    return stage

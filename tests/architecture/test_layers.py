@@ -17,7 +17,8 @@ PACKAGE = Path(trtpack.__file__).parent
 
 # lowest first: the rooms (packages and top-level modules) of each layer
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("core", ("trtpack", "trtpack.errors", "trtpack.report", "trtpack.shapes", "trtpack.options",
+    ("core", ("trtpack", "trtpack.errors", "trtpack.report", "trtpack.json_values",
+              "trtpack.shapes", "trtpack.options",
               "trtpack.cases", "trtpack.processes", "trtpack.resources", "trtpack.timing",
               "trtpack.model_io", "trtpack.out_files",
               "trtpack.sources", "trtpack.machine", "trtpack.onnx_tools")),

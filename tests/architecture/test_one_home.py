@@ -146,3 +146,47 @@ def test_each_choice_set_and_mapping_has_one_home() -> None:
     sources = package_sources()
     assert {k: v for k, v in duplicated_choice_sets(sources).items() if k not in KNOWN} == {}
     assert duplicated_mappings(sources) == []
+
+
+JSON_HOME = "json_values.py"
+"""The module of the one JSON value type (``JsonValue``, ``JsonObject``)."""
+UNTYPED_KEYS = ("dict", "Dict", "Mapping", "MutableMapping")
+
+
+def loose_json(sources: Mapping[str, str]) -> list[str]:
+    """``module:line`` of each ``dict[str, Any]`` (or ``Mapping[str, Any]``) in an annotation or
+    alias, where ``JsonObject`` or a typed record says what the data is; and of each second
+    JSON type: a name that starts with ``Json`` bound at module level outside ``JSON_HOME``."""
+    found = []
+    for module, source in sources.items():
+        tree = ast.parse(source)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Tuple) \
+                    and ast.unparse(node.value).split(".")[-1] in UNTYPED_KEYS \
+                    and [ast.unparse(e).split(".")[-1] for e in node.slice.elts] == ["str", "Any"]:
+                found.append(f"{module}:{node.lineno}")
+        if module == JSON_HOME:
+            continue
+        for statement in tree.body:
+            targets = statement.targets if isinstance(statement, ast.Assign) else \
+                [statement.target] if isinstance(statement, ast.AnnAssign) else []
+            found += [f"{module}:{statement.lineno}" for t in targets
+                      if isinstance(t, ast.Name) and t.id.startswith("Json")]
+    return sorted(found)
+
+
+def test_loose_json_is_found() -> None:
+    """A ``dict[str, Any]`` in a signature, a ``Mapping[str, typing.Any]`` in an alias, a
+    second JSON value type; a ``dict[str, Any]`` in a docstring and ``JsonObject`` are not."""
+    sources = {"views.py": "def rows(r: dict[str, Any]) -> None:\n    '''dict[str, Any]'''\n",
+               "cache.py": "Meta = Mapping[str, typing.Any]\nok: dict[str, JsonValue] = {}\n",
+               "metrics.py": "JsonValue: TypeAlias = str | int | None\nJSONL = '.jsonl'\n",
+               JSON_HOME: "JsonValue = TypeAliasType('JsonValue', 'str | None')\n"}
+    assert loose_json(sources) == ["cache.py:1", "metrics.py:1", "views.py:1"]
+
+
+def test_json_data_has_one_type_and_no_loose_dicts() -> None:
+    """JSON data is a ``JsonValue``/``JsonObject`` (``json_values.py``, the one JSON value
+    type) read through its checked readers, or a typed record: no ``dict[str, Any]`` and no
+    second JSON type."""
+    assert loose_json(package_sources()) == []

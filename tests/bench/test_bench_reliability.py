@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 
 from tests.conftest import trtpack
-from trtpack.bench.benchmark import BenchRow, add_speedups, timed_row
+from trtpack.bench.benchmark import add_speedups, timed_row
 from trtpack.bench.timing import BUSY_SHARE, CpuSample, others_cpu_share
 from trtpack.cases import Case
+from trtpack.report import BenchRow
 from trtpack.report_page.html import speedup_cards
 from trtpack.timing import SLICES, Timing, measure_interleaved, spread
 
@@ -64,14 +65,16 @@ def test_a_row_whose_rounds_disagree_flags_its_ratios() -> None:
     assert served.unreliable == ""
     assert served.speedup_vs_pytorch is not None
     assert served.speedup_unreliable.startswith("PyTorch row: its median moved")
-    cards = speedup_cards([{"runtime": "served", "speedup_vs_pytorch": 10.0,
-                            "speedup_unreliable": served.speedup_unreliable}])
+    cards = speedup_cards([_served(10.0, served.speedup_unreliable)])
     assert cards == [("unreliable", "served vs PyTorch: the timings were unstable (benchmark)")]
-    steady = [{"runtime": "served", "speedup_vs_pytorch": 2.0, "speedup_unreliable": ""},
-              {"runtime": "served", "speedup_vs_pytorch": 38.0,
-               "speedup_unreliable": "PyTorch row: x"}]
+    steady = [_served(2.0, ""), _served(38.0, "PyTorch row: x")]
     assert speedup_cards(steady) == [("2.00–2.00×", "served vs PyTorch (1 unstable corner "
                                                      "left out)")]
+
+
+def _served(speedup: float, unreliable: str) -> BenchRow:
+    return BenchRow("served", "served", 0, "opt", "x=1x4", 1, speedup_vs_pytorch=speedup,
+                    speedup_unreliable=unreliable)
 
 
 def test_the_load_of_other_processes_is_measured() -> None:

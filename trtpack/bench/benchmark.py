@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -40,7 +39,6 @@ from trtpack.bench.timing import (
     THREAD_POLICY,
     UNSTABLE_SPREAD,
     CpuSample,
-    MachineInfo,
     ProgressFn,
     Runner,
     machine_info,
@@ -51,62 +49,12 @@ from trtpack.cases import Case, load_cases
 from trtpack.errors import UserInputError
 from trtpack.out_files import record_files
 from trtpack.pipeline.build_folder import open_build
-from trtpack.report import REPORT, BuildReport, JsonObject
+from trtpack.report import REPORT, BenchmarkResult, BenchRow, BuildReport, ServedResult
 from trtpack.timing import Timing, measure_interleaved
 
 SERVED, ONNX_FP32, CPU_FP32, PYTORCH = "served", "onnx-fp32", "cpu-fp32", "pytorch"
 DEFAULT_SECONDS = 2.0
 
-
-
-@dataclass
-class BenchRow:
-    """One runtime timed at one profile corner. Latencies in milliseconds per request
-    (a request is one batch of the corner's shape); throughput in samples per second."""
-
-    runtime: str  # served / onnx-fp32 / cpu-fp32 / pytorch / triton
-    engine: str  # what ran: "onnxruntime fp32", "tensorrt fp16", "pytorch eager cpu", ...
-    profile: int
-    corner: str
-    shapes: str
-    batch: int
-    status: str = "ok"  # ok / skipped / unrun
-    reason: str = ""
-    iterations: int = 0
-    p50_ms: float | None = None
-    p90_ms: float | None = None
-    p99_ms: float | None = None
-    mean_ms: float | None = None
-    throughput: float | None = None  # samples per second
-    speedup_vs_pytorch: float | None = None  # pytorch p50 / this p50, same corner
-    rounds: int = 0  # turns in rotation with the other runtimes (SLICES)
-    spread: float | None = None  # (max - min) / median of the rounds' medians
-    unreliable: str = ""  # why this row's timing is not to be trusted ("" when it is)
-    speedup_unreliable: str = ""  # why speedup_vs_pytorch is not ("" when it is)
-
-
-@dataclass
-class BenchmarkResult:
-    """The ``benchmark`` section of report.json."""
-
-    seconds_per_row: float
-    threads: int
-    device: str  # cpu / cuda
-    machine: MachineInfo
-    rows: list[BenchRow] = field(default_factory=list)
-    measured_at: str = ""
-    notes: list[str] = field(default_factory=list)
-    thread_policy: str = ""  # the same for every row: how the runtimes' threads wait
-
-    def to_dict(self) -> JsonObject:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> BenchmarkResult:
-        data = dict(data)
-        rows = [BenchRow(**r) for r in data.pop("rows", [])]
-        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        return cls(**known, rows=rows)
 
 
 def _batch(case: Case) -> int:
@@ -213,15 +161,15 @@ def add_speedups(rows: Sequence[BenchRow]) -> None:
 
 
 def save_benchmark(out: Path, result: BenchmarkResult | None = None,
-                   served: JsonObject | None = None) -> BuildReport:
+                   served: ServedResult | None = None) -> BuildReport:
     """Store runtime rows and/or served results as report.json's ``benchmark`` section; what
     is not measured this time is kept from an earlier bench."""
     report = BuildReport.load(out / REPORT)
-    section: JsonObject = dict(report.benchmark or {})
+    section = dict(report.benchmark or {})
     if result is not None:
         section.update({k: v for k, v in result.to_dict().items() if k != "served"})
     if served is not None:
-        section["served"] = served
+        section["served"] = asdict(served)
     report.benchmark = section
     report.save(out / REPORT)
     return report
@@ -232,7 +180,7 @@ class BenchOutcome:
     """What ``benchmark_build`` measured and the report it saved them in."""
 
     result: BenchmarkResult | None  # runtimes here; None with runtimes=False
-    served: JsonObject | None  # through Triton; None without a served URL
+    served: ServedResult | None  # through Triton; None without a served URL
     report: BuildReport
 
 

@@ -24,39 +24,19 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from trtpack.bench.timing import ProgressFn
 from trtpack.cases import load_cases
 from trtpack.errors import MissingEnvironmentError, UserInputError
 from trtpack.pipeline.build_folder import BuildFolder
-from trtpack.report import JsonObject, JsonValue
+from trtpack.report import JsonObject, JsonValue, ServedResult, ServedRow
 from trtpack.shapes import CORNERS
 
 CHECK_TIMEOUT_S = 3.0
 DEFAULT_CONCURRENCY = (1, 2, 4)
 PERF_ANALYZER_ENV = "TRTPACK_PERF_ANALYZER"
 PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy")
-
-
-@dataclass
-class ServedRow:
-    """perf_analyzer at one concurrency: client-side throughput and latency percentiles."""
-
-    model: str
-    backend: str  # what the server says runs the model (onnxruntime, tensorrt, python …)
-    batching: str  # "dynamic" (as configured) / "none" (variant) / "unbatched model"
-    profile: int | None
-    corner: str
-    batch: int
-    concurrency: int
-    throughput: float  # inferences (samples) per second
-    p50_ms: float
-    p90_ms: float
-    p99_ms: float
-    server_queue_ms: float  # time requests waited in the server's queue (batching)
-    server_infer_ms: float  # the model's compute per execution
 
 
 def normalize_url(url: str) -> str:
@@ -217,7 +197,7 @@ def served_benchmark(build: BuildFolder, url: str, *,
                      concurrency: Sequence[int] = DEFAULT_CONCURRENCY,
                      seconds: float = 2.0, compare_batching: bool = False,
                      corners: Sequence[str] = ("min", "opt", "max"),
-                     progress: ProgressFn | None = None) -> JsonObject:
+                     progress: ProgressFn | None = None) -> ServedResult:
     """Throughput and latency of the served model through Triton at every profile corner
     and concurrency (and the ensemble's, for ``--serve text``); the report's
     ``benchmark.served`` section."""
@@ -282,9 +262,8 @@ def served_benchmark(build: BuildFolder, url: str, *,
                                       workdir)
                 rows.append(ServedRow(ensemble, "ensemble", "as configured", None, "text", 1,
                                       c, **m))
-    return {"url": hostport, "tool": "perf_analyzer", "perf_analyzer": _version(binary),
-            "window_ms": window_ms, "concurrency": list(concurrency),
-            "rows": [asdict(r) for r in rows]}
+    return ServedResult(hostport, rows, perf_analyzer=_version(binary), window_ms=window_ms,
+                        concurrency=list(concurrency))
 
 
 def _version(binary: str) -> str | None:

@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict
 
 from trtpack.cases import Case
+from trtpack.report import MachineInfo
 from trtpack.timing import RunOnce
 
 # A ratio against a row is not to be trusted when that row's median moved more than this
@@ -68,20 +68,6 @@ def others_cpu_share(before: CpuSample, after: CpuSample) -> float:
     return min(1.0, max(0.0, others / (wall * cores)))
 
 ProgressFn = Callable[[str], None]  # progress messages, shown by the CLI as a status line
-
-
-class MachineInfo(TypedDict):
-    """The machine a benchmark ran on (report.json's ``benchmark.machine``)."""
-
-    cpu: str
-    logical_cores: int | None
-    physical_cores: int | None
-    memory_gb: float
-    gpu: str | None
-    gpu_driver: str | None
-    load_average: list[float]
-    python: str
-    platform: str
 
 
 def machine_info() -> MachineInfo:

@@ -8,13 +8,14 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from rich.markup import escape
 from rich.table import Table
 
 from trtpack.cli.console import fitted_table, out
 from trtpack.machine.targets import engine_serves
+from trtpack.report import BenchRow, ServedResult
 from trtpack.shapes import ShapeProfile
 from trtpack.timing import SLICES
 
@@ -195,65 +196,68 @@ def print_merge(result: MergeResult, as_json: bool) -> None:
               f"  (models: {escape(', '.join(result.models))})", soft_wrap=True)
 
 
-def benchmark_table(rows: list[dict[str, Any]]) -> Table:
+def _figure(value: float | None, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def benchmark_table(rows: Sequence[BenchRow]) -> Table:
     """Runtime rows per corner, with the speed-up against PyTorch eager when it was timed; a
     row whose timing is not to be trusted, and a ratio against one, marked ``?``
     (``unreliable_notes`` says why). Rows not timed are left to ``untimed_notes``."""
-    timed = [r for r in rows if r["status"] == "ok"]
-    ratios = any(r["speedup_vs_pytorch"] is not None for r in timed)
+    timed = [r for r in rows if r.status == "ok"]
+    ratios = any(r.speedup_vs_pytorch is not None for r in timed)
     table = fitted_table("benchmark: latency per request (ms) at every profile corner",
                          [("corner", "key"), ("runtime", "text"), ("p50", "num"),
                           ("spread", "num"), ("p99", "num"), ("per s", "num"),
                           *([("vs eager", "num")] if ratios else [])])
     previous = None
     for r in timed:
-        shape = r["shapes"].split(",")[0].split("=", 1)[-1]
-        corner = f"p{r['profile']} {r['corner']}\n{shape}"
+        shape = r.shapes.split(",")[0].split("=", 1)[-1]
+        corner = f"p{r.profile} {r.corner}\n{shape}"
         shown, previous = ("" if corner == previous else corner), corner
-        speed = "" if r["speedup_vs_pytorch"] is None else f"{r['speedup_vs_pytorch']:.2f}x"
-        if speed and r.get("speedup_unreliable"):
+        speed = "" if r.speedup_vs_pytorch is None else f"{r.speedup_vs_pytorch:.2f}x"
+        if speed and r.speedup_unreliable:
             speed = f"[yellow]{speed}?[/]"
-        elif r["runtime"] == "served" and speed:
+        elif r.runtime == "served" and speed:
             speed = f"[bold]{speed}[/]"
-        spread = "" if r.get("spread") is None else f"{r['spread']:.0%}"
-        p50 = f"{r['p50_ms']:.2f}" + ("[yellow]?[/]" if r.get("unreliable") else "")
-        throughput = r["throughput"]
+        p50 = _figure(r.p50_ms, ".2f") + ("[yellow]?[/]" if r.unreliable else "")
+        throughput = r.throughput or 0.0
         per_s = f"{throughput:,.0f}" if throughput >= 100 else f"{throughput:.1f}"
-        table.add_row(shown, escape(r["engine"]), p50, spread, f"{r['p99_ms']:.2f}", per_s,
-                      *([speed] if ratios else []))
+        table.add_row(shown, escape(r.engine), p50, _figure(r.spread, ".0%"),
+                      _figure(r.p99_ms, ".2f"), per_s, *([speed] if ratios else []))
     return table
 
 
-def untimed_notes(rows: list[dict[str, Any]]) -> list[str]:
+def untimed_notes(rows: Sequence[BenchRow]) -> list[str]:
     """One line per runtime and reason of the rows not timed (skipped or failed), with the
     corners they cover: ``PyTorch eager: skipped at every corner: not asked for``."""
-    corners = {(r["profile"], r["corner"]) for r in rows}
+    corners = {(r.profile, r.corner) for r in rows}
     grouped: dict[tuple[str, str, str], list[str]] = {}
     for r in rows:
-        if r["status"] != "ok":
-            key = (r["engine"], r["status"], r["reason"])
-            grouped.setdefault(key, []).append(f"p{r['profile']} {r['corner']}")
+        if r.status != "ok":
+            grouped.setdefault((r.engine, r.status, r.reason), []).append(
+                f"p{r.profile} {r.corner}")
     return [f"{engine}: {status} at "
             f"{'every corner' if len(where) == len(corners) else ', '.join(where)}: {reason}"
             for (engine, status, reason), where in grouped.items()]
 
 
-def unreliable_notes(rows: list[dict[str, Any]]) -> list[str]:
+def unreliable_notes(rows: Sequence[BenchRow]) -> list[str]:
     """One line per row marked ``?``: which row, and why its timing is not to be trusted."""
-    return [f"p{r['profile']} {r['corner']} {r['engine']}: {r['unreliable']}"
-            for r in rows if r.get("status") == "ok" and r.get("unreliable")]
+    return [f"p{r.profile} {r.corner} {r.engine}: {r.unreliable}"
+            for r in rows if r.status == "ok" and r.unreliable]
 
 
-def served_table(served: dict[str, Any]) -> Table:
-    table = Table(title=f"served through Triton at {served['url']} (perf_analyzer)")
+def served_table(served: ServedResult) -> Table:
+    table = Table(title=f"served through Triton at {served.url} (perf_analyzer)")
     for col in ("model", "backend", "batching", "corner", "batch", "concurrency", "infer/s",
                 "p50 ms", "p99 ms"):
         table.add_column(col, justify="right" if col in ("batch", "concurrency", "infer/s",
                                                          "p50 ms", "p99 ms") else "left")
-    for r in served["rows"]:
-        table.add_row(r["model"], r["backend"], r["batching"], str(r["corner"]), str(r["batch"]),
-                      str(r["concurrency"]), f"{r['throughput']:,.1f}", f"{r['p50_ms']:.2f}",
-                      f"{r['p99_ms']:.2f}")
+    for r in served.rows:
+        table.add_row(r.model, r.backend, r.batching, str(r.corner), str(r.batch),
+                      str(r.concurrency), f"{r.throughput:,.1f}", f"{r.p50_ms:.2f}",
+                      f"{r.p99_ms:.2f}")
     return table
 
 
@@ -267,7 +271,7 @@ def print_benchmark(measured: BenchOutcome, out_dir: Path) -> None:
                   f"{result.seconds_per_row:g} s per row in {SLICES} rounds taken in rotation; "
                   f"load average {m['load_average']}", markup=False)
         out.print(f"threads: {result.thread_policy}", markup=False)
-        rows = (measured.report.benchmark or {})["rows"]
+        rows = result.rows
         out.print(benchmark_table(rows))
         for line in untimed_notes(rows):
             out.print(escape(line))

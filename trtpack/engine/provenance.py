@@ -10,10 +10,9 @@ whether an engine can run on a given machine.
 from __future__ import annotations
 
 import json
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import UnionType
-from typing import Any, TypedDict, Union, get_args, get_origin, get_type_hints, is_typeddict
+from typing import TypedDict
 
 from trtpack.engine.builder import BuilderOptions
 from trtpack.engine.triton_release import (
@@ -22,6 +21,7 @@ from trtpack.engine.triton_release import (
     tensorrt_loads,
     triton_serving,
 )
+from trtpack.json_values import JsonObject, record_from_json
 from trtpack.machine.targets import AMPERE, same_device_model
 from trtpack.model_io import ModelIO, TensorIO
 from trtpack.onnx_tools.files import data_path, sha256_file
@@ -75,7 +75,7 @@ class EngineProvenance:
     onnx_data_sha256: str | None = None
     built_at: str = ""
     build_seconds: float | None = None
-    timing_cache: dict[str, Any] = field(default_factory=dict)  # the engine stage's record
+    timing_cache: JsonObject = field(default_factory=dict)  # the engine stage's record
     trtexec: str = ""
     # which Triton serves it (at build time; {} in files written before it was recorded)
     triton: TritonServingRecord = field(default_factory=TritonServingRecord)
@@ -127,45 +127,11 @@ class EngineProvenance:
     def from_dict(cls, data: object) -> EngineProvenance:
         """The provenance in ``data`` (a parsed JSON object); a ``ValueError`` naming the
         field when one is missing or of the wrong JSON type (unknown fields are ignored)."""
-        if not isinstance(data, dict):
-            raise ValueError(f"expected a JSON object, got {type(data).__name__}")
-        hints = get_type_hints(cls)
-        values = {}
-        for f in fields(cls):
-            if f.name not in data:
-                if f.default is MISSING and f.default_factory is MISSING:
-                    raise ValueError(f"field '{f.name}' is missing")
-                continue
-            if not json_type_matches(data[f.name], hints[f.name]):
-                raise ValueError(f"field '{f.name}' is {type(data[f.name]).__name__}, "
-                                 f"expected {hints[f.name]}")
-            values[f.name] = data[f.name]
-        return cls(**values)
+        return record_from_json(cls, data, "model.plan.json")
 
     @classmethod
     def load(cls, path: Path) -> EngineProvenance:
         return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
-
-
-def json_type_matches(value: object, hint: object) -> bool:
-    """Whether a parsed JSON value fits a field's type hint at the top level (``str``,
-    ``int``, ``float``, ``list[...]``, ``dict[...]``, a ``TypedDict``, ``Any``,
-    ``X | None``)."""
-    if hint is Any:
-        return True
-    origin = get_origin(hint)
-    if origin in (Union, UnionType):
-        return any(json_type_matches(value, h) for h in get_args(hint))
-    kind = origin or hint
-    if kind is type(None):
-        return value is None
-    if kind is float:
-        return type(value) in (int, float)
-    if kind is int:
-        return type(value) is int
-    if is_typeddict(kind):
-        return isinstance(value, dict)
-    return isinstance(kind, type) and isinstance(value, kind)
 
 
 def io_records(io: ModelIO) -> tuple[list[TensorRecord], list[TensorRecord]]:

@@ -14,9 +14,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from trtpack.engine.builder import BuilderOptions, BuilderSettings
+from trtpack.json_values import JsonValue, json_list, json_number, json_object
 from trtpack.machine.targets import Target
 from trtpack.runtimes.polygraphy_setup import ConfigKwargs, NetworkKwargs
 
@@ -178,14 +179,16 @@ def wording(version: str) -> str:
             "TensorRT on the GPU")
 
 
-def _corners(corners: Any) -> str:
-    return ":".join("x".join(str(d) for d in corner) for corner in corners)
+def _corners(corners: JsonValue, where: str) -> str:
+    return ":".join("x".join(str(d) for d in json_list(corner, where))
+                    for corner in json_list(corners, where))
 
 
-def record_lines(metrics: Mapping[str, Any]) -> list[str]:
+def record_lines(metrics: Mapping[str, JsonValue]) -> list[str]:
     """The compile check's record (its stage metrics in report.json) as plain lines: the
     wording, the builder, what it compiled for, the network's inputs with their profiles as
     the builder read them, the engine's size and sha256, or what was not checked."""
+    where = "the compile check's record"
     version = str(metrics.get("builder_version", "?"))
     lines = [wording(version) + "."]
     target = f"compute capability {metrics.get('compiled_for')}"
@@ -196,6 +199,23 @@ def record_lines(metrics: Mapping[str, Any]) -> list[str]:
     if metrics.get("not_checked"):
         lines.append(f"not checked: {metrics['not_checked']}")
         return lines
+    profiles = [json_object(p, f"{where}: profiles[{i}]") for i, p in
+                enumerate(json_list(metrics.get("profiles"), f"{where}: profiles"))]
+    for name, value in json_object(metrics.get("inputs"), f"{where}: inputs").items():
+        tensor = json_object(value, f"{where}: inputs.{name}")
+        ranges = " ".join(_corners(p[name], f"{where}: profiles.{name}")
+                          for p in profiles if name in p)
+        lines.append(f"input {name} {tensor.get('dtype')} {tensor.get('shape')}: "
+                     f"profiles {ranges or '-'}")
+    size = json_number(metrics.get("engine_bytes"), f"{where}: engine_bytes")
+    if size is not None:
+        lines.append(f"engine {size:,.0f} bytes ({size / 2**20:.1f} MB, not kept), sha256 "
+                     f"{str(metrics.get('engine_sha256'))[:16]}…, built in "
+                     f"{metrics.get('build_seconds')} s, peak {metrics.get('peak_memory_mb')} MB")
+    left_out = json_list(metrics.get("left_out"), f"{where}: left_out")
+    if left_out:
+        lines.append("left out (TensorRT-RTX lacks them): " + ", ".join(map(str, left_out)))
+    return lines
     profiles = metrics.get("profiles") or []
     for name, tensor in (metrics.get("inputs") or {}).items():
         ranges = " ".join(_corners(p[name]) for p in profiles if name in p)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from trtpack.engine.provenance import PLAN_FILENAME
 from trtpack.errors import UserInputError
+from trtpack.json_values import json_list, json_object, json_text
 from trtpack.machine.targets import is_gpu_target
 from trtpack.onnx_tools.files import data_path
 from trtpack.out_files import RECIPE_FILE, REPOSITORY
@@ -139,8 +140,12 @@ def served_model_file(report: BuildReport, root: Path, role: str = "model") -> P
     from the recorded artifacts (``Artifacts.served_model``)."""
     package = report.stage(PACKAGE_STAGE)
     if package is not None and SERVED in package.metrics:
-        return next((root / entry["file"] for entry in package.metrics[SERVED]
-                     if entry["role"] == role), None)
+        where = f"stages.package.{SERVED}"
+        for i, value in enumerate(json_list(package.metrics[SERVED], where)):
+            entry = json_object(value, f"{where}[{i}]")
+            if entry.get("role") == role:
+                return root / json_text(entry.get("file"), f"{where}[{i}].file")
+        return None
     artifacts = recorded_artifacts(report, root)
     if package is None or role != "model" or artifacts.onnx is None:
         return None

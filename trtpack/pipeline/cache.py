@@ -25,13 +25,13 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import trtpack
 from trtpack import __version__
+from trtpack.json_values import JsonObject, JsonValue
 from trtpack.onnx_tools.files import link_tree
 from trtpack.out_files import pid_is_live_build
-from trtpack.report import JsonObject
+from trtpack.pipeline.cache_records import entry_files
 from trtpack.stages.artifacts import Artifacts
 
 META = "trtpack-stage.json"
@@ -170,7 +170,7 @@ class Checked:
 class Loaded:
     """A cache lookup: the entry's metadata (a hit), or why the entry was discarded."""
 
-    meta: dict[str, Any] | None
+    meta: JsonObject | None
     discarded: str | None = None  # "CACHE/stages/export/KEY: model.onnx.data's content changed"
 
 
@@ -217,7 +217,7 @@ class StageCache:
         if not entry.exists():
             return Loaded(None)
         problem: str | None
-        meta: dict[str, Any] | None = None
+        meta: JsonObject | None = None
         try:
             meta = json.loads((entry / META).read_text())
             recorded = meta["files"] if isinstance(meta, dict) else None
@@ -291,12 +291,13 @@ class StageCache:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
 
-    def adopt(self, stage: str, key: str, tmp: Path, meta: Mapping[str, Any]) -> str | None:
+    def adopt(self, stage: str, key: str, tmp: Path, meta: Mapping[str, JsonValue]
+              ) -> str | None:
         """Make ``tmp`` (from ``temporary_entry``, its files under ``tmp/files``, e.g.
         downloaded from another machine) the entry of ``key``, once its files match the
         sizes and BLAKE3 ``meta["files"]`` records; else what differs (nothing is stored)."""
         started = time.time_ns()
-        problem = damage(tmp / "files", meta["files"])
+        problem = damage(tmp / "files", entry_files(meta, f"{stage}'s entry"))
         if problem is None:
             try:
                 self._seal(tmp, self._entry(stage, key), dict(meta), started)
@@ -305,14 +306,14 @@ class StageCache:
         return problem
 
     @staticmethod
-    def _seal(tmp: Path, entry: Path, meta: Mapping[str, Any], checked_at: int) -> None:
+    def _seal(tmp: Path, entry: Path, meta: Mapping[str, JsonValue], checked_at: int) -> None:
         """Finish the entry in ``tmp`` (its files hashed from ``checked_at`` on) and rename
         it into place: its files read-only, its metadata written last."""
         for f in (tmp / "files").rglob("*"):
             if f.is_file():  # shared by hard links with build folders: never edit in place
                 f.chmod(0o444)
         (tmp / META).write_text(json.dumps(meta, default=str))
-        Checked(tmp).record(tmp / "files", meta["files"], checked_at)
+        Checked(tmp).record(tmp / "files", entry_files(meta, str(entry)), checked_at)
         try:
             tmp.rename(entry)
         except OSError:  # another build stored the same key first: it stays

@@ -144,8 +144,8 @@ def estimate_corners(plan: BuildPlan) -> list[CornerEstimate]:
     model: run it in a process of its own, ``estimate_in_child``). A profile's max is at
     least its min and opt in every dimension (``shapes``' rule, as TensorRT's), and a model
     needs no less memory as its inputs grow: the max corner is the one that needs the most,
-    and tracing the other two (twice each, eager and as ONNX Runtime runs it) took 0.2 s of
-    minilm's 8 s build."""
+    and tracing the other two (twice each, eager and as ONNX Runtime runs it) is left out
+    (what it cost: benchmarks/README.md, "Figures behind design choices")."""
     corners = [(index, which, shapes) for index, profile in enumerate(plan.profiles)
                for which, shapes in profile.corners() if which == "max"]
     shape_list = [{n: list(s) for n, s in shapes.items()} for _, _, shapes in corners]

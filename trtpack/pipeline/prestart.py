@@ -2,10 +2,11 @@
 
 Before it starts the process of its first stage (``isolate.StageProcess``), a build imports
 its command line, resolves the recipe, checks the memory the profiles need and plans its
-stages: about half a second on 2 cores, and that process then spends 3 s importing torch and
-transformers (the export) before it can begin. ``prestart`` starts that process first, before
-the command line is even imported, so its imports run beside all of that. It needs no options
-to import: they come with ``StageProcess.prepare`` once the build has planned.
+stages, and that process then spends seconds importing torch and transformers (the export)
+before it can begin (the figures: benchmarks/README.md, "Figures behind design choices").
+``prestart`` starts that process first, before the command line is even imported, so its
+imports run beside all of that. It needs no options to import: they come with
+``StageProcess.prepare`` once the build has planned.
 
 Which stage: the export, unless MODEL names an ``.onnx`` file (the import stage); and only
 when the stage cache holds no entry of that stage at all (or ``--no-cache``): a rebuild
@@ -129,7 +130,7 @@ def option_value(argv: list[str], flag: str) -> str | None:
 def may_reuse(argv: list[str], stage: str) -> bool:
     """Whether the build may find ``stage`` in its stage cache: the cache it names holds any
     entry of that stage (a rebuild; then the process would only be ended at the plan, and
-    its imports take a core from the rebuild's own 0.8 s)."""
+    its imports take a core from a rebuild that takes under a second)."""
     from trtpack.machine.paths import default_cache_dir
     from trtpack.pipeline.cache import StageCache
 

@@ -33,12 +33,13 @@ import shutil
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from trtpack.json_values import JsonObject, json_object
 from trtpack.machine.object_store import READ_TIMEOUT_S, s3_client
 from trtpack.machine.paths import CacheUrl
 from trtpack.pipeline.cache import META, StageCache
+from trtpack.pipeline.cache_records import entry_files
 
 BOTO3_INSTALL = "pip install 'trtpack[remote-cache]' (boto3)"
 # tests: SIGKILL this process id (the test's object store) once an entry's first blob is up:
@@ -79,11 +80,12 @@ class RemoteEntry:
 
     stage: str
     key: str
-    meta: dict[str, Any]
+    meta: JsonObject
 
     @property
-    def files(self) -> dict[str, list[Any]]:
-        return dict(self.meta["files"])
+    def files(self) -> dict[str, tuple[int, str]]:
+        """Its files (relative path -> (size, BLAKE3)), checked when it was found."""
+        return entry_files(self.meta, f"{self.stage}'s remote entry")
 
 
 class RemoteCache:
@@ -136,17 +138,12 @@ class RemoteCache:
             self._fail(f"reading {stage}'s entry", e)
             return None
         try:
-            meta = json.loads(body)
-            if not isinstance(meta, dict) or not isinstance(meta.get("files"), dict):
-                raise ValueError("no file list")
-            for rel, (size, digest) in meta["files"].items():
-                if not isinstance(size, int) or not isinstance(digest, str) \
-                        or Path(rel).is_absolute() or ".." in Path(rel).parts:
-                    raise ValueError(rel)
+            meta = json_object(json.loads(body), f"{stage}'s remote entry")
+            entry_files(meta, f"{stage}'s remote entry")
         except (ValueError, TypeError):
             self._damaged.add((stage, key))
             return None
-        return RemoteEntry(stage, key, meta)
+        return RemoteEntry(stage, key, dict(meta))
 
     def fetch(self, entry: RemoteEntry) -> str | None:
         """Download ``entry`` into the local cache, checked against its manifest's hashes
@@ -194,7 +191,7 @@ class RemoteCache:
         entry = self.local.entry_path(stage, key)
         try:
             meta_bytes = (entry / META).read_bytes()
-            files: dict[str, list[Any]] = json.loads(meta_bytes)["files"]
+            files = entry_files(json.loads(meta_bytes), f"{stage}'s entry")
         except (OSError, ValueError, KeyError, TypeError):
             return  # not stored locally (a full disk): nothing to share
         replace = (stage, key) in self._damaged

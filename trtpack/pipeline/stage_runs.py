@@ -21,11 +21,13 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from trtpack.errors import StageError, StageKilledError, TrtpackError, no_space_cause
+from trtpack.json_values import json_object
 from trtpack.options import BuildPlan
 from trtpack.out_files import ARTIFACTS
 from trtpack.pipeline import keys, prestart
 from trtpack.pipeline.build_folder import artifact_records
 from trtpack.pipeline.cache import StageCache, relative_artifacts, stage_key
+from trtpack.pipeline.cache_records import EntryRecord
 from trtpack.pipeline.faults import killed_message, oom_kills
 from trtpack.pipeline.isolate import HeadStart, StageProcess
 from trtpack.pipeline.stage import STAGES, Stage
@@ -107,7 +109,8 @@ class StageRuns:
                 remote = self.remote.lookup(stage.name, upstream)
             made = None
             if remote is not None:
-                made = frozenset(remote.meta.get("artifacts", {}))
+                made = frozenset(json_object(remote.meta.get("artifacts"),
+                                             f"{stage.name}'s remote entry: artifacts"))
             elif cached and self.remote is not None:
                 made = self.cache.artifact_names(stage.name, upstream)
             planned.append(PlannedStage(stage, module, upstream, cached or remote is not None,
@@ -161,8 +164,9 @@ class StageRuns:
             stage_dir = work / ARTIFACTS / p.stage.name
             loaded = self.cache.load(p.stage.name, p.key, stage_dir)
             if loaded.meta is not None:
+                record = EntryRecord.from_meta(loaded.meta, f"{p.stage.name}'s cache entry")
                 fetched[p.stage.name] = Artifacts.from_named(
-                    {name: stage_dir / rel for name, rel in loaded.meta["artifacts"].items()})
+                    {name: stage_dir / rel for name, rel in record.artifacts.items()})
         return fetched
 
     def start_ahead(self, current: PlannedStage, logs: Path) -> None:
@@ -263,21 +267,21 @@ class StageRuns:
         started = time.perf_counter()
         key = plan.key
         if plan.remote is not None:
-            meta = plan.remote.meta
+            record = EntryRecord.from_meta(plan.remote.meta, f"{stage.name}'s remote entry")
             made = Artifacts()
             records: list[Artifact] = []
         else:
             loaded = self.cache.load(stage.name, key, stage_dir)
             if loaded.meta is None:
                 return None, loaded.discarded
-            meta = loaded.meta
+            record = EntryRecord.from_meta(loaded.meta, f"{stage.name}'s cache entry")
             self.cache.touch(stage.name, key)
             if self.remote is not None:  # an entry made here before: shared now
                 self._pending.append(self._records.submit(self.remote.publish, stage.name, key))
             made = Artifacts.from_named({name: stage_dir / rel
-                                         for name, rel in meta["artifacts"].items()})
-            records = [Artifact(**a) for a in meta["records"]]
-        result = StageResult(**meta["result"])
+                                         for name, rel in record.artifacts.items()})
+            records = record.records
+        result = record.result
         result.artifacts = records
         if plan.remote is not None:
             result.message += " (in the remote cache; not downloaded: nothing that ran " \
@@ -286,8 +290,7 @@ class StageRuns:
         result.ran_seconds = result.seconds  # entries are stored from stages that ran
         result.seconds = time.perf_counter() - started
         result.peak_memory_mb = None
-        return (result, [VerificationRow(**r) for r in meta.get("verification", [])],
-                made), None
+        return (result, record.verification, made), None
 
     def execute(self, stage: Stage, plan: PlannedStage, stage_dir: Path,
                  artifacts: Artifacts, work: Path, log_path: Path

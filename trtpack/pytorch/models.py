@@ -213,8 +213,8 @@ def model_config(recipe: Recipe, from_hub: bool = False) -> PretrainedConfig:
     if recipe.config:
         cfg = dict(recipe.config)
         model_type = cfg.pop("model_type", None)
-        if model_type is None:
-            raise UserInputError(f"recipe {recipe.name}: config needs 'model_type'")
+        if not isinstance(model_type, str):
+            raise UserInputError(f"recipe {recipe.name}: config needs 'model_type' (a name)")
         return AutoConfig.for_model(model_type, **cfg)
     if from_hub and recipe.source.hf_id:
         try:
@@ -277,13 +277,14 @@ def with_head_and_pooling(recipe: Recipe, module: PreTrainedModel) -> torch.nn.M
 def random_weight_bytes(recipe: Recipe) -> int | None:
     """Bytes of the parameters a ``--random-weights`` build of ``recipe`` makes, counted on
     PyTorch's meta device (nothing allocated); None when the recipe has no ``config``."""
-    if not recipe.config or "model_type" not in recipe.config:
+    cfg = dict(recipe.config)
+    model_type = cfg.pop("model_type", None)
+    if not isinstance(model_type, str):
         return None
     import torch
     from transformers import AutoConfig
 
-    cfg = dict(recipe.config)
-    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    config = AutoConfig.for_model(model_type, **cfg)
     with torch.device("meta"):
         module = model_module(recipe, config)
     return sum(p.numel() * p.element_size() for p in module.parameters())

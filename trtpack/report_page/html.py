@@ -17,10 +17,9 @@ import html
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from trtpack.out_files import REPORT_PAGE
-from trtpack.report import REPORT, BuildReport
+from trtpack.report import REPORT, BenchRow, BuildReport
 from trtpack.report_page.charts import stage_chart
 from trtpack.report_page.compile_check import compile_check_section
 from trtpack.report_page.sections import (
@@ -81,11 +80,12 @@ def _profiles(profiles: Sequence[str]) -> str:
     return ", ".join(shown)
 
 
-def speedup_cards(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+def speedup_cards(rows: Sequence[BenchRow]) -> list[tuple[str, str]]:
     """The header's "served vs PyTorch" range, from the corners whose ratio can be trusted
     (``speedup_unreliable`` empty); the others are counted, never shown as a fact."""
-    served = [r for r in rows if r.get("runtime") == "served" and r.get("speedup_vs_pytorch")]
-    sure = [r["speedup_vs_pytorch"] for r in served if not r.get("speedup_unreliable")]
+    served = [r for r in rows if r.runtime == "served" and r.speedup_vs_pytorch]
+    sure = [r.speedup_vs_pytorch for r in served
+            if r.speedup_vs_pytorch is not None and not r.speedup_unreliable]
     doubtful = len(served) - len(sure)
     left_out = f" ({doubtful} unstable corner{'s' * (doubtful > 1)} left out)" \
         if doubtful else ""
@@ -112,8 +112,8 @@ def render_report_html(report: BuildReport, out: Path) -> str:
     ]
     if reused:
         cards.append((f"{len(reused)} of {len(done)}", "stages from the cache"))
-    bench = report.benchmark or {}
-    cards += speedup_cards(bench.get("rows", []))
+    bench, served = report.benchmark_result(), report.served_result()
+    cards += speedup_cards(bench.rows if bench is not None else [])
     card_html = "".join(f"<div class='card'><b>{html.escape(v)}</b><span>{k}</span></div>"
                         for v, k in cards)
     took = f", {sum(ran):.1f} s when they ran" if len(ran) == len(reused) else ""
@@ -131,7 +131,7 @@ def render_report_html(report: BuildReport, out: Path) -> str:
                   for s in report.stages]
     held_out = " and on held-out data" if any(r.profile < 0 for r in report.verification) \
         else ""
-    bench_html = benchmark_section(bench) if bench else (
+    bench_html = benchmark_section(bench, served) if bench or served else (
         '<p class="muted">Not measured yet: run <code>trtpack bench '
         f'{html.escape(report.out_dir)}</code> (or build with <code>--bench</code>).</p>')
     return f"""<!DOCTYPE html>

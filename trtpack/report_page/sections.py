@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from trtpack.report import BuildReport, int8_weight_layers, shown_metric
+from trtpack.json_values import JsonValue, json_list, json_number, json_object, json_text
+from trtpack.report import (
+    BenchmarkResult,
+    BuildReport,
+    ServedResult,
+    int8_weight_layers,
+    shown_metric,
+)
 from trtpack.report_page.charts import (
     benchmark_chart,
     sensitivity_chart,
@@ -147,70 +154,67 @@ def verification_table(report: BuildReport) -> str:
     return note + table_html(headers, body, numeric, "verification", wrapped)
 
 
-def benchmark_section(bench: dict[str, Any]) -> str:
+def benchmark_section(result: BenchmarkResult | None, served: ServedResult | None) -> str:
+    """What ``trtpack bench`` measured: the runtimes' rows, served throughput through Triton."""
     parts = []
-    rows = bench.get("rows") or []
-    if rows:
-        m = bench.get("machine") or {}
+    rows = result.rows if result is not None else []
+    if result is not None and rows:
+        m = result.machine
         gpu = f", GPU {m['gpu']}" if m.get("gpu") else ", no GPU"
-        load = m.get("load_average")
         parts.append(
             f'<p class="muted">{html.escape(str(m.get("cpu", "?")))}, '
-            f'{m.get("logical_cores")} cores{html.escape(gpu)}; {bench.get("threads")} threads, '
-            f'{bench.get("seconds_per_row")} s per row after warm-up; load average '
-            f'{load}; measured {html.escape(str(bench.get("measured_at", "")))}.</p>')
+            f'{m.get("logical_cores")} cores{html.escape(gpu)}; {result.threads} threads, '
+            f'{result.seconds_per_row} s per row after warm-up; load average '
+            f'{m.get("load_average")}; measured {html.escape(result.measured_at)}.</p>')
         parts.append(benchmark_chart(rows))
         body = []
         for r in rows:
-            status = "" if r["status"] == "ok" else \
-                f'<span class="pill">{html.escape(r["status"])}</span> ' \
-                f'<span class="muted">{html.escape(r["reason"])}</span>'
-            speed = "" if r.get("speedup_vs_pytorch") is None else \
-                f"{r['speedup_vs_pytorch']:.2f}×"
-            if speed and r.get("speedup_unreliable"):
+            status = "" if r.status == "ok" else \
+                f'<span class="pill">{html.escape(r.status)}</span> ' \
+                f'<span class="muted">{html.escape(r.reason)}</span>'
+            speed = "" if r.speedup_vs_pytorch is None else f"{r.speedup_vs_pytorch:.2f}×"
+            if speed and r.speedup_unreliable:
                 speed = (f'<span class="warn-text" title="'
-                         f'{html.escape(r["speedup_unreliable"])}">{speed}?</span>')
-            p50 = number_cell(r.get("p50_ms"), ".2f")
-            if r.get("spread") is not None:
-                p50 += f' <span class="muted">spread {r["spread"]:.0%}</span>'
-            if r.get("unreliable"):
-                p50 += f' <span class="warn-text" title="{html.escape(r["unreliable"])}">?</span>'
-            body.append([html.escape(r["engine"]), f"p{r['profile']} {html.escape(r['corner'])}",
-                         f"<code>{html.escape(short_shape(r['shapes']))}</code>", p50,
-                         number_cell(r.get("p90_ms"), ".2f"),
-                         number_cell(r.get("p99_ms"), ".2f"),
-                         number_cell(r.get("throughput"), ",.1f"),
-                         r.get("iterations") or "", speed + status])
+                         f'{html.escape(r.speedup_unreliable)}">{speed}?</span>')
+            p50 = number_cell(r.p50_ms, ".2f")
+            if r.spread is not None:
+                p50 += f' <span class="muted">spread {r.spread:.0%}</span>'
+            if r.unreliable:
+                p50 += f' <span class="warn-text" title="{html.escape(r.unreliable)}">?</span>'
+            body.append([html.escape(r.engine), f"p{r.profile} {html.escape(r.corner)}",
+                         f"<code>{html.escape(short_shape(r.shapes))}</code>", p50,
+                         number_cell(r.p90_ms, ".2f"), number_cell(r.p99_ms, ".2f"),
+                         number_cell(r.throughput, ",.1f"), r.iterations or "",
+                         speed + status])
         parts.append(table_html(["runtime", "corner", "shape", "p50 ms", "p90 ms", "p99 ms",
                              "samples/s", "runs", "vs PyTorch"], body, [3, 4, 5, 6, 7],
                             "benchmark"))
-        if bench.get("thread_policy"):
-            rounds = max(r.get("rounds") or 0 for r in rows)
+        if result.thread_policy:
+            rounds = max(r.rounds for r in rows)
             parts.append(f'<p class="muted">p50 and the spread of its {rounds} rounds&#39; '
                          "medians ((max − min) / median), the runtimes timed in rotation; "
-                         f'threads: {html.escape(bench["thread_policy"])}.</p>')
+                         f'threads: {html.escape(result.thread_policy)}.</p>')
         for r in rows:
-            if r.get("status") == "ok" and r.get("unreliable"):
-                parts.append(f'<p class="warn">? p{r["profile"]} {html.escape(r["corner"])} '
-                             f'{html.escape(r["engine"])}: {html.escape(r["unreliable"])}; '
+            if r.status == "ok" and r.unreliable:
+                parts.append(f'<p class="warn">? p{r.profile} {html.escape(r.corner)} '
+                             f'{html.escape(r.engine)}: {html.escape(r.unreliable)}; '
                              "its figures and every ratio against it are not to be trusted."
                              "</p>")
-        for note in bench.get("notes") or []:
+        for note in result.notes:
             parts.append(f'<p class="warn">{html.escape(note)}</p>')
-    served = bench.get("served")
-    if served:
+    if served is not None and served.rows:
         parts.append("<h3>Served through Triton (perf_analyzer)</h3>")
         parts.append(served_chart(served))
-        body = [[html.escape(r["model"]), html.escape(r["backend"]), html.escape(r["batching"]),
-                 html.escape(str(r["corner"])), r["batch"], r["concurrency"],
-                 number_cell(r["throughput"], ",.1f"), number_cell(r["p50_ms"], ".2f"),
-                 number_cell(r["p99_ms"], ".2f")] for r in served.get("rows", [])]
+        body = [[html.escape(r.model), html.escape(r.backend), html.escape(r.batching),
+                 html.escape(str(r.corner)), r.batch, r.concurrency,
+                 number_cell(r.throughput, ",.1f"), number_cell(r.p50_ms, ".2f"),
+                 number_cell(r.p99_ms, ".2f")] for r in served.rows]
         parts.append(table_html(["model", "backend", "batching", "corner", "batch", "concurrency",
                              "infer/s", "p50 ms", "p99 ms"], body, [4, 5, 6, 7, 8], "served"))
     return "".join(parts)
 
 
-def int8_search_metrics(report: BuildReport) -> dict[str, Any] | None:
+def int8_search_metrics(report: BuildReport) -> Mapping[str, JsonValue] | None:
     """The Q/DQ search's metrics: the precision stage's, or (``--target cpu``, where it runs
     only when the first CPU INT8 form fails) the CPU model stage's; None where it did not
     run."""
@@ -221,52 +225,66 @@ def int8_search_metrics(report: BuildReport) -> dict[str, Any] | None:
     cpu = report.stage("cpu_model")
     search = cpu.metrics.get("search") if cpu is not None and cpu.status != "skipped" \
         else None
-    return search if isinstance(search, dict) and search.get("precision") == "int8" else None
+    return search if isinstance(search, Mapping) and search.get("precision") == "int8" else None
 
 
 def int8_section(report: BuildReport) -> str:
     m = int8_search_metrics(report)
     if m is None:
         return ""
-    kept = list(m.get("excluded_by_fallback") or [])
-    hints = m.get("excluded_node_hints") or {}
-    low = m.get("low_precision") or {}
-    search = m.get("fallback") or {}
+    where = "the INT8 search's metrics"
+    kept = [json_text(n, f"{where}: excluded_by_fallback[{i}]") for i, n in
+            enumerate(json_list(m.get("excluded_by_fallback"), f"{where}: excluded_by_fallback"))]
+    hints = json_object(m.get("excluded_node_hints"), f"{where}: excluded_node_hints")
+    low = json_object(m.get("low_precision"), f"{where}: low_precision")
+    search = json_object(m.get("fallback"), f"{where}: fallback")
     parts = ["<section id='int8'><h2>INT8: what was quantized</h2>"]
     if low:
+        share = json_number(low.get("matmul_gemm_share"), f"{where}: matmul_gemm_share") or 0.0
         parts.append(f"<p>{low.get('matmul_gemm_low_precision')}/{low.get('matmul_gemm_nodes')}"
-                     f" MatMul/Gemm nodes run in INT8 ({low.get('matmul_gemm_share', 0):.0%}); "
+                     f" MatMul/Gemm nodes run in INT8 ({share:.0%}); "
                      f"{len(kept)} kept in {html.escape(str(m.get('high_precision')))} by the "
-                     f"fallback search. {_before_after(m)}</p>")
-    splits = {k: v for k, v in (m.get("splits") or {}).items() if v}
+                     f"fallback search. {_before_after(m, where)}</p>")
+    splits = {name: json_object(v, f"{where}: splits.{name}") for name, v in
+              json_object(m.get("splits"), f"{where}: splits").items() if v}
     if splits:
         parts.append(table_html(
             ["split", "samples", "worst sample", "mean", "worst sample's text", "result"],
-            [[html.escape(name), v.get("samples", ""), number_cell(v.get("worst"), ".4f"),
-              number_cell(v.get("mean"), ".4f"), html.escape(str(v.get("worst_text") or "")),
+            [[html.escape(name), v.get("samples", ""),
+              number_cell(json_number(v.get("worst"), f"{where}: splits.{name}.worst"), ".4f"),
+              number_cell(json_number(v.get("mean"), f"{where}: splits.{name}.mean"), ".4f"),
+              html.escape(str(v.get("worst_text") or "")),
               '<span class="pass">pass</span>' if v.get("passed") else
               '<span class="fail">FAIL</span>'] for name, v in splits.items()],
             [1, 2, 3], "int8-splits", wrapped=[4]))
-    parts.append(sensitivity_chart(search, set(kept)))
+    parts.append(sensitivity_chart(search, set(kept), f"{where}: fallback"))
     if kept:
         parts.append(table_html(["kept node", "what it is"],
-                            [[f"<code>{html.escape(n)}</code>", html.escape(hints.get(n, ""))]
-                             for n in kept], table_id="kept-layers"))
+                            [[f"<code>{html.escape(n)}</code>",
+                              html.escape(str(hints.get(n) or ""))] for n in kept],
+                            table_id="kept-layers"))
     parts.append("</section>")
     return "".join(parts)
 
 
-def _before_after(m: dict[str, Any]) -> str:
+def _before_after(m: Mapping[str, JsonValue], where: str) -> str:
     """The worst sample before and after the fallback search (the precision stage's
     ``AttemptSummary`` of each: at the profile corners, and on the search split)."""
-    before, after = m.get("before") or {}, m.get("after") or {}
+    before = json_object(m.get("before"), f"{where}: before")
+    after = json_object(m.get("after"), f"{where}: after")
+
+    def worst(summary: Mapping[str, JsonValue], key: str, which: str) -> float | None:
+        return json_number(summary.get(key), f"{where}: {which}.{key}")
+
     text = ("Worst sample at the profile corners before / after the fallback search: "
-            f"<b id='worst-before'>{number_cell(before.get('worst_metric'), '.4f')}</b> / "
-            f"<b id='worst-after'>{number_cell(after.get('worst_metric'), '.4f')}</b>")
-    if before.get("search_worst_metric") is not None or \
-            after.get("search_worst_metric") is not None:
-        text += (f" (search split {number_cell(before.get('search_worst_metric'), '.4f')} / "
-                 f"{number_cell(after.get('search_worst_metric'), '.4f')})")
+            f"<b id='worst-before'>{number_cell(worst(before, 'worst_metric', 'before'), '.4f')}"
+            f"</b> / <b id='worst-after'>"
+            f"{number_cell(worst(after, 'worst_metric', 'after'), '.4f')}</b>")
+    search_before = worst(before, "search_worst_metric", "before")
+    search_after = worst(after, "search_worst_metric", "after")
+    if search_before is not None or search_after is not None:
+        text += (f" (search split {number_cell(search_before, '.4f')} / "
+                 f"{number_cell(search_after, '.4f')})")
     return text + "."
 
 
@@ -277,39 +295,56 @@ def cpu_model_section(report: BuildReport) -> str:
     if stage is None or stage.status != "ok":
         return ""
     m = stage.metrics
+    where = "the CPU model stage's metrics"
     fused = ", ".join(f"{n} {html.escape(op)}" for op, n in
-                      (m.get("fused_operators") or {}).items() if n) or "nothing fused"
+                      json_object(m.get("fused_operators"), f"{where}: fused_operators").items()
+                      if n) or "nothing fused"
     parts = ["<section id='cpu-model'><h2>CPU model (ONNX Runtime)</h2>",
              f"<p>Served form: <b>{html.escape(str(m.get('form')))}</b>. Fused: {fused} "
              f"({m.get('nodes_before')} → {m.get('nodes_after')} nodes).</p>"]
     if m.get("int8_form"):
-        kernels = ", ".join(f"{n} {html.escape(op)}" for op, n in
-                            (m.get("integer_kernels") or {}).items()) or "none"
-        kept = ", ".join(html.escape(n) for n in m.get("kept_fp32_layers") or []) or "none"
+        kernels = ", ".join(f"{n} {html.escape(op)}" for op, n in json_object(
+            m.get("integer_kernels"), f"{where}: integer_kernels").items()) or "none"
+        kept = ", ".join(html.escape(str(n)) for n in json_list(
+            m.get("kept_fp32_layers"), f"{where}: kept_fp32_layers")) or "none"
         parts.append(f"<p>INT8 form: {html.escape(str(m['int8_form']))}; "
                      f"{html.escape(str(int8_weight_layers(m)))} weight layers "
                      "(Conv/MatMul/Gemm) INT8; "
                      f"integer kernels in the graph ONNX Runtime runs: {kernels}; kept in "
                      f"FP32: {kept}.</p>")
-    auto = m.get("auto")
+    auto = json_object(m.get("auto"), f"{where}: auto")
     if auto:
-        candidates = auto.get("candidates") or []
-        corners = list((candidates[0].get("p50_ms") or {}) if candidates else [])
-        rows = [[("<b>" if c["name"] == auto["winner"] else "") + html.escape(c["name"])
-                 + ("</b>" if c["name"] == auto["winner"] else ""),
-                 number_cell(c.get("worst"), ".4f"),
-                 '<span class="pass">pass</span>' if c.get("passed") else
-                 '<span class="fail">FAIL</span>',
-                 *[f"{c['p50_ms'][k]:.2f} (±{c['spread'][k]:.0%})" for k in corners]]
-                for c in candidates]
-        parts.append("<h3>--precision auto: accuracy against latency</h3>")
-        parts.append(table_html(["candidate", "worst sample", "gates",
-                             *[f"p50 ms {html.escape(k)}" for k in corners]], rows,
-                            [1, *range(3, 3 + len(corners))], "auto-precision"))
-        parts.append(f"<p>Served: <b>{html.escape(auto['winner'])}</b>: "
-                     f"{html.escape(auto['reason'])}.</p>")
+        parts += _auto_choice(auto, f"{where}: auto")
     parts.append("</section>")
     return "".join(parts)
+
+
+def _auto_choice(auto: Mapping[str, JsonValue], where: str) -> list[str]:
+    """--precision auto's table: each candidate's worst sample, gates and p50 per corner."""
+    winner = json_text(auto.get("winner"), f"{where}.winner")
+    candidates = [json_object(c, f"{where}.candidates[{i}]") for i, c in
+                  enumerate(json_list(auto.get("candidates"), f"{where}.candidates"))]
+    corners = list(json_object(candidates[0].get("p50_ms"), f"{where}.candidates[0].p50_ms")
+                   if candidates else [])
+    rows = []
+    for i, c in enumerate(candidates):
+        at = f"{where}.candidates[{i}]"
+        name = html.escape(json_text(c.get("name"), f"{at}.name"))
+        p50 = json_object(c.get("p50_ms"), f"{at}.p50_ms")
+        spread = json_object(c.get("spread"), f"{at}.spread")
+        timings = [f"{json_number(p50.get(k), f'{at}.p50_ms.{k}') or 0.0:.2f} "
+                   f"(±{json_number(spread.get(k), f'{at}.spread.{k}') or 0.0:.0%})"
+                   for k in corners]
+        rows.append([f"<b>{name}</b>" if c.get("name") == winner else name,
+                     number_cell(json_number(c.get("worst"), f"{at}.worst"), ".4f"),
+                     '<span class="pass">pass</span>' if c.get("passed") else
+                     '<span class="fail">FAIL</span>', *timings])
+    return ["<h3>--precision auto: accuracy against latency</h3>",
+            table_html(["candidate", "worst sample", "gates",
+                        *[f"p50 ms {html.escape(k)}" for k in corners]], rows,
+                       [1, *range(3, 3 + len(corners))], "auto-precision"),
+            f"<p>Served: <b>{html.escape(winner)}</b>: "
+            f"{html.escape(json_text(auto.get('reason'), f'{where}.reason'))}.</p>"]
 
 
 def artifacts_table(report: BuildReport) -> str:

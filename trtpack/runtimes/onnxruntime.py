@@ -53,13 +53,10 @@ PREPACK_FROM_ROWS = 4096
 def few_runs_prepacked(feeds: Iterable[Mapping[str, np.ndarray]]) -> bool:
     """Whether a session run once on each of ``feeds`` should pre-pack its weights after all.
     ONNX Runtime packs each MatMul/Gemm weight once when the session is made (about one pass
-    over the weights) and each run is then about 10% faster per row (2 threads: 180 against
-    163 GFLOP/s on a 16384x1024 @ 1024x4096 product). Both grow with the weights, so the rows
-    decide: at least ``PREPACK_FROM_ROWS`` over the runs, counted as each feed's largest
-    input's elements (tokens for a text model). Measured on bert-large FP32, 2 cores: its
-    design card (1x128, 16x128, 128x128) 82.1 -> 74.8 s, peak the same (3.2 GB);
-    1x16:4x64:8x128 (1,296 rows) 5.1 s either way, 7.6 s when the packing reads the weights
-    cold; minilm's profile (1,160 rows) 0.25 s either way."""
+    over the weights) and each run is then faster per row. Both grow with the weights, so the
+    rows decide: at least ``PREPACK_FROM_ROWS`` over the runs, counted as each feed's largest
+    input's elements (tokens for a text model); the figures behind the threshold are in
+    benchmarks/README.md, "Figures behind design choices"."""
     return sum(max((a.size for a in feed.values()), default=0) for feed in feeds) \
         >= PREPACK_FROM_ROWS
 

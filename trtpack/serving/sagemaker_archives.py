@@ -115,8 +115,9 @@ def add_tree(tar: tarfile.TarFile, folder: Path, arcname: str) -> None:
 
 def write_archive(repository: Path, models: list[str], path: Path,
                   compresslevel: int = 1) -> None:
-    """A tar.gz of model folders. Weights barely compress (level 1 saves ~10% on MiniLM at
-    ~25 MB/s on 2 cores; level 0 writes a stored gzip stream at disk speed)."""
+    """A tar.gz of model folders, at gzip level 1 by default: weights barely compress, and
+    level 0 writes a stored gzip stream at disk speed (the figures: benchmarks/README.md,
+    "Figures behind design choices")."""
     tmp = path.with_name(path.name + ".partial")
     with tmp.open("wb") as raw, \
             gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0,

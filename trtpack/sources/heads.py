@@ -158,7 +158,7 @@ def task_help() -> str:
 def suffix_heads() -> tuple[tuple[str, str], ...]:
     """(class-name suffix, task), longest suffix first (``WithLMHeadModel`` is fill-mask
     before ``LMHeadModel`` is text-generation): they say the head without transformers'
-    tables (which import torch, about 2 s); tests/sources/test_heads.py checks them against every
+    tables (which import torch); tests/sources/test_heads.py checks them against every
     class in those tables."""
     pairs = [(s, h.task) for h in REGISTRY.values() for s in h.suffixes]
     return tuple(sorted(pairs, key=lambda pair: -len(pair[0])))

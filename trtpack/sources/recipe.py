@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -22,6 +22,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from trtpack.errors import UserInputError
+from trtpack.json_values import JsonObject
 from trtpack.machine.targets import HardwareCompatibility
 from trtpack.shapes import TensorSpec
 from trtpack.sources.heads import tasks
@@ -304,7 +305,7 @@ class Recipe(_Strict):
         None, description="transformers class name; default by task (AutoModel, ...)"
     )
     source: Source
-    config: dict[str, Any] = Field(
+    config: JsonObject = Field(
         default_factory=dict,
         description="architecture config (transformers) used with --random-weights",
     )

@@ -23,7 +23,7 @@ import dataclasses
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from trtpack.cases import Case
 from trtpack.errors import AccuracyError
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     import onnx
 
     from trtpack.precision.calibration.data import CalibrationData
+    from trtpack.precision.cpu.fusion import GraphShape
     from trtpack.precision.cpu.int8 import CpuInt8Form
     from trtpack.verify.samples import Tokenizer
 
@@ -76,7 +77,7 @@ def verify_rows(ctx: StageContext, path: Path, cases: list[Case], check: str, pr
                          saved_tokenizer_text(ctx.artifacts.tokenizer, recipe))
 
 
-def serve_int8(ctx: StageContext, work: Path, source: Path, graph_shape: dict[str, Any],
+def serve_int8(ctx: StageContext, work: Path, source: Path, graph_shape: GraphShape,
                cases: list[Case]) -> ServedInt8:
     """The first CPU INT8 form that passes its gates (``--min-int8-share`` among them),
     else the searched Q/DQ graph (see the module docstring)."""

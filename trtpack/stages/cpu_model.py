@@ -16,7 +16,6 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from trtpack.cases import Case, load_cases
 from trtpack.onnx_tools.files import graph_summary, save_model
@@ -107,13 +106,15 @@ def fingerprint(plan: BuildPlan) -> JsonObject:
 def model_shape(ctx: StageContext) -> tuple[str | None, int | None, int | None]:
     """(model_type, attention heads, hidden size) from the model's config.json, else the
     recipe's config."""
-    config: dict[str, Any] = dict(ctx.plan.recipe.config)
+    config: JsonObject = dict(ctx.plan.recipe.config)
     path = ctx.artifacts.model_config
     if path is not None and path.is_file():
         config = {**config, **json.loads(path.read_text())}
     from trtpack.sources.architectures import attention_heads, config_hidden_size
 
-    return config.get("model_type"), attention_heads(config), config_hidden_size(config)
+    model_type = config.get("model_type")
+    return (model_type if isinstance(model_type, str) else None, attention_heads(config),
+            config_hidden_size(config))
 
 
 @dataclass

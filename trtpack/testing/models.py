@@ -38,7 +38,8 @@ def big_embedding_model() -> torch.nn.Module:
             self.vocab_size = vocab_size  # the range of realistic input_ids
             generator = torch.Generator().manual_seed(seed)
             # _weight skips nn.Embedding's own initialisation (one fill of 2.4 GB, not two);
-            # uniform_ fills it twice as fast as normal_ (3.4 s vs 7.6 s here)
+            # uniform_ fills it faster than normal_ (benchmarks/README.md, "Figures behind
+            # design choices")
             table = torch.empty(vocab_size, hidden_size).uniform_(-1.0, 1.0, generator=generator)
             self.embeddings = torch.nn.Embedding(vocab_size, hidden_size, _weight=table)
             self.projection = torch.nn.Linear(hidden_size, output_size)

@@ -45,7 +45,7 @@ def quiet_polygraphy() -> Iterator[None]:
     """Polygraphy logs to stdout; the library never prints, so silence it while in use.
 
     Also: polygraphy asks of every array whether it is a torch tensor by importing torch
-    (1.8 s and ~300 MB here, in processes that never use torch: verify, precision). An object
+    (seconds and hundreds of MB in processes that never use torch: verify, precision). An object
     can only be a torch tensor when torch is loaded already, so it asks that instead.
 
     And while it is silent, polygraphy's output statistics for its log are not computed:
@@ -247,9 +247,9 @@ def _per_output_results(accuracy: AccuracyResults) -> dict[str, OutputCompareRes
 def run_onnxruntime(model_path: Path, cases: Sequence[Case], threads: int | None = None
                     ) -> list[dict[str, np.ndarray]]:
     """Run an ONNX model on each case's inputs in ONNX Runtime (CPU). (Not through
-    polygraphy's runner: it imports torch, 1.8 s here, to ask whether each output is a torch
-    tensor.) The session is made for a few runs (``cpu_session``'s ``few_runs``), its
-    weights pre-packed when the runs are long (``few_runs_prepacked``)."""
+    polygraphy's runner: it imports torch to ask whether each output is a torch tensor.) The
+    session is made for a few runs (``cpu_session``'s ``few_runs``), its weights pre-packed
+    when the runs are long (``few_runs_prepacked``)."""
     from trtpack.runtimes.onnxruntime import cpu_session, few_runs_prepacked, run_session
 
     feeds = [c.inputs for c in cases]

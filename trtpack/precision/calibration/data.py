@@ -40,6 +40,7 @@ from trtpack.precision.calibration.text_batches import (
     token_ids_spec,
 )
 from trtpack.shapes import ShapeProfile
+from trtpack.sources import architectures
 from trtpack.sources.recipe import Recipe
 
 if TYPE_CHECKING:
@@ -130,7 +131,7 @@ def synthetic_feeds(recipe: Recipe, profiles: Sequence[ShapeProfile], samples: i
     """Random in-vocabulary inputs at every profile corner, cycled until ``samples`` rows."""
     from trtpack.verify.samples import make_inputs
 
-    vocab = vocab_size or int(recipe.config.get("vocab_size", 30522))
+    vocab = vocab_size or architectures.vocab_size(recipe.config)
     specs = recipe.input_specs()
     corners = [shapes for p in profiles for _, shapes in p.corners()]
     feeds: list[Feed] = []

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from trtpack.precision.cpu.kernels import MS_DOMAIN, split_skip_layer_norms
 
@@ -61,6 +61,17 @@ def optimizer_model_type(config_model_type: str | None) -> str | None:
 def fused_counts(model: onnx.ModelProto) -> dict[str, int]:
     ops = [n.op_type for n in model.graph.node]
     return {op: ops.count(op) for op in FUSED_OPERATORS}
+
+
+class GraphShape(TypedDict):
+    """What the fusion is told of the model (``cpu_graph``'s keywords): its config's model
+    type, attention heads and hidden size (None: read from the graph where it can), and the
+    graph input holding the 0/1 attention mask."""
+
+    config_model_type: str | None
+    num_heads: int | None
+    hidden_size: int | None
+    mask_input: str | None
 
 
 def cpu_graph(source: Path, *, config_model_type: str | None, num_heads: int | None,

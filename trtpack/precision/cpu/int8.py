@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from trtpack.cases import Case
 from trtpack.report import VerificationRow
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from trtpack.options import BuildPlan
     from trtpack.precision.calibration.data import CalibrationData
+    from trtpack.precision.cpu.fusion import GraphShape
     from trtpack.precision.cpu.outlier_channels import OutlierSplit
     from trtpack.verify.samples import TokenDecoder
 
@@ -62,7 +63,7 @@ class CpuInt8Form:
     outliers: list[OutlierSplit] = field(default_factory=list)
 
 
-def make_cpu_int8(name: str, source: Path, work: Path, out: Path, shape: Mapping[str, Any],
+def make_cpu_int8(name: str, source: Path, work: Path, out: Path, shape: GraphShape,
                   feeds: Sequence[Mapping[str, np.ndarray]], alpha: float | None,
                   producers: Sequence[str] | None, kept: Sequence[str]) -> CpuInt8Form:
     """``source`` (the FP32 model) smoothed (``alpha`` not None; ``producers`` limit the

@@ -43,8 +43,8 @@ def autocast_reference_inputs(cases: Sequence[Case], recipe: Recipe) -> dict[str
 
     The values it looks for (what would overflow FP16) are per token, not per batch, and the
     variant is verified at every corner afterwards, with the fallback behind that. AutoCast's
-    own reference run over every corner kept all their intermediate tensors in memory:
-    21 GB on bert-large."""
+    own reference run over every corner kept all their intermediate tensors in memory
+    (bert-large's figure: benchmarks/README.md, "Figures behind design choices")."""
     # the batch axis of each input that has one, wherever it is (a recurrent state carries
     # it second: [layers, batch, hidden]); all of them are cut to the same row
     batch_axis = {i.name: i.axes.index(BATCH_AXIS) for i in recipe.input_specs()

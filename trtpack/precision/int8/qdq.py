@@ -242,16 +242,18 @@ def insert_qdq(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto],
                 scale = _scale(np.asarray(fixed.get(t, calibration.absmax[t]),
                                           dtype=np.float32))
                 zero = np.zeros((), dtype=np.int8)
-            extra: dict[str, Any] = {"axis": axis} if axis is not None and scale.ndim else {}
+            per_channel = axis is not None and bool(scale.ndim)
             new_inits += [numpy_helper.from_array(scale, f"{t}_scale"),
                           numpy_helper.from_array(zero, f"{t}_zero_point")]
             q = helper.make_node("QuantizeLinear", [t, f"{t}_scale", f"{t}_zero_point"],
-                                 [f"{t}_QuantizeLinear_Output"], name=f"{t}_QuantizeLinear",
-                                 **extra)
+                                 [f"{t}_QuantizeLinear_Output"], name=f"{t}_QuantizeLinear")
             dq = helper.make_node("DequantizeLinear", [f"{t}_QuantizeLinear_Output",
                                                        f"{t}_scale", f"{t}_zero_point"],
                                   [f"{t}_DequantizeLinear_Output"],
-                                  name=f"{t}_DequantizeLinear", **extra)
+                                  name=f"{t}_DequantizeLinear")
+            if per_channel:  # the weight's channel axis, on both nodes
+                for made in (q, dq):
+                    made.attribute.append(helper.make_attribute("axis", axis))
             before.setdefault(id(node), []).extend([q, dq])
             pairs[t] = f"{t}_DequantizeLinear_Output"
     targets = {id(n) for n in nodes}
