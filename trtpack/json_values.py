@@ -87,6 +87,14 @@ def record_from_json(cls: type[Record], data: object, where: str) -> Record:
     return cls(**values)
 
 
+def records_from_json(cls: type[Record], values: object, where: str) -> list[Record]:
+    """A JSON array of ``cls`` records (null: none), each read by ``record_from_json`` and
+    named ``where[i]`` in an error."""
+    if values is not None and not isinstance(values, list):
+        raise ValueError(f"{where} is {json_kind(values)}, expected an array")
+    return [record_from_json(cls, value, f"{where}[{i}]") for i, value in enumerate(values or [])]
+
+
 def _hint_text(hint: object) -> str:
     if isinstance(hint, type):
         return hint.__name__

@@ -12,7 +12,7 @@ from typing import Literal, TypedDict
 
 from trtpack.json_values import JsonObject as JsonObject
 from trtpack.json_values import JsonValue as JsonValue
-from trtpack.json_values import record_from_json
+from trtpack.json_values import record_from_json, records_from_json
 from trtpack.onnx_tools.files import sha256_file
 
 REPORT = "report.json"  # every build folder's report, beside model_repository/
@@ -166,8 +166,7 @@ class BenchmarkResult:
     def from_json(cls, data: object, where: str = "benchmark") -> BenchmarkResult:
         """Read and checked (``record_from_json``), its rows too."""
         result = record_from_json(cls, data, where)
-        result.rows = [record_from_json(BenchRow, r, f"{where}.rows[{i}]")
-                       for i, r in enumerate(result.rows)]
+        result.rows = records_from_json(BenchRow, result.rows, f"{where}.rows")
         return result
 
 
@@ -205,8 +204,7 @@ class ServedResult:
     def from_json(cls, data: object, where: str = "benchmark.served") -> ServedResult:
         """Read and checked (``record_from_json``), its rows too."""
         result = record_from_json(cls, data, where)
-        result.rows = [record_from_json(ServedRow, r, f"{where}.rows[{i}]")
-                       for i, r in enumerate(result.rows)]
+        result.rows = records_from_json(ServedRow, result.rows, f"{where}.rows")
         return result
 
 
@@ -273,8 +271,8 @@ class BuildReport:
         (``record_from_json``): a ``ValueError`` names a malformed field."""
         report = record_from_json(cls, data, "report")
         report.stages = [stage_from_json(s, f"stages[{i}]") for i, s in enumerate(report.stages)]
-        report.verification = [record_from_json(VerificationRow, r, f"verification[{i}]")
-                               for i, r in enumerate(report.verification)]
+        report.verification = records_from_json(VerificationRow, report.verification,
+                                                "verification")
         report.benchmark_result(), report.served_result()  # checked here, read where shown
         return report
 
@@ -286,6 +284,5 @@ class BuildReport:
 def stage_from_json(data: object, where: str) -> StageResult:
     """A stage's result as report.json (or a cache entry) records it, checked."""
     stage = record_from_json(StageResult, data, where)
-    stage.artifacts = [record_from_json(Artifact, a, f"{where}.artifacts[{i}]")
-                       for i, a in enumerate(stage.artifacts)]
+    stage.artifacts = records_from_json(Artifact, stage.artifacts, f"{where}.artifacts")
     return stage

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtpack.json_values import JsonValue, json_list, json_object, json_text, record_from_json
+from trtpack.json_values import JsonValue, json_list, json_object, json_text, records_from_json
 from trtpack.report import Artifact, StageResult, VerificationRow, stage_from_json
 
 
@@ -45,7 +45,6 @@ class EntryRecord:
             stage_from_json(meta.get("result"), f"{where}: result"),
             {name: json_text(rel, f"{where}: artifacts.{name}") for name, rel in
              json_object(meta.get("artifacts"), f"{where}: artifacts").items()},
-            [record_from_json(Artifact, a, f"{where}: records[{i}]")
-             for i, a in enumerate(json_list(meta.get("records"), f"{where}: records"))],
-            [record_from_json(VerificationRow, r, f"{where}: verification[{i}]") for i, r in
-             enumerate(json_list(meta.get("verification"), f"{where}: verification"))])
+            records_from_json(Artifact, meta.get("records"), f"{where}: records"),
+            records_from_json(VerificationRow, meta.get("verification"),
+                              f"{where}: verification"))
