@@ -12,7 +12,7 @@ gates, on other real inputs no build option reads, worst sample first:
   power spectrograms of real speech (the recording the pyannote.audio wheel ships, MIT;
   ``trtpack.testing.speech``): calibrated on its first 15 seconds, judged on the last 15.
   Its INT8 model is served, every Conv on integer kernels, within the gate (measured
-  loaded: worst 0.965 in the build, 0.978 on the unseen half; 1.4-1.7x faster than FP32).
+  loaded: worst 0.958 in the build, 0.974 on the unseen half; 1.3-1.6x faster than FP32).
 * The PP-OCRv4 text detector from the rapidocr-onnxruntime wheel
   (``tests/stages/test_third_party_onnx.py``), on real pictures scikit-image ships
   (``skimage.data``; a scanned page among the unseen ones): a near-binary probability map
