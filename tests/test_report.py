@@ -90,3 +90,23 @@ def test_a_malformed_report_names_its_field(tmp_path: Path) -> None:
         (tmp_path / "report.json").write_text(json.dumps(broken))
         with pytest.raises(UserInputError, match="is not a trtpack report"):
             load_build_report(tmp_path)
+
+
+def test_worst_samples_name_the_worst_corner_and_the_weighted_mean() -> None:
+    """One line per check and output judged per sample: the worst sample over the corners,
+    the mean weighted by each corner's samples; rows without per-sample values are left out."""
+    from trtpack.cli.console import worst_samples
+    from trtpack.report import VerificationRow
+
+    def row(corner: str, worst: float, mean: float | None, samples: int, text: str
+            ) -> VerificationRow:
+        return VerificationRow("onnx-vs-torch", 0, corner, "x=1x8", "out", 0.0, 0.0, "cosine",
+                               worst, True, metric_mean=mean, samples=samples,
+                               worst_text=text, threshold=0.99)
+
+    report = BuildReport("m", "fp32", "cpu", ["1x8"], "out", verification=[
+        row("min", 0.999, 0.9995, 1, "short"), row("max", 0.995, 0.998, 3, "the long one"),
+        row("opt", 0.5, None, 2, "not per sample")])
+    assert worst_samples(report) == [
+        'onnx-vs-torch out: 4 samples over 2 corners, worst 0.9950, mean 0.9984. worst '
+        'sample: "the long one"']

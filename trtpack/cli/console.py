@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
@@ -227,17 +227,18 @@ def verification_summary(report: BuildReport) -> Table:
 def worst_samples(report: BuildReport) -> list[str]:
     """One line per check and output judged per sample: worst / mean and the worst text."""
     lines = []
-    groups: dict[tuple[str, str], list[Any]] = {}  # rows whose metric values are set
+    # (row, its worst value, its mean) of the rows whose metric values are set
+    groups: dict[tuple[str, str], list[tuple[VerificationRow, float, float]]] = {}
     for r in report.verification:
         if r.metric_value is not None and r.metric_mean is not None:
-            groups.setdefault((r.check, r.output), []).append(r)
+            groups.setdefault((r.check, r.output), []).append((r, r.metric_value, r.metric_mean))
     for (check, output), rows in groups.items():
-        worst = min(rows, key=lambda r: r.metric_value)
-        total = sum(r.samples or 1 for r in rows)
-        mean = sum(r.metric_mean * (r.samples or 1) for r in rows) / total
+        worst, worst_value, _ = min(rows, key=lambda row: row[1])
+        total = sum(r.samples or 1 for r, _, _ in rows)
+        mean = sum(row_mean * (r.samples or 1) for r, _, row_mean in rows) / total
         text = f' worst sample: "{worst.worst_text}"' if worst.worst_text else ""
         lines.append(f"{check} {output}: {total} samples over {len(rows)} corners, worst "
-                     f"{shown_metric(worst.metric_value, worst.threshold)}, mean "
+                     f"{shown_metric(worst_value, worst.threshold)}, mean "
                      f"{shown_metric(mean, worst.threshold)}.{text}")
     return lines
 
