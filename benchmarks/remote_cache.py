@@ -125,6 +125,7 @@ def main() -> None:
             for name in [*order, "second"]:
                 root = work / f"r{n}-{name}"
                 figures[name] = build(args.model, root, env, None if name == "cold" else url)
+                print(json.dumps({"round": n, name: figures[name]}), flush=True)  # as it goes
                 hashes[name] = served(root)
                 shutil.rmtree(root, ignore_errors=True)  # one build on the disk at a time
             second = hashes["second"]
