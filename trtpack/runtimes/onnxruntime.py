@@ -64,7 +64,7 @@ def few_runs_prepacked(feeds: Iterable[Mapping[str, np.ndarray]]) -> bool:
 def cpu_session(model: Path | onnx.ModelProto, threads: int | None = None,
                 inter_op_threads: int | None = None, few_runs: bool = False,
                 optimized_model_path: Path | None = None, spinning: bool = True,
-                prepacked: bool = False) -> CpuSession:
+                prepacked: bool = False, optimized: bool = True) -> CpuSession:
     """An ``onnxruntime.InferenceSession`` on the CPU of ``model`` (a ``Path`` or an
     ``onnx.ModelProto``); ``threads`` caps intra-op threads (None: ONNX Runtime's default).
 
@@ -82,12 +82,16 @@ def cpu_session(model: Path | onnx.ModelProto, threads: int | None = None,
     ``optimized_model_path``: where ONNX Runtime writes the graph it runs after its own
     optimizations (what kernels run: ``MatMulIntegerToFloat`` or ``DequantizeLinear`` ->
     ``MatMul``). ``spinning=False``: idle intra-op threads sleep instead of spinning (when
-    several sessions take turns on the same cores, a spinning pool slows the next one)."""
+    several sessions take turns on the same cores, a spinning pool slows the next one).
+    ``optimized=False``: ONNX Runtime's graph optimizations off (``ORT_DISABLE_ALL``), every
+    node computed as the graph writes it (its fused kernels change values' last bits)."""
     import onnx
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    if not optimized:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     if few_runs and not prepacked:
         options.add_session_config_entry("session.disable_prepacking", "1")
     if few_runs:
