@@ -4,6 +4,7 @@ fake /proc and cgroup tree."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -155,3 +156,26 @@ def test_the_rss_the_meter_reads_matches_psutil() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_process_excluded_while_the_meter_samples_does_not_stop_the_meter(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``exclude_process`` (the build's thread) resets the listed children while the meter's
+    thread samples them; the sample must read the list it started with. Made deterministic:
+    the exclusion happens inside the sample, between its check and its sum (the CI run of
+    291d23c caught the meter's thread dying there with "'NoneType' object is not iterable")."""
+    import trtpack.resources as resources
+
+    meter = resources.ResourceMeter(interval=3600)
+    meter._pids = [os.getpid()]
+    meter._since_scan = 1
+    real = resources._rss_bytes
+
+    def excluding_mid_sample(pid: int | str) -> int:
+        if pid == "self":
+            meter.exclude_process(999_999)
+        return real(pid)
+
+    monkeypatch.setattr(resources, "_rss_bytes", excluding_mid_sample)
+    meter._sample()
+    assert meter.peak_mb is not None and meter.peak_mb > 0

@@ -96,9 +96,10 @@ class ResourceMeter:
             self._pids = _descendants(self.exclude)
             self._since_scan = 0
         self._since_scan += 1
-        if self._pids is None:
+        pids = self._pids  # read once: exclude_process may reset it from another thread
+        if pids is None:
             return
-        value = (_rss_bytes("self") + sum(_rss_bytes(p) for p in self._pids)) / 2**20
+        value = (_rss_bytes("self") + sum(_rss_bytes(p) for p in pids)) / 2**20
         if self.peak_mb is None or value > self.peak_mb:
             self.peak_mb = value
 
