@@ -169,13 +169,13 @@ def test_a_process_excluded_while_the_meter_samples_does_not_stop_the_meter(
     meter = resources.ResourceMeter(interval=3600)
     meter._pids = [os.getpid()]
     meter._since_scan = 1
-    real = resources._rss_bytes
+    real = resources.rss_bytes
 
     def excluding_mid_sample(pid: int | str) -> int:
         if pid == "self":
             meter.exclude_process(999_999)
         return real(pid)
 
-    monkeypatch.setattr(resources, "_rss_bytes", excluding_mid_sample)
+    monkeypatch.setattr(resources, "rss_bytes", excluding_mid_sample)
     meter._sample()
     assert meter.peak_mb is not None and meter.peak_mb > 0

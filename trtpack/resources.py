@@ -41,7 +41,7 @@ def _descendants(exclude: frozenset[int] = frozenset()) -> list[int] | None:
     return found
 
 
-def _rss_bytes(pid: int | str) -> int:
+def rss_bytes(pid: int | str) -> int:
     """A process's resident set (``/proc/PID/statm``); 0 when it is gone."""
     if not _STATM:
         import psutil
@@ -63,7 +63,7 @@ def _rss_mb(exclude: frozenset[int] = frozenset()) -> float | None:
     pids = _descendants(exclude)
     if pids is None:
         return None
-    return (_rss_bytes("self") + sum(_rss_bytes(p) for p in pids)) / 2**20
+    return (rss_bytes("self") + sum(rss_bytes(p) for p in pids)) / 2**20
 
 
 class ResourceMeter:
@@ -99,7 +99,7 @@ class ResourceMeter:
         pids = self._pids  # read once: exclude_process may reset it from another thread
         if pids is None:
             return
-        value = (_rss_bytes("self") + sum(_rss_bytes(p) for p in pids)) / 2**20
+        value = (rss_bytes("self") + sum(rss_bytes(p) for p in pids)) / 2**20
         if self.peak_mb is None or value > self.peak_mb:
             self.peak_mb = value
 
