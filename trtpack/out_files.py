@@ -102,6 +102,21 @@ def record_files(out: Path, paths: Iterable[Path]) -> None:
         write_manifest(out, [*known, *added])
 
 
+@contextlib.contextmanager
+def made_in_place_of(tmp: Path, out: Path) -> Iterator[Path]:
+    """Write a folder into ``tmp`` and, when the block ends, rename it to ``out`` (empty or
+    absent: callers check first); any exception (Ctrl-C too) removes ``tmp``, so nothing is
+    half-written at ``out``. Yields ``tmp``."""
+    try:
+        yield tmp
+        if out.exists():
+            out.rmdir()
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def replace_out(work: Path, out: Path) -> str | None:
     """Put the finished build at ``out``: trtpack's files of an earlier build there are
     replaced, nobody else's are touched. One rename when ``out`` holds only trtpack's

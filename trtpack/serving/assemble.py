@@ -26,7 +26,7 @@ from pathlib import Path
 
 from trtpack.errors import UserInputError
 from trtpack.machine.targets import is_gpu_target
-from trtpack.out_files import REPOSITORY
+from trtpack.out_files import REPOSITORY, made_in_place_of
 from trtpack.report import REPORT
 from trtpack.serving.config import CONFIG_FILE, ENGINE_PLATFORM, read_config
 from trtpack.serving.engine_builds import build_error
@@ -128,7 +128,7 @@ def assemble_builds(build_dirs: Sequence[Path], out: Path) -> AssembleResult:
             owner[name] = group[0].folder
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.assembling-", dir=out.parent))
-    try:
+    with made_in_place_of(tmp, out):  # out is empty or absent (checked above)
         repo = tmp / REPOSITORY
         repo.mkdir()
         assembled = []
@@ -153,10 +153,4 @@ def assemble_builds(build_dirs: Sequence[Path], out: Path) -> AssembleResult:
             "model": a.model, "builds": [str(b.resolve()) for b in a.builds],
             "served": list(a.served), "merged": a.merged} for a in assembled]}, indent=2)
             + "\n", encoding="utf-8")
-        if out.exists():
-            out.rmdir()  # empty (checked above)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return result

@@ -38,7 +38,7 @@ from trtpack.engine.provenance import provenance_path
 from trtpack.errors import UserInputError
 from trtpack.machine.targets import engine_serves
 from trtpack.onnx_tools.files import link_or_copy
-from trtpack.out_files import ARTIFACTS, REPOSITORY
+from trtpack.out_files import ARTIFACTS, REPOSITORY, made_in_place_of
 from trtpack.report import JsonObject
 from trtpack.serving.config import CONFIG_FILE, check_config, read_config, write_config
 from trtpack.serving.engine_builds import (
@@ -132,7 +132,7 @@ def merge_builds(build_dirs: Sequence[Path], out: Path,
     tmp = out.with_name(f".{out.name}.merging")
     if tmp.exists():
         shutil.rmtree(tmp)
-    try:
+    with made_in_place_of(tmp, out):  # out is empty or absent (checked above)
         repo = tmp / REPOSITORY
         version_dir = repo / name / VERSION
         version_dir.mkdir(parents=True)
@@ -157,12 +157,6 @@ def merge_builds(build_dirs: Sequence[Path], out: Path,
                              sorted(models), warnings)
         (tmp / MERGE_REPORT).write_text(json.dumps(_merge_record(result, builds), indent=2)
                                         + "\n", encoding="utf-8")
-        if out.exists():
-            out.rmdir()  # empty (checked above)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return result
 
 
