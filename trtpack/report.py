@@ -187,6 +187,7 @@ class ServedRow:
     p99_ms: float
     server_queue_ms: float  # time requests waited in the server's queue (batching)
     server_infer_ms: float  # the model's compute per execution
+    window_ms: int = 0  # perf_analyzer's window for this row (longer than asked where retried)
 
 
 @dataclass

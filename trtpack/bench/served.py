@@ -37,6 +37,11 @@ CHECK_TIMEOUT_S = 3.0
 DEFAULT_CONCURRENCY = (1, 2, 4)
 PERF_ANALYZER_ENV = "TRTPACK_PERF_ANALYZER"
 PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy")
+# perf_analyzer's words for "these windows do not agree / hold no request": run again with a
+# longer window (Model Analyzer's rule, see run_perf_analyzer)
+UNSTABLE_MESSAGES = ("Failed to obtain stable measurement", "Please use a larger time window")
+STABILITY_RETRIES = 3
+WINDOW_STEP_MS = 1000
 
 
 def normalize_url(url: str) -> str:
@@ -152,22 +157,41 @@ def input_data_files(build: BuildFolder, dest: Path) -> dict[tuple[int, str], Pa
 
 
 def run_perf_analyzer(binary: str, hostport: str, model: str, batch: int, data: Path,
-                      concurrency: int, window_ms: int, workdir: Path) -> dict[str, float]:
-    """One perf_analyzer measurement; the CSV row of that concurrency."""
+                      concurrency: int, window_ms: int, workdir: Path,
+                      say: ProgressFn | None = None) -> tuple[dict[str, float], int]:
+    """One perf_analyzer measurement: the CSV row of that concurrency, and the window (ms) it
+    was measured on.
+
+    perf_analyzer exits 2 when its windows do not agree ("Failed to obtain stable
+    measurement") or hold no request ("Please use a larger time window"), which a busy
+    machine causes: as Model Analyzer does (``_auto_adjust_parameters`` in
+    model_analyzer/perf_analyzer/perf_analyzer.py), it runs again with a window
+    ``WINDOW_STEP_MS`` longer, ``STABILITY_RETRIES`` times at most; any other failure is not
+    retried."""
     csv_path = workdir / f"pa-{model}-{batch}-{concurrency}-{data.stem}.csv"
-    cmd = [binary, "-m", model, "-u", hostport, "-i", "http", "-b", str(batch),
-           "--input-data", str(data), "--concurrency-range", f"{concurrency}:{concurrency}",
-           "--measurement-interval", str(window_ms), "--stability-percentage", "100",
-           "--max-trials", "5", "-f", str(csv_path)]
-    timeout = 30 + 10 * window_ms / 1000
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              cwd=workdir, env=_without_proxies(os.environ))
-    except subprocess.TimeoutExpired:
-        raise MissingEnvironmentError(f"perf_analyzer on '{model}' did not finish in "
-                                      f"{timeout:.0f} s") from None
-    if done.returncode != 0 or not csv_path.is_file():
-        tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+    for attempt in range(STABILITY_RETRIES + 1):
+        csv_path.unlink(missing_ok=True)
+        cmd = [binary, "-m", model, "-u", hostport, "-i", "http", "-b", str(batch),
+               "--input-data", str(data), "--concurrency-range", f"{concurrency}:{concurrency}",
+               "--measurement-interval", str(window_ms), "--stability-percentage", "100",
+               "--max-trials", "5", "-f", str(csv_path)]
+        timeout = 30 + 10 * window_ms / 1000
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                                  cwd=workdir, env=_without_proxies(os.environ))
+        except subprocess.TimeoutExpired:
+            raise MissingEnvironmentError(f"perf_analyzer on '{model}' did not finish in "
+                                          f"{timeout:.0f} s") from None
+        output = done.stdout + done.stderr
+        if done.returncode == 0 and csv_path.is_file():
+            break
+        if attempt < STABILITY_RETRIES and any(m in output for m in UNSTABLE_MESSAGES):
+            window_ms += WINDOW_STEP_MS
+            if say is not None:
+                say(f"perf_analyzer found no stable measurement on '{model}' (concurrency "
+                    f"{concurrency}): again with a {window_ms} ms window")
+            continue
+        tail = output.strip().splitlines()[-3:]
         raise MissingEnvironmentError(f"perf_analyzer failed on '{model}' (exit "
                                       f"{done.returncode}): {' | '.join(tail)}")
     with csv_path.open() as f:
@@ -182,7 +206,8 @@ def run_perf_analyzer(binary: str, hostport: str, model: str, batch: int, data: 
 
     return {"throughput": float(row["Inferences/Second"]), "p50_ms": ms("p50 latency"),
             "p90_ms": ms("p90 latency"), "p99_ms": ms("p99 latency"),
-            "server_queue_ms": ms("Server Queue"), "server_infer_ms": ms("Server Compute Infer")}
+            "server_queue_ms": ms("Server Queue"),
+            "server_infer_ms": ms("Server Compute Infer")}, window_ms
 
 
 def _without_proxies(environ: Mapping[str, str]) -> dict[str, str]:
@@ -245,11 +270,12 @@ def served_benchmark(build: BuildFolder, url: str, *,
                     for c in concurrency:
                         say(f"perf_analyzer {model} p{profile} {corner} batch {batch}, "
                             f"concurrency {c} ({batching} batching)")
-                        m = run_perf_analyzer(binary, hostport, model, batch, data, c,
-                                              window_ms, workdir)
+                        m, used_ms = run_perf_analyzer(binary, hostport, model, batch, data,
+                                                       c, window_ms, workdir, say)
                         rows.append(ServedRow(model, _backend(config),
                                               batching if max_batch > 0 else "unbatched model",
-                                              profile, corner, batch, c, **m))
+                                              profile, corner, batch, c, **m,
+                                              window_ms=used_ms))
         finally:
             if compare_batching:
                 say(f"loading '{model}' with its own config again")
@@ -258,10 +284,10 @@ def served_benchmark(build: BuildFolder, url: str, *,
         for ensemble in ensembles if text_data.is_file() else []:
             for c in concurrency:
                 say(f"perf_analyzer {ensemble} (text in), concurrency {c}")
-                m = run_perf_analyzer(binary, hostport, ensemble, 1, text_data, c, window_ms,
-                                      workdir)
+                m, used_ms = run_perf_analyzer(binary, hostport, ensemble, 1, text_data, c,
+                                               window_ms, workdir, say)
                 rows.append(ServedRow(ensemble, "ensemble", "as configured", None, "text", 1,
-                                      c, **m))
+                                      c, **m, window_ms=used_ms))
     return ServedResult(hostport, rows, perf_analyzer=_version(binary), window_ms=window_ms,
                         concurrency=list(concurrency))
 
