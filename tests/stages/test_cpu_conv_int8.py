@@ -191,24 +191,30 @@ def test_a_real_detector_on_real_pictures(tmp_path: Path, cache_dir: Path) -> No
 
 # ---- a real-weights audio-quality regressor on real speech --------------------------------
 
-@pytest.mark.slow  # its build is ~110 CPU-s; 10 min wall measured at load 15-21
+# DNSMOS runs ~0.3-0.6 CPU-s a 9-second window, and the build's timing against FP32 runs each
+# model at least 8 times a round at each corner: a batch of 1, 1 and 2 (not 1, 2 and 4) is
+# 4 windows a pass, not 7, and still a corner above one (the dynamic batch of the INT8 model)
+DNSMOS_PROFILE = "1:1:2"
+
+
+@pytest.mark.slow  # ~120 CPU-s (loaded): its build times each model at every corner
 def test_a_real_audio_quality_model_serves_int8_convs(tmp_path: Path,
                                                       cache_dir: Path) -> None:
     """DNSMOS's bak_ovr model, calibrated on spectrograms of real speech: its INT8 model is
     served (it passes its gates and is faster), all 7 Conv on integer kernels in the graph
     ONNX Runtime runs, and it holds the gate on the half of the recording no build option
-    read."""
+    read (windows starting every 2 s from 15 s: 15-30 s, each at two levels)."""
     source = DNSMOS.extract(tmp_path)
     audio = read_wav(SPEECH.extract(tmp_path).read_bytes())
     calibration, samples = tmp_path / "speech.npz", tmp_path / "speech-samples.npz"
     np.savez(calibration, input_1=dnsmos_features(audio, CALIBRATION_STARTS, (1.0, 0.3)))
     np.savez(samples, input_1=dnsmos_features(audio, CALIBRATION_STARTS[1::4], (0.6,)))
-    report = _build(source, tmp_path, cache_dir, "--profile", "1:2:4",
+    report = _build(source, tmp_path, cache_dir, "--profile", DNSMOS_PROFILE,
                     "--calibration", str(calibration), "--sample-inputs", str(samples))
     candidate = _check_outcome(report, tmp_path)
     assert _cpu_stage(report)["metrics"].get("int8_fp32_reason") is None, candidate
     assert report["precision"] == "int8"
     assert candidate["integer_convs"] == candidate["weight_convs"] == 7, candidate
     assert candidate["worst"] >= INT8_GATE
-    unseen = dnsmos_features(audio, UNSEEN_STARTS, (1.0, 0.5))
+    unseen = dnsmos_features(audio, UNSEEN_STARTS[::2], (1.0, 0.5))
     assert _scaled_error_worst(source, _served(tmp_path), unseen) >= INT8_GATE
