@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -83,6 +86,46 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         scopes = {d.scope for defs in info.name2fixturedefs.values() for d in defs}
         if scopes & {"module", "class"}:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+def _machine_cpu_s() -> tuple[float, float] | None:
+    """(busy, idle) CPU-seconds of the whole machine since boot (``/proc/stat``: idle and
+    iowait are idle), or None where there is none."""
+    try:
+        fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    hz = os.sysconf("SC_CLK_TCK")
+    idle = fields[3] + fields[4]
+    return (sum(fields[:8]) - idle) / hz, idle / hz
+
+
+_RUN_START: dict[str, Any] = {}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _RUN_START.update(wall=time.monotonic(), machine=_machine_cpu_s())
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """One line after the run: how busy the machine's cores were while it ran, and the
+    CPU-seconds of pytest and the processes it waited for (xdist's workers and what they
+    started). On a machine running nothing else, the busy share says whether the tests kept
+    every core working (a further worker cannot help) or waited (one can)."""
+    start, now = _RUN_START.get("machine"), _machine_cpu_s()
+    if os.environ.get("PYTEST_XDIST_WORKER") or start is None or now is None:
+        return
+    wall = time.monotonic() - _RUN_START["wall"]
+    busy, idle = now[0] - start[0], now[1] - start[1]
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    ours = own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    cores = os.cpu_count() or 1
+    terminalreporter.write_line(
+        f"CPU while the tests ran: {wall:.0f} s on {cores} cores, the machine "
+        f"{busy:,.0f} CPU-s busy and {idle:,.0f} idle ({busy / max(busy + idle, 1e-9):.0%} "
+        f"busy; other users' load included); pytest and the processes it waited for "
+        f"{ours:,.0f} CPU-s")
 
 
 def made_once(tmp_path_factory: pytest.TempPathFactory, name: str,
