@@ -72,8 +72,17 @@ include mk/perf_analyzer.mk
 # that module's worker (--dist loadgroup, tests/conftest.py). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 XDIST = -n $(TEST_WORKERS) --dist loadgroup
-test: install-dev triton-env perf-analyzer-env chromium third-party-wheels
+test: test-tools
 	$(PY) -m pytest -q $(XDIST) --durations=25
+
+# What the tests need besides .venv: the dev extras, tritonserver's and perf_analyzer's venvs
+# and the third-party wheels, made side by side (none needs another; pip mostly waits on the
+# package index and the disk), so a fresh clone's make test waits for the longest, not the
+# sum. Chromium first: apt-get runs one at a time (perf-analyzer-env may apt-get libb64-0d).
+.PHONY: test-tools
+test-tools: chromium | $(VENV)/bin/python
+	$(MAKE) --no-print-directory -j4 --output-sync=target install-dev triton-env \
+		perf-analyzer-env third-party-wheels
 
 # ONNX files other projects ship inside PyPI wheels, built by tests/stages/test_third_party_onnx.py
 # and test_cpu_conv_int8.py (speechmos: DNSMOS's models; pyannote-audio: the real speech its
@@ -85,11 +94,12 @@ THIRD_PARTY_PACKAGES := rapidocr-onnxruntime==1.4.4 silero-vad==6.2.3 speechmos=
 .PHONY: third-party-wheels
 third-party-wheels: | $(VENV)/bin/python
 	@mkdir -p $(THIRD_PARTY_WHEELS)
-	@for p in $(THIRD_PARTY_PACKAGES); do \
+	@missing=; for p in $(THIRD_PARTY_PACKAGES); do \
 	  name=$$(echo $${p%%==*} | tr - _); version=$${p##*==}; \
-	  ls $(THIRD_PARTY_WHEELS)/$$name-$$version-*.whl >/dev/null 2>&1 || \
-	  $(PIP) download --quiet --no-deps --only-binary=:all: "$$p" -d $(THIRD_PARTY_WHEELS); \
-	done
+	  ls $(THIRD_PARTY_WHEELS)/$$name-$$version-*.whl >/dev/null 2>&1 || missing="$$missing $$p"; \
+	done; \
+	test -z "$$missing" || $(PIP) download --quiet --no-deps --only-binary=:all: $$missing \
+	  -d $(THIRD_PARTY_WHEELS)  # one pip for all that are missing
 
 # Headless Chromium for the report.html test (Debian's package; installed only when missing).
 .PHONY: chromium
@@ -101,7 +111,7 @@ test-fast: install-dev
 
 # TRTPACK_FUZZ=full: the parser fuzz suites' full search on a new seed (tests/fuzz/mutations.py);
 # make test runs them at 100+ inputs per property on a fixed seed.
-test-slow: install-dev triton-env perf-analyzer-env chromium third-party-wheels
+test-slow: test-tools
 	$(PY) -m pytest -q $(XDIST) -m slow
 	TRTPACK_FUZZ=full $(PY) -m pytest -q $(XDIST) tests/fuzz
 
