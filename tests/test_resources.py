@@ -179,3 +179,60 @@ def test_a_process_excluded_while_the_meter_samples_does_not_stop_the_meter(
     monkeypatch.setattr(resources, "rss_bytes", excluding_mid_sample)
     meter._sample()
     assert meter.peak_mb is not None and meter.peak_mb > 0
+
+
+REUSED_HEAP_PROBE = """
+import ctypes, json, resource
+from trtpack.resources import reused_heap
+
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+SIZE = 64 << 20  # a bert-large activation's size: above glibc's largest mmap threshold
+
+
+def faults_per_block(blocks=4):
+    counts = []
+    for _ in range(blocks):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        block = libc.malloc(SIZE)
+        ctypes.memset(block, 1, SIZE)  # touched, as a tensor written by a kernel
+        libc.free(block)
+        counts.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    return counts
+
+
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+before = faults_per_block()
+with reused_heap() as applies:
+    inside = faults_per_block()
+    rss_inside = rss()
+after = faults_per_block()
+print(json.dumps({"applies": applies, "before": before, "inside": inside, "after": after,
+                  "rss_inside": rss_inside, "rss_after": rss()}))
+"""
+
+
+def test_a_reused_heap_faults_a_large_block_in_once_and_gives_it_back_on_exit() -> None:
+    # in a child process: the heap's settings are the whole process's
+    import json
+
+    out = subprocess.run([sys.executable, "-c", REUSED_HEAP_PROBE], capture_output=True,
+                         text=True, check=True, timeout=120)
+    found = json.loads(out.stdout)
+    if not found["applies"]:
+        pytest.skip("not glibc: nothing to tune")
+    pages = (64 << 20) // os.sysconf("SC_PAGE_SIZE")
+    # glibc's default: each 64 MB block is a fresh mapping, faulted in page by page each time
+    assert min(found["before"]) > pages // 2, found
+    # reused: the first block is faulted in, the next ones reuse its pages
+    assert found["inside"][0] > pages // 2, found
+    assert max(found["inside"][1:]) < pages // 100, found
+    # on exit the defaults are back (a fresh mapping again) and the free pages went back
+    assert min(found["after"]) > pages // 2, found
+    assert found["rss_after"] < found["rss_inside"] - (32 << 20), found

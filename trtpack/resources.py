@@ -1,6 +1,7 @@
 """A build's resources: a stage's wall time and peak resident memory, measured (this process
 and its children: ``ResourceMeter``); the memory a model's run needs beyond its weights, defined
-once (``activation_bytes``); and the memory this machine still has (``available_memory``)."""
+once (``activation_bytes``); the memory this machine still has (``available_memory``); and a
+heap that keeps what is freed for the next allocation (``reused_heap``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Collection, Hashable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -294,3 +295,52 @@ def _machine_memory(proc: Path, cgroup_root: Path) -> AvailableMemory | None:
     if room is not None and (system is None or room[0] < system):
         return AvailableMemory(room[0], room[1])
     return AvailableMemory(system, "MemAvailable") if system is not None else None
+
+
+# glibc's mallopt parameters (malloc.h) and their defaults
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+_DEFAULT_TRIM_THRESHOLD, _DEFAULT_MMAP_MAX = 128 * 1024, 65536
+_INT_MAX = 2**31 - 1
+
+
+def _glibc() -> Any | None:
+    """This process's C library through ctypes when it is glibc (its ``mallopt``), else
+    None (musl, macOS, Windows: nothing to tune)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version  # noqa: B018 (only glibc has it)
+        libc.mallopt  # noqa: B018
+        libc.malloc_trim  # noqa: B018
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+@contextlib.contextmanager
+def reused_heap() -> Iterator[bool]:
+    """Inside, memory freed by this process is kept for its next allocations instead of
+    going back to the kernel; on the way out what is free goes back (``malloc_trim``) and
+    glibc's defaults return. Yields whether it applies (glibc only).
+
+    glibc's malloc serves each block above its mmap threshold (at most 32 MB) with a fresh
+    mapping and unmaps it when freed, so every large tensor of a PyTorch forward (bert-large
+    at 128x128: 64-256 MB each) is faulted in again page by page, each 4 KiB page zeroed by
+    the kernel, on every layer: about one in six of the reference pass's CPU-seconds
+    (issue 47; benchmarks/README.md). Here no block is mapped on its own and the heap is
+    never trimmed, so a freed block's pages are reused as they are. The peak is the same
+    live memory (freed blocks are reused, not added); the pages stay resident until the
+    exit's trim."""
+    libc = _glibc()
+    if libc is None:
+        yield False
+        return
+    libc.mallopt(_M_MMAP_MAX, 0)
+    libc.mallopt(_M_TRIM_THRESHOLD, _INT_MAX)
+    try:
+        yield True
+    finally:
+        libc.mallopt(_M_MMAP_MAX, _DEFAULT_MMAP_MAX)
+        libc.mallopt(_M_TRIM_THRESHOLD, _DEFAULT_TRIM_THRESHOLD)
+        libc.malloc_trim(0)

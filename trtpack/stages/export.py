@@ -21,6 +21,7 @@ from trtpack.options import BuildPlan
 from trtpack.pytorch.models import LoadedModel, load_model, source_directory
 from trtpack.pytorch.user_modules import call_program_module, load_torchscript
 from trtpack.report import JsonObject
+from trtpack.resources import reused_heap
 from trtpack.sources.recipe import Recipe
 from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
@@ -152,14 +153,16 @@ def shapes_text(inputs: dict[str, np.ndarray]) -> str:
 
 def run_torch(wrapper: torch.nn.Module, recipe: Recipe, cases: list[Case],
               fresh: Callable[[], torch.nn.Module] | None = None) -> None:
-    """The PyTorch outputs of every case. A forward that fails is the model's own failure at
+    """The PyTorch outputs of every case, on a heap that reuses its large blocks
+    (``resources.reused_heap``: a large model's activations are not faulted in anew at each
+    layer). A forward that fails is the model's own failure at
     the profile's shapes: a ``UserInputError`` naming the corner and the shapes. ``fresh``
     (a TorchScript model that keeps state between calls) makes a new wrapper per case: each
     case runs from the saved state, as the exported graph does."""
     import torch
 
     names = [i.name for i in recipe.inputs]
-    with torch.inference_mode():
+    with torch.inference_mode(), reused_heap():
         for case in cases:
             if fresh is not None:
                 wrapper = fresh()
