@@ -207,3 +207,74 @@ def test_tokenizer_json_alone_gives_the_feeds_transformers_gives() -> None:
                 np.testing.assert_array_equal(a[name], b[name])
     ids = fast("Thank you very much!")["input_ids"]
     assert fast.decode(ids) == slow.decode(ids, skip_special_tokens=True) == "thank you very much!"
+
+
+def test_tight_batches_pad_to_their_longest_sample_below_the_profile_minimum(
+        minilm_tokenizer_dir: Path) -> None:
+    """The search, check and held-out batches of a right-padded model with a dynamic sequence
+    axis are padded to their longest sample only, not to the smallest profile sequence (a
+    2-token reply padded to 64 made 32x the work of each run of it); a left-padded tokenizer
+    or a static sequence axis keeps the profile's size."""
+    from trtpack.precision.calibration.text_batches import (
+        json_tokenizer,
+        tight_floor,
+        tight_text_feeds,
+        token_counts,
+        token_ids_spec,
+    )
+    from trtpack.shapes import TensorSpec
+
+    recipe, profiles = _setup("minilm", ["1x64:4x64:8x128"])
+    tokenizer = json_tokenizer(minilm_tokenizer_dir)
+    assert tokenizer is not None
+    short = ["Thanks!", "Sure.", "Well done!", "Ok."]
+    long = ["The committee will publish its findings on the new bridge next spring."]
+    feeds, rows = tight_text_feeds([*long, *short], tokenizer, recipe, profiles)
+    counts = dict(zip([*long, *short], token_counts([*long, *short], tokenizer, 128),
+                      strict=True))
+    assert [sorted(r) for r in rows] == [sorted(short), long]
+    for feed, batch in zip(feeds, rows, strict=True):
+        seq = max(counts[t] for t in batch)
+        assert seq < 64
+        assert all(v.shape == (len(batch), seq) for v in feed.values())
+    spec = token_ids_spec(recipe)
+    assert spec is not None and tight_floor(spec, 64, tokenizer) == 1
+
+    class LeftPadded:
+        padding_side = "left"
+
+    assert tight_floor(spec, 64, LeftPadded()) == 64  # type: ignore[arg-type]
+    static = TensorSpec(spec.name, spec.dtype, (spec.axes[0], 64), spec.kind)
+    assert tight_floor(static, 64, tokenizer) == 64
+
+
+def test_the_calibration_split_is_judged_on_tight_batches_of_its_own_lines(
+        minilm_tokenizer_dir: Path, tmp_path: Path) -> None:
+    """Text: the calibration batches stay padded to the profile (what the ranges are measured
+    on), and the same lines, batched tightly, are what a model is judged on; a .npz judges
+    its calibration batches themselves."""
+    from trtpack.precision.calibration.text_batches import json_tokenizer
+
+    recipe, profiles = _setup("minilm", ["1x64:4x64:8x128"])
+    tokenizer = json_tokenizer(minilm_tokenizer_dir)
+    cal = load_calibration(recipe, profiles, DEFAULT_TEXT, tokenizer=tokenizer,
+                           max_samples=40, seed=0)
+    judged, texts = cal.judged_calibration()
+    assert judged is cal.calibration_tight and texts is cal.calibration_texts
+    assert sum(len(rows) for rows in texts) == cal.samples == 40
+    assert {f["input_ids"].shape[1] for f in cal.feeds} >= {64}
+    assert sum(f["input_ids"].size for f in judged) < sum(f["input_ids"].size
+                                                          for f in cal.feeds) / 2
+    lines = set(read_text_samples(DEFAULT_TEXT))
+    assert all(t in lines for rows in texts for t in rows)
+    tight_ids = sorted(tuple(r[m.astype(bool)]) for f in judged
+                       for r, m in zip(f["input_ids"], f["attention_mask"], strict=True))
+    padded_ids = sorted(tuple(r[m.astype(bool)]) for f in cal.feeds
+                        for r, m in zip(f["input_ids"], f["attention_mask"], strict=True))
+    assert tight_ids == padded_ids  # the same samples, token for token
+
+    npz = tmp_path / "calibration.npz"
+    np.savez(npz, **{k: v for k, v in cal.feeds[0].items()})  # type: ignore[arg-type]
+    from_npz = load_calibration(recipe, profiles, npz, tokenizer=None, max_samples=40, seed=0)
+    judged, texts = from_npz.judged_calibration()
+    assert judged is from_npz.feeds and texts == []

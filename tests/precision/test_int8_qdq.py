@@ -20,6 +20,7 @@ from tests.precision_fixtures import fp32_artifacts, tiny_npz
 from trtpack.precision.calibration.data import load_feeds, save_feeds
 from trtpack.precision.int8 import qdq
 from trtpack.precision.int8.placement import place
+from trtpack.precision.int8.search import run_model
 from trtpack.precision.modelopt_jobs import Int8Job, ModelOptJob, ModelOptWorker
 from trtpack.precision.source import prepare_source
 from trtpack.testing.models import conv_onnx
@@ -232,3 +233,26 @@ def test_own_qdq_holds_the_weights_about_once(tmp_path: Path) -> None:
     done = json.loads(found.stdout.strip().splitlines()[-1])
     assert done["quantized_nodes"] == 8
     assert done["grown_bytes"] < 2.2 * weights, (done["grown_bytes"] / 2**20, weights / 2**20)
+
+
+def test_references_run_measures_the_calibration_batches_as_calibrate_does(
+        tiny_source: Path, tmp_path: Path) -> None:
+    """The precision stage's one session: the FP32 references of every part, and the
+    measurements of the calibration batches (bit for bit those of ``qdq.calibrate``) whether
+    the batches are a part (measured in their references' runs) or not (the calibration
+    split judged on tight batches: the padded batches run once more, measured only)."""
+    feeds = load_feeds(tiny_feeds(tmp_path / "feeds.npz"))
+    calibration, others = feeds[:3], feeds[3:]
+    graph = onnx.load(str(tiny_source), load_external_data=False).graph
+    expected = qdq.calibrate(tiny_source, place(graph, OP_TYPES, [], []), calibration)
+    reference = run_model(tiny_source, others)
+    for parts in ((("other", others), ("calibration", calibration)), (("other", others),)):
+        refs, measured = qdq.references_and_calibration(tiny_source, parts, OP_TYPES,
+                                                        calibration)
+        assert len(refs) == sum(len(p) for _, p in parts)
+        assert measured.batches == len(calibration) and measured.absmax
+        assert measured.absmax == expected.absmax and measured.shapes == expected.shapes
+        for got, want in zip(refs, reference, strict=False):
+            assert got.keys() == want.keys()
+            for name in want:
+                np.testing.assert_allclose(got[name], want[name], rtol=0, atol=1e-4)

@@ -512,6 +512,41 @@ def test_int8_percentile_calibration_sets_activation_ranges(tiny: dict[str, Path
     assert all(r.passed for r in outcome.verification)
 
 
+def test_right_padding_leaves_real_tokens_outputs_fp32_and_int8(tiny: dict[str, Path],
+                                                                 tmp_path: Path) -> None:
+    """Why a tight batch may be shorter than the profile minimum (``tight_floor``): with
+    padding on the right, the exported graph's outputs at the real tokens are the same
+    whether a batch is padded to 16 tokens or to its longest sample (7), in the FP32 model
+    and in its INT8 Q/DQ model alike, and so is every sample's pooled cosine."""
+    from trtpack.precision.int8.qdq import quantize
+
+    source = prepare_source(tiny["onnx"], tmp_path / "source")
+    rng = np.random.default_rng(5)
+    lengths = [3, 5, 7]
+    mask = (np.arange(7)[None, :] < np.array(lengths)[:, None]).astype(np.int64)
+    tight = {"input_ids": rng.integers(5, 1000, (3, 7)) * mask, "attention_mask": mask,
+             "token_type_ids": np.zeros((3, 7), dtype=np.int64)}
+    padded = {k: np.pad(v, ((0, 0), (0, 9))) for k, v in tight.items()}  # padding id 0
+    calibration = [{"input_ids": rng.integers(5, 1000, (4, 16)),
+                    "attention_mask": np.ones((4, 16), dtype=np.int64),
+                    "token_type_ids": np.zeros((4, 16), dtype=np.int64)} for _ in range(3)]
+    (tmp_path / "int8").mkdir()
+    int8 = tmp_path / "int8" / "model.onnx"
+    quantize(source, int8, ["MatMul", "Gemm"], [], [], calibration)
+    reference = run_model(source, [padded])[0]["last_hidden_state"]
+    for model in (source, int8):
+        out_padded = run_model(model, [padded])[0]["last_hidden_state"]
+        out_tight = run_model(model, [tight])[0]["last_hidden_state"]
+        for r, n in enumerate(lengths):
+            np.testing.assert_allclose(out_tight[r, :n], out_padded[r, :n], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(
+            pooled_cosine_per_sample(reference[:, :7], out_tight, tight, "attention_mask"),
+            pooled_cosine_per_sample(reference, out_padded, padded, "attention_mask"),
+            rtol=0, atol=1e-6)
+    assert not np.allclose(run_model(int8, [tight])[0]["last_hidden_state"],
+                           run_model(source, [tight])[0]["last_hidden_state"], atol=1e-5)
+
+
 def test_modelopt_jobs_are_typed_and_round_trip_through_json() -> None:
     from trtpack.precision.modelopt_jobs import Fp16Job, Int8Job
 

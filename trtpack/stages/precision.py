@@ -36,7 +36,7 @@ from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 
 # Bump when the conversion or the search changes what this stage produces (cache key).
-ALGORITHM_VERSION = 6
+ALGORITHM_VERSION = 7
 
 
 def fingerprint(plan: BuildPlan) -> JsonObject:

@@ -92,6 +92,17 @@ class CalibrationData:
     # decision samples only
     prefixes: list[Feed] = field(default_factory=list)
     prefix_texts: list[list[str]] = field(default_factory=list)
+    # the calibration split's samples batched tightly, to judge a model on (text only; the
+    # calibration itself runs ``feeds``, padded as served): ``judged_calibration``
+    calibration_tight: list[Feed] = field(default_factory=list)
+    calibration_texts: list[list[str]] = field(default_factory=list)
+
+    def judged_calibration(self) -> tuple[list[Feed], list[list[str]]]:
+        """The calibration split's samples as a model is judged on them (and the text of each
+        row when known): tight batches of its lines (text), else its calibration batches."""
+        if self.calibration_tight:
+            return self.calibration_tight, self.calibration_texts
+        return self.feeds, []
 
 
 # Short-input augmentation: at most this many short texts made from the calibration and
@@ -240,6 +251,8 @@ def load_calibration(recipe: Recipe, profiles: Sequence[ShapeProfile], path: Pat
     warnings += strata_warnings(path, lengths)
     splits = split_three(lengths, max_samples, seed)
     feeds = text_feeds([texts[i] for i in splits.calibration], tokenizer, recipe, profiles)
+    calibration_tight, calibration_texts = tight_text_feeds(
+        [texts[i] for i in splits.calibration], tokenizer, recipe, profiles)
     # short replies of the shipped text, whatever the file: some join the decisions, others
     # (a disjoint draw) the held-out split, so that its figure covers them too
     replies = default_short_lines(texts, tokenizer, seed,
@@ -262,7 +275,8 @@ def load_calibration(recipe: Recipe, profiles: Sequence[ShapeProfile], path: Pat
     return CalibrationData(feeds, held_out, source, path, len(splits.calibration),
                            len(held_lines), warnings, search, len(splits.search),
                            held_out_texts, search_texts, strata_counts(lengths, splits),
-                           check, len(splits.check), check_texts, prefixes, prefix_texts)
+                           check, len(splits.check), check_texts, prefixes, prefix_texts,
+                           calibration_tight, calibration_texts)
 
 
 # Short lines of the default text added to a calibration file that has none.

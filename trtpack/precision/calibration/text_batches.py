@@ -2,8 +2,9 @@
 
 Each sample is padded to the smallest profile sequence size (min/opt/max of any profile)
 that holds it (*bucketed*), and a bucket is cut into batches of that profile's opt batch
-size; the search and held-out splits are batched tightly instead (sorted by length, each
-batch padded only to its longest sample). A line ``text<TAB>pair`` is a sentence pair.
+size; the search, check and held-out splits are batched tightly instead (sorted by length,
+each batch padded only to its longest sample: ``tight_floor``). A line ``text<TAB>pair`` is
+a sentence pair.
 """
 
 from __future__ import annotations
@@ -137,14 +138,16 @@ def text_feeds_with_texts(texts: Sequence[str], tokenizer: Tokenizer, recipe: Re
 def tight_text_feeds(texts: Sequence[str], tokenizer: Tokenizer, recipe: Recipe,
                      profiles: Sequence[ShapeProfile]) -> tuple[list[Feed], list[list[str]]]:
     """Samples sorted by length in batches of the first profile's opt batch size, each
-    batch padded only to its longest sample (at least the smallest profile sequence):
-    the cheapest inputs to judge samples one by one on (the search and held-out splits;
-    the profile corners are judged separately at their exact shapes)."""
+    batch padded only to its longest sample: the cheapest inputs to judge samples one by
+    one on in ONNX Runtime (the search, check and held-out splits; the profile corners are
+    judged separately at their exact shapes). ``tight_floor`` says how short a batch may be.
+    """
     specs = text_inputs(recipe)
     token_spec = token_ids_spec(recipe)
     assert token_spec is not None
     buckets = sequence_buckets(token_spec, profiles)
-    shortest, longest = buckets[0].seq, buckets[-1].seq
+    longest = buckets[-1].seq
+    shortest = tight_floor(token_spec, buckets[0].seq, tokenizer)
     size = max(1, buckets[0].batch)
     pairs = [t.split("\t", 1) if "\t" in t else [t] for t in texts]
     with_pairs = any(len(p) == 2 for p in pairs) and any(
@@ -161,6 +164,23 @@ def tight_text_feeds(texts: Sequence[str], tokenizer: Tokenizer, recipe: Recipe,
     return feeds, row_texts
 
 
+def tight_floor(token_spec: TensorSpec, smallest_profile_seq: int, tokenizer: Tokenizer
+                ) -> int:
+    """The shortest sequence a tight batch is padded to: 1 where the sequence axis is dynamic
+    and padding goes on the right, else the smallest profile sequence.
+
+    With right padding, a real token's outputs do not depend on how many padding tokens
+    follow it (the attention mask gives them zero weight; positions are unchanged), so
+    padding a 5-token sample to a 128-token profile minimum only multiplies the work of
+    every ONNX Runtime run of it (bert-large's design card: the held-out, check, search and
+    prefix batches, 9 of the 17 the precision stage's reference run computes, most of their
+    samples a few words long). A left-padded model's positions move with the padding, and a
+    static sequence axis takes one size only: both keep the profile's."""
+    axis = token_spec.axes[_seq_index(token_spec)]
+    right = getattr(tokenizer, "padding_side", "right") == "right"
+    return 1 if isinstance(axis, str) and right else smallest_profile_seq
+
+
 def token_counts(texts: Sequence[str], tokenizer: Tokenizer, longest: int) -> list[int]:
     """Tokens of each sample (special tokens included, at most ``longest``)."""
     pairs = [t.split("\t", 1) for t in texts]
@@ -173,6 +193,8 @@ class JsonTokenizer:
     tokenizer is called here (one text or a list, an optional pair, ``padding="max_length"``,
     ``truncation``, ``max_length``, ``return_tensors="np"``): calibration without importing
     transformers (and torch), seconds of a CPU INT8 build. ``token_text`` decodes with it."""
+
+    padding_side = "right"  # json_tokenizer reads no other
 
     def __init__(self, path: Path, pad_token: str) -> None:
         from tokenizers import Tokenizer

@@ -91,23 +91,28 @@ class Int8Conversion(Conversion):
         save_feeds(self.work / "calibration.npz", cal.feeds)
 
     def split_references(self) -> None:
-        """The FP32 outputs of the three splits (one ONNX Runtime session)."""
+        """The FP32 outputs of the splits (one ONNX Runtime session). The calibration split
+        is judged on its tight batches (``CalibrationData.judged_calibration``); with
+        trtpack's own Q/DQ, the calibration batches are measured in the same session."""
         cal = self.calibration
         assert cal is not None
+        judged, judged_texts = cal.judged_calibration()
         parts = (("heldout", cal.held_out), ("check", cal.check), ("search", cal.search),
-                 ("prefix", cal.prefixes), ("calibration", cal.feeds))
+                 ("prefix", cal.prefixes), ("calibration", judged))
         feeds = [f for _, part in parts for f in part]
         op_types = self.op_types_to_quantize()
         if feeds and cal.feeds and self.quantize_source == self.source and own_qdq(
                 op_types, self.method, "fp32"):
-            # one run: the references, and the calibration of trtpack's own Q/DQ
+            # one session: the references, and the calibration of trtpack's own Q/DQ
             from trtpack.precision.int8.qdq import references_and_calibration
 
-            refs, measured = references_and_calibration(self.source, parts, op_types)
+            refs, measured = references_and_calibration(self.source, parts, op_types,
+                                                        cal.feeds)
             self.qdq_calibration = (self.source, tuple(op_types), measured)
         else:
             refs = run_model(self.source, feeds) if feeds else []
-        texts = [*cal.held_out_texts, *cal.check_texts, *cal.search_texts, *cal.prefix_texts]
+        texts = [*cal.held_out_texts, *cal.check_texts, *cal.search_texts, *cal.prefix_texts,
+                 *judged_texts]
         for feed, rows in zip(feeds, texts, strict=False):
             self.texts[id(feed)] = rows
         together = iter(zip(feeds, refs, strict=True))

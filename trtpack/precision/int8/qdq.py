@@ -139,18 +139,20 @@ class CalibrationRun:
         self.names = [*self.own, *self.absmax.values(), *self.shapes.values()]
         self.calibration = Calibration()
 
-    def run(self, feed: Mapping[str, np.ndarray], calibrate: bool = True
+    def run(self, feed: Mapping[str, np.ndarray], calibrate: bool = True, outputs: bool = True
             ) -> dict[str, np.ndarray]:
-        """The model's own outputs for ``feed``; with ``calibrate`` its measurements are
-        added to ``calibration``."""
-        values = self.session.run(self.names, {k: v for k, v in feed.items()
-                                               if k in self.inputs})
-        got = dict(zip(self.names, values, strict=True))
+        """The model's own outputs for ``feed`` (``outputs``: else none); with ``calibrate``
+        its measurements are added to ``calibration``. ONNX Runtime computes only what the
+        names asked for need."""
+        probes = [*self.absmax.values(), *self.shapes.values()] if calibrate else []
+        names = [*(self.own if outputs else []), *probes]
+        values = self.session.run(names, {k: v for k, v in feed.items() if k in self.inputs})
+        got = dict(zip(names, values, strict=True))
         if calibrate:
             self.calibration.add(
                 {t: float(got[o]) for t, o in self.absmax.items()},
                 {t: tuple(int(d) for d in got[o]) for t, o in self.shapes.items()})
-        return {name: got[name] for name in self.own}
+        return {name: got[name] for name in self.own if name in got}
 
     def close(self) -> None:
         del self.session
@@ -172,11 +174,14 @@ def calibrate(source: Path, placement: Placement, feeds: Sequence[Mapping[str, n
 
 def references_and_calibration(source: Path,
                                parts: Sequence[tuple[str, Sequence[Mapping[str, np.ndarray]]]],
-                               op_types: Iterable[str]
+                               op_types: Iterable[str],
+                               calibration: Sequence[Mapping[str, np.ndarray]]
                                ) -> tuple[list[dict[str, np.ndarray]], Calibration]:
-    """The FP32 outputs of every feed of ``parts`` ((name, feeds) in order), and, on the
-    part named ``calibration``, the measurements of every candidate of ``op_types`` (no
-    exclusion: a superset for any later conversion), in one session a batch at a time."""
+    """The FP32 outputs of every feed of ``parts`` ((name, feeds) in order), and, over the
+    ``calibration`` batches, the measurements of every candidate of ``op_types`` (no
+    exclusion: a superset for any later conversion), in one session a batch at a time.
+    A part that is ``calibration`` itself is measured in its references' runs; else the
+    calibration batches run once more, for their measurements only."""
     import onnx
 
     graph = onnx.load(str(source), load_external_data=False).graph
@@ -184,8 +189,11 @@ def references_and_calibration(source: Path,
     del graph
     run = CalibrationRun(source, placement, keep_outputs=True)
     try:
-        refs = [run.run(feed, calibrate=name == "calibration")
-                for name, part in parts for feed in part]
+        refs = [run.run(feed, calibrate=part is calibration) for _, part in parts
+                for feed in part]
+        if not any(part is calibration for _, part in parts):
+            for feed in calibration:
+                run.run(feed, outputs=False)
     finally:
         run.close()
     return refs, run.calibration
