@@ -295,8 +295,19 @@ class StageCache:
               ) -> str | None:
         """Make ``tmp`` (from ``temporary_entry``, its files under ``tmp/files``, e.g.
         downloaded from another machine) the entry of ``key``, once its files match the
-        sizes and BLAKE3 ``meta["files"]`` records; else what differs (nothing is stored)."""
+        sizes and BLAKE3 ``meta["files"]`` records; else what differs (nothing is stored).
+
+        The files are this process's alone, all written: their mtimes are set back before
+        they are hashed, so the entry's ``Checked`` record vouches for them at once (a file
+        written in the last ``Checked.RACY_NS`` would be hashed again by the first ``load``,
+        a second pass over what was just checked). A write after this moves the mtime to now,
+        which the record does not vouch for."""
         started = time.time_ns()
+        back = started - 2 * Checked.RACY_NS
+        for f in (tmp / "files").rglob("*"):
+            if f.is_file():
+                with contextlib.suppress(OSError):  # then hashed again by the first load
+                    os.utime(f, ns=(back, back))
         problem = damage(tmp / "files", entry_files(meta, f"{stage}'s entry"))
         if problem is None:
             try:

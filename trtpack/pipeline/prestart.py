@@ -12,7 +12,9 @@ Which stage: the export, unless MODEL names an ``.onnx`` file (the import stage)
 when the stage cache holds no entry of that stage at all (or ``--no-cache``): a rebuild
 starts no process it would not use. The build takes the process (``take``) when it plans
 that stage; one it does not take (MODEL was a recipe file naming an ONNX model) is ended
-then (``end_untaken``).
+then (``end_untaken``), and one whose stage the build finds in a cache (a second runner's
+remote cache: its local one is empty) is ended as soon as it is found (``end``), before the
+download its imports would compete with.
 
 This module imports nothing heavy: ``trtpack.cli.main`` calls it before anything else.
 """
@@ -160,6 +162,15 @@ def prestart(argv: list[str]) -> None:
 def take(stage: str) -> StartedProcess | None:
     """The process prestarted for ``stage``, now the build's (None: there is none)."""
     return _PRESTARTED.pop(stage, None)
+
+
+def end(stage: str) -> None:
+    """End the process prestarted for ``stage``, if any: the build found that stage in its
+    cache (locally, or in the remote cache before downloading it), so nothing will take it,
+    and its imports would take a core from what the build does instead."""
+    started = _PRESTARTED.pop(stage, None)
+    if started is not None:
+        started.stop()
 
 
 def end_untaken() -> None:
