@@ -12,7 +12,9 @@ import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
+import psutil
 import pytest
 
 from tests.conftest import ROOT, run_cli, trtpack
@@ -105,12 +107,83 @@ def test_a_second_runner_downloads_only_what_its_output_needs(store: ObjectStore
     second = _build(tmp_path / "b", url, store.env(), *GPU_FP16)
     assert _ran(second) == ["package"]
     assert _served(tmp_path / "b") == _served(tmp_path / "a")
-    # the served FP16 model (precision) and the export's reference and config (package reads
-    # them) came down; simplify's and verify's files, which nothing that ran reads, did not
-    stored = {p.name for p in (tmp_path / "b" / "cache" / "stages").iterdir()}
-    assert stored == {"export", "precision"}
+    # the served FP16 model (precision) came down into the local cache, and of the export's
+    # entry only what the package stage reads (reference inputs, tokenizer, config: not its
+    # FP32 weights); simplify's and verify's files, which nothing that ran reads, did not
+    local = tmp_path / "b" / "cache" / "stages"
+    assert {p.name for p in local.iterdir() if any(p.iterdir())} == {"precision"}
+    assert not list((local / "export").iterdir())  # the part was not kept
+    export = tmp_path / "b" / "out" / "artifacts" / "export"
+    stored = _manifests(store, prefix)["export"]["files"]
+    assert {"model.onnx", "model.onnx.data", "reference.npz"} <= set(stored)
+    fetched = sorted(str(f.relative_to(export)) for f in export.rglob("*") if f.is_file())
+    assert fetched == sorted(set(stored) - {"model.onnx", "model.onnx.data"})
+    assert "downloaded only what later stages read: " in _stages(second)["export"]["message"]
+    assert sorted(a["path"] for a in _stages(second)["export"]["artifacts"]) == \
+        [f"artifacts/export/{f}" for f in fetched]
     assert "not downloaded" in _stages(second)["simplify"]["message"]
     assert not (tmp_path / "b" / "out" / "artifacts" / "simplify").exists()
+
+
+def test_a_corrupted_object_of_an_entry_fetched_in_part(store: ObjectStore,
+                                                        tmp_path: Path) -> None:
+    """The export's reference inputs (one of the files a second runner fetches of that
+    entry) corrupted in the bucket: the export runs again, the rest are hits, the same bytes
+    are served and the entry is replaced."""
+    url = f"s3://{BUCKET}/{new_prefix()}"
+    prefix = url.split("/", 3)[3]
+    _build(tmp_path / "a", url, store.env(), *GPU_FP16)
+    digest = _manifests(store, prefix)["export"]["files"]["reference.npz"][1]
+    blob = f"{prefix}/blobs/{digest}"
+    s3 = store.client()
+    good = s3.get_object(Bucket=BUCKET, Key=blob)["Body"].read()
+    s3.put_object(Bucket=BUCKET, Key=blob, Body=good[:-1] + bytes([good[-1] ^ 0xFF]))
+
+    second = _build(tmp_path / "b", url, store.env(), *GPU_FP16)
+    assert _ran(second) == ["export", "package"], _stages(second)
+    assert "reference.npz's content changed" in _stages(second)["export"]["warnings"][0]
+    assert _served(tmp_path / "b") == _served(tmp_path / "a")
+    replaced = s3.get_object(Bucket=BUCKET, Key=blob)["Body"].read()
+    assert _blake3(replaced, tmp_path) == digest
+    _check_whole(store, prefix)
+
+
+def test_a_second_runner_ends_the_prestarted_export_before_downloading(
+        store: ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command starts the export's process before anything else (its local cache holds
+    no export entry, ``pipeline.prestart``); once the bucket has the export's entry, that
+    process is ended before the downloads, whose cores its torch import would take."""
+    from trtpack.pipeline import prestart
+    from trtpack.pipeline.remote_cache import RemoteCache
+
+    url = f"s3://{BUCKET}/{new_prefix()}"
+    _build(tmp_path / "a", url, store.env(), *GPU_FP16)
+    root = tmp_path / "b"
+    args = ("build", "tiny-bert", "--random-weights", *GPU_FP16, "--out", str(root / "out"),
+            "--cache-dir", str(root / "cache"), "--cache-url", url)
+
+    def stage_processes() -> list[psutil.Process]:
+        return [c for c in psutil.Process().children(recursive=True)
+                if "trtpack.pipeline.isolate" in c.cmdline()]
+
+    alive_at_fetch: list[int] = []
+    fetch = RemoteCache.fetch
+
+    def counting(self: RemoteCache, *a: Any, **k: Any) -> Any:
+        alive_at_fetch.append(len(stage_processes()))
+        return fetch(self, *a, **k)
+
+    monkeypatch.setattr(RemoteCache, "fetch", counting)
+    for name, value in store.env().items():
+        monkeypatch.setenv(name, value)
+    try:
+        prestart.prestart(list(args))
+        assert len(stage_processes()) == 1  # the export's, importing torch
+        result = run_cli(*args, "--json", env=store.env())
+    finally:
+        prestart.end_untaken()
+    assert result.exit_code == 0, result.output
+    assert alive_at_fetch and alive_at_fetch[0] == 0, alive_at_fetch
 
 
 def test_a_corrupted_object_is_rebuilt_and_replaced(store: ObjectStore,

@@ -4,7 +4,10 @@
 entry found in the bucket is downloaded into the local cache, checked there against the sizes
 and BLAKE3 hashes its manifest records (``cache.damage``, the one check of an entry) and only
 then used; a damaged or partial entry is absent: its stage runs again and its entry is
-replaced.
+replaced. Of an entry whose stage is a hit but whose files a later stage reads, only the
+files of the artifacts read are downloaded (checked the same way), into a folder of their
+own that the build removes at its end: a second runner packaging the FP16 model reads the
+export's reference inputs and tokenizer, not its FP32 weights (``RemoteCache.fetch``).
 
 The bucket holds, under PREFIX:
 
@@ -33,12 +36,14 @@ import shutil
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from trtpack.json_values import JsonObject, json_object
+from trtpack.json_values import JsonObject, json_object, json_text
 from trtpack.machine.object_store import READ_TIMEOUT_S, s3_client
 from trtpack.machine.paths import CacheUrl
-from trtpack.pipeline.cache import META, StageCache
+from trtpack.onnx_tools.files import DATA_SUFFIX
+from trtpack.pipeline.cache import META, StageCache, damage
 from trtpack.pipeline.cache_records import entry_files
 
 BOTO3_INSTALL = "pip install 'trtpack[remote-cache]' (boto3)"
@@ -86,6 +91,31 @@ class RemoteEntry:
     def files(self) -> dict[str, tuple[int, str]]:
         """Its files (relative path -> (size, BLAKE3)), checked when it was found."""
         return entry_files(self.meta, f"{self.stage}'s remote entry")
+
+    def files_of(self, names: frozenset[str]) -> dict[str, tuple[int, str]]:
+        """Its files a stage reading the artifacts ``names`` needs: theirs (a file, the files
+        under a folder, an ONNX model's ``.data`` sidecar), and every file no artifact owns
+        (what it is for is not known here: kept)."""
+        artifacts = {name: json_text(rel, f"{self.stage}'s remote entry: artifacts.{name}")
+                     for name, rel in json_object(self.meta.get("artifacts"),
+                                                  f"{self.stage}'s remote entry").items()}
+
+        def owners(rel: str) -> set[str]:
+            return {name for name, path in artifacts.items()
+                    if rel in (path, path + DATA_SUFFIX) or rel.startswith(path + "/")}
+
+        return {rel: record for rel, record in self.files.items()
+                if not owners(rel) or owners(rel) & names}
+
+
+@dataclass
+class Fetched:
+    """What ``RemoteCache.fetch`` did with an entry."""
+
+    problem: str | None = None  # what was wrong with it (the stage runs; its entry replaced)
+    # the part of it asked for, checked, in this folder (removed when the build ends: the
+    # local cache holds whole entries only); None: the whole entry is in the local cache now
+    part: Path | None = None
 
 
 class RemoteCache:
@@ -145,18 +175,25 @@ class RemoteCache:
             return None
         return RemoteEntry(stage, key, dict(meta))
 
-    def fetch(self, entry: RemoteEntry) -> str | None:
-        """Download ``entry`` into the local cache, checked against its manifest's hashes
-        before it is stored there; None when it is stored (or the store failed: then the
-        stage is simply a miss), else what was wrong with it (it is replaced when this
-        build stores the stage)."""
+    def fetch(self, entry: RemoteEntry, names: frozenset[str] | None = None) -> Fetched:
+        """Download ``entry``, every file checked against its manifest's size and BLAKE3
+        before anything uses it. All of it (``names`` None, or its artifacts ``names`` own
+        every file) goes into the local cache; else only the files of the artifacts
+        ``names`` (``RemoteEntry.files_of``) into a folder of their own (``Fetched.part``):
+        a second runner reading the export's reference inputs and tokenizer does not
+        download its FP32 weights. A damaged entry's problem is returned (it is replaced
+        when this build stores the stage); a store that fails gives neither (the stage is
+        simply a miss: ``off``)."""
         if self.off is not None:
-            return None
+            return Fetched()
         from botocore.exceptions import BotoCoreError, ClientError
 
+        wanted = entry.files if names is None else entry.files_of(names)
+        whole = len(wanted) == len(entry.files)
         tmp = self.local.temporary_entry(entry.stage, entry.key)
+        kept = False
         try:
-            for rel, (_, digest) in sorted(entry.files.items()):
+            for rel, (_, digest) in sorted(wanted.items()):
                 path = tmp / "files" / rel
                 path.parent.mkdir(parents=True, exist_ok=True)
                 try:
@@ -167,18 +204,24 @@ class RemoteCache:
                     self._damaged.add((entry.stage, entry.key))
                     self._bad_blobs.add(digest)
                     if e.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                        return f"{rel} is missing from the bucket"
-                    return f"{rel} could not be read from the bucket ({_describe(e)})"
-            problem = self.local.adopt(entry.stage, entry.key, tmp, entry.meta)
+                        return Fetched(f"{rel} is missing from the bucket")
+                    return Fetched(f"{rel} could not be read from the bucket ({_describe(e)})")
+            if whole:
+                problem = self.local.adopt(entry.stage, entry.key, tmp, entry.meta)
+            else:
+                problem = damage(tmp / "files", wanted)
             if problem is not None:
                 self._damaged.add((entry.stage, entry.key))
-                self._bad_blobs.update(d for _, d in entry.files.values())
-            return problem
+                self._bad_blobs.update(d for _, d in wanted.values())
+                return Fetched(problem)
+            kept = not whole
+            return Fetched(part=tmp / "files" if kept else None)
         except (BotoCoreError, ClientError) as e:
             self._fail(f"downloading {entry.stage}'s entry", e)
-            return None
+            return Fetched()
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if not kept:
+                shutil.rmtree(tmp, ignore_errors=True)
 
     def publish(self, stage: str, key: str) -> None:
         """Upload the local entry ``stage``/``key``: its blobs the bucket lacks, then its

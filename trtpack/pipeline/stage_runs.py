@@ -15,13 +15,13 @@ import time
 import traceback
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING
 
 from trtpack.errors import StageError, StageKilledError, TrtpackError, no_space_cause
 from trtpack.json_values import json_object
+from trtpack.onnx_tools.files import link_tree
 from trtpack.options import BuildPlan
 from trtpack.out_files import ARTIFACTS
 from trtpack.pipeline import keys, prestart
@@ -30,32 +30,15 @@ from trtpack.pipeline.cache import StageCache, relative_artifacts, stage_key
 from trtpack.pipeline.cache_records import EntryRecord
 from trtpack.pipeline.faults import killed_message, oom_kills
 from trtpack.pipeline.isolate import HeadStart, StageProcess
+from trtpack.pipeline.planned import PlannedStage, remote_entries_read
 from trtpack.pipeline.stage import STAGES, Stage
 
 if TYPE_CHECKING:
-    from trtpack.pipeline.remote_cache import RemoteCache, RemoteEntry
+    from trtpack.pipeline.remote_cache import RemoteCache
 from trtpack.report import Artifact, JsonObject, StageResult, VerificationRow
 from trtpack.resources import ResourceMeter
 from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import ProgressCallback, StageContext, StageOutcome, stage_logger
-
-
-@dataclass
-class PlannedStage:
-    """A stage of this build with its cache key, known before anything runs. ``cached``: in
-    the local cache, or in the remote one (``remote``: its manifest, when its files were not
-    downloaded because no stage that runs reads them)."""
-
-    stage: Stage
-    module: ModuleType
-    key: str
-    cached: bool
-    remote: RemoteEntry | None = None
-    # the entry found damaged in the remote cache (the stage runs again and replaces it)
-    discarded: str | None = None
-    # the artifacts its entry holds (by ``Artifacts`` field), where known
-    made: frozenset[str] | None = None
-
 
 # A stage that has a core to spare (the export, once its PyTorch reference pass is done) lets
 # the processes of the next WARM_ON_SPARE_CORE stages start importing on it, when its model's
@@ -107,6 +90,8 @@ class StageRuns:
             remote = None
             if stage.cacheable and not cached and self.remote is not None:
                 remote = self.remote.lookup(stage.name, upstream)
+            if cached or remote is not None:  # (its entry found damaged later: it starts
+                prestart.end(stage.name)      # a process of its own then)
             made = None
             if remote is not None:
                 made = frozenset(json_object(remote.meta.get("artifacts"),
@@ -128,20 +113,26 @@ class StageRuns:
         assert self.remote is not None
         remote = self.remote
         while wanted := remote_entries_read(planned, self.plan):
-            for p in wanted:
+            for p, names in wanted:
                 assert p.remote is not None
-                problem = remote.fetch(p.remote)
+                if p.part is not None:  # more of an entry fetched in part: all of it now
+                    shutil.rmtree(p.part.parent, ignore_errors=True)
+                    p.part, p.part_names, names = None, frozenset(), None
+                fetched = remote.fetch(p.remote, names)
                 if remote.off is not None:  # the store failed: its entries are misses
                     for q in planned:
                         if q.remote is not None:
                             q.remote, q.cached = None, False
                     break
-                if problem is not None:
+                if fetched.problem is not None:
                     p.discarded = (f"{remote.url.key('stages', p.stage.name, p.key)} in the "
-                                   f"remote cache: {problem}")
+                                   f"remote cache: {fetched.problem}")
                     p.remote, p.cached = None, False
                     break
-                p.remote = None  # now in the local cache
+                if fetched.part is not None:
+                    p.part, p.part_names = fetched.part, names or frozenset()
+                else:
+                    p.remote = None  # now in the local cache
 
     def inputs_after_damage(self, damaged: PlannedStage, work: Path
                             ) -> dict[str, Artifacts]:
@@ -162,6 +153,7 @@ class StageRuns:
             if p.remote is not None or not p.cached:
                 continue  # not needed, or could not be had
             stage_dir = work / ARTIFACTS / p.stage.name
+            shutil.rmtree(stage_dir, ignore_errors=True)  # the part of it reused before
             loaded = self.cache.load(p.stage.name, p.key, stage_dir)
             if loaded.meta is not None:
                 record = EntryRecord.from_meta(loaded.meta, f"{p.stage.name}'s cache entry")
@@ -238,6 +230,10 @@ class StageRuns:
         are dropped, and what head starts made for stages that never ran is removed (the
         folder of a failed build holds what ran)."""
         self.stop_processes()
+        for p in self._planned:  # the parts of remote entries, linked where they were used
+            if p.part is not None:
+                shutil.rmtree(p.part.parent, ignore_errors=True)
+                p.part = None
         pending, self._pending = self._pending, []
         for future in pending:
             if failed:
@@ -270,6 +266,13 @@ class StageRuns:
             record = EntryRecord.from_meta(plan.remote.meta, f"{stage.name}'s remote entry")
             made = Artifacts()
             records: list[Artifact] = []
+            if plan.part is not None:  # the files of the artifacts later stages read
+                link_tree(plan.part, stage_dir)
+                made = Artifacts.from_named({name: stage_dir / rel
+                                             for name, rel in record.artifacts.items()
+                                             if name in plan.part_names})
+                work = stage_dir.parent.parent
+                records = [a for a in record.records if (work / a.path).is_file()]
         else:
             loaded = self.cache.load(stage.name, key, stage_dir)
             if loaded.meta is None:
@@ -283,7 +286,10 @@ class StageRuns:
             records = record.records
         result = record.result
         result.artifacts = records
-        if plan.remote is not None:
+        if plan.part is not None:
+            result.message += (" (in the remote cache; downloaded only what later stages "
+                               f"read: {', '.join(sorted(plan.part_names))})")
+        elif plan.remote is not None:
             result.message += " (in the remote cache; not downloaded: nothing that ran " \
                               "read its files)"
         result.cached = True
@@ -368,24 +374,3 @@ class StageRuns:
         self.cache.store(stage, key, stage_dir, meta)
         if self.remote is not None:
             self.remote.publish(stage, key)
-
-
-def remote_entries_read(planned: list[PlannedStage], plan: BuildPlan) -> list[PlannedStage]:
-    """The planned stages whose entry is in the remote cache only and whose files a stage
-    that runs reads (``Stage.reads``), in order: walking back from the last stage, each
-    stage that runs adds what it reads, and each entry met takes away what it made. Only
-    entries made by stages upstream of a miss are downloaded (a hit needs no inputs)."""
-    wanted: list[PlannedStage] = []
-    needed: set[tuple[str, ...]] | None = set()  # None: every artifact
-    for p in reversed(planned):
-        if p.cached and p.made is not None and needed is not None:
-            read = {g for g in needed if p.made & set(g)}
-            if p.remote is not None and read:
-                wanted.append(p)
-            needed -= read
-        elif p.remote is not None:  # what every stage that runs from here on reads
-            wanted.append(p)
-        elif not p.cached:
-            reads = p.stage.reads(plan)
-            needed = None if needed is None or reads is None else needed | set(reads)
-    return wanted[::-1]
