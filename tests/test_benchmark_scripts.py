@@ -153,3 +153,16 @@ def test_each_fp32_form_computes_the_served_model(tiny_build: Path, tmp_path: Pa
             assert signs[name] in ran, (name, sorted(set(ran)))
         if name.startswith(("sum3", "gemm")):
             assert forms.residual_adds(model) == []  # every bias Add moved
+
+
+def test_the_reference_heap_script_runs_both_heaps_in_rotation(tmp_path: Path) -> None:
+    import json
+    import subprocess
+
+    out = tmp_path / "heap.json"
+    subprocess.run([sys.executable, str(BENCHMARKS / "reference_heap.py"), "--config",
+                    "bert-base", "--batch", "2", "--seq", "8", "--rounds", "2", "--json",
+                    str(out)], check=True, capture_output=True, timeout=600)
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["variant"] for r in rows] == ["default heap", "reused_heap"] * 2
+    assert all(r["cpu"] >= r["sys"] >= 0 and r["minor_faults"] >= 0 for r in rows)
