@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -178,7 +179,12 @@ def test_a_second_runner_ends_the_prestarted_export_before_downloading(
         monkeypatch.setenv(name, value)
     try:
         prestart.prestart(list(args))
-        assert len(stage_processes()) == 1  # the export's, importing torch
+        # the export's, importing torch; until the child has exec'd, its command line is
+        # still pytest's (a fork not yet an isolate process): wait for it, a bounded time
+        deadline = time.monotonic() + 30
+        while len(stage_processes()) != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(stage_processes()) == 1
         result = run_cli(*args, "--json", env=store.env())
     finally:
         prestart.end_untaken()
