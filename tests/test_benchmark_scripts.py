@@ -166,3 +166,18 @@ def test_the_reference_heap_script_runs_both_heaps_in_rotation(tmp_path: Path) -
     rows = json.loads(out.read_text())["rows"]
     assert [r["variant"] for r in rows] == ["default heap", "reused_heap"] * 2
     assert all(r["cpu"] >= r["sys"] >= 0 and r["minor_faults"] >= 0 for r in rows)
+
+
+def test_the_export_beside_script_runs_both_orders(tmp_path: Path) -> None:
+    import json
+    import subprocess
+
+    out = tmp_path / "beside.json"
+    subprocess.run([sys.executable, str(BENCHMARKS / "export_beside.py"), "--recipe",
+                    "tiny-bert", "--profile", "1x4:2x8:4x16", "--rounds", "1", "--work",
+                    str(tmp_path / "work"), "--json", str(out)], check=True,
+                   capture_output=True, timeout=600)
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["variant"] for r in rows] == ["one after the other",
+                                            "exporter beside the forwards"]
+    assert all(r["wall"] > 0 and r["cpu"] > 0 for r in rows)

@@ -25,7 +25,7 @@ from trtpack.resources import reused_heap
 from trtpack.sources.recipe import Recipe
 from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
-from trtpack.stages.torch_export import export_onnx
+from trtpack.stages.torch_export import Exported, export_onnx
 from trtpack.verify.sample_files import SampleInputs, file_state
 from trtpack.verify.samples import make_inputs
 
@@ -152,16 +152,20 @@ def shapes_text(inputs: dict[str, np.ndarray]) -> str:
 
 
 def run_torch(wrapper: torch.nn.Module, recipe: Recipe, cases: list[Case],
-              fresh: Callable[[], torch.nn.Module] | None = None) -> None:
+              fresh: Callable[[], torch.nn.Module] | None = None,
+              threads: int | None = None) -> None:
     """The PyTorch outputs of every case, on a heap that reuses its large blocks
     (``resources.reused_heap``: a large model's activations are not faulted in anew at each
     layer). A forward that fails is the model's own failure at
     the profile's shapes: a ``UserInputError`` naming the corner and the shapes. ``fresh``
     (a TorchScript model that keeps state between calls) makes a new wrapper per case: each
-    case runs from the saved state, as the exported graph does."""
+    case runs from the saved state, as the exported graph does. ``threads``: the intra-op
+    threads of the calling thread's forwards (torch keeps them per thread)."""
     import torch
 
     names = [i.name for i in recipe.inputs]
+    if threads is not None:
+        torch.set_num_threads(threads)
     with torch.inference_mode(), reused_heap():
         for case in cases:
             if fresh is not None:
@@ -181,6 +185,58 @@ def run_torch(wrapper: torch.nn.Module, recipe: Recipe, cases: list[Case],
                             for o, t in zip(recipe.outputs, outs, strict=True)}
 
 
+def copy_sharing_weights(module: torch.nn.Module) -> torch.nn.Module | None:
+    """A copy of ``module``'s objects that shares its tensors (no weight is copied): what
+    the exporter may trace while the module itself runs (torch.export swaps a traced
+    module's parameters for fake ones while it traces). None when the module cannot be
+    copied."""
+    import copy
+
+    import torch
+
+    memo: dict[int, object] = {}
+    for m in module.modules():
+        for value in (*m.parameters(recurse=False), *m.buffers(recurse=False),
+                      *vars(m).values()):
+            if isinstance(value, torch.Tensor):
+                memo[id(value)] = value
+    try:
+        return copy.deepcopy(module, memo)
+    except Exception:  # an object of the user's model that refuses to be copied
+        return None
+
+
+def reference_beside(wrapper: torch.nn.Module, recipe: Recipe, cases: list[Case],
+                     export: Callable[[], Exported]) -> Exported:
+    """``export()`` (the ONNX exporter: Python, one core) on this thread while the PyTorch
+    outputs of ``cases`` are computed on a thread of its own at one intra-op thread, on the
+    other core (issue 47: the exporter left a core idle for seconds). The exporter works
+    on a copy of the module (``copy_sharing_weights``), never on ``wrapper``; the
+    interpreter hands the forwards' thread the GIL between operators at 0.5 ms instead of
+    5. A failure of either is raised once both have ended (the forwards' first: a model
+    that fails at a profile corner is the user's to fix)."""
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(min(interval, 0.0005))
+    try:
+        # leaving the pool waits for the forwards, also when the export raised
+        with ThreadPoolExecutor(1, thread_name_prefix="trtpack-reference") as pool:
+            forwards = pool.submit(run_torch, wrapper, recipe, cases, None, 1)
+            try:
+                exported = export()
+            except Exception:  # the model's own forward failing is the error to show
+                failed = forwards.exception()
+                if isinstance(failed, UserInputError):
+                    raise failed from None
+                raise
+            forwards.result()
+    finally:
+        sys.setswitchinterval(interval)
+    return exported
+
+
 def run(ctx: StageContext) -> StageOutcome:
     plan = ctx.plan
     recipe = plan.recipe
@@ -191,20 +247,34 @@ def run(ctx: StageContext) -> StageOutcome:
     if recipe.source.torchscript:
         path = recipe.source.torchscript
         fresh = lambda: output_selector(load_torchscript(path), recipe)  # noqa: E731
-    ctx.progress("running PyTorch at every profile corner")
     cases, sample_warnings, samples_fed = build_cases(plan, loaded)
-    run_torch(wrapper, recipe, cases, fresh)
+    model_bytes = sum(t.numel() * t.element_size() for t in
+                      (*loaded.module.parameters(), *loaded.module.buffers()))
+    exporter = "legacy" if recipe.source.torchscript else recipe.exporter
+    onnx_path = ctx.stage_dir / "model.onnx"
+    exporting = f"exporting to ONNX (opset {plan.opset}, {exporter} exporter)"
+    beside = copy_sharing_weights(wrapper) if fresh is None and len(cases) > 1 else None
+    if beside is None:
+        ctx.progress("running PyTorch at every profile corner")
+        run_torch(wrapper, recipe, cases, fresh)
+        # the exporter traces in Python, on one core: later stages' processes may import on
+        # the other
+        ctx.spare_core(model_bytes)
+        ctx.progress(exporting)
+        exported = export_onnx(wrapper, plan, onnx_path, ctx.log,
+                               saved=fresh() if fresh is not None else None)
+    else:
+        largest = max(cases, key=lambda c: sum(a.size for a in c.inputs.values()))
+        smaller = [c for c in cases if c is not largest]
+        ctx.progress(f"{exporting}, PyTorch at {len(smaller)} smaller profile corners beside")
+        ctx.spare_core(model_bytes)
+        exported = reference_beside(wrapper, recipe, smaller,
+                                    lambda: export_onnx(beside, plan, onnx_path, ctx.log))
+        ctx.progress(f"running PyTorch at the largest profile corner ({largest.corner})")
+        run_torch(wrapper, recipe, [largest])
     reference = ctx.stage_dir / "reference.npz"
     save_cases(reference, cases)
     ctx.log.info("PyTorch outputs of %d cases saved", len(cases))
-    # the exporter traces in Python, on one core: later stages' processes may import on the other
-    ctx.spare_core(sum(t.numel() * t.element_size() for t in
-                       (*loaded.module.parameters(), *loaded.module.buffers())))
-    exporter = "legacy" if recipe.source.torchscript else recipe.exporter
-    ctx.progress(f"exporting to ONNX (opset {plan.opset}, {exporter} exporter)")
-    onnx_path = ctx.stage_dir / "model.onnx"
-    exported = export_onnx(wrapper, plan, onnx_path, ctx.log,
-                           saved=fresh() if fresh is not None else None)
     summary = graph_summary(onnx_path)
     ctx.log.info("ONNX model written: %d nodes", summary["nodes"])
     warnings_out: list[str] = list(sample_warnings)
