@@ -181,3 +181,35 @@ def test_the_export_beside_script_runs_both_orders(tmp_path: Path) -> None:
     assert [r["variant"] for r in rows] == ["one after the other",
                                             "exporter beside the forwards"]
     assert all(r["wall"] > 0 and r["cpu"] > 0 for r in rows)
+
+
+def test_modelopt_ranges_compare_counts_ulps_and_missing_ranges(tmp_path: Path) -> None:
+    """int8_modelopt_ranges.compare: a served activation scale equal to ONNX Runtime's scale
+    of ModelOpt's range, one float32 ulp above it, and one with no ModelOpt range at all."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    ranges = load("int8_modelopt_ranges")
+    exact = ranges.ort_scale(-1.27, 0.5)  # symmetric: 1.27 * 2 / 254
+    assert np.isclose(float(exact), 0.01, rtol=1e-6)
+    above = np.nextafter(exact, np.float32(1.0))
+    nodes, inits = [], []
+    for name, scale in (("a", exact), ("b", above), ("c", exact)):
+        inits += [numpy_helper.from_array(np.asarray(scale, np.float32), f"{name}_scale"),
+                  numpy_helper.from_array(np.zeros((), np.int8), f"{name}_zero_point")]
+        nodes += [helper.make_node("QuantizeLinear", [name, f"{name}_scale",
+                                                      f"{name}_zero_point"], [f"{name}_q"]),
+                  helper.make_node("DequantizeLinear", [f"{name}_q", f"{name}_scale",
+                                                        f"{name}_zero_point"], [f"{name}_dq"])]
+    nodes.append(helper.make_node("Sum", ["a_dq", "b_dq", "c_dq"], ["y"]))
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2]) for n in "abc"]
+    graph = helper.make_graph(nodes, "g", inputs,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+                              inits)
+    served = tmp_path / "model.onnx"
+    onnx.save_model(helper.make_model(graph), str(served))
+    found = ranges.compare(served, {"a": [-1.27, 0.5], "b": [-1.27, 0.5]})
+    assert (found["activations"], found["equal"], found["max_ulps"]) == (3, 1, 1)
+    assert [d["tensor"] for d in found["differ"]] == ["b"]
+    assert found["no_modelopt_range"] == ["c"]
