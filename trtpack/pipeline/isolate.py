@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -119,10 +120,12 @@ class StageProcess:
     def pid(self) -> int:
         return self.process.pid
 
-    def run(self, ctx: StageContext, log_path: Path) -> StageOutcome:
+    def run(self, ctx: StageContext, log_path: Path,
+            meanwhile: Callable[[], None] | None = None) -> StageOutcome:
         """``stage.run(ctx)`` in this process; progress comes back as it happens. A user error
         keeps its message and exit code; anything else becomes this process's exception with
-        the traceback in the stage log."""
+        the traceback in the stage log. ``meanwhile``: what this process does once the job is
+        sent, before it waits for the stage (e.g. a later in-process stage's imports)."""
         name = self.stage.name
         job: StageJob = (name, ctx.plan, ctx.stage_dir, ctx.build_dir, ctx.artifacts,
                          log_path)
@@ -131,6 +134,8 @@ class StageProcess:
                 self._jobs.send(job)
             except (BrokenPipeError, ConnectionResetError):
                 self._ended(name)  # it died while warming up
+            if meanwhile is not None:
+                meanwhile()
             while True:
                 try:
                     kind, payload = self._messages.recv()
