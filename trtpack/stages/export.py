@@ -266,8 +266,8 @@ def run(ctx: StageContext) -> StageOutcome:
     else:
         largest = max(cases, key=lambda c: sum(a.size for a in c.inputs.values()))
         smaller = [c for c in cases if c is not largest]
+        ctx.spare_core(model_bytes)  # before the progress line, as above (the build's order)
         ctx.progress(f"{exporting}, PyTorch at {len(smaller)} smaller profile corners beside")
-        ctx.spare_core(model_bytes)
         exported = reference_beside(wrapper, recipe, smaller,
                                     lambda: export_onnx(beside, plan, onnx_path, ctx.log))
         ctx.progress(f"running PyTorch at the largest profile corner ({largest.corner})")
