@@ -131,9 +131,7 @@ class FusedGraph:
     fp32_path: Path
     warnings: list[str]
     seconds: float
-    # the fused model run on the export's cases in the head start (a small model): the
-    # check then compares these with verify's FP32 outputs instead of running it again
-    ran: list[Case] | None = None
+    ran: list[Case] | None = None  # its runs on the export's cases, made ahead (run_ahead)
 
 
 _HEAD_STARTED: list[FusedGraph] = []  # this process's head start: one at most
@@ -141,10 +139,8 @@ _HEAD_STARTED: list[FusedGraph] = []  # this process's head start: one at most
 
 def head_start(ctx: StageContext) -> None:
     """The fusion, made while the stage before this one runs (``Stage.head_start``): the FP32
-    graph it reads is final once the simplify has run, and only the check of the fused
-    model needs the verify stage's FP32 outputs. For a small model the fused model's runs
-    on the export's cases are made here too (``run_ahead``), so that after verify only the
-    comparison is left. ``run`` takes it up."""
+    graph it reads is final once the simplify has run; then, for a small model, its runs
+    (``run_ahead``): only the comparison needs verify's outputs. ``run`` takes it up."""
     fused = fuse(ctx)
     _HEAD_STARTED.append(fused)  # taken up even when the runs below fail
     fused.ran = run_ahead(ctx, fused.fp32_path)
@@ -153,8 +149,10 @@ def head_start(ctx: StageContext) -> None:
 def run_ahead(ctx: StageContext, fp32_path: Path) -> list[Case] | None:
     """The fused model's outputs on the export's cases (its ``reference``), on one intra-op
     thread (verify's session has the other core), when its weights are at most
-    ``SMALL_MODEL_BYTES``: a second session of a larger model beside verify's would add to
-    the build's peak. None: not run."""
+    ``SMALL_MODEL_BYTES`` and its runs short (``few_runs_prepacked``'s rows): a second
+    session of a larger model, or long runs' activations, beside verify's would add to the
+    build's peak (``memory_check.HEAD_START`` counts this one). None: not run."""
+    from trtpack.runtimes.onnxruntime import few_runs_prepacked
     from trtpack.verify.compare import run_onnxruntime
 
     reference = ctx.artifacts.reference
@@ -163,6 +161,8 @@ def run_ahead(ctx: StageContext, fp32_path: Path) -> list[Case] | None:
     if reference is None or not reference.is_file() or size > SMALL_MODEL_BYTES:
         return None
     cases = load_cases(reference)
+    if few_runs_prepacked([c.inputs for c in cases]):
+        return None
     ran = with_outputs(cases, run_onnxruntime(fp32_path, cases, threads=1))
     ctx.log.info("the fused FP32 model run on %d cases while the stage before ran", len(ran))
     return ran
