@@ -58,13 +58,92 @@ def trtpack(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
     would only be ended)."""
     from trtpack.pipeline.prestart import NO_PRESTART_ENV
 
-    python_path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     base = {k: v for k, v in os.environ.items() if k not in unset}
     if usage_error:
         base[NO_PRESTART_ENV] = "1"
     return subprocess.run([sys.executable, "-m", "trtpack.cli", *args], capture_output=True,
                           text=True, timeout=timeout, check=False, cwd=cwd,
-                          env={**base, "PYTHONPATH": python_path, **(env or {})})
+                          env={**base, "PYTHONPATH": python_path(), **(env or {})})
+
+
+def python_path() -> str:
+    """``PYTHONPATH`` with this checkout first (once)."""
+    paths = (str(ROOT), *os.environ.get("PYTHONPATH", "").split(os.pathsep))
+    return os.pathsep.join(dict.fromkeys(p for p in paths if p))
+
+
+# --- stage processes forked from warm templates ---------------------------------------------
+
+
+def without_stage_server(env: dict[str, str]) -> dict[str, str]:
+    """``env`` without the stage server: a build started in it starts its stage processes
+    fresh, as its children (for tests that find them among the build's children, or by the
+    environment they started with: a served process is the server's, with the server's)."""
+    from trtpack.pipeline.stage_client import STAGE_SERVER_ENV
+
+    return {k: v for k, v in env.items() if k != STAGE_SERVER_ENV}
+
+
+def start_stage_server(folder: Path, *args: str) -> subprocess.Popen[bytes]:
+    """``python -m trtpack.pipeline.stage_server FOLDER ARGS`` in this environment, its
+    output in ``FOLDER.log``."""
+    from trtpack.processes import python_module_command
+
+    with open(f"{folder}.log", "ab") as log:
+        return subprocess.Popen(
+            python_module_command("trtpack.pipeline.stage_server", str(folder), *args),
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+            env=dict(os.environ))
+
+
+def wait_for_templates(folder: Path, stages: tuple[str, ...], seconds: float = 180) -> None:
+    """Until the stage server in ``folder`` listens for each of ``stages``."""
+    from trtpack.pipeline.stage_server import socket_path
+
+    deadline = time.monotonic() + seconds
+    while not all(socket_path(folder, s).exists() for s in stages):
+        assert time.monotonic() < deadline, Path(f"{folder}.log").read_text(errors="replace")
+        time.sleep(0.1)
+
+
+def stop_stage_server(server: subprocess.Popen[bytes], folder: Path) -> None:
+    server.terminate()
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+    shutil.rmtree(folder, ignore_errors=True)
+    Path(f"{folder}.log").unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def stage_server() -> Iterator[Path | None]:
+    """One stage server for this process's tests (``pipeline.stage_server``: each build's
+    stage processes forked from templates that imported torch, transformers and ONNX once,
+    not started fresh), named in the environment (``TRTPACK_STAGE_SERVER``), so the builds
+    run in this process and the ``trtpack`` commands it starts (``trtpack(...)``: the same
+    environment, PYTHONPATH included) use it. A build whose environment differs from it
+    (a test's own variables) starts its processes fresh, as without one. Set
+    ``TRTPACK_STAGE_SERVER`` (empty: none) to run without it. The tests that look for stage
+    processes among a build's children unset it (a served process is the server's child)."""
+    from trtpack.pipeline.stage_client import STAGE_SERVER_ENV
+
+    if STAGE_SERVER_ENV in os.environ:
+        yield None
+        return
+    import tempfile
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONPATH", python_path())
+        # short: a Unix socket's path holds at most 107 bytes
+        folder = Path(tempfile.mkdtemp(prefix="trtpack-stages-"))
+        server = start_stage_server(folder)
+        patch.setenv(STAGE_SERVER_ENV, str(folder))
+        try:
+            yield folder
+        finally:
+            stop_stage_server(server, folder)
 
 
 # --- running in pytest-xdist workers (make test: -n 2 --dist loadgroup) ---------------------

@@ -14,7 +14,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from tests.conftest import run_cli, sigint_as_default
+from tests.conftest import run_cli, sigint_as_default, without_stage_server
 from trtpack.model_io import model_io_from_onnx
 from trtpack.onnx_tools.files import sha256_file
 from trtpack.report import BuildReport
@@ -140,7 +140,8 @@ def test_ctrl_c_mid_build_leaves_nothing_half_written(signum: int, tmp_path: Pat
     import psutil
 
     out = tmp_path / "interrupted"
-    env = {**os.environ, "TRTPACK_CACHE_DIR": str(tmp_path / "cache")}
+    # its stage processes found among its children: none from a stage server
+    env = without_stage_server({**os.environ, "TRTPACK_CACHE_DIR": str(tmp_path / "cache")})
     proc = subprocess.Popen(
         [sys.executable, "-m", "trtpack.cli", "build", "tiny-bert", "--random-weights",
          "--target", "cpu", "--out", str(out)],

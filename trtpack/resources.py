@@ -30,20 +30,29 @@ RESCAN_EVERY = 10
 _STATM = Path("/proc/self/statm").is_file()  # Linux; elsewhere psutil reads the RSS
 
 
-def _descendants(exclude: frozenset[int] = frozenset()) -> list[int] | None:
-    """This process's descendants, less ``exclude`` and theirs (None: psutil missing)."""
+def _descendants(exclude: frozenset[int] = frozenset(),
+                 include: frozenset[int] = frozenset()) -> list[int] | None:
+    """This process's descendants, less ``exclude`` and theirs, with ``include`` and theirs
+    (processes of the build that are not its children: a stage server's, ``stage_client``)
+    (None: psutil missing)."""
     try:
         import psutil
     except ImportError:  # pragma: no cover - psutil is a core dependency
         return None
     found = []
     skipped: set[int] = set(exclude)
-    for child in psutil.Process().children(recursive=True):
+    processes = list(psutil.Process().children(recursive=True))
+    for pid in sorted(include - exclude):
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(pid)
+            processes += [root, *root.children(recursive=True)]
+    for child in processes:
         with contextlib.suppress(psutil.Error):
             if child.pid in skipped or child.ppid() in skipped:
                 skipped.add(child.pid)
                 continue
-            found.append(child.pid)
+            if child.pid not in found:
+                found.append(child.pid)
     return found
 
 
@@ -75,15 +84,18 @@ def _rss_mb(exclude: frozenset[int] = frozenset()) -> float | None:
 class ResourceMeter:
     """Context manager sampling RSS (self + children) every ``interval`` seconds; the
     processes in ``exclude`` (and theirs) are not counted (another stage's, warming up).
-    The children are listed anew every ``RESCAN_EVERY`` samples (and at the first and the
+    ``include``: processes counted as children though they are not (and theirs). The
+    children are listed anew every ``RESCAN_EVERY`` samples (and at the first and the
     last); between, the RSS of those listed is read.
 
     ``seconds`` and ``peak_mb`` hold the wall time and the highest sample after exit.
     """
 
-    def __init__(self, interval: float = 0.05, exclude: set[int] | None = None) -> None:
+    def __init__(self, interval: float = 0.05, exclude: set[int] | None = None,
+                 include: set[int] | None = None) -> None:
         self.interval = interval
         self.exclude = frozenset(exclude or ())
+        self.include = frozenset(include or ())
         self.seconds = 0.0
         self.peak_mb: float | None = None
         self._stop = threading.Event()
@@ -99,7 +111,7 @@ class ResourceMeter:
 
     def _sample(self, rescan: bool = False) -> None:
         if rescan or self._pids is None or self._since_scan >= RESCAN_EVERY:
-            self._pids = _descendants(self.exclude)
+            self._pids = _descendants(self.exclude, self.include)
             self._since_scan = 0
         self._since_scan += 1
         pids = self._pids  # read once: exclude_process may reset it from another thread

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, without_stage_server
 from trtpack.onnx_tools.files import sha256_file
 from trtpack.out_files import files_under, manifest_files
 from trtpack.pipeline.cache import StageCache
@@ -26,12 +26,15 @@ from trtpack.pipeline.faults import killed_message
 BUILD = ["build", "tiny-bert", "--random-weights", "--target", "cpu"]
 
 
-def start(out: Path, cache: Path, *extra: str, model: str = "tiny-bert"
+def start(out: Path, cache: Path, *extra: str, model: str = "tiny-bert", fresh: bool = False
           ) -> subprocess.Popen[str]:
+    """The build in a process of its own (``fresh``: its stage processes its children, not
+    a stage server's)."""
     return subprocess.Popen(
         [sys.executable, "-m", "trtpack.cli", "build", model, "--random-weights", "--target",
          "cpu", "--out", str(out), "--cache-dir", str(cache), *extra],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env=without_stage_server(dict(os.environ)) if fresh else None)
 
 
 def wait_for(condition, proc: subprocess.Popen[str], what: str) -> None:  # type: ignore[no-untyped-def]
@@ -81,7 +84,7 @@ def test_a_stage_process_killed_by_sigkill_is_said_in_words(tmp_path: Path) -> N
     be invoked safely on a shared machine): no OOM kill is counted, so the message gives the
     signal and the peak memory against what is available."""
     out, cache = tmp_path / "out", tmp_path / "cache"
-    proc = start(out, cache)
+    proc = start(out, cache, fresh=True)  # its export process found among its children
     wait_for(lambda: stage_started(out, proc, "export"), proc, "the export started")
     stage = next(p for p in psutil.Process(proc.pid).children()
                  if "trtpack.pipeline.isolate" in p.cmdline() and p.cmdline()[-2] == "export")

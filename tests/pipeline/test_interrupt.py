@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import sigint_as_default
+from tests.conftest import sigint_as_default, without_stage_server
 from trtpack.onnx_tools.files import sha256_file
 
 MARK = "TRTPACK_TEST_BUILD_MARK"
@@ -52,7 +52,8 @@ def describe(pid: int) -> str:
 
 
 def start_build(out: Path, mark: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, MARK: mark}
+    # the build's processes are found by the environment they started with: fresh ones
+    env = without_stage_server({**os.environ, MARK: mark})
     return subprocess.Popen([sys.executable, "-m", "trtpack.cli", *BUILD, "--out", str(out)],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             preexec_fn=sigint_as_default)

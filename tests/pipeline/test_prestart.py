@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.conftest import ROOT
+from tests.conftest import python_path, without_stage_server
 from trtpack.pipeline.prestart import first_stage, may_reuse, option_value
 
 BUILD = ("build", "tiny-bert", "--random-weights", "--target", "cpu", "--precision", "fp32",
@@ -30,9 +30,9 @@ def test_the_first_stage_is_known_from_the_command_line() -> None:
 
 
 def _start(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"),
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
-                                         if p)}
+    # the stage processes looked for are the build's children: none from a stage server
+    env = without_stage_server({**os.environ, "TMPDIR": str(tmp_path / "tmp"),
+                                "PYTHONPATH": python_path()})
     return subprocess.Popen([sys.executable, "-m", "trtpack.cli", *args], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 

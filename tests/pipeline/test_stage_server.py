@@ -1,0 +1,210 @@
+"""Stage processes forked from a stage server's warm templates (``pipeline.stage_server``):
+the same artifacts as fresh processes, killed with the build, and a fresh process whenever
+the server cannot serve (gone, refusing a build's environment, or threaded)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import (
+    ROOT,
+    python_path,
+    sigint_as_default,
+    start_stage_server,
+    stop_stage_server,
+    wait_for_templates,
+    without_stage_server,
+)
+from trtpack.pipeline.prestart import start_stage_process
+from trtpack.pipeline.stage_client import STAGE_SERVER_ENV, ServedProcess
+from trtpack.pipeline.stage_server import CALL_TIME_VARIABLES, environment_difference
+
+# every stage a process serves: export, simplify, verify, precision (FP16, with its ModelOpt
+# worker), cpu_model (the CPU fallback, with its head start beside verify)
+BUILD = ("build", "tiny-bert", "--random-weights", "--target", "g5", "--no-engine",
+         "--precision", "fp16", "--fallback-cpu", "--no-cache")
+SERVED = ("export", "simplify", "verify", "precision", "cpu_model")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A stage server of this module's own (its log says what it served), in the tests'
+    environment (PYTHONPATH as ``trtpack(...)`` sets it)."""
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="trtpack-stages-test-"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONPATH", python_path())
+        process = start_stage_server(folder)
+        try:
+            wait_for_templates(folder, SERVED)
+            yield folder
+        finally:
+            stop_stage_server(process, folder)
+
+
+def served_pids(folder: Path) -> dict[str, list[int]]:
+    """stage -> the pids its template served, from the server's log."""
+    found: dict[str, list[int]] = {}
+    for stage, pid in re.findall(r"stage server: (\w+) served, pid (\d+)",
+                                 Path(f"{folder}.log").read_text(errors="replace")):
+        found.setdefault(stage, []).append(int(pid))
+    return found
+
+
+def environment(server: Path | None) -> dict[str, str]:
+    env = without_stage_server({**os.environ, "PYTHONPATH": python_path()})
+    return env if server is None else {**env, STAGE_SERVER_ENV: str(server)}
+
+
+def digests(out: Path) -> dict[str, str]:
+    """sha256 of every file a build made (its logs and report hold times: not compared)."""
+    return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for folder in ("artifacts", "model_repository") for p in sorted((out / folder)
+                                                                          .rglob("*"))
+            if p.is_file()}
+
+
+def test_a_build_through_the_server_is_byte_identical_to_one_without(
+        server: Path, tmp_path: Path) -> None:
+    outs = {}
+    for name, through in (("served", server), ("fresh", None)):
+        before = served_pids(server)
+        outs[name] = tmp_path / name
+        done = subprocess.run([sys.executable, "-m", "trtpack.cli", *BUILD,
+                               "--out", str(outs[name])], env=environment(through),
+                              capture_output=True, text=True, timeout=600, check=False)
+        assert done.returncode == 0, done.stderr
+        now = served_pids(server)
+        served = {s for s in now if len(now[s]) > len(before.get(s, []))}
+        assert served == (set(SERVED) if through else set()), (name, served)
+    made = digests(outs["served"])
+    assert len(made) > 10 and any(f.endswith("model.onnx") for f in made)
+    assert made == digests(outs["fresh"])
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+def test_a_served_stage_process_ends_with_the_build(server: Path, tmp_path: Path,
+                                                    signum: int) -> None:
+    """Interrupted (the runner ends the stage's group) or killed outright (the server kills
+    it when the build's connection closes): the served export process and everything in its
+    group end with the build."""
+    out = tmp_path / "out"
+    before = set(served_pids(server).get("export", []))
+    proc = subprocess.Popen([sys.executable, "-m", "trtpack.cli", *BUILD, "--out", str(out)],
+                            env=environment(server), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, preexec_fn=sigint_as_default)
+    try:
+        stage = out.with_name(f".{out.name}.partial-{proc.pid}") / "artifacts" / "export"
+        deadline = time.monotonic() + 300
+        while not stage.is_dir() or not set(served_pids(server).get("export", [])) - before:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "the served export never started"
+            time.sleep(0.05)
+        (export,) = set(served_pids(server)["export"]) - before
+        os.kill(proc.pid, signum)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == (130 if signum == signal.SIGINT else -signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while group_alive(export) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not group_alive(export)
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def started_fresh(tmp_path: Path) -> bool:
+    """Whether the simplify stage's process starts fresh (a child of this process) in this
+    environment, rather than from a server; it is ended either way."""
+    started = start_stage_process("simplify", tmp_path / "simplify.log")
+    try:
+        return not isinstance(started.process, ServedProcess)
+    finally:
+        started.stop()
+
+
+def test_with_the_server_gone_a_stage_process_starts_fresh(
+        server: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", python_path())
+    monkeypatch.setenv(STAGE_SERVER_ENV, str(server))
+    assert not started_fresh(tmp_path)  # served: the test can tell
+    monkeypatch.setenv(STAGE_SERVER_ENV, str(tmp_path / "no-server"))  # no folder
+    assert started_fresh(tmp_path)
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    stale.bind(str(gone / "simplify.sock"))  # a socket file nobody listens on
+    stale.close()
+    monkeypatch.setenv(STAGE_SERVER_ENV, str(gone))
+    assert started_fresh(tmp_path)
+
+
+def test_a_build_environment_the_imports_may_have_read_is_refused(
+        server: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", python_path())
+    monkeypatch.setenv(STAGE_SERVER_ENV, str(server))
+    monkeypatch.setenv("TRTPACK_MEMORY_AVAILABLE", "64G")  # read when a stage runs
+    assert not started_fresh(tmp_path)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # read by torch's import
+    assert started_fresh(tmp_path)
+    assert "simplify refused: the build's OMP_NUM_THREADS differs" in Path(
+        f"{server}.log").read_text()
+    assert environment_difference({"A": "1", "PWD": "/x"}, {"A": "1", "PWD": "/y"}) is None
+    assert environment_difference({"A": "1"}, {}) == "A"
+
+
+def test_a_template_running_threads_refuses_to_serve(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread running in a template after its imports (here one a preloaded module starts)
+    would be missing in every fork, its locks possibly held: no socket, and the build's
+    stage processes start fresh."""
+    (tmp_path / "threaded_import.py").write_text(
+        "import threading\nimport time\n\n"
+        "threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join((str(tmp_path), python_path())))
+    folder = tmp_path / "server"
+    process = start_stage_server(folder, "simplify", "--preload", "threaded_import")
+    try:
+        log = Path(f"{folder}.log")
+        deadline = time.monotonic() + 120
+        while "threads after its imports" not in log.read_text(errors="replace"):
+            assert time.monotonic() < deadline, log.read_text(errors="replace")
+            time.sleep(0.1)
+        assert "the simplify template runs 2 threads" in log.read_text()
+        assert not (folder / "simplify.sock").exists()
+        monkeypatch.setenv(STAGE_SERVER_ENV, str(folder))
+        assert started_fresh(tmp_path)
+    finally:
+        stop_stage_server(process, folder)
+
+
+def test_the_variables_a_build_may_change_are_those_trtpack_reads_when_it_runs() -> None:
+    """Every ``TRTPACK_*`` variable the package names is in ``CALL_TIME_VARIABLES`` (a new
+    one must be judged: read at call time, or left out so that a build setting it starts
+    fresh processes), and the list names none the package does not."""
+    named = set()
+    for path in (ROOT / "trtpack").rglob("*.py"):
+        named |= set(re.findall(r"\bTRTPACK_[A-Z0-9_]+\b", path.read_text()))
+    listed = {v for v in CALL_TIME_VARIABLES if v.startswith("TRTPACK_")}
+    assert named == listed
