@@ -42,6 +42,7 @@ from trtpack.processes import die_with_parent, kill_group
 
 SOCKET_SUFFIX = ".sock"
 ACCEPT_SECONDS = 1.0  # how often a template reaps its finished monitors while idle
+WAIT_SECONDS = 10  # how long an ending template waits for its monitors
 REQUEST_BYTES = 1 << 20  # the largest request: the build's environment, pickled
 PASSED_FDS = 3  # the jobs pipe's read end, the messages pipe's write end, the log
 
@@ -110,6 +111,17 @@ class Template:
     def serve(self) -> None:
         self.listener.settimeout(ACCEPT_SECONDS)
         monitors: set[int] = set()
+
+        def stop(signum: int, frame: object) -> None:
+            """Wait for the monitors (their CPU time counts in this process's children's),
+            a bounded time: one may still serve a build."""
+            signal.alarm(WAIT_SECONDS)
+            for pid in monitors:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+            os._exit(0)
+
+        signal.signal(signal.SIGTERM, stop)
         while True:
             monitors -= reaped(monitors)
             try:
@@ -307,9 +319,11 @@ def main(argv: list[str]) -> int:
     def end(signum: int, frame: object) -> None:
         for pid in templates:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        for stage in templates.values():
+                os.kill(pid, signal.SIGTERM)
+        for pid, stage in templates.items():
             socket_path(folder, stage).unlink(missing_ok=True)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)  # their CPU time counts in this process's children's
         os._exit(0)
 
     signal.signal(signal.SIGTERM, end)
