@@ -6,7 +6,7 @@ later stages compare against them without loading the model again.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,17 +54,3 @@ def load_cases(path: Path) -> list[Case]:
 def with_outputs(cases: Iterable[Case], outputs: Iterable[Mapping[str, np.ndarray]]) -> list[Case]:
     return [Case(c.profile, c.corner, c.inputs, dict(o))
             for c, o in zip(cases, outputs, strict=True)]
-
-
-def outputs_on(ran: Sequence[Case] | None, cases: Sequence[Case]
-               ) -> list[dict[str, np.ndarray]] | None:
-    """``ran``'s outputs when it ran on exactly ``cases``' inputs (the same corners, the same
-    values), else None."""
-    if ran is None or len(ran) != len(cases):
-        return None
-    for done, case in zip(ran, cases, strict=True):
-        if (done.profile, done.corner) != (case.profile, case.corner) \
-                or done.inputs.keys() != case.inputs.keys() \
-                or not all(np.array_equal(done.inputs[k], v) for k, v in case.inputs.items()):
-            return None
-    return [dict(done.outputs) for done in ran]

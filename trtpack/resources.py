@@ -17,11 +17,6 @@ from types import TracebackType
 from typing import Any
 
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-# A model whose weights are at most SMALL_MODEL_BYTES is small: a process working beside the
-# stage that holds it adds little to the build's peak (the later stages' processes import
-# while the exporter traces, ``StageRuns.warm_on_spare_core``; the CPU model's check runs
-# while verify runs, ``stages.cpu_model.head_start``).
-SMALL_MODEL_BYTES = 256 * 2**20
 # A meter lists the process's descendants anew every RESCAN_EVERY samples: psutil reads every
 # process on the machine for that, where reading a known process's RSS is one small file.
 # Listing them at every sample was most of the build process's own CPU time (issue 47;

@@ -66,10 +66,6 @@ def test_only_the_next_stage_warms_up_beside_the_export(
     log = (plan.out_dir / "logs" / "cpu_model.log").read_text()
     assert log.count("fusing the transformer graph") == 1
     assert "the fusion ran while the stage before ran" in log
-    # a small model: the fused model's runs were made then too; after verify only the
-    # comparison was left
-    assert "the fused FP32 model run on 3 cases while the stage before ran" in log
-    assert "checked at every corner (its runs made while the stage before ran)" in log
 
 
 def test_a_large_model_keeps_later_stages_waiting_when_the_export_spares_a_core(

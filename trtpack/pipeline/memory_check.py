@@ -81,11 +81,9 @@ PRECISION_INT8 = StageMemory("precision", 300 * MB, 2.5, 4.0, "runtime")
 # fitted on bert-base and bert-large (8.2 and 18.7 GB measured) as an upper bound
 PRECISION_INT8_MODELOPT = StageMemory("precision", 1600 * MB, 12.0, 4.0, "runtime")
 # A stage with a head start (``Stage.head_start``: the CPU model fusing its graph, weights
-# left on disk, then, for a small model with short runs, running it on the export's cases)
-# runs its process beside the stage before it, which counts it in its peak: verify measured
-# 130-200 MB more with the fusion on tiny-bert and minilm, and minilm's verify 448 -> 526-539
-# MB with the runs ahead too (issue 47; benchmarks/README.md)
-HEAD_START = 300 * MB
+# left on disk) runs its process beside the stage before it, which counts it in its peak:
+# verify measured 130-200 MB more with it on tiny-bert and minilm (benchmarks/README.md)
+HEAD_START = 200 * MB
 
 
 @dataclass(frozen=True)

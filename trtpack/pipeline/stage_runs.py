@@ -37,13 +37,14 @@ from trtpack.pipeline.stage import STAGES, Stage
 if TYPE_CHECKING:
     from trtpack.pipeline.remote_cache import RemoteCache
 from trtpack.report import Artifact, JsonObject, StageResult, VerificationRow
-from trtpack.resources import SMALL_MODEL_BYTES, ResourceMeter
+from trtpack.resources import ResourceMeter
 from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import ProgressCallback, StageContext, StageOutcome, stage_logger
 
 # A stage that has a core to spare (the export, once its PyTorch reference pass is done) lets
 # the processes of the next WARM_ON_SPARE_CORE stages start importing on it, when its model's
 # weights are at most SMALL_MODEL_BYTES (``StageRuns.warm_on_spare_core``).
+SMALL_MODEL_BYTES = 256 * 2**20
 WARM_ON_SPARE_CORE = 3
 
 

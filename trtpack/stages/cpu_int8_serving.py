@@ -32,7 +32,6 @@ from trtpack.report import JsonObject, VerificationRow
 from trtpack.stages.base import StageContext, StageOutcome
 
 if TYPE_CHECKING:
-    import numpy as np
     import onnx
 
     from trtpack.precision.calibration.data import CalibrationData
@@ -68,15 +67,13 @@ class ServedInt8:
     fp32_reason: str | None = None
 
 
-def verify_rows(ctx: StageContext, path: Path, cases: list[Case], check: str, precision: str,
-                outputs: list[dict[str, np.ndarray]] | None = None) -> list[VerificationRow]:
-    """``path`` judged at the profile corners (``cases``) against the FP32 outputs;
-    ``outputs``: ``path``'s own on those cases' inputs, when they were run already."""
+def verify_rows(ctx: StageContext, path: Path, cases: list[Case], check: str, precision: str
+                ) -> list[VerificationRow]:
+    """``path`` judged at the profile corners (``cases``) against the FP32 outputs."""
     from trtpack.verify.compare import compare_cases, run_onnxruntime, saved_tokenizer_text
 
     recipe = ctx.plan.recipe
-    ran = run_onnxruntime(path, cases) if outputs is None else outputs
-    return compare_cases(check, recipe, precision, cases, ran,
+    return compare_cases(check, recipe, precision, cases, run_onnxruntime(path, cases),
                          saved_tokenizer_text(ctx.artifacts.tokenizer, recipe))
 
 

@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from trtpack.cases import Case, load_cases, outputs_on, with_outputs
+from trtpack.cases import Case, load_cases
 from trtpack.onnx_tools.files import graph_summary, save_model
 from trtpack.options import BuildPlan
 from trtpack.precision.cpu import fusion
@@ -25,7 +25,6 @@ from trtpack.precision.cpu.fusion import CpuGraph
 from trtpack.precision.cpu.int8 import search_on_demand
 from trtpack.precision.cpu.static_int8 import has_weight_convs, no_int8_layers_reason
 from trtpack.report import JsonObject, VerificationRow
-from trtpack.resources import SMALL_MODEL_BYTES
 from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import StageContext, StageMetrics, StageOutcome
 from trtpack.stages.cpu_conv_int8 import serve_conv_int8
@@ -131,7 +130,6 @@ class FusedGraph:
     fp32_path: Path
     warnings: list[str]
     seconds: float
-    ran: list[Case] | None = None  # its runs on the export's cases, made ahead (run_ahead)
 
 
 _HEAD_STARTED: list[FusedGraph] = []  # this process's head start: one at most
@@ -139,33 +137,9 @@ _HEAD_STARTED: list[FusedGraph] = []  # this process's head start: one at most
 
 def head_start(ctx: StageContext) -> None:
     """The fusion, made while the stage before this one runs (``Stage.head_start``): the FP32
-    graph it reads is final once the simplify has run; then, for a small model, its runs
-    (``run_ahead``): only the comparison needs verify's outputs. ``run`` takes it up."""
-    fused = fuse(ctx)
-    _HEAD_STARTED.append(fused)  # taken up even when the runs below fail
-    fused.ran = run_ahead(ctx, fused.fp32_path)
-
-
-def run_ahead(ctx: StageContext, fp32_path: Path) -> list[Case] | None:
-    """The fused model's outputs on the export's cases (its ``reference``), on one intra-op
-    thread (verify's session has the other core), when its weights are at most
-    ``SMALL_MODEL_BYTES`` and its runs short (``few_runs_prepacked``'s rows): a second
-    session of a larger model, or long runs' activations, beside verify's would add to the
-    build's peak (``memory_check.HEAD_START`` counts this one). None: not run."""
-    from trtpack.runtimes.onnxruntime import few_runs_prepacked
-    from trtpack.verify.compare import run_onnxruntime
-
-    reference = ctx.artifacts.reference
-    data = fp32_path.with_name(fp32_path.name + ".data")
-    size = fp32_path.stat().st_size + (data.stat().st_size if data.is_file() else 0)
-    if reference is None or not reference.is_file() or size > SMALL_MODEL_BYTES:
-        return None
-    cases = load_cases(reference)
-    if few_runs_prepacked([c.inputs for c in cases]):
-        return None
-    ran = with_outputs(cases, run_onnxruntime(fp32_path, cases, threads=1))
-    ctx.log.info("the fused FP32 model run on %d cases while the stage before ran", len(ran))
-    return ran
+    graph it reads is final once the simplify has run, and only the check of the fused
+    model needs the verify stage's FP32 outputs. ``run`` takes it up."""
+    _HEAD_STARTED.append(fuse(ctx))
 
 
 def fuse(ctx: StageContext) -> FusedGraph:
@@ -242,10 +216,8 @@ def run(ctx: StageContext) -> StageOutcome:
     search_note = ""
     try:
         cases = load_cases(ctx.needs(ctx.artifacts.fp32_outputs, "fp32_outputs"))
-        ran = outputs_on(fused.ran, cases)
-        rows = verify_rows(ctx, fp32_path, cases, CHECK_FP32, "fp32", ran)
-        ctx.log.info("the fused FP32 model checked at every corner%s",
-                     " (its runs made while the stage before ran)" if ran is not None else "")
+        rows = verify_rows(ctx, fp32_path, cases, CHECK_FP32, "fp32")
+        ctx.log.info("the fused FP32 model checked at every corner")
         metrics = CpuModelMetrics(
             form="fp32, fused for ONNX Runtime" if graph.fused else "fp32 (no fusion matched)",
             optimizer_model_type=graph.model_type, fused_operators=graph.fused,
