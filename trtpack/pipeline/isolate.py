@@ -22,7 +22,6 @@ import os
 import subprocess
 import sys
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -126,12 +125,10 @@ class StageProcess:
         """Forked by a stage server (``stage_client``): no child of this process."""
         return isinstance(self.process, ServedProcess)
 
-    def run(self, ctx: StageContext, log_path: Path,
-            meanwhile: Callable[[], None] | None = None) -> StageOutcome:
+    def run(self, ctx: StageContext, log_path: Path) -> StageOutcome:
         """``stage.run(ctx)`` in this process; progress comes back as it happens. A user error
         keeps its message and exit code; anything else becomes this process's exception with
-        the traceback in the stage log. ``meanwhile``: what this process does once the job is
-        sent, before it waits for the stage (e.g. a later in-process stage's imports)."""
+        the traceback in the stage log."""
         name = self.stage.name
         job: StageJob = (name, ctx.plan, ctx.stage_dir, ctx.build_dir, ctx.artifacts,
                          log_path)
@@ -140,8 +137,6 @@ class StageProcess:
                 self._jobs.send(job)
             except (BrokenPipeError, ConnectionResetError):
                 self._ended(name)  # it died while warming up
-            if meanwhile is not None:
-                meanwhile()
             while True:
                 try:
                     kind, payload = self._messages.recv()

@@ -37,10 +37,8 @@ class Stage:
     isolated: bool = False
     # What an isolated stage's process imports ahead of time: it starts up to two stages
     # ahead and imports these while the stages before it run, so the stage does not wait.
-    # A stage run in the build's own process: its modules are imported on the build's main
-    # thread while an isolated stage before it runs in its process, once that stage has its
-    # job (``StageRuns.execute``); not on a thread: an import thread in the build's own
-    # process can deadlock the interpreter's exit when Ctrl-C lands in an import.
+    # (Not for in-process stages: an import thread in the build's own process can deadlock
+    # the interpreter's exit when Ctrl-C lands in the middle of an import.)
     warm_modules: tuple[str, ...] = ()
     # How many later isolated stages' processes warm up while this one runs.
     warm_beside: int = 2
@@ -149,8 +147,5 @@ STAGES: tuple[Stage, ...] = (
           reads=lambda o: (_served_reads(o),),
           warm_modules=("onnx", "polygraphy.backend.trt")),
     Stage("engine", "trtpack.stages.engine", _engine_skip),
-    # the served model's I/O (onnx) and Triton's config schema (tritonclient.grpc): imported
-    # while the export runs instead of after the last check (issue 47)
-    Stage("package", "trtpack.stages.package", cacheable=False, reads=_package_reads,
-          warm_modules=("onnx", "tritonclient.grpc")),
+    Stage("package", "trtpack.stages.package", cacheable=False, reads=_package_reads),
 )

@@ -10,7 +10,6 @@ stage that writes them). ``end`` waits for it before the report is written."""
 from __future__ import annotations
 
 import contextlib
-import importlib
 import shutil
 import time
 import traceback
@@ -208,21 +207,6 @@ class StageRuns:
         self._head_started[later.stage.name] = stage_dir
         process.head_start(HeadStart(artifacts, stage_dir, logs / f"{later.stage.name}.log"))
 
-    def _warm_in_build(self, current: PlannedStage) -> None:
-        """Import the ``warm_modules`` of the stages after ``current`` that run in this
-        process, on this thread, while ``current`` runs in its own (``Stage.warm_modules``):
-        the package stage's onnx and Triton schema are then not imported after the last
-        check, on the build's critical path. Each once; one not installed is the stage's to
-        report when it runs."""
-        if current not in self._planned:
-            return
-        for later in self._from(current)[1:]:
-            if later.stage.isolated or later.cached:
-                continue
-            for module in later.stage.warm_modules:
-                with contextlib.suppress(Exception):
-                    importlib.import_module(module)
-
     def _from(self, current: PlannedStage) -> list[PlannedStage]:
         """``current`` and the planned stages after it."""
         return self._planned[self._planned.index(current):]
@@ -342,9 +326,8 @@ class StageRuns:
         oom_before = oom_kills()
         try:
             with meter:
-                outcome: StageOutcome = (
-                    process.run(ctx, log_path, lambda: self._warm_in_build(plan))
-                    if process is not None else plan.module.run(ctx))
+                outcome: StageOutcome = (process.run(ctx, log_path) if process is not None
+                                         else plan.module.run(ctx))
             self.processes.pop(stage.name, None)
         except (TrtpackError, KeyboardInterrupt, SystemExit):
             logger.error("".join(traceback.format_exc()))
