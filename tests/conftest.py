@@ -106,7 +106,10 @@ def wait_for_templates(folder: Path, stages: tuple[str, ...], seconds: float = 1
         time.sleep(0.1)
 
 
-def stop_stage_server(server: subprocess.Popen[bytes], folder: Path) -> None:
+def stop_stage_server(server: subprocess.Popen[bytes], folder: Path,
+                      keep_log: str | None = None) -> None:
+    """End the server, remove its folder and log (``keep_log``: a file its log is appended
+    to first)."""
     server.terminate()
     try:
         server.wait(timeout=30)
@@ -114,13 +117,20 @@ def stop_stage_server(server: subprocess.Popen[bytes], folder: Path) -> None:
         server.kill()
         server.wait()
     shutil.rmtree(folder, ignore_errors=True)
-    Path(f"{folder}.log").unlink(missing_ok=True)
+    log = Path(f"{folder}.log")
+    if keep_log and log.is_file():
+        with open(keep_log, "ab") as kept:
+            kept.write(log.read_bytes())
+    log.unlink(missing_ok=True)
 
 
 TEST_STAGE_SERVER_ENV = "TRTPACK_TEST_STAGE_SERVER"
 """1: the ``stage_server`` fixture starts a stage server for each pytest process; 0: none
 (builds start their stage processes fresh, as without one)."""
 STAGE_SERVER_BY_DEFAULT = "0"  # off until a quiet run of the whole suite with it is green
+STAGE_SERVER_LOG_ENV = "TRTPACK_TEST_STAGE_SERVER_LOG"
+"""A file the ``stage_server`` fixture appends its server's log to as it ends: what it served
+and refused, for which test (``benchmarks/stage_server_served.py`` counts them per file)."""
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -151,7 +161,7 @@ def stage_server() -> Iterator[Path | None]:
         try:
             yield folder
         finally:
-            stop_stage_server(server, folder)
+            stop_stage_server(server, folder, os.environ.get(STAGE_SERVER_LOG_ENV))
 
 
 # --- running in pytest-xdist workers (make test: -n 2 --dist loadgroup) ---------------------

@@ -27,8 +27,8 @@ from tests.conftest import (
     without_stage_server,
 )
 from trtpack.pipeline.prestart import start_stage_process
+from trtpack.pipeline.served_environment import CALL_TIME_VARIABLES, environment_difference
 from trtpack.pipeline.stage_client import STAGE_SERVER_ENV, ServedProcess
-from trtpack.pipeline.stage_server import CALL_TIME_VARIABLES, environment_difference
 
 # every stage a process serves: export, simplify, verify, precision (FP16, with its ModelOpt
 # worker), cpu_model (the CPU fallback, with its head start beside verify)
@@ -134,14 +134,37 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def started_fresh(tmp_path: Path) -> bool:
-    """Whether the simplify stage's process starts fresh (a child of this process) in this
+def started_fresh(tmp_path: Path, stage: str = "simplify") -> bool:
+    """Whether the stage's process starts fresh (a child of this process) in this
     environment, rather than from a server; it is ended either way."""
-    started = start_stage_process("simplify", tmp_path / "simplify.log")
+    started = start_stage_process(stage, tmp_path / f"{stage}.log")
     try:
         return not isinstance(started.process, ServedProcess)
     finally:
         started.stop()
+
+
+def parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_templates_hold_onnx_runtime_and_onnxsim(server: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """ONNX Runtime imported with its telemetry off starts no thread, so the templates of the
+    stages that use it hold it (and simplify's onnxsim) and serve: what a fresh process
+    imports while it warms up, a served one finds imported. Its process is the child of a
+    monitor, the template's child."""
+    monkeypatch.setenv("PYTHONPATH", python_path())
+    monkeypatch.setenv(STAGE_SERVER_ENV, str(server))
+    for stage, held in (("simplify", ("libonnxruntime", "onnxsim_cpp2py_export")),
+                        ("verify", ("libonnxruntime",)), ("cpu_model", ("libonnxruntime",))):
+        started = start_stage_process(stage, tmp_path / f"{stage}.log")
+        try:
+            assert isinstance(started.process, ServedProcess), stage
+            maps = Path(f"/proc/{parent(parent(started.process.pid))}/maps").read_text()
+            assert [lib for lib in held if lib not in maps] == [], stage
+        finally:
+            started.stop()
 
 
 def test_with_the_server_gone_a_stage_process_starts_fresh(
@@ -172,6 +195,41 @@ def test_a_build_environment_the_imports_may_have_read_is_refused(
         f"{server}.log").read_text()
     assert environment_difference({"A": "1", "PWD": "/x"}, {"A": "1", "PWD": "/y"}) is None
     assert environment_difference({"A": "1"}, {}) == "A"
+
+
+def test_aws_variables_are_served_while_no_template_imported_botocore(
+        server: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A remote-cache build's AWS_* variables (read by botocore when a client is made, never
+    at import) are served by templates that did not import botocore (none of the suite's
+    server's), and refused by one that did."""
+    monkeypatch.setenv("PYTHONPATH", python_path())
+    monkeypatch.setenv(STAGE_SERVER_ENV, str(server))
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "a-key-the-template-never-saw")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    assert [stage for stage in SERVED if started_fresh(tmp_path, stage)] == []
+    log = Path(f"{server}.log").read_text(errors="replace")
+    assert "refused: the build's AWS_" not in log
+    assert environment_difference({"AWS_REGION": "x"}, {}, ["numpy", "torch.nn"]) is None
+    assert environment_difference({"AWS_REGION": "x"}, {}, ["botocore.session"]) == \
+        "AWS_REGION"
+    assert environment_difference({"AWSOME": "x"}, {}, []) == "AWSOME"
+
+
+def test_a_template_that_imported_botocore_refuses_another_aws_variable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", python_path())
+    folder = tmp_path / "server"
+    process = start_stage_server(folder, "simplify", "--preload", "botocore.session")
+    try:
+        wait_for_templates(folder, ("simplify",))
+        monkeypatch.setenv(STAGE_SERVER_ENV, str(folder))
+        assert not started_fresh(tmp_path)
+        monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-north-1")
+        assert started_fresh(tmp_path)
+        assert "simplify refused: the build's AWS_DEFAULT_REGION differs" in Path(
+            f"{folder}.log").read_text()
+    finally:
+        stop_stage_server(process, folder)
 
 
 def test_a_template_running_threads_refuses_to_serve(tmp_path: Path,

@@ -15,6 +15,7 @@ This module imports nothing heavy: ``pipeline.prestart`` uses it as the command 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pickle
 import select
@@ -28,6 +29,7 @@ STAGE_SERVER_ENV = "TRTPACK_STAGE_SERVER"
 """The folder of the stage server this build's stage processes are asked of (unset or
 empty: each is started fresh)."""
 REPLY_SECONDS = 30.0  # a template forks at once; beyond this the fresh start is quicker
+_log = logging.getLogger(__name__)  # why a stage process was not served (debug: not shown)
 
 
 class ChildProcess(Protocol):
@@ -110,10 +112,12 @@ def served_process(stage: str, log_path: Path, jobs_read: int, messages_write: i
                         [jobs_read, messages_write, log_fd])
         ready, _, _ = select.select([connection], [], [], REPLY_SECONDS)
         reply = connection.recv(4096) if ready else b""
-        kind, value = pickle.loads(reply) if reply else ("gone", 0)
-    except (OSError, pickle.UnpicklingError, ValueError, EOFError):
-        kind, value = "gone", 0
+        kind, value = pickle.loads(reply) if reply else ("gone", "no reply")
+    except (OSError, pickle.UnpicklingError, ValueError, EOFError) as e:
+        kind, value = "gone", type(e).__name__
     if kind != "started":
+        _log.debug("stage %s: no process from %s (%s: %s); starting one", stage, path, kind,
+                   value)
         with contextlib.suppress(OSError):
             connection.close()  # a stage it started, late, is killed with it
         return None

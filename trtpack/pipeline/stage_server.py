@@ -13,8 +13,8 @@ A build that finds ``TRTPACK_STAGE_SERVER=FOLDER`` asks the stage's template for
 (``stage_client``). Per request the template forks a *monitor*, which receives the request
 (the stage log's path, the build's environment and working directory, and its pipes and log
 file passed with ``SCM_RIGHTS``), refuses it when the build's environment differs from the
-template's in a variable that an import may have read (only ``CALL_TIME_VARIABLES`` may
-differ), and else forks the stage process: in a session of its own, its output to the log,
+template's in a variable that an import may have read (``pipeline.served_environment``),
+and else forks the stage process: in a session of its own, its output to the log,
 the build's environment and working directory, ``isolate.main``. The monitor sends its pid
 back, waits for it (a pidfd), and sends its exit status; when the build's end of the
 connection closes first (the build ended, even by SIGKILL), it kills the stage's process
@@ -35,9 +35,11 @@ import socket
 import struct
 import sys
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable
 from pathlib import Path
 
+from trtpack.pipeline import isolate
+from trtpack.pipeline.served_environment import environment_difference, requester
 from trtpack.processes import die_with_parent, kill_group
 
 SOCKET_SUFFIX = ".sock"
@@ -46,24 +48,16 @@ WAIT_SECONDS = 10  # how long an ending template waits for its monitors
 REQUEST_BYTES = 1 << 20  # the largest request: the build's environment, pickled
 PASSED_FDS = 3  # the jobs pipe's read end, the messages pipe's write end, the log
 
-# Packages whose import starts a thread of their own (ONNX Runtime's, waiting on a timed
-# condition): a template leaves them to the stage process, which imports them as it starts
-# (``isolate.main``), as a fresh one does. Any other thread makes a template refuse to serve.
-STARTS_THREADS = frozenset({"onnxruntime"})
-
-# Variables a build's environment may hold with another value than the template's: read by
-# trtpack when a stage runs, never by an import (``test_stage_server`` checks this list
-# against the names in trtpack/). Any other difference refuses the request: the libraries a
-# template imported may have read it (OMP_NUM_THREADS, HF_HOME, PYTHONPATH, ...).
-CALL_TIME_VARIABLES = frozenset({
-    "PYTEST_CURRENT_TEST", "PWD", "OLDPWD", "SHLVL", "_",  # pytest's and the shell's notes
-    "COLUMNS", "LINES",  # the terminal's size (readline sets them), read when printing
-    "TRTPACK_BENCH_SECONDS", "TRTPACK_CACHE_BUDGET", "TRTPACK_CACHE_DIR", "TRTPACK_CACHE_URL",
-    "TRTPACK_INT8_QUANTIZER", "TRTPACK_MEMORY_AVAILABLE", "TRTPACK_NO_COMPILE_CHECK",
-    "TRTPACK_NO_PRESTART", "TRTPACK_ONNXSIM_TIMEOUT", "TRTPACK_PERF_ANALYZER",
-    "TRTPACK_STAGE_SERVER", "TRTPACK_TEST_KILL_AUTOCAST",
-    "TRTPACK_TEST_KILL_STORE_DURING_UPLOAD",
-})
+# Packages whose import starts a thread of their own: ONNX Runtime's (1.32) telemetry thread,
+# unless ``ORT_DISABLE_TELEMETRY`` is set as it is imported. A template imports them (and what
+# its stage module's ``preload`` imports: onnxsim imports ONNX Runtime) with that variable set,
+# and only once a throw-away fork has found that this leaves it one thread; else it leaves
+# them to the stage process, which imports them as it starts (``isolate.main``), as a fresh one
+# does. The variable is taken out of the environment again after the imports: a served
+# process's environment is the build's, only its ONNX Runtime sends no telemetry. Any other
+# thread makes a template refuse to serve.
+STARTS_THREADS = frozenset({"onnxruntime", "onnxsim"})
+NO_THREAD_ENVIRONMENT = {"ORT_DISABLE_TELEMETRY": "1"}
 
 
 def socket_path(folder: Path, stage: str) -> Path:
@@ -78,15 +72,6 @@ def servable_stages() -> list[str]:
     return [s.name for s in STAGES if s.isolated and not s.environment]
 
 
-def environment_difference(build: Mapping[str, str], template: Mapping[str, str]) -> str | None:
-    """The first variable, outside ``CALL_TIME_VARIABLES``, that the build's environment has
-    with another value than the template's (or that only one has); None: none."""
-    for name in sorted(set(build) | set(template)):
-        if name not in CALL_TIME_VARIABLES and build.get(name) != template.get(name):
-            return name
-    return None
-
-
 def threads_past_fork() -> int:
     """This process's threads once a fork's ``pthread_atfork`` handlers have run (a child
     forked and ended at once): OpenBLAS ends its thread pool in its handler (and starts it
@@ -96,6 +81,25 @@ def threads_past_fork() -> int:
         os._exit(0)
     os.waitpid(pid, 0)
     return len(os.listdir("/proc/self/task"))
+
+
+def one_thread_after(modules: tuple[str, ...], stage_preload: Callable[[], None] | None
+                     ) -> bool:
+    """Whether importing ``modules`` and running ``stage_preload`` leaves this process one
+    thread (once a fork's handlers have run): tried in a throw-away fork, so that a process
+    where they would start one does not import them."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            isolate.import_quietly(modules)
+            if stage_preload is not None:
+                stage_preload()
+            code = 0 if threads_past_fork() == 1 else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
 
 
 class Template:
@@ -157,10 +161,10 @@ class Template:
             return 1
         request = pickle.loads(data)
         env: dict[str, str] = request["environment"]
-        differs = environment_difference(env, self.started_with)
+        differs = environment_difference(env, self.started_with, sys.modules)
         if differs is not None:
-            print(f"stage server: {self.stage} refused: the build's {differs} differs",
-                  file=sys.stderr, flush=True)
+            print(f"stage server: {self.stage} refused: the build's {differs} differs"
+                  f"{requester(env)}", file=sys.stderr, flush=True)
             connection.send(pickle.dumps(("refused", f"{differs} differs")))
             return 0
         # its pid goes back once it leads its own session: the build may end its group at once
@@ -176,15 +180,14 @@ class Template:
         os.close(in_session)
         with contextlib.suppress(OSError):
             connection.send(pickle.dumps(("started", pid)))
-        print(f"stage server: {self.stage} served, pid {pid}", file=sys.stderr, flush=True)
+        print(f"stage server: {self.stage} served, pid {pid}{requester(env)}", file=sys.stderr,
+              flush=True)
         return watch(connection, pid)
 
     def stage_process(self, connection: socket.socket, fds: list[int], led: int,
                       log_path: str, cwd: str, env: dict[str, str]) -> None:
         """Become the stage process (never returns): ``isolate.main`` as a fresh process of
         the stage would run it."""
-        from trtpack.pipeline import isolate
-
         code = 1
         try:
             connection.close()
@@ -266,17 +269,27 @@ def start_template(stage: str, folder: Path, preload: tuple[str, ...]) -> int:
 
 
 def run_template(stage_name: str, folder: Path, preload: tuple[str, ...]) -> int:
-    from trtpack.pipeline import isolate
     from trtpack.pipeline.stage import STAGES
 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     started_with = dict(os.environ)
     stage = next(s for s in STAGES if s.name == stage_name)
-    importlib.import_module(stage.module)
-    isolate.import_quietly(tuple(m for m in stage.warm_modules
-                                 if m.split(".")[0] not in STARTS_THREADS))
+    stage_module = importlib.import_module(stage.module)
+    threaded = tuple(m for m in stage.warm_modules if m.split(".")[0] in STARTS_THREADS)
+    isolate.import_quietly(tuple(m for m in stage.warm_modules if m not in threaded))
     for module in preload:
         importlib.import_module(module)
+    stage_preload = getattr(stage_module, "preload", None)
+    if threaded or stage_preload is not None:
+        os.environ.update({k: v for k, v in NO_THREAD_ENVIRONMENT.items()
+                           if k not in started_with})
+        if one_thread_after(threaded, stage_preload):
+            isolate.import_quietly(threaded)
+            if stage_preload is not None:
+                stage_preload()
+        for name in NO_THREAD_ENVIRONMENT:
+            if name not in started_with:
+                del os.environ[name]
     gc.collect()
     gc.freeze()  # the imports' objects stay shared with every fork, never collected there
     threads = threads_past_fork()

@@ -35,10 +35,16 @@ class SimplifyMetrics(StageMetrics):
     external_data: bool | None = None
 
 
-def warm_up(plan: BuildPlan, build_dir: Path) -> None:
-    """Import onnxsim (without torch: ``import_onnxsim``) while the stages before run."""
+def preload() -> None:
+    """What ``warm_up`` imports for any plan: onnxsim (without torch: ``import_onnxsim``).
+    A stage server's template runs it once (``pipeline.stage_server``)."""
     with contextlib.suppress(ImportError):  # not installed: run() says so
         import_onnxsim()
+
+
+def warm_up(plan: BuildPlan, build_dir: Path) -> None:
+    """Import onnxsim while the stages before run (``preload``)."""
+    preload()
 
 
 def fingerprint(plan: BuildPlan) -> JsonObject:
