@@ -36,13 +36,13 @@ def big_model() -> Any:
     return big_embedding_model()
 
 
-def _build(out: Path, precision: str) -> Path:
+def _build(out: Path, precision: str, cache: Path) -> Path:
     """``trtpack build big-embedding`` as a user runs it, in its own process (FP16: checked
     for a later GPU build, as --target cpu serves FP32)."""
     target = ["--target", "g5", "--no-engine"] if precision == "fp16" else ["--target", "cpu"]
     proc = subprocess.run(
         [sys.executable, "-m", "trtpack.cli", "build", MODEL, *target,
-         "--precision", precision, "--out", str(out), "--no-cache"],
+         "--precision", precision, "--out", str(out), "--cache-dir", str(cache)],
         capture_output=True, text=True, timeout=BUILD_TIMEOUT_SECONDS, check=False,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
@@ -51,9 +51,19 @@ def _build(out: Path, precision: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def build_out(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def big_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """This module's stage cache: the FP16 build reuses the FP32 build's export, simplify
+    and verify (hard links: no disk; the 2.46 GB model is exported once, not twice), and
+    runs its precision stage on them. Not the session cache: GBs, removed with the module."""
+    folder = tmp_path_factory.mktemp("big-cache")
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def build_out(tmp_path_factory: pytest.TempPathFactory, big_cache: Path) -> Iterator[Path]:
     folder = tmp_path_factory.mktemp("big-build")
-    yield _build(folder / "out", "fp32")
+    yield _build(folder / "out", "fp32", big_cache)
     shutil.rmtree(folder, ignore_errors=True)  # GBs: not left until the session ends
 
 
@@ -171,17 +181,18 @@ def test_factory_is_deterministic_and_past_the_protobuf_limit(big_model: Any) ->
 
 
 def test_fp16_variant_of_the_large_model_builds_and_runs_from_its_folder(
-    tmp_path: Path, big_model: Any
+    tmp_path: Path, big_model: Any, big_cache: Path
 ) -> None:
     """The precision stage on a model over 2 GB: AutoCast sees the graph alone, the weights
     it keeps in FP32 (the embedding lookup, whose ids exceed FP16's safe range) are copied
-    into the variant's own data file, and the served folder runs on its own."""
+    into the variant's own data file, and the served folder runs on its own. (After the FP32
+    build, its export, simplify and verify come from the module's cache.)"""
     import json
 
     import onnxruntime as ort
     import torch
 
-    out = _build(tmp_path / "out", "fp16")
+    out = _build(tmp_path / "out", "fp16", big_cache)
     report = json.loads((out / "report.json").read_text())
     precision = next(s for s in report["stages"] if s["name"] == "precision")
     assert precision["status"] == "ok", precision
