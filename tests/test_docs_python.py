@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, python_path
 
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
@@ -45,9 +45,10 @@ def test_every_python_block_compiles(page: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_python_blocks_run(page: Path, tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
-        "TRTPACK_CACHE_DIR": str(tmp_path / "cache")}
+    # python_path(): this checkout first, once, as for every trtpack process the tests start
+    # (the suite's stage server serves a build only in its own environment, PYTHONPATH too)
+    env = {**os.environ, "PYTHONPATH": python_path(),
+           "TRTPACK_CACHE_DIR": str(tmp_path / "cache")}
     for line, code in python_blocks(page):
         script = tmp_path / f"block_{line}.py"
         script.write_text(code)
