@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -30,12 +32,28 @@ def served_files(out: Path) -> dict[str, str]:
     return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
 
 
+@dataclass(frozen=True)
+class CleanBuild:
+    served: dict[str, str]  # served_files() of a build that reused nothing
+    cache: Path  # the cache it filled (read only: each test damages a copy of its own)
+
+
 @pytest.fixture(scope="module")
-def clean(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    out = tmp_path_factory.mktemp("clean") / "out"
-    result = build(out, tmp_path_factory.mktemp("clean-cache"), "--no-cache")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> CleanBuild:
+    """The build in an empty cache, once for the module: nothing reused (the reference a
+    rebuild must match byte for byte), and the four entries it stored."""
+    folder = tmp_path_factory.mktemp("clean")
+    result = build(folder / "out", folder / "cache")
     assert result.exit_code == 0, result.output
-    return served_files(out)
+    return CleanBuild(served_files(folder / "out"), folder / "cache")
+
+
+def cache_of_its_own(clean: CleanBuild, tmp_path: Path) -> Path:
+    """A copy of the clean build's cache (files copied, not linked: what a test damages
+    stays its own), which the test's first build reuses whole."""
+    cache = tmp_path / "cache"
+    shutil.copytree(clean.cache, cache)
+    return cache
 
 
 def entry_file(cache: Path, stage: str, name: str) -> Path:
@@ -61,8 +79,8 @@ def truncate(path: Path) -> None:
     ("simplify", "model.onnx.data", truncate),
 ], ids=["damaged-export", "truncated-simplify"])
 def test_a_damaged_entry_is_discarded_and_the_rebuild_is_byte_identical(
-        tmp_path: Path, clean: dict[str, str], stage: str, name: str, harm) -> None:  # type: ignore[no-untyped-def]
-    cache, out = tmp_path / "cache", tmp_path / "out"
+        tmp_path: Path, clean: CleanBuild, stage: str, name: str, harm) -> None:  # type: ignore[no-untyped-def]
+    cache, out = cache_of_its_own(clean, tmp_path), tmp_path / "out"
     assert build(out, cache).exit_code == 0
     harmed = entry_file(cache, stage, name)
     harm(harmed)
@@ -74,15 +92,15 @@ def test_a_damaged_entry_is_discarded_and_the_rebuild_is_byte_identical(
     assert len(warnings) == 1, again.stderr
     assert str(entry) in warnings[0] and name in warnings[0], warnings[0]
     assert f"discarded, {stage} ran again" in warnings[0]
-    assert served_files(out) == clean
+    assert served_files(out) == clean.served
     # the stage ran again and stored a sound entry in its place
     assert StageCache(cache).verify() == []
     assert entry_file(cache, stage, name).read_bytes() != b""
 
 
 def test_cache_verify_discards_damaged_entries_and_info_prune_report(
-        tmp_path: Path) -> None:
-    cache, out = tmp_path / "cache", tmp_path / "out"
+        tmp_path: Path, clean: CleanBuild) -> None:
+    cache, out = cache_of_its_own(clean, tmp_path), tmp_path / "out"
     assert build(out, cache).exit_code == 0
     info = run_cli("cache", "info", "--cache-dir", str(cache))
     assert info.exit_code == 0 and "4 entries" in info.stdout, info.output
