@@ -25,16 +25,17 @@ def test_shown_metric_has_the_digits_that_show_the_side_of_the_threshold() -> No
 
 
 @pytest.mark.parametrize("gate", ["0.99999999"])
-def test_a_failed_gate_shows_its_digits_and_the_stage_is_not_ticked(tmp_path: Path,
-                                                                     gate: str) -> None:
+def test_a_failed_gate_shows_its_digits_and_the_stage_is_not_ticked(
+        tmp_path: Path, cache_dir: Path, gate: str) -> None:
     """FP16 of tiny-bert against FP32 (cosine ~0.9999999x, which printed as 1.000000) under
     a gate it cannot meet, without the fallback: exit 1. FP16 as a GPU build serves it
-    (``--target cpu`` serves FP32 and skips the conversion)."""
+    (``--target cpu`` serves FP32 and skips the conversion). The session cache: the precision
+    stage, whose gate fails, runs; the stages before it are any tiny-bert build's."""
     out = tmp_path / "out"
     result = trtpack("build", "tiny-bert", "--target", "g5", "--no-engine", "--precision",
                      "fp16",
                      "--fallback", "off", "--set", f"verify.fp16.min_cosine={gate}",
-                     "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
+                     "--out", str(out), "--cache-dir", str(cache_dir),
                      env={"COLUMNS": "200"})
     assert result.returncode == 1, result.stderr[-3000:]
     stage_lines = [line for line in result.stderr.splitlines() if " precision " in line]

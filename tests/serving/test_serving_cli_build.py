@@ -28,10 +28,13 @@ def test_serve_text_for_a_model_without_tokenizer_is_exit_2(tmp_path: Path) -> N
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def built(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
+    """The build in the session cache: --serve text changes only what the package stage
+    writes (the subject here); the stages before it are minilm's CPU build's
+    (tests/test_minilm.py's), reused when that ran first, stored for it otherwise."""
     out = tmp_path_factory.mktemp("cli-text") / "out"
     result = run_cli("build", "minilm", "--target", "cpu", "--serve", "text", "--out", str(out),
-                     "--cache-dir", str(tmp_path_factory.mktemp("cache")))
+                     "--cache-dir", str(cache_dir))
     assert result.exit_code == 0, result.output
     return out
 
