@@ -1,7 +1,7 @@
 """onnxsim on the graph without its weights. The simplify stage runs ``simplify_file`` in a
 process of its own (a crash in onnxsim's C++ code must not take the build down).
 
-Usage: python -m trtpack.onnx_tools.simplify_graph SRC DST RESULT_JSON
+Usage: python -m trtpack.onnx_tools.simplify_graph SRC DST RESULT_JSON [rewire-gelus]
 
 onnxsim copies a model several times over (Python proto, C++ proto, ONNX Runtime session for
 constant folding, the result): about 8x the weights, 10 GB for bert-large. Its work on a
@@ -18,6 +18,10 @@ module each node came from (``pkg.torch.onnx.name_scopes``). They are recorded b
 output tensor before simplifying and put back on the node that produces the same tensor
 afterwards (a Gemm fused from MatMul+Add gets the Add's, the same module), so later stages
 can name nodes by module path (``trtpack.precision.module_paths``).
+
+With ``rewire_gelus`` (a graph the exporter wrote), each erf GELU is then written in the order
+ONNX Runtime fuses (``trtpack.onnx_tools.gelu_form``): the same values where it runs as
+written.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import TYPE_CHECKING
 # Initializers of LARGE_INITIALIZER_BYTES or more are taken out of the graph onnxsim sees and
 # kept in the model's data file (the layout of every stage's model: trtpack.onnx_tools.files).
 from trtpack.onnx_tools.files import DATA_SUFFIX, LARGE_INITIALIZER_BYTES, data_path, tensor_bytes
+from trtpack.onnx_tools.gelu_form import rewire_erf_gelus
 
 if TYPE_CHECKING:
     import onnx
@@ -79,9 +84,10 @@ def import_onnxsim() -> ModuleType:
     return onnxsim
 
 
-def simplify_file(src: str, dst: str, result_path: str) -> int:
+def simplify_file(src: str, dst: str, result_path: str, rewire_gelus: bool = False) -> int:
     """onnxsim on SRC without its large weights, written to DST (+ DST.data); the counts go
-    to RESULT_PATH as JSON. Returns the exit code."""
+    to RESULT_PATH as JSON. ``rewire_gelus``: then each erf GELU in the order ONNX Runtime
+    fuses (``gelu_form.rewire_erf_gelus``). Returns the exit code."""
     import onnx
     from onnx import helper
     from onnx.external_data_helper import (
@@ -137,6 +143,7 @@ def simplify_file(src: str, dst: str, result_path: str) -> int:
     carried = node_metadata_by_output(graph_only)
     simplified, ok = import_onnxsim().simplify(graph_only, check_n=0)
     reattached = reattach_node_metadata(simplified, carried)
+    gelus = rewire_erf_gelus(simplified) if rewire_gelus else 0
 
     used = {i for n in simplified.graph.node for i in n.input}
     inputs = [i for i in simplified.graph.input if i.name not in weights]
@@ -154,6 +161,7 @@ def simplify_file(src: str, dst: str, result_path: str) -> int:
     Path(result_path).write_text(json.dumps({
         "nodes_before": before, "nodes_after": len(simplified.graph.node), "check": bool(ok),
         "weights_outside_onnxsim": len(weights), "metadata_reattached": reattached,
+        "gelus_rewired": gelus,
         "external_data": uses_any_external(simplified)}))
     return 0
 
@@ -196,4 +204,5 @@ def uses_any_external(model: onnx.ModelProto) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(simplify_file(*sys.argv[1:4]))
+    source, destination, result = sys.argv[1:4]
+    sys.exit(simplify_file(source, destination, result, sys.argv[4:5] == ["rewire-gelus"]))

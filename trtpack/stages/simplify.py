@@ -3,7 +3,13 @@ weights (see ``trtpack.onnx_tools.simplify_graph``), so models over 2 GB are sim
 weights are never copied through protobuf. This stage runs in a process of its own that
 imported onnx and onnxsim while the export ran; onnxsim runs in a fork of it, so a crash in
 its C++ code or a hang (``TRTPACK_ONNXSIM_TIMEOUT`` seconds, default 1800) keeps the
-unsimplified model and the report says why: this stage never fails the build."""
+unsimplified model and the report says why: this stage never fails the build.
+
+On a graph trtpack exported (not a user's ONNX, whose outputs later stages match exactly),
+each erf GELU is then written in the order ONNX Runtime fuses
+(``trtpack.onnx_tools.gelu_form``): the same values as written, and every ONNX Runtime
+session over the graph (verify's, the precision stage's) runs one ``Gelu`` kernel instead of
+five passes."""
 
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ class SimplifyMetrics(StageMetrics):
     op_types: dict[str, int] | None = None
     weights_outside_onnxsim: int | None = None  # initializers onnxsim never saw
     external_data: bool | None = None
+    gelus_rewired: int | None = None  # erf GELUs written in ONNX Runtime's fusable order
 
 
 def preload() -> None:
@@ -47,8 +54,13 @@ def warm_up(plan: BuildPlan, build_dir: Path) -> None:
     preload()
 
 
+def rewires_gelus(plan: BuildPlan) -> bool:
+    """Whether the erf GELUs are rewritten: on a graph trtpack exported, not on a user's ONNX."""
+    return plan.recipe.source.onnx is None
+
+
 def fingerprint(plan: BuildPlan) -> JsonObject:
-    return {"tool": "onnxsim", "node_metadata": 1}
+    return {"tool": "onnxsim", "node_metadata": 1, "rewire_gelus": rewires_gelus(plan)}
 
 
 def timeout_seconds() -> float:
@@ -79,7 +91,8 @@ def run(ctx: StageContext) -> StageOutcome:
     output = ctx.stage_dir / "onnxsim.log"
     ctx.progress(f"onnxsim on {before} nodes")
     limit = timeout_seconds()
-    code = run_forked(simplify_file, (str(src), str(dst), str(result_path)), limit, output)
+    code = run_forked(simplify_file, (str(src), str(dst), str(result_path),
+                                      rewires_gelus(ctx.plan)), limit, output)
     if code == NO_SPACE_EXIT:  # not onnxsim's failure: the build's (said in words)
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(ctx.stage_dir))
     text = output.read_text(errors="replace") if output.is_file() else ""
@@ -103,6 +116,6 @@ def run(ctx: StageContext) -> StageOutcome:
         metrics=SimplifyMetrics(
             before, after, op_types=graph_summary(dst)["op_types"],
             weights_outside_onnxsim=result["weights_outside_onnxsim"],
-            external_data=result["external_data"]),
+            external_data=result["external_data"], gelus_rewired=result["gelus_rewired"]),
         message=f"{before} → {after} nodes",
     )
