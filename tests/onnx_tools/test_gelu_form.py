@@ -123,3 +123,20 @@ def test_a_users_onnx_keeps_its_gelus(tiny_build: Path) -> None:
     assert not simplify.rewires_gelus(onnx_plan)
     assert simplify.rewires_gelus(hf_plan)
     assert simplify.fingerprint(onnx_plan) != simplify.fingerprint(hf_plan)
+
+
+def test_the_benchmark_puts_the_exporters_order_back() -> None:
+    """benchmarks/gelu_form.py times the rewired graph against its GELUs put back: the
+    exporter's graph exactly."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gelu_form.py"
+    spec = importlib.util.spec_from_file_location("benchmark_gelu_form", path)
+    assert spec is not None and spec.loader is not None
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    exported = gelu_graph()
+    model = gelu_graph()
+    assert rewire_erf_gelus(model) == 1
+    assert benchmark.exporter_order(model) == 1
+    assert model.SerializeToString() == exported.SerializeToString()
