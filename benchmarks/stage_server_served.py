@@ -56,7 +56,9 @@ def main() -> int:
         done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                *extra, *args.paths], capture_output=True, text=True,
                               check=False, env=env)
-        print(done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr)
+        lines = done.stdout.strip().splitlines()
+        print("\n".join([ln for ln in lines if ln.startswith(("FAILED", "ERROR"))]
+                        + lines[-1:]) if lines else done.stderr)
         log = kept.read_text(errors="replace") if kept.is_file() else ""
         print(f"(the server's log: {kept})")
     totals: collections.Counter[str] = collections.Counter()

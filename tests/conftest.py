@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import shutil
@@ -162,6 +163,34 @@ def stage_server() -> Iterator[Path | None]:
             yield folder
         finally:
             stop_stage_server(server, folder, os.environ.get(STAGE_SERVER_LOG_ENV))
+
+
+@pytest.fixture(autouse=True)
+def environment_restored() -> Iterator[None]:
+    """Undo what a test's in-process code wrote to ``os.environ`` outside ``monkeypatch``:
+    libraries set variables as they are imported or used (scikit-learn's and threadpoolctl's
+    ``KMP_DUPLICATE_LIB_OK``, torch inductor's ``TORCHINDUCTOR_CACHE_DIR``, trtpack's
+    ``HF_HUB_DISABLE_PROGRESS_BARS`` as it loads a model and ``OMP_WAIT_POLICY`` as it
+    benchmarks). Left in place, they reach every later test of this pytest process, and the
+    stage server, whose templates started without them, refuses every later build (a whole
+    worker's builds were refused so in a profiled run of the suite). The environment the
+    session's and a module's fixtures set up before the test is kept."""
+    with environment_kept():
+        yield
+
+
+@contextlib.contextmanager
+def environment_kept() -> Iterator[None]:
+    """``os.environ`` as it was before, once the block ends."""
+    before = dict(os.environ)
+    try:
+        yield
+    finally:
+        for name in set(os.environ) - set(before):
+            del os.environ[name]
+        for name, value in before.items():
+            if os.environ.get(name) != value:
+                os.environ[name] = value
 
 
 # --- running in pytest-xdist workers (make test: -n 2 --dist loadgroup) ---------------------

@@ -166,7 +166,7 @@ def test_a_second_runner_ends_the_prestarted_export_before_downloading(
 
     def stage_processes() -> list[psutil.Process]:
         return [c for c in psutil.Process().children(recursive=True)
-                if "trtpack.pipeline.isolate" in c.cmdline()]
+                if "trtpack.pipeline.isolate" in command_line(c)]
 
     alive_at_fetch: list[int] = []
     fetch = RemoteCache.fetch
@@ -192,6 +192,15 @@ def test_a_second_runner_ends_the_prestarted_export_before_downloading(
         prestart.end_untaken()
     assert result.exit_code == 0, result.output
     assert alive_at_fetch and alive_at_fetch[0] == 0, alive_at_fetch
+
+
+def command_line(process: psutil.Process) -> list[str]:
+    """Its command line; none for one that has ended (a zombie: the stage server's monitor,
+    a child of its template, until the template reaps it)."""
+    try:
+        return process.cmdline()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return []
 
 
 def test_a_corrupted_object_is_rebuilt_and_replaced(store: ObjectStore,

@@ -19,6 +19,7 @@ import pytest
 
 from tests.conftest import (
     ROOT,
+    environment_kept,
     python_path,
     sigint_as_default,
     start_stage_server,
@@ -213,6 +214,22 @@ def test_aws_variables_are_served_while_no_template_imported_botocore(
     assert environment_difference({"AWS_REGION": "x"}, {}, ["botocore.session"]) == \
         "AWS_REGION"
     assert environment_difference({"AWSOME": "x"}, {}, []) == "AWSOME"
+
+
+def test_what_a_library_writes_to_the_environment_does_not_outlive_its_test(
+        server: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """scikit-learn's import sets ``KMP_DUPLICATE_LIB_OK`` in the importing process: in the
+    pytest process, every later build would be refused. ``environment_kept`` (the
+    ``environment_restored`` fixture around every test) takes it out again."""
+    monkeypatch.setenv("PYTHONPATH", python_path())
+    monkeypatch.setenv(STAGE_SERVER_ENV, str(server))
+    name = "SOME_LIBRARY_SETTING"  # as sklearn/__init__.py sets its variable
+    with environment_kept():
+        os.environ.setdefault(name, "True")
+        os.environ["HOME"] = str(tmp_path)
+        assert started_fresh(tmp_path)
+    assert name not in os.environ and os.environ["HOME"] != str(tmp_path)
+    assert not started_fresh(tmp_path)
 
 
 def test_a_template_that_imported_botocore_refuses_another_aws_variable(
