@@ -21,6 +21,14 @@ from typer.testing import CliRunner
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# What code the tests run in this process sets as it goes, set from the start, so that the
+# builds of a test that ran it keep the environment the stage server started with (a build
+# whose environment differs in a variable an import may read is refused it): trtpack's
+# load_model sets the Hub's progress bars off, scikit-learn's and threadpoolctl's imports set
+# KMP_DUPLICATE_LIB_OK (each with setdefault: these values). What else a test's code sets
+# is undone after it (``environment_restored``).
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("KMP_DUPLICATE_LIB_OK", "True")
 # The compile check (TensorRT-RTX, GPU builds with --no-engine) is off for the test builds
 # whose subject is something else: each would compile for 1-10 s. Its own tests
 # (tests/stages/test_compile_check.py) switch it back on with COMPILE_CHECK_ON.

@@ -232,6 +232,24 @@ def test_what_a_library_writes_to_the_environment_does_not_outlive_its_test(
     assert not started_fresh(tmp_path)
 
 
+def test_torch_compiler_cache_folder_set_in_the_build_is_served(
+        server: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch sets ``TORCHINDUCTOR_CACHE_DIR`` in the process that uses it (a user's script that
+    ran torch.export before its build): the export's template, whose imports set the same
+    value, serves it, and so do the templates without torch; another value is refused where
+    torch was imported."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv("PYTHONPATH", python_path())
+    monkeypatch.setenv(STAGE_SERVER_ENV, str(server))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", os.path.abspath(default_cache_dir()))
+    assert [stage for stage in SERVED if started_fresh(tmp_path, stage)] == []
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "elsewhere"))
+    assert [stage for stage in SERVED if started_fresh(tmp_path, stage)] == ["export"]
+    assert environment_difference({"X": "v"}, {}, (), {"X": "v"}) is None
+    assert environment_difference({"X": "w"}, {}, (), {"X": "v"}) == "X"
+
+
 def test_a_template_that_imported_botocore_refuses_another_aws_variable(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", python_path())

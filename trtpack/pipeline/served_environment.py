@@ -33,22 +33,34 @@ CALL_TIME_VARIABLES = frozenset({
 # and no stage module or warm module imports boto3 or botocore (test_stage_server checks the
 # served templates). A stage process that imported them after its fork would read the build's
 # environment, which it runs with.
+# TORCHINDUCTOR_*: torch's compiler reads them (its cache folder) when it runs; a template
+# without torch never has it imported (the export's template sets TORCHINDUCTOR_CACHE_DIR as
+# it imports, see ``environment_difference``).
 READ_BY_UNIMPORTED: dict[str, tuple[str, ...]] = {
     "AWS_": ("boto3", "botocore", "s3transfer"),
+    "TORCHINDUCTOR_": ("torch",),
 }
 
 
 def environment_difference(build: Mapping[str, str], template: Mapping[str, str],
-                           imported: Iterable[str] = ()) -> str | None:
-    """The first variable, outside ``CALL_TIME_VARIABLES`` and ``READ_BY_UNIMPORTED``'s
-    prefixes whose libraries are not among ``imported`` (the template's modules), that the
-    build's environment has with another value than the template's (or that only one has);
+                           imported: Iterable[str] = (),
+                           imports_set: Mapping[str, str] | None = None) -> str | None:
+    """The first variable that the build's environment has with another value than the
+    template's before its imports (``template``; or that only one has), outside
+    ``CALL_TIME_VARIABLES``, ``READ_BY_UNIMPORTED``'s prefixes whose libraries are not among
+    ``imported`` (the template's modules), and the variables its imports set
+    (``imports_set``) to the value the build holds: the served process runs with that value,
+    as a fresh one would (the export's imports compute torch's compiler cache folder and write
+    it to ``TORCHINDUCTOR_CACHE_DIR``; a build whose own torch did the same holds that value).
     None: none."""
     loaded = {name.split(".")[0] for name in imported}
     unread = tuple(prefix for prefix, readers in READ_BY_UNIMPORTED.items()
                    if not loaded & set(readers))
+    computed = imports_set or {}
     for name in sorted(set(build) | set(template)):
         if name in CALL_TIME_VARIABLES or name.startswith(unread):
+            continue
+        if name in computed and build.get(name) == computed[name]:
             continue
         if build.get(name) != template.get(name):
             return name

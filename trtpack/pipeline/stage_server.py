@@ -161,7 +161,7 @@ class Template:
             return 1
         request = pickle.loads(data)
         env: dict[str, str] = request["environment"]
-        differs = environment_difference(env, self.started_with, sys.modules)
+        differs = environment_difference(env, self.started_with, sys.modules, self.imports_set)
         if differs is not None:
             print(f"stage server: {self.stage} refused: the build's {differs} differs"
                   f"{requester(env)}", file=sys.stderr, flush=True)
