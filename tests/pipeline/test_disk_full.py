@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -113,9 +114,30 @@ def test_a_small_filesystem_fills(tmp_path: Path, size: str) -> None:
         subprocess.run(["umount", "-l", str(disk)], check=True)
 
 
+STAGES = ["export", "simplify", "verify", "cpu_model", "package"]  # a CPU build's, in order
+
+
+@pytest.fixture(scope="module")
+def whole_build_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The cache of the build run once whole (no ENOSPC): the stages before the one a test
+    fills the disk in are taken from it, so that only that stage and the ones after it run."""
+    folder = tmp_path_factory.mktemp("whole")
+    result = run_build(folder / "out", folder / "cache")
+    assert result.returncode == 0, result.stderr
+    return folder / "cache"
+
+
+def cache_before(whole: Path, stage: str, cache: Path) -> None:
+    """``cache`` holding a copy of ``whole``'s entries of the stages before ``stage``."""
+    for earlier in STAGES[:STAGES.index(stage)]:
+        shutil.copytree(whole / "stages" / earlier, cache / "stages" / earlier)
+
+
 @pytest.mark.parametrize("stage", ["export", "simplify", "verify", "package"])
-def test_an_injected_enospc_at_each_stages_writes(tmp_path: Path, stage: str) -> None:
-    """Stand-in for a full disk: ENOSPC injected at the stage's writes (see the module)."""
+def test_an_injected_enospc_at_each_stages_writes(tmp_path: Path, stage: str,
+                                                  whole_build_cache: Path) -> None:
+    """Stand-in for a full disk: ENOSPC injected at the stage's writes (see the module); the
+    stages before it are reused from a cache (each test's copy), the stage itself runs."""
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(INJECT)
@@ -124,6 +146,11 @@ def test_an_injected_enospc_at_each_stages_writes(tmp_path: Path, stage: str) ->
     folder = ".model_repository.tmp" if stage == "package" else f"artifacts{os.sep}{stage}"
     base = tmp_path / "builds"
     base.mkdir()
+    cache_before(whole_build_cache, stage, base / "cache")
     result = run_build(base / "out", base / "cache",
                        {"PYTHONPATH": pythonpath, "TRTPACK_TEST_ENOSPC_IN": folder})
     assert_disk_full(result, base / "out", stage)
+    # the report lists the stages finished before it: each reused, none run
+    finished = {s["name"]: s["cached"] for s in json.loads(
+        (base / "out.failed" / "report.json").read_text())["stages"] if s["status"] == "ok"}
+    assert finished == dict.fromkeys(STAGES[:STAGES.index(stage)], True), finished
