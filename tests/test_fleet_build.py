@@ -37,12 +37,14 @@ def _manifest(folder: Path, *, third: str | None = None) -> Path:
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """The small manifest built once (two builds at once allowed), and its stderr."""
+def fleet(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> tuple[Path, str]:
+    """The small manifest built once (two builds at once allowed), and its stderr; in the
+    session cache (what a fleet build makes of its builds is the subject, not their stages:
+    tiny-bert's are other tests' too)."""
     folder = tmp_path_factory.mktemp("fleet")
     result = run_cli("fleet", "build", str(_manifest(folder)), "--target", "cpu",
                      "--jobs", "2", "--out", str(folder / "out"),
-                     "--cache-dir", str(folder / "cache"))
+                     "--cache-dir", str(cache_dir))
     assert result.exit_code == 0, result.output
     return folder / "out", result.stderr
 
