@@ -136,7 +136,7 @@ def stop_stage_server(server: subprocess.Popen[bytes], folder: Path,
 TEST_STAGE_SERVER_ENV = "TRTPACK_TEST_STAGE_SERVER"
 """1: the ``stage_server`` fixture starts a stage server for each pytest process; 0: none
 (builds start their stage processes fresh, as without one)."""
-STAGE_SERVER_BY_DEFAULT = "0"  # off until a quiet run of the whole suite with it is green
+STAGE_SERVER_BY_DEFAULT = "1"  # TRTPACK_TEST_STAGE_SERVER=0: the suite without it
 STAGE_SERVER_LOG_ENV = "TRTPACK_TEST_STAGE_SERVER_LOG"
 """A file the ``stage_server`` fixture appends its server's log to as it ends: what it served
 and refused, for which test (``benchmarks/stage_server_served.py`` counts them per file)."""
