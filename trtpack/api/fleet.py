@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from trtpack.errors import UserInputError
-from trtpack.machine.targets import resolve_target
+from trtpack.machine.targets import is_gpu_target, resolve_target
 from trtpack.sources.recipe import PRECISIONS
 
 # GitHub Actions runs at most 256 jobs from one matrix
@@ -47,7 +47,7 @@ class FleetModel:
         """``trtpack build`` arguments for this model on ``target`` (``cpu``, or a GPU
         family: by default the convert job's ``--no-engine`` build)."""
         args = ["build", self.source, "--target", target, "--out", out]
-        if no_engine if no_engine is not None else target != "cpu":
+        if no_engine if no_engine is not None else is_gpu_target(target):
             args.append("--no-engine")
         if self.precision is not None:
             args += ["--precision", self.precision]
