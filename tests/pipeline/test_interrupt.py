@@ -12,7 +12,6 @@ a variable the server lets a build change (``CALL_TIME_VARIABLES``)."""
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -25,6 +24,7 @@ import pytest
 
 from tests.conftest import sigint_as_default
 from trtpack.onnx_tools.files import sha256_file
+from trtpack.pipeline.stage_server import served_in_log
 
 MARK = "PYTEST_CURRENT_TEST"  # a variable the stage server lets differ
 SERVED_SECONDS = 30  # the served processes' group, SIGKILLed as the build stopped, gone by then
@@ -62,7 +62,7 @@ class ServerLog:
         with open(self.path, "rb") as log:
             log.seek(self.offset)
             text = log.read().decode(errors="replace")
-        return [int(pid) for pid in re.findall(r"stage server: \w+ served, pid (\d+)", text)]
+        return [pid for _, pid in served_in_log(text)]
 
 
 def running_in_groups(groups: list[int]) -> list[int]:

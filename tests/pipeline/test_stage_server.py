@@ -30,6 +30,7 @@ from tests.conftest import (
 from trtpack.pipeline.prestart import start_stage_process
 from trtpack.pipeline.served_environment import CALL_TIME_VARIABLES, environment_difference
 from trtpack.pipeline.stage_client import STAGE_SERVER_ENV, ServedProcess
+from trtpack.pipeline.stage_server import served_in_log
 
 # every stage a process serves: export, simplify, verify, precision (FP16, with its ModelOpt
 # worker), cpu_model (the CPU fallback, with its head start beside verify)
@@ -58,9 +59,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def served_pids(folder: Path) -> dict[str, list[int]]:
     """stage -> the pids its template served, from the server's log."""
     found: dict[str, list[int]] = {}
-    for stage, pid in re.findall(r"stage server: (\w+) served, pid (\d+)",
-                                 Path(f"{folder}.log").read_text(errors="replace")):
-        found.setdefault(stage, []).append(int(pid))
+    for stage, pid in served_in_log(Path(f"{folder}.log").read_text(errors="replace")):
+        found.setdefault(stage, []).append(pid)
     return found
 
 

@@ -29,6 +29,7 @@ import gc
 import importlib
 import os
 import pickle
+import re
 import select
 import signal
 import socket
@@ -58,6 +59,15 @@ PASSED_FDS = 3  # the jobs pipe's read end, the messages pipe's write end, the l
 # thread makes a template refuse to serve.
 STARTS_THREADS = frozenset({"onnxruntime", "onnxsim"})
 NO_THREAD_ENVIRONMENT = {"ORT_DISABLE_TELEMETRY": "1"}
+
+# The line a template writes to the server's log for each stage process it served
+# (``Template.serve``), read back by ``served_in_log``.
+SERVED_LINE = re.compile(r"stage server: (\w+) served, pid (\d+)")
+
+
+def served_in_log(text: str) -> list[tuple[str, int]]:
+    """(stage, pid) of each stage process a server's log (``text``) says it served."""
+    return [(stage, int(pid)) for stage, pid in SERVED_LINE.findall(text)]
 
 
 def socket_path(folder: Path, stage: str) -> Path:
