@@ -23,7 +23,7 @@ def auto_report(winner: str | None) -> BuildReport:
 @pytest.mark.parametrize("winner", ["fp32", "int8"])
 def test_an_auto_build_is_titled_with_the_precision_it_serves(winner: str) -> None:
     report = auto_report(winner)
-    report.name_served_precision()
+    report.name_served_precision(cpu_model_served=True)
     assert report.precision == winner
     page = render_report_html(report, Path("/nonexistent"))
     assert f"<title>trtpack · tiny-bert {winner}</title>" in page
@@ -31,7 +31,7 @@ def test_an_auto_build_is_titled_with_the_precision_it_serves(winner: str) -> No
 
 def test_a_build_without_a_choice_keeps_its_precision() -> None:
     report = auto_report(None)
-    report.name_served_precision()
+    report.name_served_precision(cpu_model_served=True)
     assert report.precision == "int8"
 
 
@@ -110,3 +110,16 @@ def test_worst_samples_name_the_worst_corner_and_the_weighted_mean() -> None:
     assert worst_samples(report) == [
         'onnx-vs-torch out: 4 samples over 2 corners, worst 0.9950, mean 0.9984. worst '
         'sample: "the long one"']
+
+
+@pytest.mark.parametrize("cpu_model_served", [True, False])
+def test_a_declined_int8_candidate_names_fp32_only_where_the_cpu_model_is_served(
+        cpu_model_served: bool) -> None:
+    """On a CPU target the CPU model is what is served, so its declined INT8 candidate makes
+    the build FP32; on a GPU target (``--fallback-cpu``) the engine keeps the build's INT8."""
+    report = BuildReport(model="resnet", precision="int8", target="cpu", profiles=[],
+                         out_dir="/nonexistent",
+                         stages=[StageResult("cpu_model", "ok",
+                                             metrics={"int8_fp32_reason": "gate failed"})])
+    report.name_served_precision(cpu_model_served=cpu_model_served)
+    assert report.precision == ("fp32" if cpu_model_served else "int8")

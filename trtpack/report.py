@@ -231,17 +231,18 @@ class BuildReport:
     def stage(self, name: str) -> StageResult | None:
         return next((s for s in self.stages if s.name == name), None)
 
-    def name_served_precision(self) -> None:
+    def name_served_precision(self, cpu_model_served: bool) -> None:
         """``precision`` (the report's title) becomes what the CPU model stage serves: under
         ``--precision auto`` the candidate it chose (its metrics' ``auto.winner``), not the
-        one the precision stages built; for ``--target cpu``, ``fp32`` where it declined a
-        convolutional model's INT8 candidate (``int8_fp32_reason``)."""
+        one the precision stages built; where the CPU model is what is served
+        (``cpu_model_served``: a CPU target, told by the runner, which holds the target),
+        ``fp32`` where it declined a convolutional model's INT8 candidate
+        (``int8_fp32_reason``)."""
         stage = self.stage("cpu_model")
         auto = stage.metrics.get("auto") if stage is not None else None
         if isinstance(auto, dict) and isinstance(auto.get("winner"), str):
             self.precision = auto["winner"]
-        elif stage is not None and self.target == "cpu" \
-                and stage.metrics.get("int8_fp32_reason"):
+        elif stage is not None and cpu_model_served and stage.metrics.get("int8_fp32_reason"):
             self.precision = "fp32"  # the INT8 candidate was declined: FP32 is served
 
     def benchmark_result(self) -> BenchmarkResult | None:

@@ -190,3 +190,30 @@ def test_json_data_has_one_type_and_no_loose_dicts() -> None:
     type) read through its checked readers, or a typed record: no ``dict[str, Any]`` and no
     second JSON type."""
     assert loose_json(package_sources()) == []
+
+
+def cpu_comparisons(sources: Mapping[str, str]) -> list[str]:
+    """``module:line`` of each ``== "cpu"`` / ``!= "cpu"`` outside ``machine/``: whether a
+    target is a GPU's is answered there (``Target.is_gpu``, ``is_gpu_target``), nowhere else."""
+    found = []
+    for module, source in sources.items():
+        if module.startswith("machine/"):
+            continue
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Compare) \
+                    and any(isinstance(op, ast.Eq | ast.NotEq) for op in node.ops) \
+                    and any(isinstance(c, ast.Constant) and c.value == "cpu"
+                            for c in [node.left, *node.comparators]):
+                found.append(f"{module}:{node.lineno}")
+    return found
+
+
+def test_a_cpu_comparison_is_found() -> None:
+    assert cpu_comparisons({"a.py": 'x = t.target == "cpu"\n',
+                            "b.py": 'if "cpu" != name:\n    pass\n',
+                            "machine/t.py": 'y = n == "cpu"\n',
+                            "c.py": 'z = device in ("cpu",)\n'}) == ["a.py:1", "b.py:1"]
+
+
+def test_whether_a_target_is_a_gpu_is_answered_in_machine_only() -> None:
+    assert cpu_comparisons(package_sources()) == []

@@ -135,7 +135,7 @@ class Pipeline:
                 work.mkdir()
                 self._run_stages(work, report)
                 self.stages.end()
-                report.name_served_precision()
+                report.name_served_precision(cpu_model_served=not o.target.is_gpu)
                 report.total_seconds = time.perf_counter() - started
                 peaks = [s.peak_memory_mb for s in report.stages if s.peak_memory_mb is not None]
                 report.peak_memory_mb = max(peaks) if peaks else None
