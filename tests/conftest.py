@@ -48,10 +48,16 @@ class CliResult:
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> CliResult:
-    """Run ``trtpack ARGS`` in-process (typer's runner), as a user would call it."""
+    """Run ``trtpack ARGS`` in-process (typer's runner), as a user would call it. What the
+    command writes to ``os.environ`` (``trtpack bench`` sets ``OMP_WAIT_POLICY`` for the
+    PyTorch it loads) is undone after it, as a process's environment ends with the process:
+    called from a module's fixture, outside ``environment_restored``, it would otherwise
+    reach every later test of this pytest process and the stage server would refuse their
+    builds (a profiled run: 60 refusals after tests/report_page's bench fixture)."""
     from trtpack.cli.app import app
 
-    result = CliRunner().invoke(app, list(args), env=env, catch_exceptions=False)
+    with environment_kept():
+        result = CliRunner().invoke(app, list(args), env=env, catch_exceptions=False)
     return CliResult(result.exit_code, result.stdout, result.stderr)
 
 
