@@ -4,12 +4,30 @@ imports."""
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from trtpack.errors import UserInputError
+
 WARMUP_RUNS = 3
+
+
+def seconds_from_environment(name: str, default: float) -> float:
+    """A time budget in seconds from the environment variable ``name``, else ``default``; a
+    value that is not a positive number is bad input."""
+    given = os.environ.get(name)
+    if given is None or not given.strip():
+        return default
+    try:
+        seconds = float(given)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0:
+        raise UserInputError(f"{name}={given!r}: expected a positive number of seconds")
+    return seconds
 
 
 def spread(values: Sequence[float]) -> float:
@@ -51,13 +69,14 @@ def warm_up(run_once: RunOnce, seconds: float, warmup_runs: int = WARMUP_RUNS) -
 
 
 def measure_interleaved(calls: Mapping[str, RunOnce], seconds: float,
-                        slices: int = SLICES) -> dict[str, Timing]:
+                        slices: int = SLICES, *, warm: bool = True) -> dict[str, Timing]:
     """Time each call back to back for ``seconds`` in all, after warm-up. The budget is cut
     into ``slices`` turns taken in rotation (A B C A B C …), so that load from elsewhere on
     the machine falls on every runtime alike and their ratio stays meaningful; every call
     runs at least once per turn. Each ``Timing`` keeps its turns apart (``rounds_s``): the
-    spread of their medians is the noise of the result."""
-    for run_once in calls.values():
+    spread of their medians is the noise of the result. ``warm=False``: the same calls were
+    just timed (a later round at the same inputs), so they are warm already."""
+    for run_once in calls.values() if warm else ():
         warm_up(run_once, seconds)
     rounds: dict[str, list[list[float]]] = {name: [] for name in calls}
     elapsed = dict.fromkeys(calls, 0.0)

@@ -219,7 +219,7 @@ def _stub_measure(latencies_ms: dict[str, list[float]]):  # type: ignore[no-unty
 
     rounds = {name: iter(values) for name, values in latencies_ms.items()}
 
-    def measure(calls, seconds):  # type: ignore[no-untyped-def]
+    def measure(calls, seconds, warm=True):  # type: ignore[no-untyped-def]
         return {name: Timing([next(rounds[name]) / 1000] * 3, seconds) for name in calls}
 
     return measure
@@ -277,6 +277,42 @@ def test_auto_pairs_rounds_so_shared_load_does_not_hide_a_real_gain(tiny_build: 
     choice = _timed(tiny_build, fp32, [v / 1.25 for v in fp32])
     assert choice.winner == "int8"  # type: ignore[attr-defined]
     assert "1.25x" in choice.reason  # type: ignore[attr-defined]
+
+
+def test_each_corner_is_warmed_once_and_a_repeated_corner_timed_once(
+        tiny_build: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The candidates are warmed up before a corner's first round only; a corner whose
+    inputs are an earlier corner's (a profile 1:1:4) takes its figures; the budget a corner
+    is $TRTPACK_CPU_TIMING_SECONDS (bad input when it is not a positive number)."""
+    from trtpack.cases import Case, load_cases
+    from trtpack.errors import UserInputError
+    from trtpack.precision.cpu.auto_choice import SECONDS_ENV, time_candidates
+
+    first, other = load_cases(tiny_build / "artifacts" / "verify" / "fp32_outputs.npz")[:2]
+    again = Case(first.profile, "again", {k: v.copy() for k, v in first.inputs.items()})
+    calls: list[tuple[float, bool]] = []
+    latencies = iter([10.0, 11.0, 12.0, 20.0, 21.0, 22.0])
+
+    def measure(timed, seconds, warm=True):  # type: ignore[no-untyped-def]
+        from trtpack.timing import Timing
+
+        calls.append((seconds, warm))
+        value = next(latencies) / 1000
+        return {name: Timing([value] * 3, seconds) for name in timed}
+
+    monkeypatch.setenv(SECONDS_ENV, "0.6")
+    candidates = _candidates(tiny_build)
+    time_candidates(candidates, [first, other, again], {"fp32": _Session(), "int8": _Session()},
+                    rounds=3, measure=measure)
+    assert calls == [(pytest.approx(0.2), True), (pytest.approx(0.2), False),
+                     (pytest.approx(0.2), False)] * 2  # two corners timed, not three
+    for c in candidates:
+        assert c.p50_ms == {first.label: 11.0, other.label: 21.0, again.label: 11.0}
+        assert c.rounds_ms[again.label] == c.rounds_ms[first.label] == [10.0, 11.0, 12.0]
+    monkeypatch.setenv(SECONDS_ENV, "0")
+    with pytest.raises(UserInputError, match=f"{SECONDS_ENV}='0': expected a positive"):
+        time_candidates(candidates, [first], {"fp32": _Session(), "int8": _Session()},
+                        measure=measure)
 
 
 def test_auto_never_keeps_a_candidate_that_failed_its_gates(tiny_build: Path) -> None:

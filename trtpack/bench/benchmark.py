@@ -50,7 +50,7 @@ from trtpack.errors import UserInputError
 from trtpack.out_files import record_files
 from trtpack.pipeline.build_folder import open_build
 from trtpack.report import REPORT, BenchmarkResult, BenchRow, BuildReport, ServedResult
-from trtpack.timing import Timing, measure_interleaved
+from trtpack.timing import Timing, measure_interleaved, seconds_from_environment
 
 SERVED, ONNX_FP32, CPU_FP32, PYTORCH = "served", "onnx-fp32", "cpu-fp32", "pytorch"
 DEFAULT_SECONDS = 2.0
@@ -62,16 +62,7 @@ SECONDS_ENV = "TRTPACK_BENCH_SECONDS"
 def default_seconds() -> float:
     """``--seconds`` when it is not given: ``$TRTPACK_BENCH_SECONDS``, else 2; a value that is
     not a positive number is bad input."""
-    given = os.environ.get(SECONDS_ENV)
-    if given is None or not given.strip():
-        return DEFAULT_SECONDS
-    try:
-        seconds = float(given)
-    except ValueError:
-        seconds = 0.0
-    if not seconds > 0:
-        raise UserInputError(f"{SECONDS_ENV}={given!r}: expected a positive number of seconds")
-    return seconds
+    return seconds_from_environment(SECONDS_ENV, DEFAULT_SECONDS)
 
 
 
