@@ -91,3 +91,16 @@ def test_a_failing_forward_is_the_error_shown_even_when_the_exporter_fails(tiny)
     fine, _, _ = build_cases(plan, loaded)
     with pytest.raises(RuntimeError, match="the exporter broke"):
         reference_beside(wrapper, plan.recipe, fine, broken)
+
+
+def test_a_small_largest_corner_runs_beside_a_large_one_after(tiny) -> None:  # type: ignore[no-untyped-def]
+    from trtpack.stages.export import LARGEST_BESIDE_WORK, beside_cases, build_cases
+
+    plan, loaded, _ = tiny
+    cases, _, _ = build_cases(plan, loaded)
+    parameters = sum(p.numel() for p in loaded.module.parameters())
+    assert [c.corner for c in beside_cases(cases, parameters)] == ["min", "opt", "max"]
+    # the largest corner's work (parameters x its largest input's 4x16 elements) past the line
+    over = int(LARGEST_BESIDE_WORK) // 64 + 1
+    assert [c.corner for c in beside_cases(cases, over)] == ["min", "opt"]
+    assert [c.corner for c in beside_cases(cases, over - 1)] == ["min", "opt", "max"]

@@ -37,6 +37,14 @@ if TYPE_CHECKING:
 # stages keep the default (applied everywhere, it raised a later stage's memory peak).
 GC_THRESHOLDS = (100_000, 50, 100)
 
+# The largest profile corner's PyTorch forward runs beside the exporter too, at one intra-op
+# thread, when its work is small: the model's parameters times the elements of its largest
+# input at that corner at most LARGEST_BESIDE_WORK (minilm at 8x128: 2.3e10, about 0.3 CPU-s
+# on one core here, against the exporter's seconds of Python). A larger one runs after the
+# export at every thread: on one thread it would outlast the exporter (bert-large's design
+# card: 128x128 at 3.4e8 parameters).
+LARGEST_BESIDE_WORK = 4e10
+
 
 @dataclass
 class ExportMetrics(StageMetrics):
@@ -206,6 +214,16 @@ def copy_sharing_weights(module: torch.nn.Module) -> torch.nn.Module | None:
         return None
 
 
+def beside_cases(cases: list[Case], parameters: int) -> list[Case]:
+    """The cases whose PyTorch outputs are computed beside the exporter
+    (``reference_beside``): every case when the largest one's work is at most
+    ``LARGEST_BESIDE_WORK`` (``parameters`` times the elements of its largest input), else
+    every case but the largest, which then runs after the export at every thread."""
+    largest = max(cases, key=lambda c: sum(a.size for a in c.inputs.values()))
+    work = parameters * max(a.size for a in largest.inputs.values())
+    return list(cases) if work <= LARGEST_BESIDE_WORK else [c for c in cases if c is not largest]
+
+
 def reference_beside(wrapper: torch.nn.Module, recipe: Recipe, cases: list[Case],
                      export: Callable[[], Exported]) -> Exported:
     """``export()`` (the ONNX exporter: Python, one core) on this thread while the PyTorch
@@ -264,14 +282,16 @@ def run(ctx: StageContext) -> StageOutcome:
         exported = export_onnx(wrapper, plan, onnx_path, ctx.log,
                                saved=fresh() if fresh is not None else None)
     else:
-        largest = max(cases, key=lambda c: sum(a.size for a in c.inputs.values()))
-        smaller = [c for c in cases if c is not largest]
+        besides = beside_cases(cases, sum(p.numel() for p in loaded.module.parameters()))
         ctx.spare_core(model_bytes)  # before the progress line, as above (the build's order)
-        ctx.progress(f"{exporting}, PyTorch at {len(smaller)} smaller profile corners beside")
-        exported = reference_beside(wrapper, recipe, smaller,
+        ctx.progress(f"{exporting}, PyTorch at {len(besides)} of {len(cases)} profile corners "
+                     "beside")
+        exported = reference_beside(wrapper, recipe, besides,
                                     lambda: export_onnx(beside, plan, onnx_path, ctx.log))
-        ctx.progress(f"running PyTorch at the largest profile corner ({largest.corner})")
-        run_torch(wrapper, recipe, [largest])
+        left = [c for c in cases if all(c is not b for b in besides)]
+        if left:
+            ctx.progress(f"running PyTorch at the largest profile corner ({left[0].corner})")
+            run_torch(wrapper, recipe, left)
     reference = ctx.stage_dir / "reference.npz"
     save_cases(reference, cases)
     ctx.log.info("PyTorch outputs of %d cases saved", len(cases))
