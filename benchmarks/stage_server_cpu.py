@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-STAGE_SERVER_ENV = "TRTPACK_STAGE_SERVER"  # trtpack.pipeline.stage_client's
+STAGE_SERVER_ENV = "TRTPACK_STAGE_SERVER"  # trtpack.processes'
 TEST_STAGE_SERVER_ENV = "TRTPACK_TEST_STAGE_SERVER"  # tests/conftest.py's switch
 
 

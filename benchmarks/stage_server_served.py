@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-STAGE_SERVER_ENV = "TRTPACK_STAGE_SERVER"  # trtpack.pipeline.stage_client's
+STAGE_SERVER_ENV = "TRTPACK_STAGE_SERVER"  # trtpack.processes'
 TEST_STAGE_SERVER_ENV = "TRTPACK_TEST_STAGE_SERVER"  # tests/conftest.py's switch
 STAGE_SERVER_LOG_ENV = "TRTPACK_TEST_STAGE_SERVER_LOG"  # tests/conftest.py's
 LINE = re.compile(r"stage server: (\w+) (served|refused)(?:: the build's (\S+) differs)?"

@@ -98,7 +98,7 @@ def without_stage_server(env: dict[str, str]) -> dict[str, str]:
     """``env`` without the stage server: a build started in it starts its stage processes
     fresh, as its children (for tests that find them among the build's children, or by the
     environment they started with: a served process is the server's, with the server's)."""
-    from trtpack.pipeline.stage_client import STAGE_SERVER_ENV
+    from trtpack.processes import STAGE_SERVER_ENV
 
     return {k: v for k, v in env.items() if k != STAGE_SERVER_ENV}
 
@@ -163,7 +163,7 @@ def stage_server() -> Iterator[Path | None]:
     (a test's own variables) starts its processes fresh, as without one. Set
     ``TRTPACK_STAGE_SERVER`` (empty: none) to run without it. The tests that look for stage
     processes among a build's children unset it (a served process is the server's child)."""
-    from trtpack.pipeline.stage_client import STAGE_SERVER_ENV
+    from trtpack.processes import STAGE_SERVER_ENV
 
     wanted = os.environ.get(TEST_STAGE_SERVER_ENV, STAGE_SERVER_BY_DEFAULT) == "1"
     if STAGE_SERVER_ENV in os.environ or not wanted:

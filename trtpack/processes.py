@@ -1,18 +1,30 @@
 """Child processes that never outlive the build: each stage process leads a process group of
 its own (so the build can end it and everything it started in one call), and the kernel ends
-it when the process that started it dies, even by SIGKILL (Linux ``PR_SET_PDEATHSIG``)."""
+it when the process that started it dies, even by SIGKILL (Linux ``PR_SET_PDEATHSIG``).
+
+Where ``TRTPACK_STAGE_SERVER`` names a stage server (``pipeline.stage_server``), such a process
+may instead be forked from one of the server's warm templates (``served_process``): a stage's
+process (``pipeline.stage_client``) or a ModelOpt worker (``precision.modelopt_jobs``). This
+module imports nothing heavy: ``pipeline.prestart`` uses it as the command starts.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import pickle
+import select
 import signal
+import socket
+import subprocess
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 from trtpack.errors import no_space_cause
 
@@ -107,3 +119,117 @@ def python_code_command(code: str) -> list[str]:
     """The command line of ``python -c code`` in this interpreter, importing the installed
     packages wherever it is started (never the working directory's)."""
     return [sys.executable, "-c", _SAFE_PATH + code]
+
+
+# --- processes forked from a stage server's templates ---------------------------------------
+
+STAGE_SERVER_ENV = "TRTPACK_STAGE_SERVER"
+"""The folder of the stage server this build's stage processes (and ModelOpt workers) are asked
+of (unset or empty: each is started fresh)."""
+REPLY_SECONDS = 30.0  # a template forks at once; beyond this the fresh start is quicker
+_log = logging.getLogger(__name__)  # why a process was not served (debug: not shown)
+
+
+class ChildProcess(Protocol):
+    """What a build uses of a process it started: ``subprocess.Popen`` or ``ServedProcess``."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+class ServedProcess:
+    """A process a template forked: no child of this process, tied to it by ``connection``
+    (the server kills the process's group when it closes); its exit status comes over it.
+    ``pid`` leads its own session (``kill_group``)."""
+
+    def __init__(self, connection: socket.socket, pid: int) -> None:
+        self._connection = connection
+        self._pid = pid
+        self._returncode: int | None = None
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._returncode
+
+    def poll(self) -> int | None:
+        if self._returncode is None:
+            self._receive(0.0)
+        return self._returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self._returncode is None:
+            self._receive(timeout)
+        if self._returncode is None:
+            raise subprocess.TimeoutExpired(f"served process {self._pid}", timeout or 0.0)
+        return self._returncode
+
+    def _receive(self, timeout: float | None) -> None:
+        ready, _, _ = select.select([self._connection], [], [], timeout)
+        if not ready:
+            return
+        try:
+            data = self._connection.recv(4096)
+        except OSError:
+            data = b""
+        if data:
+            kind, code = pickle.loads(data)
+            self._returncode = int(code) if kind == "exit" else -signal.SIGKILL
+        else:  # the monitor is gone without a word: the process died with it (SIGKILL)
+            self._returncode = -signal.SIGKILL
+        self._connection.close()
+
+
+def server_folder() -> Path | None:
+    folder = os.environ.get(STAGE_SERVER_ENV, "")
+    return Path(folder) if folder else None
+
+
+_SERVED_LISTENERS: list[Callable[[int], None]] = []
+
+
+def tell_served(listener: Callable[[int], None]) -> None:
+    """From now on, ``listener`` gets the pid of every process served to this one: a stage
+    process tells its build, which counts that process (no child of the stage's) in the
+    stage's memory."""
+    _SERVED_LISTENERS.append(listener)
+
+
+def served_process(template: str, request: Mapping[str, object],
+                   fds: Sequence[int]) -> ServedProcess | None:
+    """A process forked by the named server's ``template`` for ``request`` (its working
+    directory, environment, ...) with ``fds`` passed to it (``SCM_RIGHTS``), or None: no
+    server, no such template, or it refused (start a fresh process)."""
+    folder = server_folder()
+    if folder is None:
+        return None
+    path = folder / f"{template}.sock"
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        connection.connect(str(path))
+        socket.send_fds(connection, [pickle.dumps(dict(request))], list(fds))
+        ready, _, _ = select.select([connection], [], [], REPLY_SECONDS)
+        reply = connection.recv(4096) if ready else b""
+        kind, value = pickle.loads(reply) if reply else ("gone", "no reply")
+    except (OSError, pickle.UnpicklingError, ValueError, EOFError) as e:
+        kind, value = "gone", type(e).__name__
+    if kind != "started":
+        _log.debug("%s: no process from %s (%s: %s); starting one", template, path, kind,
+                   value)
+        with contextlib.suppress(OSError):
+            connection.close()  # a process it started, late, is killed with it
+        return None
+    served = ServedProcess(connection, int(value))
+    for listener in _SERVED_LISTENERS:
+        listener(served.pid)
+    return served

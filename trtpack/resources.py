@@ -104,6 +104,11 @@ class ResourceMeter:
         self.exclude = self.exclude | {pid}
         self._pids = None  # listed anew at the next sample
 
+    def include_process(self, pid: int) -> None:
+        """Count ``pid`` (and its children) from the next sample on, though it is no child."""
+        self.include = self.include | {pid}
+        self._pids = None  # listed anew at the next sample
+
     def _sample(self, rescan: bool = False) -> None:
         if rescan or self._pids is None or self._since_scan >= RESCAN_EVERY:
             self._pids = _descendants(self.exclude, self.include)

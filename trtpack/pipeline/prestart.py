@@ -29,8 +29,13 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from trtpack.pipeline.stage_client import ChildProcess, served_process, server_folder
-from trtpack.processes import kill_group, python_module_command
+from trtpack.pipeline.stage_client import served_process
+from trtpack.processes import (
+    ChildProcess,
+    kill_group,
+    python_module_command,
+    server_folder,
+)
 
 ISOLATE_MODULE = "trtpack.pipeline.isolate"  # the stage process's entry point
 NO_PRESTART_ENV = "TRTPACK_NO_PRESTART"

@@ -322,7 +322,7 @@ class StageRuns:
             self.warm_on_spare_core(plan, model_bytes, log_path.parent, meter)
 
         ctx = StageContext(self.plan, stage.name, stage_dir, work, artifacts, logger,
-                           self.progress, spare_core)
+                           self.progress, spare_core, meter.include_process)
         oom_before = oom_kills()
         try:
             with meter:

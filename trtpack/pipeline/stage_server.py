@@ -19,7 +19,9 @@ the build's environment and working directory, ``isolate.main``. The monitor sen
 back, waits for it (a pidfd), and sends its exit status; when the build's end of the
 connection closes first (the build ended, even by SIGKILL), it kills the stage's process
 group. The stage process dies with its monitor (``PR_SET_PDEATHSIG``), the templates with
-the server, and the server with the process that started it.
+the server, and the server with the process that started it. The server also runs the
+ModelOpt worker's template (``pipeline.served_workers``), which serves a stage process's
+worker the same way.
 """
 
 from __future__ import annotations
@@ -39,8 +41,9 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from trtpack.pipeline import isolate
+from trtpack.pipeline import isolate, served_workers
 from trtpack.pipeline.served_environment import environment_difference, requester
+from trtpack.precision.modelopt_jobs import WORKER_TEMPLATE
 from trtpack.processes import die_with_parent, kill_group
 
 SOCKET_SUFFIX = ".sock"
@@ -80,6 +83,12 @@ def servable_stages() -> list[str]:
     from trtpack.pipeline.stage import STAGES
 
     return [s.name for s in STAGES if s.isolated and not s.environment]
+
+
+def template_names() -> list[str]:
+    """Every template a server runs unless told which: the servable stages', the ModelOpt
+    worker's."""
+    return [*servable_stages(), WORKER_TEMPLATE]
 
 
 def threads_past_fork() -> int:
@@ -182,6 +191,9 @@ class Template:
         pid = os.fork()
         if pid == 0:
             os.close(in_session)
+            if self.stage == WORKER_TEMPLATE:
+                connection.close()
+                served_workers.become_worker(fds, led, request, {**env, **self.imports_set})
             self.stage_process(connection, fds, led, request["log_path"], request["cwd"], env)
         os.close(led)
         for fd in fds:
@@ -282,18 +294,26 @@ def run_template(stage_name: str, folder: Path, preload: tuple[str, ...]) -> int
     from trtpack.pipeline.stage import STAGES
 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    started_with = dict(os.environ)
-    stage = next(s for s in STAGES if s.name == stage_name)
-    stage_module = importlib.import_module(stage.module)
-    threaded = tuple(m for m in stage.warm_modules if m.split(".")[0] in STARTS_THREADS)
-    isolate.import_quietly(tuple(m for m in stage.warm_modules if m not in threaded))
+    stage_preload: Callable[[], None] | None
+    threaded: tuple[str, ...] = ()
+    if stage_name == WORKER_TEMPLATE:  # ModelOpt imports ONNX Runtime: after the trial
+        stage_preload = served_workers.prepare(folder)
+        started_with = dict(os.environ)
+    else:
+        started_with = dict(os.environ)
+        stage = next(s for s in STAGES if s.name == stage_name)
+        stage_module = importlib.import_module(stage.module)
+        threaded = tuple(m for m in stage.warm_modules if m.split(".")[0] in STARTS_THREADS)
+        isolate.import_quietly(tuple(m for m in stage.warm_modules if m not in threaded))
+        stage_preload = getattr(stage_module, "preload", None)
     for module in preload:
         importlib.import_module(module)
-    stage_preload = getattr(stage_module, "preload", None)
     if threaded or stage_preload is not None:
         os.environ.update({k: v for k, v in NO_THREAD_ENVIRONMENT.items()
                            if k not in started_with})
-        if one_thread_after(threaded, stage_preload):
+        # the worker's template is of use only with its imports: it makes them without a
+        # trial (a thread they leave ends it below, and workers start fresh)
+        if stage_name == WORKER_TEMPLATE or one_thread_after(threaded, stage_preload):
             isolate.import_quietly(threaded)
             if stage_preload is not None:
                 stage_preload()
@@ -332,8 +352,8 @@ def main(argv: list[str]) -> int:
     preload = tuple(args.preload)
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(folder, 0o700)
-    stages = args.stages or servable_stages()
-    unknown = set(stages) - set(servable_stages())
+    stages = args.stages or template_names()
+    unknown = set(stages) - set(template_names())
     if unknown:
         print(f"stage server: not servable: {', '.join(sorted(unknown))}", file=sys.stderr)
         return 2

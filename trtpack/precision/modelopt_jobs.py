@@ -5,7 +5,11 @@ monkeypatches ``onnxruntime.quantization``, drops temporary files
 (``sym_shape_infer_temp.onnx``, ``<uuid>.data``, ``augmented_model.onnx``) in the current
 directory and logs an NVML error on machines without a GPU. ``ModelOptWorker`` starts that
 process in a throw-away working directory *ahead of its job* (it imports ModelOpt, seconds,
-while the caller prepares the job) and hands it a ``ModelOptJob`` as JSON.
+while the caller prepares the job) and hands it a ``ModelOptJob`` as JSON. Where a stage server
+is named (``TRTPACK_STAGE_SERVER``), the process is forked from the server's ``modelopt``
+template, which imported ModelOpt once (``pipeline.served_workers``), instead: one fork per
+job, in the same working directory and environment, so each job still runs in a process of
+its own that nothing ran in before.
 """
 
 from __future__ import annotations
@@ -16,13 +20,25 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TypedDict
 
-from trtpack.processes import python_module_command
+from trtpack.processes import (
+    ChildProcess,
+    kill_group,
+    python_module_command,
+    served_process,
+)
 
 WORKER_MODULE = "trtpack.precision.modelopt_worker"
+WORKER_TEMPLATE = "modelopt"
+"""The stage server's template of the ModelOpt worker (``pipeline.served_workers``)."""
+MODELOPT_MODES = ("fp16", "int8")
+"""The precisions ModelOpt converts to (a job's ``mode``, the precision stage's choices); the
+modes whose workers that template forks (ModelOpt's import takes seconds). A ``float16``
+worker (onnxconverter-common, a fraction of a second to import) starts fresh."""
 
 
 class WorkerResult(TypedDict, total=False):
@@ -100,6 +116,16 @@ class ModelOptJob:
                    fp16=Fp16Job(**fp16) if fp16 else None)
 
 
+def worker_environment(environment: Mapping[str, str]) -> dict[str, str]:
+    """The environment a worker runs in: ``environment`` with this checkout first on
+    ``PYTHONPATH`` and Hugging Face offline unless it says otherwise."""
+    env = dict(environment)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    return env
+
+
 class ModelOptWorker:
     """A worker process started ahead of its job; its output goes to files in its working
     directory, removed by ``close``."""
@@ -107,17 +133,24 @@ class ModelOptWorker:
     def __init__(self, mode: str, parent_dir: Path) -> None:
         self.mode = mode
         self.cwd = Path(tempfile.mkdtemp(prefix="modelopt-", dir=parent_dir))
-        env = dict(os.environ)
-        root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-        env.setdefault("HF_HUB_OFFLINE", "1")
+        env = worker_environment(os.environ)
+        argv = ("--preload", mode)
         self.started = time.perf_counter()
         self.submitted = self.started
-        with open(self.cwd / "stdout.txt", "wb") as out, \
-                open(self.cwd / "stderr.txt", "wb") as err:
-            self.process = subprocess.Popen(
-                python_module_command(WORKER_MODULE, "--preload", mode),
-                cwd=self.cwd, env=env, stdin=subprocess.PIPE, stdout=out, stderr=err)
+        job_read, self._job_write = os.pipe()  # its stdin: the job's path
+        try:
+            with open(self.cwd / "stdout.txt", "wb") as out, \
+                    open(self.cwd / "stderr.txt", "wb") as err:
+                served = served_process(
+                    WORKER_TEMPLATE, {"cwd": str(self.cwd), "environment": env,
+                                      "argv": list(argv)},
+                    [job_read, out.fileno(), err.fileno()]) if mode in MODELOPT_MODES else None
+                self.process: ChildProcess = served or subprocess.Popen(
+                    python_module_command(WORKER_MODULE, *argv),
+                    cwd=self.cwd, env=env, stdin=job_read, stdout=out, stderr=err)
+        finally:
+            os.close(job_read)
+        self.served = served is not None
 
     @property
     def head_start(self) -> float:
@@ -127,12 +160,25 @@ class ModelOptWorker:
     def submit(self, job: ModelOptJob) -> None:
         (self.cwd / "job.json").write_text(job.to_json())
         self.submitted = time.perf_counter()
-        assert self.process.stdin is not None
         try:
-            self.process.stdin.write(f"{self.cwd / 'job.json'}\n".encode())
-            self.process.stdin.close()
+            os.write(self._job_write, f"{self.cwd / 'job.json'}\n".encode())
         except BrokenPipeError:  # it ended already: wait() reports how
             pass
+        finally:
+            self._close_stdin()
+
+    def _close_stdin(self) -> None:
+        if self._job_write >= 0:
+            os.close(self._job_write)
+            self._job_write = -1
+
+    def _kill(self) -> None:
+        """Kill it (a served one with its process group: what it forked) and wait for it."""
+        if isinstance(self.process, subprocess.Popen):
+            self.process.kill()
+        else:
+            kill_group(self.process.pid)
+        self.process.wait()
 
     def wait(self, timeout: float) -> tuple[int, str, str, float]:
         """(exit code, stdout, stderr, seconds since the job was submitted); kills it and
@@ -141,8 +187,7 @@ class ModelOptWorker:
         try:
             code = self.process.wait(timeout=max(left, 1.0))
         except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+            self._kill()
             raise
         seconds = time.perf_counter() - self.submitted
 
@@ -156,8 +201,6 @@ class ModelOptWorker:
 
     def close(self) -> None:
         if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-        if self.process.stdin is not None and not self.process.stdin.closed:
-            self.process.stdin.close()
+            self._kill()
+        self._close_stdin()
         shutil.rmtree(self.cwd, ignore_errors=True)

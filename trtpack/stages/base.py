@@ -49,7 +49,7 @@ class ProgressEvent:
 ProgressCallback = Callable[[ProgressEvent], None]
 
 
-def _ignore(model_bytes: int) -> None:
+def _ignore(value: int) -> None:
     pass
 
 
@@ -66,6 +66,9 @@ class StageContext:
     on_progress: ProgressCallback
     # told by ``spare_core`` (the build may start later stages' processes then)
     on_spare_core: Callable[[int], None] = _ignore
+    # told of a process working for this stage that is no child of its process (a ModelOpt
+    # worker a stage server forked): the build counts it in the stage's memory
+    on_served_child: Callable[[int], None] = _ignore
 
     def progress(self, message: str) -> None:
         self.log.info(message)
@@ -76,6 +79,10 @@ class StageContext:
         model of ``model_bytes``: the build may let later stages' processes import on the
         other core now (``StageRuns.warm_on_spare_core``)."""
         self.on_spare_core(model_bytes)
+
+    def count_process(self, pid: int) -> None:
+        """Count process ``pid`` (and its children) in this stage's memory from now on."""
+        self.on_served_child(pid)
 
     def needs(self, path: Path | None, name: str) -> Path:
         """``path``, an artifact of an earlier stage (``name`` says which); ``StageError``

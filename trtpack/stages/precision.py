@@ -29,7 +29,7 @@ from trtpack.precision.int8.fallback import (
 )
 from trtpack.precision.int8.qdq import QUANTIZER_VARIABLE, first_conversion_is_own
 from trtpack.precision.metrics import Fp16Metrics, Int8Metrics
-from trtpack.precision.modelopt_jobs import ModelOptWorker
+from trtpack.precision.modelopt_jobs import MODELOPT_MODES, ModelOptWorker
 from trtpack.precision.source import prepare_source
 from trtpack.report import JsonObject
 from trtpack.stages.artifacts import Artifacts
@@ -110,7 +110,7 @@ class ConversionView:
 
 def run(ctx: StageContext) -> StageOutcome:
     precision = ctx.plan.precision
-    if precision not in ("fp16", "int8"):
+    if precision not in MODELOPT_MODES:
         raise UserInputError(f"the precision stage converts to fp16 or int8, not {precision}")
     return convert(ctx, precision)
 
