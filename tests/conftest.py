@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -247,8 +248,30 @@ def _machine_cpu_s() -> tuple[float, float] | None:
 _RUN_START: dict[str, Any] = {}
 
 
+SUITE_DISK_GB = 12
+"""Free space the whole suite needs where pytest keeps its temporary folders: the >2 GB model
+tests, the shared builds and the session cache hold GBs at once. With about 8 GB free, a run
+on 2026-11-28 failed late, with "could not create numbered dir" errors in unrelated tests."""
+
+
+def disk_shortfall(folder: str, needed_gb: float) -> str | None:
+    """The line that stops a whole-suite run before it starts where ``folder`` has less than
+    ``needed_gb`` free; None where it has enough."""
+    free = shutil.disk_usage(folder).free / 1e9
+    if free >= needed_gb:
+        return None
+    return (f"only {free:.1f} GB free in {folder}: the whole suite needs about {needed_gb:g} GB "
+            f"there (tests/conftest.py SUITE_DISK_GB; TRTPACK_TEST_DISK_GB overrides it)")
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     _RUN_START.update(wall=time.monotonic(), machine=_machine_cpu_s())
+    whole_suite = [Path(a).resolve() for a in session.config.args] in ([ROOT], [ROOT / "tests"])
+    if not hasattr(session.config, "workerinput") and whole_suite:  # not an xdist worker
+        needed = float(os.environ.get("TRTPACK_TEST_DISK_GB", SUITE_DISK_GB))
+        short = disk_shortfall(tempfile.gettempdir(), needed)
+        if short:
+            pytest.exit(short, returncode=1)
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
