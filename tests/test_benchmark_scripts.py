@@ -213,3 +213,45 @@ def test_modelopt_ranges_compare_counts_ulps_and_missing_ranges(tmp_path: Path) 
     assert (found["activations"], found["equal"], found["max_ulps"]) == (3, 1, 1)
     assert [d["tensor"] for d in found["differ"]] == ["b"]
     assert found["no_modelopt_range"] == ["c"]
+
+
+def test_the_denormals_script_runs_every_pass_both_ways(tiny_build: Path, tmp_path: Path
+                                                        ) -> None:
+    """benchmarks/denormals.py (issue 47): verify's and the CPU model's ONNX Runtime passes
+    and the PyTorch reference, each with and without the flush, at every corner of the
+    build; its PyTorch side is the build's own model (the saved reference reproduced)."""
+    import json
+    import subprocess
+
+    out = tmp_path / "denormals.json"
+    subprocess.run([sys.executable, str(BENCHMARKS / "denormals.py"), str(tiny_build),
+                    "--random-weights", "--rounds", "2", "--json", str(out)], check=True,
+                   capture_output=True, timeout=600)
+    passes = json.loads(out.read_text())["passes"]
+    assert list(passes) == ["verify (ONNX Runtime)", "cpu_model (ONNX Runtime)",
+                            "reference (PyTorch)"]
+    for found in passes.values():
+        assert len(found["corners"]) == 6  # two profiles' min/opt/max
+        for corner in found["corners"]:
+            assert corner["median_cpu_s"]["plain"] > 0 and corner["median_cpu_s"]["flush"] > 0
+            assert corner["max_abs_vs_pytorch"]["plain"] < 1e-4
+            assert corner["max_abs_plain_vs_flush"] < 1e-6
+    assert max(c["max_abs_vs_pytorch"]["plain"]
+               for c in passes["reference (PyTorch)"]["corners"]) < 1e-5
+
+
+def test_the_operator_profile_script_shares_the_kernel_time(tiny_build: Path, tmp_path: Path
+                                                            ) -> None:
+    """benchmarks/ort_operators.py (issue 47): the kernel time of verify's graph by operator
+    (the shares sum to one, its MatMuls among them) and of the fused CPU model (Attention)."""
+    import json
+    import subprocess
+
+    for model, fused in (("verify", "MatMul"), ("cpu_model", "Attention")):
+        out = tmp_path / f"{model}.json"
+        subprocess.run([sys.executable, str(BENCHMARKS / "ort_operators.py"), str(tiny_build),
+                        "--model", model, "--json", str(out)], check=True,
+                       capture_output=True, timeout=600)
+        operators = json.loads(out.read_text())["operators"]
+        assert fused in operators
+        assert abs(sum(o["share"] for o in operators.values()) - 1) < 1e-6
