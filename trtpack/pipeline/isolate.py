@@ -287,9 +287,14 @@ def main(argv: list[str]) -> int:
 
 
 def import_quietly(modules: tuple[str, ...]) -> None:
-    for module in modules:
+    """Import ``modules`` (``Stage.warm_modules``) in order; ``module:function`` imports the
+    module and calls its ``function()`` (an import done a particular way)."""
+    for entry in modules:
+        module, _, function = entry.partition(":")
         with contextlib.suppress(Exception):  # not installed: the stage says so when it runs
-            importlib.import_module(module)
+            imported = importlib.import_module(module)
+            if function:
+                getattr(imported, function)()
 
 
 def _head_start(name: str, module: ModuleType, plan: BuildPlan, build_dir: Path,

@@ -38,7 +38,8 @@ class Stage:
     # What an isolated stage's process imports ahead of time: it starts up to two stages
     # ahead and imports these while the stages before it run, so the stage does not wait.
     # (Not for in-process stages: an import thread in the build's own process can deadlock
-    # the interpreter's exit when Ctrl-C lands in the middle of an import.)
+    # the interpreter's exit when Ctrl-C lands in the middle of an import.) ``module:function``
+    # imports the module and calls its function (``isolate.import_quietly``).
     warm_modules: tuple[str, ...] = ()
     # How many later isolated stages' processes warm up while this one runs.
     warm_beside: int = 2
@@ -113,7 +114,9 @@ def _package_reads(o: BuildPlan) -> ArtifactReads:
 
 
 # what PyTorch export needs before it can start: torch, transformers and their model code
-_TORCH = ("torch", "transformers", "transformers.modeling_utils", "onnx", "onnxscript")
+# transformers.modeling_utils without scipy (pytorch.models.import_model_code)
+_TORCH = ("torch", "transformers", "trtpack.pytorch.models:import_model_code", "onnx",
+          "onnxscript")
 
 STAGES: tuple[Stage, ...] = (
     # ONNX in: the user's ONNX is imported, and is the reference; there is no export

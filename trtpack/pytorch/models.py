@@ -164,6 +164,38 @@ def _sentence_pooler(model: torch.nn.Module, mode: str, normalize: bool) -> torc
     return SentencePooler()
 
 
+TRANSFORMERS_WITHOUT_SCIPY = "5.24.0"
+"""The transformers version whose ``modeling_utils`` import ``import_model_code`` was checked
+against: only its object-detection losses ask ``is_scipy_available`` while it imports."""
+
+
+def import_model_code() -> None:
+    """``transformers.modeling_utils`` (every model class's base) imported without
+    ``scipy.optimize``: importing it imports transformers' losses, and the object-detection
+    ones (DETR and kin) import ``scipy.optimize`` for their training loss's Hungarian
+    matching, about 400 modules (~0.5 CPU-s here, issue 47) that no export, forward or load
+    uses. While it imports, ``transformers.utils.is_scipy_available`` says False, then is
+    itself again: those losses then ask for scipy by name if one were ever built. Only with
+    ``TRANSFORMERS_WITHOUT_SCIPY`` (another version imports as usual), and only when
+    neither is imported yet. The export stage's process calls it among its warm imports
+    (``pipeline.stage``)."""
+    import importlib.metadata
+    import sys
+
+    if "transformers.modeling_utils" in sys.modules or "scipy.optimize" in sys.modules \
+            or importlib.metadata.version("transformers") != TRANSFORMERS_WITHOUT_SCIPY:
+        import transformers.modeling_utils
+        return
+    import transformers.utils
+
+    available = transformers.utils.is_scipy_available
+    transformers.utils.is_scipy_available = lambda: False
+    try:
+        import transformers.modeling_utils
+    finally:
+        transformers.utils.is_scipy_available = available
+
+
 def load_model(recipe: Recipe, *, random_weights: bool, seed: int = 0) -> LoadedModel:
     """The recipe's model in eval mode, with its tokenizer when it has one."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
