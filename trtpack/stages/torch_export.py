@@ -28,6 +28,7 @@ from trtpack.pytorch.onnx_export import (
     save_program,
     skip_needless_decomposition,
     torch_logs_to,
+    without_stack_traces,
 )
 from trtpack.pytorch.onnxscript_speedups import optimize_program, quick_torchlib_registry
 from trtpack.verify.samples import make_inputs
@@ -95,7 +96,8 @@ def export_onnx(wrapper: torch.nn.Module, plan: BuildPlan, path: Path,
         if exporter == "dynamo":
             try:
                 with skip_needless_decomposition() as decomposition, \
-                        quick_torchlib_registry(), promotion_only_where_needed():
+                        quick_torchlib_registry(), promotion_only_where_needed(), \
+                        without_stack_traces():
                     program = torch.onnx.export(
                         wrapper, args, input_names=input_names, output_names=output_names,
                         opset_version=plan.opset, dynamo=True, optimize=False,
