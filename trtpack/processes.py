@@ -109,6 +109,16 @@ _RUN_MODULE = (_SAFE_PATH + "import runpy\nmodule = sys.argv.pop(1)\n"
                "runpy.run_module(module, run_name='__main__', alter_sys=True)\n")
 
 
+def checkout_environment(environment: Mapping[str, str]) -> dict[str, str]:
+    """``environment`` with this checkout first on ``PYTHONPATH``: a process started with it
+    imports this trtpack wherever it stands (a ModelOpt worker, a PyTorch source's
+    description)."""
+    env = dict(environment)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
 def python_module_command(module: str, *args: str) -> list[str]:
     """The command line of ``python -m module args...`` in this interpreter, importing the
     installed packages wherever it is started (never the working directory's)."""

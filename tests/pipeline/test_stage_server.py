@@ -34,6 +34,7 @@ from trtpack.pipeline.served_workers import template_directory
 from trtpack.pipeline.stage_server import served_in_log
 from trtpack.precision.modelopt_jobs import WORKER_TEMPLATE, ModelOptWorker
 from trtpack.processes import STAGE_SERVER_ENV, ServedProcess
+from trtpack.pytorch.describe_process import DESCRIBE_TEMPLATE, describe_in_process
 
 # every stage a process serves: export, simplify, verify, precision (FP16, with its ModelOpt
 # worker, served by the modelopt template), cpu_model (the CPU fallback, with its head start
@@ -55,7 +56,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         patch.setenv("PYTHONPATH", python_path())
         process = start_stage_server(folder)
         try:
-            wait_for_templates(folder, SERVED)
+            wait_for_templates(folder, (*SERVED, DESCRIBE_TEMPLATE))
             yield folder
         finally:
             stop_stage_server(process, folder)
@@ -106,7 +107,48 @@ def test_a_build_through_the_server_is_byte_identical_to_one_without(
         for name, out in outs.items()}
     assert peaks["served"] > 0.55 * peaks["fresh"], peaks
     # ModelOpt wrote nothing where its template stands (each job ran in its own folder)
-    assert list(template_directory(server).iterdir()) == []
+    assert list(template_directory(server, WORKER_TEMPLATE).iterdir()) == []
+
+
+FACTORY = """import torch
+
+
+class Small(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 2)
+
+    def forward(self, x, scale: float = 1.0):
+        return {"scores": self.lin(x) * scale}
+
+
+def make():
+    return Small().eval(), (torch.randn(3, 4),)
+"""
+
+
+def test_a_pytorch_source_is_described_by_the_server_as_by_a_fresh_process(
+        server: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The description of a user's factory (its inputs, outputs named from its return, dim
+    ranges, files) from the ``describe`` template's fork is the one a fresh process gives; the
+    user's module was imported in that fork only."""
+    from trtpack.pipeline.cache import source_digest
+
+    (tmp_path / "small.py").write_text(FACTORY)
+    request = {"source": {"factory": f"{tmp_path / 'small.py'}:make"}, "inputs": {},
+               "arguments": {"scale": 2.0}, "trtpack": source_digest()}
+    monkeypatch.setenv("PYTHONPATH", python_path())
+    described = {}
+    for name, through in (("served", server), ("fresh", None)):
+        monkeypatch.setenv(STAGE_SERVER_ENV, str(through or ""))
+        before = served_pids(server).get(DESCRIBE_TEMPLATE, [])
+        described[name] = describe_in_process(request, tmp_path / f"cache-{name}")
+        now = served_pids(server).get(DESCRIBE_TEMPLATE, [])
+        assert len(now) == len(before) + (1 if through else 0), name
+    assert described["served"] == described["fresh"]
+    assert [o["name"] for o in described["served"]["outputs"]] == ["scores"]  # type: ignore
+    assert "small" not in sys.modules  # the user's code ran in the describing processes only
+    assert list(template_directory(server, DESCRIBE_TEMPLATE).iterdir()) == []
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])

@@ -20,8 +20,8 @@ back, waits for it (a pidfd), and sends its exit status; when the build's end of
 connection closes first (the build ended, even by SIGKILL), it kills the stage's process
 group. The stage process dies with its monitor (``PR_SET_PDEATHSIG``), the templates with
 the server, and the server with the process that started it. The server also runs the
-ModelOpt worker's template (``pipeline.served_workers``), which serves a stage process's
-worker the same way.
+templates of the ModelOpt worker and of a PyTorch source's description
+(``pipeline.served_workers``), which serve those processes the same way.
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ from pathlib import Path
 
 from trtpack.pipeline import isolate, served_workers
 from trtpack.pipeline.served_environment import environment_difference, requester
-from trtpack.precision.modelopt_jobs import WORKER_TEMPLATE
 from trtpack.processes import die_with_parent, kill_group
 
 SOCKET_SUFFIX = ".sock"
@@ -87,8 +86,8 @@ def servable_stages() -> list[str]:
 
 def template_names() -> list[str]:
     """Every template a server runs unless told which: the servable stages', the ModelOpt
-    worker's."""
-    return [*servable_stages(), WORKER_TEMPLATE]
+    worker's and the description's (``served_workers.HELPERS``)."""
+    return [*servable_stages(), *served_workers.HELPERS]
 
 
 def threads_past_fork() -> int:
@@ -191,9 +190,10 @@ class Template:
         pid = os.fork()
         if pid == 0:
             os.close(in_session)
-            if self.stage == WORKER_TEMPLATE:
+            if self.stage in served_workers.HELPERS:
                 connection.close()
-                served_workers.become_worker(fds, led, request, {**env, **self.imports_set})
+                served_workers.become_worker(self.stage, fds, led, request,
+                                             {**env, **self.imports_set})
             self.stage_process(connection, fds, led, request["log_path"], request["cwd"], env)
         os.close(led)
         for fd in fds:
@@ -296,8 +296,8 @@ def run_template(stage_name: str, folder: Path, preload: tuple[str, ...]) -> int
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     stage_preload: Callable[[], None] | None
     threaded: tuple[str, ...] = ()
-    if stage_name == WORKER_TEMPLATE:  # ModelOpt imports ONNX Runtime: after the trial
-        stage_preload = served_workers.prepare(folder)
+    if stage_name in served_workers.HELPERS:  # ModelOpt imports ONNX Runtime: below
+        stage_preload = served_workers.prepare(folder, stage_name)
         started_with = dict(os.environ)
     else:
         started_with = dict(os.environ)
@@ -311,9 +311,9 @@ def run_template(stage_name: str, folder: Path, preload: tuple[str, ...]) -> int
     if threaded or stage_preload is not None:
         os.environ.update({k: v for k, v in NO_THREAD_ENVIRONMENT.items()
                            if k not in started_with})
-        # the worker's template is of use only with its imports: it makes them without a
-        # trial (a thread they leave ends it below, and workers start fresh)
-        if stage_name == WORKER_TEMPLATE or one_thread_after(threaded, stage_preload):
+        # a helper's template is of use only with its imports: it makes them without a
+        # trial (a thread they leave ends it below, and its processes start fresh)
+        if stage_name in served_workers.HELPERS or one_thread_after(threaded, stage_preload):
             isolate.import_quietly(threaded)
             if stage_preload is not None:
                 stage_preload()

@@ -27,6 +27,7 @@ from typing import TypedDict
 
 from trtpack.processes import (
     ChildProcess,
+    checkout_environment,
     kill_group,
     python_module_command,
     served_process,
@@ -119,9 +120,7 @@ class ModelOptJob:
 def worker_environment(environment: Mapping[str, str]) -> dict[str, str]:
     """The environment a worker runs in: ``environment`` with this checkout first on
     ``PYTHONPATH`` and Hugging Face offline unless it says otherwise."""
-    env = dict(environment)
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env = checkout_environment(environment)
     env.setdefault("HF_HUB_OFFLINE", "1")
     return env
 

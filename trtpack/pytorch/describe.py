@@ -70,6 +70,11 @@ def observed_files(opened: set[str], before: set[str]) -> list[str]:
             continue
         if "site-packages" in path.parts or "dist-packages" in path.parts:
             continue
+        # a package's metadata (an editable install's trtpack.egg-info, read by torch's import
+        # for its entry points in a fresh process, not where torch was imported already) is
+        # the installation's, not the user's
+        if any(part.endswith((".egg-info", ".dist-info")) for part in path.parts):
+            continue
         keep.append(str(path))
     return sorted(set(keep))
 
