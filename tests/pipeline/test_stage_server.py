@@ -313,7 +313,16 @@ def test_torch_compiler_cache_folder_set_in_the_build_is_served(
     assert [stage for stage in SERVED_STAGES if started_fresh(tmp_path, stage)] == []
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "elsewhere"))
     assert [stage for stage in SERVED_STAGES if started_fresh(tmp_path, stage)] == ["export"]
-    assert worker_started_fresh(tmp_path)  # ModelOpt's template imported torch too
+    # ModelOpt's template imported torch but not its compiler (torch._inductor), the one
+    # reader of the folder: served (a fresh worker would read the same build's value)
+    assert not worker_started_fresh(tmp_path)
+    inductor = {"TORCHINDUCTOR_CACHE_DIR": "/elsewhere"}
+    assert environment_difference(inductor, {}, ["torch", "torch.nn"]) is None
+    assert environment_difference(inductor, {}, ["torch", "torch._inductor.config"]) == \
+        "TORCHINDUCTOR_CACHE_DIR"
+    assert environment_difference({"TORCHINDUCTOR_FX_GRAPH_CACHE": "0"}, {}, ["torch"]) == \
+        "TORCHINDUCTOR_FX_GRAPH_CACHE"
+    assert environment_difference({"TORCHINDUCTOR_FX_GRAPH_CACHE": "0"}, {}, ["numpy"]) is None
     assert environment_difference({"X": "v"}, {}, (), {"X": "v"}) is None
     assert environment_difference({"X": "w"}, {}, (), {"X": "v"}) == "X"
 

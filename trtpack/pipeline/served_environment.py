@@ -35,11 +35,25 @@ CALL_TIME_VARIABLES = frozenset({
 # environment, which it runs with.
 # TORCHINDUCTOR_*: torch's compiler reads them (its cache folder) when it runs; a template
 # without torch never has it imported (the export's template sets TORCHINDUCTOR_CACHE_DIR as
-# it imports, see ``environment_difference``).
+# it imports, see ``environment_difference``). TORCHINDUCTOR_CACHE_DIR itself is read by the
+# compiler's own modules only (torch._inductor), which ``import torch`` does not load: the
+# ModelOpt worker's template imports torch without them. A variable takes the readers of the
+# longest prefix it starts with; a reader is a module and the modules under it.
 READ_BY_UNIMPORTED: dict[str, tuple[str, ...]] = {
     "AWS_": ("boto3", "botocore", "s3transfer"),
     "TORCHINDUCTOR_": ("torch",),
+    "TORCHINDUCTOR_CACHE_DIR": ("torch._inductor",),
 }
+
+
+def _unread(name: str, imported: frozenset[str]) -> bool:
+    """Whether ``name`` belongs to ``READ_BY_UNIMPORTED`` and none of its readers is among the
+    ``imported`` modules."""
+    prefixes = [p for p in READ_BY_UNIMPORTED if name.startswith(p)]
+    if not prefixes:
+        return False
+    readers = READ_BY_UNIMPORTED[max(prefixes, key=len)]
+    return not any(m == r or m.startswith(r + ".") for r in readers for m in imported)
 
 
 def environment_difference(build: Mapping[str, str], template: Mapping[str, str],
@@ -53,12 +67,10 @@ def environment_difference(build: Mapping[str, str], template: Mapping[str, str]
     as a fresh one would (the export's imports compute torch's compiler cache folder and write
     it to ``TORCHINDUCTOR_CACHE_DIR``; a build whose own torch did the same holds that value).
     None: none."""
-    loaded = {name.split(".")[0] for name in imported}
-    unread = tuple(prefix for prefix, readers in READ_BY_UNIMPORTED.items()
-                   if not loaded & set(readers))
+    loaded = frozenset(imported)
     computed = imports_set or {}
     for name in sorted(set(build) | set(template)):
-        if name in CALL_TIME_VARIABLES or name.startswith(unread):
+        if name in CALL_TIME_VARIABLES or _unread(name, loaded):
             continue
         if name in computed and build.get(name) == computed[name]:
             continue
