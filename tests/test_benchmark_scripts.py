@@ -4,22 +4,37 @@ the CPU anchor's rotation, its rotation-by-rotation pairs and the issue's checks
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from tests.conftest import environment_kept
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def load(name: str) -> ModuleType:
+    """The benchmark script ``name`` imported as a module. What its import writes to
+    ``os.environ`` (cpu_anchor.py sets ``OMP_WAIT_POLICY`` for its own PyTorch) is undone: a
+    module fixture loads it outside ``environment_restored``, and left in place it reached
+    every later test of the worker, whose builds the stage server then refused."""
     spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    with environment_kept():
+        spec.loader.exec_module(module)
     return module
+
+
+def test_loading_a_benchmark_leaves_the_environment_as_it_was(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    load("cpu_anchor")  # its import sets OMP_WAIT_POLICY for the PyTorch it loads
+    assert "OMP_WAIT_POLICY" not in os.environ
 
 
 @pytest.fixture(scope="module")
