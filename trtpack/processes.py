@@ -24,7 +24,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 from trtpack.errors import no_space_cause
 
@@ -52,6 +52,41 @@ def die_with_parent() -> None:
         threading.Thread(target=watch, name="trtpack-parent-watch", daemon=True).start()
     if os.getppid() != parent:  # the parent died before the signal was armed
         os._exit(1)
+
+
+def exit_with(body: Callable[[], int]) -> NoReturn:
+    """End this forked process with ``body()``'s exit code (1 where it raised: its traceback on
+    stderr), its output flushed, without the interpreter's teardown of what the parent had
+    imported."""
+    code = 1
+    try:
+        code = body()
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def become_served(led: int, std: tuple[int, int, int], cwd: str,
+                  environment: Mapping[str, str]) -> None:
+    """Turn a process a template forked for a request into that request's process: it leads a
+    session of its own (``led`` closed then: the monitor waits for that to send its pid, and
+    the build may end the group at once), ``std`` become its stdin, stdout and stderr (the
+    originals closed), SIGINT and SIGTERM act as in a fresh process, and it runs in ``cwd``
+    with ``environment`` only."""
+    os.setsid()
+    os.close(led)
+    for target, fd in enumerate(std):
+        os.dup2(fd, target)
+    for fd in set(std) - {0, 1, 2}:
+        os.close(fd)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(environment)
 
 
 def kill_group(pid: int) -> None:

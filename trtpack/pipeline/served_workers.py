@@ -18,15 +18,14 @@ imported there only).
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from trtpack.precision.modelopt_jobs import MODELOPT_MODES, WORKER_TEMPLATE, worker_environment
-from trtpack.processes import checkout_environment
+from trtpack.processes import become_served, checkout_environment, exit_with
 from trtpack.pytorch.describe_process import DESCRIBE_TEMPLATE
 
 
@@ -94,27 +93,13 @@ def prepare(folder: Path, name: str) -> Callable[[], None]:
 
 
 def become_worker(name: str, fds: list[int], led: int, request: Mapping[str, object],
-                  environment: Mapping[str, str]) -> None:
+                  environment: Mapping[str, str]) -> NoReturn:
     """Become the process of ``request`` of kind ``name`` (never returns): ``fds`` its stdin,
     stdout and stderr, ``environment`` its environment; ``led`` closed once it leads its
     session (the monitor then sends its pid: its group may be ended at once)."""
-    code = 1
-    try:
-        os.setsid()
-        os.close(led)
-        for target, fd in enumerate(fds):
-            os.dup2(fd, target)
-            os.close(fd)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.chdir(str(request["cwd"]))
-        os.environ.clear()
-        os.environ.update(environment)
-        argv = [str(a) for a in request["argv"]]  # type: ignore[attr-defined]
-        code = HELPERS[name].run(argv)
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+    def run() -> int:
+        stdin, stdout, stderr = fds
+        become_served(led, (stdin, stdout, stderr), str(request["cwd"]), environment)
+        return HELPERS[name].run([str(a) for a in request["argv"]])  # type: ignore[attr-defined]
+
+    exit_with(run)

@@ -43,7 +43,7 @@ from pathlib import Path
 
 from trtpack.pipeline import isolate, served_workers
 from trtpack.pipeline.served_environment import environment_difference, requester
-from trtpack.processes import die_with_parent, kill_group
+from trtpack.processes import become_served, die_with_parent, exit_with, kill_group
 
 SOCKET_SUFFIX = ".sock"
 ACCEPT_SECONDS = 1.0  # how often a template reaps its finished monitors while idle
@@ -213,20 +213,9 @@ class Template:
         code = 1
         try:
             connection.close()
-            os.setsid()
-            os.close(led)
             jobs, messages, log = fds
-            os.dup2(log, 1)
-            os.dup2(log, 2)
-            os.close(log)
-            stdin = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(stdin, 0)
-            os.close(stdin)
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.chdir(cwd)
-            os.environ.clear()
-            os.environ.update({**env, **self.imports_set})
+            become_served(led, (os.open(os.devnull, os.O_RDONLY), log, log), cwd,
+                          {**env, **self.imports_set})
             argv = [str(jobs), str(messages), self.stage, log_path]
             sys.argv = [isolate.__file__, *argv]
             code = isolate.main(argv)
@@ -278,16 +267,12 @@ def start_template(stage: str, folder: Path, preload: tuple[str, ...]) -> int:
     pid = os.fork()
     if pid != 0:
         return pid
-    code = 1
-    try:
+
+    def run() -> int:
         die_with_parent()
-        code = run_template(stage, folder, preload)
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        return run_template(stage, folder, preload)
+
+    exit_with(run)
 
 
 def run_template(stage_name: str, folder: Path, preload: tuple[str, ...]) -> int:
