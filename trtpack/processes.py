@@ -89,6 +89,58 @@ def become_served(led: int, std: tuple[int, int, int], cwd: str,
     os.environ.update(environment)
 
 
+# --- CPU priority of work done ahead of its turn -------------------------------------------
+
+AUTOGROUP = Path("/proc/self/autogroup")  # Linux: this process's autogroup and its nice value
+AUTOGROUP_TRIES = 40  # the kernel takes one change of any autogroup per 100 ms (else EAGAIN)
+AUTOGROUP_RETRY_SECONDS = 0.025
+
+
+def autogroup_nice() -> int | None:
+    """The nice value of this process's autogroup when the group is this process's alone (it
+    leads its session, as a stage process does, and has no child process: the precision
+    stage's ModelOpt worker would share it) and the kernel has autogroups; else None.
+    Linux's autogroup scheduler gives each session's group an equal share of the CPUs,
+    whatever its processes' own nice values: a process's priority against the build's
+    other processes is its group's."""
+    import psutil
+
+    if not sys.platform.startswith("linux") or os.getsid(0) != os.getpid() \
+            or psutil.Process().children():
+        return None
+    try:
+        words = AUTOGROUP.read_text().split()
+        return int(words[words.index("nice") + 1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def set_autogroup_nice(value: int) -> bool:
+    """Set this process's autogroup's nice value (to no less than it was, or as privilege
+    allows), retrying while the kernel asks to wait; whether it is set."""
+    for _ in range(AUTOGROUP_TRIES):
+        try:
+            AUTOGROUP.write_text(f"{value}\n")
+            return True
+        except BlockingIOError:  # EAGAIN: another change of an autogroup in the last 100 ms
+            time.sleep(AUTOGROUP_RETRY_SECONDS)
+        except OSError:
+            return False
+    return False
+
+
+def lower_this_thread(niceness: int) -> None:
+    """Raise the calling thread's nice value by ``niceness`` (Linux: the value is the
+    thread's own; its later threads and children inherit it). Unprivileged, it cannot be
+    lowered again: only a thread whose work ends with it is lowered."""
+    if not sys.platform.startswith("linux"):
+        return
+    thread = threading.get_native_id()
+    with contextlib.suppress(OSError):
+        now = os.getpriority(os.PRIO_PROCESS, thread)
+        os.setpriority(os.PRIO_PROCESS, thread, min(19, now + niceness))
+
+
 def kill_group(pid: int) -> None:
     """SIGKILL the process group led by ``pid`` (a stage process and all it started)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):

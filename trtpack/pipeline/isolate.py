@@ -41,13 +41,28 @@ from trtpack.errors import (
 from trtpack.options import BuildPlan
 from trtpack.pipeline.prestart import StartedProcess, move_output, start_stage_process
 from trtpack.pipeline.stage import STAGES, Stage
-from trtpack.processes import ServedProcess, die_with_parent, tell_served
+from trtpack.processes import (
+    ServedProcess,
+    autogroup_nice,
+    die_with_parent,
+    lower_this_thread,
+    set_autogroup_nice,
+    tell_served,
+)
 from trtpack.stages.artifacts import Artifacts
 from trtpack.stages.base import ProgressEvent, StageContext, StageOutcome, stage_logger
 
 # what the build sends a stage's process: the stage's name, the plan, its folder, the build
 # folder, the artifacts it reads and its log
 StageJob: TypeAlias = tuple[str, BuildPlan, Path, Path, Artifacts, Path]
+
+# A process started ahead of its stage's turn (``StageRuns.start_ahead``, ``warm_on_spare_core``)
+# makes its warm imports this much nicer until its job or head start comes (``import_behind``):
+# Linux's autogroup scheduler shares the CPUs equally among sessions, and each stage process
+# leads one, so on two cores the three processes warming beside a small model's export took
+# up to half of the export's core, whose Python is the build's critical path (issue 47).
+BEHIND_NICENESS = 10
+BEHIND_POLL_SECONDS = 0.05  # how often the waiting thread looks for the job while importing
 
 # the stage whose process traces a PyTorch model for the memory pre-check
 # (``memory_check.check_in_export``), before its own work
@@ -101,14 +116,16 @@ class StageProcess:
         self._jobs = self._started.jobs
         self._messages = self._started.messages
 
-    def prepare(self, plan: BuildPlan, build_dir: Path, log_path: Path) -> None:
+    def prepare(self, plan: BuildPlan, build_dir: Path, log_path: Path,
+                ahead: bool = False) -> None:
         """Send the build's plan (the stage module's ``warm_up`` may start on it) and the
         stage log, where the process's output goes from now on (with what it wrote before,
-        when it was writing elsewhere)."""
+        when it was writing elsewhere). ``ahead``: the process was started ahead of its
+        stage's turn, beside another stage: it imports behind that one (``import_behind``)."""
         self._started.stage_log = log_path
         moved = None if log_path == self._started.output else log_path
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # run() says why
-            self._jobs.send((plan, build_dir, moved))
+            self._jobs.send((plan, build_dir, moved, ahead))
 
     def head_start(self, head_start: HeadStart) -> None:
         """Let the process start on its stage's work (``Stage.head_start``)."""
@@ -236,9 +253,11 @@ def _output_to(log_path: Path, before: Path) -> None:
 
 def main(argv: list[str]) -> int:
     """The stage process: ``JOBS_FD MESSAGES_FD STAGE_NAME LOG_PATH``. It imports the stage's
-    module and its ``warm_modules`` first; the first message is ``(plan, build_dir,
-    stage_log)`` for the module's optional ``warm_up(plan, build_dir)`` (``stage_log``: where
-    the output goes from now on, None to stay at ``LOG_PATH``); the second is the job."""
+    module and its warm imports (``import_warm``) first; the first message is ``(plan,
+    build_dir, stage_log, ahead)`` for the module's optional ``warm_up(plan, build_dir)``
+    (``stage_log``: where the output goes from now on, None to stay at ``LOG_PATH``;
+    ``ahead``: import behind the stage that runs now, ``import_behind``); the second is the
+    job."""
     die_with_parent()
     jobs = Connection(int(argv[0]), writable=False)
     messages = Connection(int(argv[1]), readable=False)
@@ -258,9 +277,9 @@ def main(argv: list[str]) -> int:
     # ModelOpt worker, then starts before the imports); a prestarted one imports first.
     planned = jobs.poll()
     if not planned:
-        import_quietly(stage.warm_modules)
+        import_warm(stage, stage_module)
     try:
-        plan, build_dir, stage_log = jobs.recv()
+        plan, build_dir, stage_log, ahead = jobs.recv()
     except EOFError:  # not needed after all (cache hit, or the build ended)
         return 0
     if stage_log is not None:
@@ -268,8 +287,10 @@ def main(argv: list[str]) -> int:
     warm_up = getattr(stage_module, "warm_up", None)
     if warm_up is not None:  # e.g. precision starts the ModelOpt worker
         warm_up(plan, build_dir)
-    if planned:
-        import_quietly(stage.warm_modules)
+    if planned and ahead:
+        import_behind(stage, stage_module, jobs)
+    elif planned:
+        import_warm(stage, stage_module)
     gc.freeze()
     while True:
         try:
@@ -295,6 +316,54 @@ def import_quietly(modules: tuple[str, ...]) -> None:
             imported = importlib.import_module(module)
             if function:
                 getattr(imported, function)()
+
+
+def import_warm(stage: Stage, module: ModuleType) -> None:
+    """What a stage's process imports before its job: ``stage.warm_modules``, then what the
+    stage module's optional ``preload()`` imports (the simplify's onnxsim)."""
+    import_quietly(stage.warm_modules)
+    _preload(module)
+
+
+def _preload(module: ModuleType) -> None:
+    preload = getattr(module, "preload", None)
+    if preload is not None:
+        with contextlib.suppress(Exception):  # the stage says what is missing when it runs
+            preload()
+
+
+def import_behind(stage: Stage, module: ModuleType, jobs: Connection) -> None:
+    """``import_warm`` at a lower CPU priority while another stage runs, until the next
+    message (the job, or a head start) is waiting on ``jobs``: on a thread of its own,
+    ``BEHIND_NICENESS`` nicer (a thread its imports start inherits that: ONNX Runtime's
+    telemetry), and this process's autogroup as much nicer where the group is the process's
+    own (``processes.autogroup_nice``: the scheduler weighs sessions, not threads). The
+    thread stops before its next module once the message is waiting, the autogroup is as it
+    was once the thread ends or the message has come, and what the thread left is imported
+    here, at the process's own priority."""
+    import threading
+
+    def imports() -> None:
+        lower_this_thread(BEHIND_NICENESS)
+        for entry in stage.warm_modules:
+            if jobs.poll():
+                return
+            import_quietly((entry,))
+        if not jobs.poll():
+            _preload(module)
+
+    group = autogroup_nice()
+    lowered = group is not None and set_autogroup_nice(min(19, group + BEHIND_NICENESS))
+    thread = threading.Thread(target=imports, name="trtpack-imports-behind", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive() and not jobs.poll(BEHIND_POLL_SECONDS):
+            pass
+    finally:
+        if lowered and group is not None:
+            set_autogroup_nice(group)
+    thread.join()
+    import_warm(stage, module)  # what the thread left, at this process's priority
 
 
 def _head_start(name: str, module: ModuleType, plan: BuildPlan, build_dir: Path,

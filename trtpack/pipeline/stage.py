@@ -128,7 +128,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("export", "trtpack.stages.export", isolated=True, applies=lambda o: not _onnx_in(o),
           warm_modules=_TORCH, warm_beside=1),
     Stage("simplify", "trtpack.stages.simplify", isolated=True,
-          warm_modules=("onnx", "onnxruntime")),  # and onnxsim, in its warm_up
+          warm_modules=("onnx", "onnxruntime")),  # and onnxsim, in its preload
     # isolated: ONNX Runtime's memory for the FP32 model goes back before precision starts
     Stage("verify", "trtpack.stages.verify", isolated=True,
           warm_modules=("onnx", "onnxruntime", "polygraphy.comparator")),  # what it uses

@@ -171,7 +171,8 @@ class StageRuns:
         wanted = ahead[:beside + 1] if ahead and ahead[0] is current else ahead[:beside]
         for p in wanted:
             if p.stage.name not in self.processes:
-                self._start(p.stage, logs / f"{p.stage.name}.log", logs.parent)
+                self._start(p.stage, logs / f"{p.stage.name}.log", logs.parent,
+                            ahead=p is not current)
         prestart.end_untaken()  # the build's first stage is not the one the command guessed
 
     def warm_on_spare_core(self, current: PlannedStage, model_bytes: int, logs: Path,
@@ -187,7 +188,7 @@ class StageRuns:
         ahead = [p for p in self._from(current)[1:] if p.stage.isolated and not p.cached]
         for p in ahead[:WARM_ON_SPARE_CORE]:
             if p.stage.name not in self.processes:
-                self._start(p.stage, logs / f"{p.stage.name}.log", logs.parent)
+                self._start(p.stage, logs / f"{p.stage.name}.log", logs.parent, ahead=True)
                 meter.exclude_process(self.processes[p.stage.name].pid)
 
     def head_start_next(self, current: PlannedStage, artifacts: Artifacts, work: Path,
@@ -211,10 +212,13 @@ class StageRuns:
         """``current`` and the planned stages after it."""
         return self._planned[self._planned.index(current):]
 
-    def _start(self, stage: Stage, log_path: Path, build_dir: Path) -> None:
-        """The stage's process: the one the command prestarted for it, or a new one."""
+    def _start(self, stage: Stage, log_path: Path, build_dir: Path,
+               ahead: bool = False) -> None:
+        """The stage's process: the one the command prestarted for it, or a new one;
+        ``ahead`` of its turn, beside the stage that runs now: it imports behind that one
+        (``isolate.import_behind``)."""
         process = StageProcess(stage, log_path, prestart.take(stage.name))
-        process.prepare(self.plan, build_dir, log_path)
+        process.prepare(self.plan, build_dir, log_path, ahead)
         self.processes[stage.name] = process
 
     def stop_processes(self) -> None:

@@ -43,15 +43,11 @@ class SimplifyMetrics(StageMetrics):
 
 
 def preload() -> None:
-    """What ``warm_up`` imports for any plan: onnxsim (without torch: ``import_onnxsim``).
-    A stage server's template runs it once (``pipeline.stage_server``)."""
+    """Import onnxsim (without torch: ``import_onnxsim``) while the stages before run: the
+    stage's process runs it after its ``warm_modules`` (``isolate.import_warm``), a stage
+    server's template once (``pipeline.stage_server``)."""
     with contextlib.suppress(ImportError):  # not installed: run() says so
         import_onnxsim()
-
-
-def warm_up(plan: BuildPlan, build_dir: Path) -> None:
-    """Import onnxsim while the stages before run (``preload``)."""
-    preload()
 
 
 def rewires_gelus(plan: BuildPlan) -> bool:
