@@ -169,7 +169,8 @@ class BuildRequest:
         "before/after in the report. Default: under --cache-dir.",
         metavar="DIR", kind="path"))
     calibration_method: str | None = field(default=None, metadata=spec(
-        "INT8 activation ranges: max, entropy or percentile (99.99th). Default: the "
+        "INT8 activation ranges: max, entropy, percentile (99.99th) or mse (least squared "
+        "error over a histogram, NVIDIA's histogram calibrator's). Default: the "
         "recipe's (precision_options.int8.calibration_method).",
         choices=CALIBRATION_METHODS, recipe_key="precision_options.int8.calibration_method"))
     tokenizer: Path | None = field(default=None, metadata=spec(

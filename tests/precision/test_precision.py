@@ -512,6 +512,56 @@ def test_int8_percentile_calibration_sets_activation_ranges(tiny: dict[str, Path
     assert all(r.passed for r in outcome.verification)
 
 
+def test_int8_mse_calibration_sets_least_error_ranges(tiny: dict[str, Path],
+                                                       tmp_path: Path) -> None:
+    """--calibration-method mse: trtpack's own Q/DQ with each measured activation's scale
+    set to the least-squared-error range of its calibration histogram / 127, below the max
+    model's range somewhere and never above it; the build passes; the served model's scales
+    differ from ``max``'s."""
+    from onnx import numpy_helper
+
+    from trtpack.precision.calibration.data import load_calibration
+    from trtpack.precision.int8.activation_ranges import activation_quantizers, mse_ranges
+    from trtpack.precision.int8.placement import fixed_ranges
+
+    npz = tiny_npz(tmp_path / "calibration.npz")
+
+    def scales(method: str) -> tuple[object, dict[str, float], onnx.ModelProto]:
+        plan = build_options("tiny-bert", "int8", tmp_path / f"out-{method}", TINY_PROFILES,
+                             calibration=npz, calibration_method=method)
+        outcome, _, _ = run_stage(plan, tiny, tmp_path / f"stage-{method}")
+        assert all(r.passed for r in outcome.verification), method
+        assert outcome.metrics["calibration"]["method"] == method
+        model = onnx.load(str(outcome.artifacts["precision_onnx"]))
+        inits = {i.name: i for i in model.graph.initializer}
+        return plan, {t: float(numpy_helper.to_array(inits[nodes[0].input[1]]))
+                      for t, nodes in activation_quantizers(model).items()}, model
+
+    plan, mse, model = scales("mse")
+    _, by_max, _ = scales("max")
+    assert set(mse) == set(by_max) and mse
+    copy = tmp_path / "fp32"  # onnx refuses the cache's hard-linked external data
+    shutil.copytree(tiny["onnx"].parent, copy)
+    fp32 = onnx.load(str(copy / tiny["onnx"].name))
+    fixed = fixed_ranges(fp32.graph, mse)  # none here: tiny-bert's attention stays FP32
+    for tensor in fixed:
+        assert mse[tensor] == by_max[tensor] == pytest.approx(1 / 127)
+    cal = load_calibration(plan.recipe, plan.profiles, npz, tokenizer=None,
+                           max_samples=plan.recipe.precision_options.int8
+                           .max_calibration_samples, seed=plan.seed)
+    measured = sorted(t for t in mse if t not in fixed)
+    ranges = mse_ranges(fp32, measured, cal.feeds)  # the same histograms, another session
+    for tensor in measured:
+        assert mse[tensor] == pytest.approx(ranges[tensor] / 127.0, rel=1e-4), tensor
+        assert mse[tensor] <= by_max[tensor] * (1 + 1e-6), tensor
+    assert any(mse[t] < 0.9 * by_max[t] for t in measured)  # a clip well below max
+    readers = {n.input[0]: n for n in model.graph.node if n.op_type == "DequantizeLinear"}
+    inits = {i.name: i for i in model.graph.initializer}
+    for tensor, nodes in activation_quantizers(model).items():
+        dq = readers[nodes[0].output[0]]  # its DequantizeLinear uses the same scale
+        assert float(numpy_helper.to_array(inits[dq.input[1]])) == pytest.approx(mse[tensor])
+
+
 def test_right_padding_leaves_real_tokens_outputs_fp32_and_int8(tiny: dict[str, Path],
                                                                  tmp_path: Path) -> None:
     """Why a tight batch may be shorter than the profile minimum (``tight_floor``): with

@@ -107,7 +107,7 @@ class Int8Conversion(Conversion):
             from trtpack.precision.int8.qdq import references_and_calibration
 
             refs, measured = references_and_calibration(self.source, parts, op_types,
-                                                        cal.feeds)
+                                                        cal.feeds, self.method)
             self.qdq_calibration = (self.source, tuple(op_types), measured)
         else:
             refs = run_model(self.source, feeds) if feeds else []
@@ -179,7 +179,7 @@ class Int8Conversion(Conversion):
             self.quantizer = "trtpack"
             path = self.quantize_own(label, op_types, excluded, meanwhile)
             if self.method == "percentile":
-                self.percentile_ranges(path)
+                self.percentile_ranges(path)  # mse: set by quantize_own
             return self.judge(label, path, excluded)
         self.quantizer = "ModelOpt"
         self.ctx.progress(f"ModelOpt INT8 quantization ({label}, {method} calibration on "
@@ -190,7 +190,7 @@ class Int8Conversion(Conversion):
             op_types_to_exclude=list(self.settings.exclude_op_types),
             op_types_to_quantize=list(op_types)))
         path = self.modelopt(job, label, meanwhile)
-        if self.method == "percentile":
+        if self.method in ("percentile", "mse"):
             self.percentile_ranges(path)
         return self.judge(label, path, excluded)
 
@@ -204,7 +204,7 @@ class Int8Conversion(Conversion):
         assert self.calibration is not None
         if meanwhile is not None:
             meanwhile()
-        self.ctx.progress(f"INT8 Q/DQ ({label}, max calibration on "
+        self.ctx.progress(f"INT8 Q/DQ ({label}, {self.method} calibration on "
                           f"{self.calibration.samples} samples)")
         started = time.perf_counter()
         out_dir = self.work / label
@@ -215,7 +215,8 @@ class Int8Conversion(Conversion):
             and set(op_types) <= set(measured[1])
         result = quantize(self.quantize_source, output, op_types, excluded,
                           self.settings.exclude_op_types, self.calibration.feeds,
-                          measured[2] if reuse and measured is not None else None)
+                          measured[2] if reuse and measured is not None else None,
+                          "mse" if self.method == "mse" else "max")
         seconds = time.perf_counter() - started
         self.conversion_seconds += seconds
         self.conversions += 1
@@ -281,22 +282,13 @@ class Int8Conversion(Conversion):
         return SmoothQuantSummary(self.settings.smoothquant, len(smoothed))
 
     def percentile_ranges(self, path: Path) -> None:
-        """The max model's activation ranges set to a percentile (``activation_ranges``)."""
-        import onnx
-
-        from trtpack.onnx_tools.files import save_model
-        from trtpack.precision.int8.activation_ranges import (
-            DEFAULT_PERCENTILE,
-            apply_percentile_ranges,
-        )
+        """A max model's activation ranges set by ``percentile`` or ``mse`` (for a ModelOpt
+        model: trtpack's own Q/DQ calibrates ``mse`` itself; ``activation_ranges``)."""
+        from trtpack.precision.int8.activation_ranges import rescale_model
 
         assert self.calibration is not None
-        model = onnx.load(str(path))
-        changed = apply_percentile_ranges(model, onnx.load(str(self.quantize_source)),
-                                          self.calibration.feeds, DEFAULT_PERCENTILE)
-        save_model(model, path)
-        self.ctx.log.info("percentile calibration: %d activation ranges set to the %s "
-                          "percentile", changed, DEFAULT_PERCENTILE)
+        changed = rescale_model(path, self.quantize_source, self.calibration.feeds, self.method)
+        self.ctx.log.info("%s calibration: %d activation ranges set", self.method, changed)
 
     def split_rows(self, session: CpuSession, *splits: tuple[str, Sequence[Case]]
                    ) -> list[list[VerificationRow]]:

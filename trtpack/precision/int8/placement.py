@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import onnx
 
+    from trtpack.precision.int8.activation_ranges import ActivationHistogram
+
 MIN_MATMUL_DIM = 16  # ModelOpt 0.47 graph_utils._MIN_MATMUL_DIM: N or K below it stays FP32
 MAX_MHA_SEQUENCE = 512  # ModelOpt 0.47: INT8 attention MatMuls only up to this sequence
 MHA_WILDCARDS = frozenset({"Div", "Mul", "Add", "Reshape", "Transpose", "Flatten", "Cast"})
@@ -45,11 +47,21 @@ class Placement:
 @dataclass
 class Calibration:
     """What the calibration run measured: each activation's largest absolute value over
-    every batch, and the shapes of the first batch."""
+    every batch, and the shapes of the first batch; for ``mse`` calibration, a histogram of
+    each measured activation (not of those whose range is fixed by rule)."""
 
     absmax: dict[str, float] = field(default_factory=dict)
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     batches: int = 0
+    histograms: dict[str, ActivationHistogram] = field(default_factory=dict)
+
+    def ranges(self, method: str) -> dict[str, float]:
+        """Each measured activation's range for ``method``: its absmax (``max``), or with
+        ``mse`` its least-squared-error range where it has a histogram."""
+        if method != "mse":
+            return dict(self.absmax)
+        return {t: self.histograms[t].mse_amax() if t in self.histograms else a
+                for t, a in self.absmax.items()}
 
     def add(self, absmax: Mapping[str, float], shapes: Mapping[str, tuple[int, ...]]) -> None:
         for name, value in absmax.items():

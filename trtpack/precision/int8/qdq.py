@@ -20,6 +20,10 @@ same model is built here from the graph alone (``onnx.load(load_external_data=Fa
   so the peak is the weights, the session and one batch's activations. scale = absmax / 127,
   as ``onnxruntime.quantization.quant_utils.compute_scale_zp`` computes it; a Softmax
   output's absmax is 1 (``placement.FIXED_RANGE_OP_TYPES``), as ModelOpt sets it.
+  With ``mse`` calibration (trtpack's, not ModelOpt's ONNX path), each other activation is
+  also fetched, one batch at a time, and counted into a histogram
+  (``activation_ranges.ActivationHistogram``); its range is the least-squared-error one
+  (``activation_ranges.mse_amax``): the peak adds one batch's activations.
 
 The weights are read one at a time (for a weight's per-channel scale) and copied into the
 output's data file one at a time (``save_model(weights_dir=...)``).
@@ -36,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trtpack.precision.graph import COMPUTE_OP_TYPES
+from trtpack.precision.int8.activation_ranges import ActivationHistogram
 from trtpack.precision.int8.placement import (
     Calibration,
     Placement,
@@ -54,6 +59,7 @@ if TYPE_CHECKING:
 INT8_SYMMETRIC_RANGE = 254.0  # qmax - qmin of symmetric INT8 (-127..127)
 QDQ_OP_TYPES = frozenset(COMPUTE_OP_TYPES)  # any other op type goes to ModelOpt
 
+OWN_METHODS = ("max", "mse", "percentile")  # calibration methods of trtpack's own Q/DQ
 QUANTIZER_VARIABLE = "TRTPACK_INT8_QUANTIZER"
 """Set to ``modelopt``, every INT8 Q/DQ conversion goes through ModelOpt's ``quantize`` (the
 path before trtpack's own Q/DQ): for comparisons (``benchmarks/scaling.py`` run with it set)."""
@@ -61,11 +67,12 @@ path before trtpack's own Q/DQ): for comparisons (``benchmarks/scaling.py`` run 
 
 def own_qdq(op_types: Iterable[str], method: str, high_precision: str) -> bool:
     """Whether trtpack's own Q/DQ builds this conversion (else ModelOpt does): MatMul, Gemm
-    and Conv only, ``max`` calibration (``percentile`` rescales a max model afterwards),
-    FP32 kept in high precision, and ``QUANTIZER_VARIABLE`` not asking for ModelOpt."""
+    and Conv only, ``max`` or ``mse`` calibration (``percentile`` rescales a max model
+    afterwards), FP32 kept in high precision, and ``QUANTIZER_VARIABLE`` not asking for
+    ModelOpt."""
     types = set(op_types)
     return os.environ.get(QUANTIZER_VARIABLE) != "modelopt" and bool(types) \
-        and types <= QDQ_OP_TYPES and method in ("max", "percentile") \
+        and types <= QDQ_OP_TYPES and method in OWN_METHODS \
         and high_precision == "fp32"
 
 
@@ -80,12 +87,14 @@ def first_conversion_is_own(plan: BuildPlan) -> bool:
                    "fp32" if plan.fallback == "auto" else s.high_precision)
 
 
-def probe_outputs(model: onnx.ModelProto, placement: Placement, keep_outputs: bool
-                  ) -> tuple[dict[str, str], dict[str, str]]:
+def probe_outputs(model: onnx.ModelProto, placement: Placement, keep_outputs: bool,
+                  histograms: bool = False) -> tuple[dict[str, str], dict[str, str], list[str]]:
     """Make ``model`` (graph only, changed in place) compute each activation's largest
     absolute value and the shape of each tensor the rules need, as extra outputs
-    (``keep_outputs``: its own outputs stay first). Returns (tensor -> absmax output,
-    tensor -> shape output)."""
+    (``keep_outputs``: its own outputs stay first); with ``histograms``, each float
+    activation whose range is not fixed by rule is an output too. Returns (tensor -> absmax
+    output, tensor -> shape output, the activations output whole)."""
+    import onnx
     from onnx import TensorProto, helper
 
     from trtpack.precision.graph import absmax_outputs, tensor_types
@@ -104,26 +113,30 @@ def probe_outputs(model: onnx.ModelProto, placement: Placement, keep_outputs: bo
     model.graph.node.extend(nodes)
     model.graph.output.extend(helper.make_tensor_value_info(o, TensorProto.INT64, [None])
                               for o in shapes.values())
+    whole = [t for t in floats if t not in placement.fixed] if histograms else []
+    model.graph.output.extend(onnx.ValueInfoProto(name=t) for t in whole)
     if keep_outputs:
         probes = list(model.graph.output)
         del model.graph.output[:]
         model.graph.output.extend([*own, *probes])
-    return absmax, shapes
+    return absmax, shapes, whole
 
 
 class CalibrationRun:
     """One ONNX Runtime session over the graph beside its weight file that measures a
-    ``Placement`` (and, with ``keep_outputs``, returns the model's own outputs too)."""
+    ``Placement`` (and, with ``keep_outputs``, returns the model's own outputs too); with
+    ``histograms`` (``mse`` calibration), the histogram of each measured activation."""
 
     def __init__(self, source: Path, placement: Placement, keep_outputs: bool = False,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, histograms: bool = False) -> None:
         import onnx
 
         from trtpack.runtimes.onnxruntime import cpu_session
 
         model = onnx.load(str(source), load_external_data=False)
         self.own = [o.name for o in model.graph.output] if keep_outputs else []
-        self.absmax, self.shapes = probe_outputs(model, placement, keep_outputs)
+        self.absmax, self.shapes, self.whole = probe_outputs(model, placement, keep_outputs,
+                                                             histograms)
         probe = source.with_name("calibration-" + source.name)  # beside it: same weights
         onnx.save_model(model, str(probe))
         del model
@@ -136,8 +149,8 @@ class CalibrationRun:
         finally:
             probe.unlink(missing_ok=True)
         self.inputs = {i.name for i in self.session.get_inputs()}
-        self.names = [*self.own, *self.absmax.values(), *self.shapes.values()]
         self.calibration = Calibration()
+        self.calibration.histograms = {t: ActivationHistogram() for t in self.whole}
 
     def run(self, feed: Mapping[str, np.ndarray], calibrate: bool = True, outputs: bool = True
             ) -> dict[str, np.ndarray]:
@@ -145,8 +158,12 @@ class CalibrationRun:
         its measurements are added to ``calibration``. ONNX Runtime computes only what the
         names asked for need."""
         probes = [*self.absmax.values(), *self.shapes.values()] if calibrate else []
+        whole = self.whole if calibrate else []
         names = [*(self.own if outputs else []), *probes]
-        values = self.session.run(names, {k: v for k, v in feed.items() if k in self.inputs})
+        values = self.session.run([*names, *whole],
+                                  {k: v for k, v in feed.items() if k in self.inputs})
+        for tensor in reversed(whole):  # counted, then freed, one tensor at a time
+            self.calibration.histograms[tensor].add(values.pop())
         got = dict(zip(names, values, strict=True))
         if calibrate:
             self.calibration.add(
@@ -158,12 +175,13 @@ class CalibrationRun:
         del self.session
 
 
-def calibrate(source: Path, placement: Placement, feeds: Sequence[Mapping[str, np.ndarray]]
-              ) -> Calibration:
-    """``placement``'s measurements over ``feeds``, one batch at a time."""
+def calibrate(source: Path, placement: Placement, feeds: Iterable[Mapping[str, np.ndarray]],
+              method: str = "max") -> Calibration:
+    """``placement``'s measurements over ``feeds``, one batch at a time (``mse``: with the
+    histograms)."""
     if not placement.activations and not placement.shaped:
         return Calibration()  # nothing to measure
-    run = CalibrationRun(source, placement)
+    run = CalibrationRun(source, placement, histograms=method == "mse")
     try:
         for feed in feeds:
             run.run(feed)
@@ -175,19 +193,21 @@ def calibrate(source: Path, placement: Placement, feeds: Sequence[Mapping[str, n
 def references_and_calibration(source: Path,
                                parts: Sequence[tuple[str, Sequence[Mapping[str, np.ndarray]]]],
                                op_types: Iterable[str],
-                               calibration: Sequence[Mapping[str, np.ndarray]]
+                               calibration: Sequence[Mapping[str, np.ndarray]],
+                               method: str = "max"
                                ) -> tuple[list[dict[str, np.ndarray]], Calibration]:
     """The FP32 outputs of every feed of ``parts`` ((name, feeds) in order), and, over the
     ``calibration`` batches, the measurements of every candidate of ``op_types`` (no
     exclusion: a superset for any later conversion), in one session a batch at a time.
     A part that is ``calibration`` itself is measured in its references' runs; else the
-    calibration batches run once more, for their measurements only."""
+    calibration batches run once more, for their measurements only. ``mse``: the
+    calibration batches' histograms too."""
     import onnx
 
     graph = onnx.load(str(source), load_external_data=False).graph
     placement = place(graph, op_types, [], [])
     del graph
-    run = CalibrationRun(source, placement, keep_outputs=True)
+    run = CalibrationRun(source, placement, keep_outputs=True, histograms=method == "mse")
     try:
         refs = [run.run(feed, calibrate=part is calibration) for _, part in parts
                 for feed in part]
@@ -216,12 +236,12 @@ def weight_scale(values: np.ndarray, axis: int) -> np.ndarray:
 
 
 def insert_qdq(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto],
-               calibration: Calibration, weights_dir: Path,
+               ranges: Mapping[str, float], weights_dir: Path,
                fixed: Mapping[str, float] | None = None) -> int:
     """Q/DQ before ``nodes`` of ``model`` (graph only, changed in place; its weights are
     read one at a time from ``weights_dir``); returns how many tensors got a pair.
-    ``fixed``: activations whose absmax is set by a rule (``Placement.fixed``), not taken
-    from ``calibration``."""
+    ``ranges``: each activation's calibrated range (``Calibration.ranges``); ``fixed``:
+    activations whose absmax is set by a rule (``Placement.fixed``), not calibrated."""
     from onnx import helper, numpy_helper
 
     from trtpack.onnx_tools.files import initializer_array
@@ -251,7 +271,7 @@ def insert_qdq(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto],
                 del values
             else:
                 axis = None
-                scale = _scale(np.asarray(fixed.get(t, calibration.absmax[t]),
+                scale = _scale(np.asarray(fixed.get(t, ranges[t]),
                                           dtype=np.float32))
                 zero = np.zeros((), dtype=np.int8)
             per_channel = axis is not None and bool(scale.ndim)
@@ -284,10 +304,12 @@ def insert_qdq(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto],
 
 def quantize(source: Path, output: Path, op_types: Iterable[str], excluded: Iterable[str],
              excluded_op_types: Iterable[str], feeds: Sequence[Mapping[str, np.ndarray]],
-             calibration: Calibration | None = None) -> dict[str, object]:
+             calibration: Calibration | None = None, method: str = "max"
+             ) -> dict[str, object]:
     """The Q/DQ model of ``source`` (its weights in its folder) written to ``output`` (its
-    data file beside it). ``calibration``: measured already (for every candidate of these
-    op types); else measured here over ``feeds``. Returns what was done."""
+    data file beside it), its activation ranges by ``method`` (``max`` or ``mse``).
+    ``calibration``: measured already (for every candidate of these op types, with the
+    histograms ``mse`` needs); else measured here over ``feeds``. Returns what was done."""
     import onnx
 
     from trtpack.onnx_tools.files import save_model
@@ -295,11 +317,11 @@ def quantize(source: Path, output: Path, op_types: Iterable[str], excluded: Iter
     model = prepare_graph(onnx.load(str(source), load_external_data=False))
     placement = place(model.graph, op_types, excluded, excluded_op_types)
     if calibration is None:
-        calibration = calibrate(source, placement, feeds)
+        calibration = calibrate(source, placement, feeds, method)
     inits = {i.name: i for i in model.graph.initializer}
     by_shape = set(shape_exclusions(placement, calibration, inits))
     nodes = [n for n in placement.nodes if n.name not in by_shape]
-    pairs = insert_qdq(model, nodes, calibration, source.parent, placement.fixed)
+    pairs = insert_qdq(model, nodes, calibration.ranges(method), source.parent, placement.fixed)
     save_model(model, output, weights_dir=source.parent)
     return {"quantized_nodes": len(nodes), "qdq_pairs": pairs,
             "excluded_by_shape": sorted(by_shape), "calibration_batches": calibration.batches}
