@@ -270,3 +270,23 @@ def test_the_operator_profile_script_shares_the_kernel_time(tiny_build: Path, tm
         operators = json.loads(out.read_text())["operators"]
         assert fused in operators
         assert abs(sum(o["share"] for o in operators.values()) - 1) < 1e-6
+
+
+def test_calibration_methods_show_decision_splits_only() -> None:
+    """int8_calibration_methods.figures: each decision split's worst error (1 - cosine) and
+    their largest; the held-out split only when asked (a method is chosen without it)."""
+    methods = load("int8_calibration_methods")
+    splits = {"calibration": {"worst": 0.9985}, "check": {"worst": 0.999},
+              "search": {"worst": 0.9986}, "holdout": {"worst": 0.9}}
+    precision = {"name": "precision", "seconds": 1.0, "peak_memory_mb": 10.0, "metrics": {
+        "low_precision": {"matmul_gemm_low_precision": 3, "matmul_gemm_nodes": 4},
+        "splits": splits, "kept_layers": ["a"]}}
+    report = {"status": "ok", "peak_memory_mb": 12.0,
+              "stages": [precision, {"name": "export", "cached": True, "seconds": 0.0}]}
+    found = methods.figures(report, show_holdout=False)
+    assert "holdout" not in found["worst_error"]
+    assert found["decision_worst_error"] == round(1 - 0.9985, 8)
+    assert (found["matmul_gemm_int8"], found["kept_layers"]) == ([3, 4], 1)
+    assert found["cached_stages"] == ["export"]
+    assert methods.figures(report, show_holdout=True)["worst_error"]["holdout"] == round(0.1, 8)
+    assert methods.figures(report, True)["decision_worst_error"] == found["decision_worst_error"]

@@ -212,14 +212,16 @@ def test_an_int8_build_over_the_memory_given_is_refused_in_the_precision_stage(
 
 def test_the_int8_precision_stage_estimate_follows_the_quantizer() -> None:
     """The precision stage is modelled for INT8 only: trtpack's own Q/DQ (the weights about
-    2.5 times) for the default MatMul/Gemm/Conv with max calibration, ModelOpt's worker
-    (about ten copies) for entropy; the memory given just below its estimate refuses the
-    build there, with the weights and activations it was estimated from. The design card
-    (bert-large at 1x128:16x128:128x128) fits a 16 GB laptop's 12 GB available at INT8."""
+    2.5 times) for the default MatMul/Gemm/Conv with max calibration (with mse, one
+    calibration batch's activations more), ModelOpt's worker (about ten copies) for
+    entropy; the memory given just below its estimate refuses the build there, with the
+    weights and activations it was estimated from. The design card (bert-large at
+    1x128:16x128:128x128) fits a 16 GB laptop's 12 GB available at INT8."""
     from trtpack.options import BuildPlan
     from trtpack.pipeline.memory_check import (
         PRECISION_INT8,
         PRECISION_INT8_MODELOPT,
+        PRECISION_INT8_MSE,
         estimate_corners,
         stage_bytes,
     )
@@ -242,6 +244,9 @@ def test_the_int8_precision_stage_estimate_follows_the_quantizer() -> None:
     entropy = estimate_corners(plan("bert-base", "int8", calibration_method="entropy"))
     assert max(e.stages["precision"] for e in entropy) == stage_bytes(
         PRECISION_INT8_MODELOPT, corner.weights, runtime)
+    mse = estimate_corners(plan("bert-base", "int8", calibration_method="mse"))
+    assert max(e.stages["precision"] for e in mse) == stage_bytes(
+        PRECISION_INT8_MSE, corner.weights, runtime) > corner.stages["precision"]
     fp16 = estimate_corners(plan("bert-base", "fp16"))
     assert all("precision" not in e.stages for e in fp16)  # FP16's is not modelled
     check_build_memory(plan("bert-large", "int8"), AvailableMemory(12 * 2**30, "a laptop"))

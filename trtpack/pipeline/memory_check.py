@@ -75,6 +75,13 @@ CPU_MODEL_INT8 = StageMemory("cpu_model", 200 * MB, 6.0, 1.5, "runtime")
 # 1x128:16x128:128x128 as an upper bound (benchmarks/README.md, "INT8's precision stage").
 # ModelOpt's quantize, which it replaced, held about ten copies of the weights (below)
 PRECISION_INT8 = StageMemory("precision", 300 * MB, 2.5, 4.0, "runtime")
+# the same with ``mse`` calibration: the calibration run also holds one calibration batch's
+# activations of every quantized tensor while it counts them into histograms (bert-large's
+# design card: 5,629 MB against max's 3,472 MB; benchmarks/README.md, "INT8 calibration by
+# least squared error"). Fitted as an upper bound where the calibration batch (the opt
+# corner) is 1/8 of the max corner's rows or less, as in the design profile; a calibration
+# batch as large as the max corner holds up to 8 times more than this models
+PRECISION_INT8_MSE = StageMemory("precision", 300 * MB, 2.5, 6.0, "runtime")
 # INT8 through ModelOpt's quantize (entropy calibration, op types other than MatMul/Gemm/
 # Conv, FP16 kept nodes without the fallback): its worker held about ten copies of the
 # weights at once and ran each calibration batch with its activations alive together;
@@ -128,10 +135,14 @@ def _stages(plan: BuildPlan) -> list[StageMemory]:
 
 
 def int8_precision_memory(plan: BuildPlan) -> StageMemory:
-    """The INT8 precision stage's model: trtpack's own Q/DQ, or ModelOpt's worker."""
+    """The INT8 precision stage's model: trtpack's own Q/DQ (with ``mse``'s histograms or
+    without), or ModelOpt's worker."""
     from trtpack.precision.int8.qdq import first_conversion_is_own
 
-    return PRECISION_INT8 if first_conversion_is_own(plan) else PRECISION_INT8_MODELOPT
+    if not first_conversion_is_own(plan):
+        return PRECISION_INT8_MODELOPT
+    method = plan.calibration_method or plan.recipe.precision_options.int8.calibration_method
+    return PRECISION_INT8_MSE if method == "mse" else PRECISION_INT8
 
 
 def stage_bytes(model: StageMemory, weights: int, activations: int) -> int:

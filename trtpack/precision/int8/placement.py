@@ -15,12 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import onnx
-
-    from trtpack.precision.int8.activation_ranges import ActivationHistogram
 
 MIN_MATMUL_DIM = 16  # ModelOpt 0.47 graph_utils._MIN_MATMUL_DIM: N or K below it stays FP32
 MAX_MHA_SEQUENCE = 512  # ModelOpt 0.47: INT8 attention MatMuls only up to this sequence
@@ -44,6 +42,12 @@ class Placement:
     fixed: dict[str, float] = field(default_factory=dict)  # activation -> absmax by rule
 
 
+class RangeHistogram(Protocol):
+    """A tensor's histogram that gives a range (``activation_ranges.ActivationHistogram``)."""
+
+    def mse_amax(self) -> float: ...
+
+
 @dataclass
 class Calibration:
     """What the calibration run measured: each activation's largest absolute value over
@@ -53,7 +57,7 @@ class Calibration:
     absmax: dict[str, float] = field(default_factory=dict)
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     batches: int = 0
-    histograms: dict[str, ActivationHistogram] = field(default_factory=dict)
+    histograms: dict[str, RangeHistogram] = field(default_factory=dict)
 
     def ranges(self, method: str) -> dict[str, float]:
         """Each measured activation's range for ``method``: its absmax (``max``), or with

@@ -150,7 +150,8 @@ class CalibrationRun:
             probe.unlink(missing_ok=True)
         self.inputs = {i.name for i in self.session.get_inputs()}
         self.calibration = Calibration()
-        self.calibration.histograms = {t: ActivationHistogram() for t in self.whole}
+        self.histograms = {t: ActivationHistogram() for t in self.whole}
+        self.calibration.histograms.update(self.histograms)  # the same objects, filled here
 
     def run(self, feed: Mapping[str, np.ndarray], calibrate: bool = True, outputs: bool = True
             ) -> dict[str, np.ndarray]:
@@ -163,7 +164,7 @@ class CalibrationRun:
         values = self.session.run([*names, *whole],
                                   {k: v for k, v in feed.items() if k in self.inputs})
         for tensor in reversed(whole):  # counted, then freed, one tensor at a time
-            self.calibration.histograms[tensor].add(values.pop())
+            self.histograms[tensor].add(values.pop())
         got = dict(zip(names, values, strict=True))
         if calibrate:
             self.calibration.add(
