@@ -122,6 +122,18 @@ def test_a_conv_model_gets_integer_convs_or_says_why_not(tmp_path: Path,
     assert candidate["passed"], candidate  # a 2-layer model: INT8 within 0.05 everywhere
 
 
+def test_mse_calibration_on_the_cpu_uses_max_and_says_so(tmp_path: Path,
+                                                         cache_dir: Path) -> None:
+    """``--calibration-method mse`` is trtpack's own Q/DQ's: the CPU's static INT8 form
+    (ONNX Runtime's quantizer, no MSE calibrator) calibrates with max, and a warning says
+    so rather than serving a model labelled mse."""
+    model = conv_onnx(tmp_path / "conv.onnx", channels=(32, 64))
+    report = _build(model, tmp_path, cache_dir, "--profile", "1x64x64:2x96x96:4x128x128",
+                    "--calibration-method", "mse")
+    assert _check_outcome(report, tmp_path)["integer_convs"] == 2
+    assert "no MSE calibrator) used max" in json.dumps(report)
+
+
 def test_a_conv_int8_candidate_failing_its_gate_serves_fp32(tmp_path: Path,
                                                             cache_dir: Path) -> None:
     model = conv_onnx(tmp_path / "conv.onnx", channels=(32, 64))

@@ -39,8 +39,7 @@ STATIC_FORM = ("onnxruntime static int8 (Q/DQ: u8 activations per tensor, s8 per
                "weights; Conv, MatMul, Gemm)")
 PER_CHANNEL_OPSET = 13  # DequantizeLinear's axis attribute
 # ONNX Runtime's calibrators, by trtpack's --calibration-method
-CALIBRATORS = {"max": "MinMax", "entropy": "Entropy", "percentile": "Percentile",
-               "mse": "MinMax"}  # ONNX Runtime has no MSE calibrator: max, as documented
+CALIBRATORS = {"max": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
 # No ``CalibMaxIntermediateOutputs``: in onnxruntime 1.32 its MinMax calibrator drops each
 # full group of batches without folding it into the ranges (microsoft/onnxruntime#18893,
 # the fix #20226 closed unmerged), so the ranges came from the last (count mod N) batches
