@@ -210,6 +210,8 @@ def rss():
 
 before = faults_per_block()
 with reused_heap() as applies:
+    with reused_heap():  # another user leaving (a thread's forwards) keeps the setting
+        pass
     inside = faults_per_block()
     rss_inside = rss()
 after = faults_per_block()

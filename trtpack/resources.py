@@ -335,6 +335,10 @@ def _glibc() -> Any | None:
     return libc
 
 
+_heap_lock = threading.Lock()
+_heap_users = [0]  # the reused_heap contexts open in this process, on any thread
+
+
 @contextlib.contextmanager
 def reused_heap() -> Iterator[bool]:
     """Inside, memory freed by this process is kept for its next allocations instead of
@@ -348,16 +352,24 @@ def reused_heap() -> Iterator[bool]:
     (issue 47; benchmarks/README.md). Here no block is mapped on its own and the heap is
     never trimmed, so a freed block's pages are reused as they are. The peak is the same
     live memory (freed blocks are reused, not added); the pages stay resident until the
-    exit's trim."""
+    exit's trim. The setting is the process's: entered by several threads at once (the
+    export stage's forwards beside the exporter and after it), it holds until the last one
+    leaves."""
     libc = _glibc()
     if libc is None:
         yield False
         return
-    libc.mallopt(_M_MMAP_MAX, 0)
-    libc.mallopt(_M_TRIM_THRESHOLD, _INT_MAX)
+    with _heap_lock:
+        _heap_users[0] += 1
+        if _heap_users[0] == 1:
+            libc.mallopt(_M_MMAP_MAX, 0)
+            libc.mallopt(_M_TRIM_THRESHOLD, _INT_MAX)
     try:
         yield True
     finally:
-        libc.mallopt(_M_MMAP_MAX, _DEFAULT_MMAP_MAX)
-        libc.mallopt(_M_TRIM_THRESHOLD, _DEFAULT_TRIM_THRESHOLD)
-        libc.malloc_trim(0)
+        with _heap_lock:
+            _heap_users[0] -= 1
+            if _heap_users[0] == 0:
+                libc.mallopt(_M_MMAP_MAX, _DEFAULT_MMAP_MAX)
+                libc.mallopt(_M_TRIM_THRESHOLD, _DEFAULT_TRIM_THRESHOLD)
+                libc.malloc_trim(0)

@@ -44,6 +44,12 @@ GC_THRESHOLDS = (100_000, 50, 100)
 # export at every thread: on one thread it would outlast the exporter (bert-large's design
 # card: 128x128 at 3.4e8 parameters).
 LARGEST_BESIDE_WORK = 4e10
+# Such a larger corner's batch is split into pieces of rows instead (``RowPieces``): the
+# forwards' thread takes them one at a time, at one intra-op thread, for as long as the
+# exporter runs, and what is left runs after it at every thread as one forward. A piece's
+# work is about PIECE_WORK (bert-large at 128 positions: 2 rows, about 1.3 CPU-s here), so
+# the exporter's end waits for at most that.
+PIECE_WORK = 1e11
 
 
 @dataclass
@@ -224,34 +230,134 @@ def beside_cases(cases: list[Case], parameters: int) -> list[Case]:
     return list(cases) if work <= LARGEST_BESIDE_WORK else [c for c in cases if c is not largest]
 
 
+class RowPieces:
+    """One case's batch as pieces of rows, computed in any order by several threads
+    (``take``, ``put``) and put back together in row order (``join``): the outputs of a
+    model whose rows are independent (a batch of sentences) are those of the whole batch,
+    within float rounding."""
+
+    def __init__(self, case: Case, rows: int) -> None:
+        import threading
+
+        self.case = case
+        self.total = next(iter(case.inputs.values())).shape[0]
+        self.rows = rows  # a piece's rows, as ``take`` gives them by default
+        self.next_row = 0
+        self.done: dict[int, Case] = {}  # first row -> the piece with its outputs
+        self.lock = threading.Lock()
+
+    @classmethod
+    def of(cls, case: Case, recipe: Recipe, parameters: int) -> RowPieces | None:
+        """``case`` in pieces of about ``PIECE_WORK`` (``parameters`` times the elements of
+        a piece's largest input), or None where the batch cannot be split: an input or an
+        output whose first axis is not the batch's (the recipe's axis names), fewer than 2
+        pieces."""
+        firsts = {str(axes[0]) if axes and isinstance(axes[0], str) else None
+                  for axes in [*(i.axes for i in recipe.inputs), *(o.axes for o in recipe.outputs)]}
+        batches = {a.shape[0] if a.ndim else None for a in case.inputs.values()}
+        if len(firsts) != 1 or None in firsts or len(batches) != 1 or None in batches:
+            return None
+        total = batches.pop()
+        assert total is not None
+        per_row = parameters * max(a.size for a in case.inputs.values()) / total
+        rows = max(1, int(PIECE_WORK // max(per_row, 1)))
+        return cls(case, rows) if rows < total else None
+
+    def take(self, rows: int | None = None) -> tuple[int, Case] | None:
+        """The next ``rows`` rows (a piece's, by default): their first row and a case of
+        their own, or None when every row is taken."""
+        with self.lock:
+            start = self.next_row
+            if start >= self.total:
+                return None
+            self.next_row = end = min(self.total, start + (rows or self.rows))
+        return start, Case(self.case.profile, self.case.corner,
+                           {n: a[start:end] for n, a in self.case.inputs.items()})
+
+    def put(self, start: int, piece: Case) -> None:
+        """The piece from row ``start``, its outputs computed."""
+        with self.lock:
+            self.done[start] = piece
+
+    def join(self) -> bool:
+        """The whole case's outputs, the pieces' concatenated in row order; False (nothing
+        set) when a piece's output does not have the piece's rows first (a model whose
+        outputs are not per row)."""
+        pieces = [self.done[k] for k in sorted(self.done)]
+        rows = [next(iter(p.inputs.values())).shape[0] for p in pieces]
+        if sum(rows) != self.total or any(
+                o.ndim == 0 or o.shape[0] != n for p, n in zip(pieces, rows, strict=True)
+                for o in p.outputs.values()):
+            return False
+        self.case.outputs = {name: np.concatenate([p.outputs[name] for p in pieces])
+                             for name in pieces[0].outputs}
+        return True
+
+
 def reference_beside(wrapper: torch.nn.Module, recipe: Recipe, cases: list[Case],
-                     export: Callable[[], Exported]) -> Exported:
+                     export: Callable[[], Exported],
+                     pieces: RowPieces | None = None) -> Exported:
     """``export()`` (the ONNX exporter: Python, one core) on this thread while the PyTorch
     outputs of ``cases`` are computed on a thread of its own at one intra-op thread, on the
-    other core (issue 47: the exporter left a core idle for seconds). The exporter works
-    on a copy of the module (``copy_sharing_weights``), never on ``wrapper``; the
-    interpreter hands the forwards' thread the GIL between operators at 0.5 ms instead of
-    5. A failure of either is raised once both have ended (the forwards' first: a model
-    that fails at a profile corner is the user's to fix)."""
+    other core (issue 47: the exporter left a core idle for seconds). With ``pieces`` (a
+    larger case's rows) that thread then takes piece after piece until the exporter has
+    ended; this thread computes the rest, a piece at a time at one intra-op thread while the
+    other still runs its last one, then every row left as one forward at every thread, and
+    joins them (``RowPieces.join``; the whole case again where they do not join). The
+    exporter works on a copy of the module (``copy_sharing_weights``), never on
+    ``wrapper``; the interpreter hands the forwards' thread the GIL between operators at
+    0.5 ms instead of 5. A failure of either is raised once both have ended (the forwards'
+    first: a model that fails at a profile corner is the user's to fix)."""
     import sys
+    import threading
     from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    every = torch.get_num_threads()  # this thread's, before the forwards' thread sets its own
+    exported_event = threading.Event()
+
+    def forwards() -> None:
+        run_torch(wrapper, recipe, cases, None, 1)
+        while pieces is not None and not exported_event.is_set():
+            taken = pieces.take()
+            if taken is None:
+                return
+            run_torch(wrapper, recipe, [taken[1]], None, 1)
+            pieces.put(*taken)
 
     interval = sys.getswitchinterval()
     sys.setswitchinterval(min(interval, 0.0005))
     try:
         # leaving the pool waits for the forwards, also when the export raised
-        with ThreadPoolExecutor(1, thread_name_prefix="trtpack-reference") as pool:
-            forwards = pool.submit(run_torch, wrapper, recipe, cases, None, 1)
+        with reused_heap(), ThreadPoolExecutor(1, thread_name_prefix="trtpack-reference") as pool:
+            running = pool.submit(forwards)
             try:
                 exported = export()
             except Exception:  # the model's own forward failing is the error to show
-                failed = forwards.exception()
+                exported_event.set()
+                failed = running.exception()
                 if isinstance(failed, UserInputError):
                     raise failed from None
                 raise
-            forwards.result()
+            exported_event.set()
+            while pieces is not None and not running.done():
+                taken = pieces.take()
+                if taken is None:
+                    break
+                run_torch(wrapper, recipe, [taken[1]], None, 1)
+                pieces.put(*taken)
+            running.result()
+            if pieces is not None:
+                rest = pieces.take(pieces.total)
+                if rest is not None:
+                    run_torch(wrapper, recipe, [rest[1]], None, every)
+                    pieces.put(*rest)
+                if not pieces.join():
+                    run_torch(wrapper, recipe, [pieces.case], None, every)
     finally:
         sys.setswitchinterval(interval)
+        torch.set_num_threads(every)
     return exported
 
 
@@ -282,14 +388,17 @@ def run(ctx: StageContext) -> StageOutcome:
         exported = export_onnx(wrapper, plan, onnx_path, ctx.log,
                                saved=fresh() if fresh is not None else None)
     else:
-        besides = beside_cases(cases, sum(p.numel() for p in loaded.module.parameters()))
+        parameters = sum(p.numel() for p in loaded.module.parameters())
+        besides = beside_cases(cases, parameters)
+        left = [c for c in cases if all(c is not b for b in besides)]
+        pieces = RowPieces.of(left[0], recipe, parameters) if len(left) == 1 else None
         ctx.spare_core(model_bytes)  # before the progress line, as above (the build's order)
         ctx.progress(f"{exporting}, PyTorch at {len(besides)} of {len(cases)} profile corners "
-                     "beside")
+                     "beside" + (f", then at the rows of {left[0].corner}" if pieces else ""))
         exported = reference_beside(wrapper, recipe, besides,
-                                    lambda: export_onnx(beside, plan, onnx_path, ctx.log))
-        left = [c for c in cases if all(c is not b for b in besides)]
-        if left:
+                                    lambda: export_onnx(beside, plan, onnx_path, ctx.log),
+                                    pieces)
+        if left and pieces is None:
             ctx.progress(f"running PyTorch at the largest profile corner ({left[0].corner})")
             run_torch(wrapper, recipe, left)
     reference = ctx.stage_dir / "reference.npz"
