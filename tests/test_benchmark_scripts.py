@@ -290,3 +290,24 @@ def test_calibration_methods_show_decision_splits_only() -> None:
     assert found["cached_stages"] == ["export"]
     assert methods.figures(report, show_holdout=True)["worst_error"]["holdout"] == round(0.1, 8)
     assert methods.figures(report, True)["decision_worst_error"] == found["decision_worst_error"]
+
+
+def test_the_attention_export_script_runs_both_graphs(tmp_path: Path) -> None:
+    """benchmarks/export_attention.py (issue 47): tiny-bert exported from SDPA and from eager
+    attention; what ONNX Runtime runs of each (the SDPA graph's NaN guard, none in the eager
+    one), both passes close to PyTorch's outputs at every corner."""
+    import json
+    import subprocess
+
+    out = tmp_path / "attention.json"
+    subprocess.run([sys.executable, str(BENCHMARKS / "export_attention.py"), "--recipe",
+                    "tiny-bert", "--profile", "1x8:2x16:4x32", "--rounds", "1",
+                    "--work", str(tmp_path / "work"), "--json", str(out)], check=True,
+                   capture_output=True, timeout=600)
+    found = json.loads(out.read_text())
+    operators = found["optimized_operators"]
+    assert operators["sdpa"].get("IsNaN", 0) > 0 and operators["eager"].get("IsNaN", 0) == 0
+    assert [r["graph"] for r in found["rows"]] == ["sdpa", "eager"]
+    for name in ("sdpa", "eager"):
+        assert len(found["max_abs_vs_pytorch"][name]) == 3
+        assert max(found["max_abs_vs_pytorch"][name]) < 1e-4
