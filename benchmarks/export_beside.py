@@ -1,14 +1,18 @@
 """The export stage's PyTorch reference pass and ONNX export one after the other, and the
-exporter with the smaller corners' forwards beside it (``stages.export.reference_beside``,
-issue 47), in rotation in one process on one loaded model: wall and CPU seconds of each.
+exporter with the forwards beside it (``stages.export.reference_beside``, issue 47), in
+rotation in one process on one loaded model: wall and CPU seconds of each.
 
     python benchmarks/export_beside.py [--recipe bert-large] \
-        [--profile 1x128:16x128:128x128] [--rounds 2] [--work DIR] [--json FILE]
+        [--profile 1x128:16x128:128x128] [--rounds 2] [--variant NAME]... [--work DIR] \
+        [--json FILE]
 
 The exporter is Python on one core; beside it the other core computes the smaller corners'
-PyTorch outputs at one intra-op thread, then the largest corner runs at every thread. The
-CPU seconds are about the same work either way: the wall time is what changes, so only a
-quiet machine measures it (a loaded one lends the idle core to others anyway).
+PyTorch outputs at one intra-op thread. Then the largest corner either runs after the export
+at every thread (``largest after``: the stage before the row pieces) or, as the stage does
+now where its batch splits, in row pieces (``RowPieces``) that the forwards' thread takes
+while the exporter runs, the rest after it (``largest in row pieces``). The CPU seconds are
+about the same work either way: the wall time is what changes, so only a quiet machine
+measures it (a loaded one lends the idle core to others anyway).
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ def main() -> None:
     parser.add_argument("--profile", default="1x128:16x128:128x128")
     parser.add_argument("--set", action="append", default=[], help="a recipe KEY=VALUE")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--variant", action="append", default=[],
+                        help="run only these variants (default: all three)")
     parser.add_argument("--work", type=Path)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -50,6 +56,8 @@ def main() -> None:
         build_cases,
         copy_sharing_weights,
         output_selector,
+        RowPieces,
+        beside_cases,
         reference_beside,
         run_torch,
     )
@@ -77,7 +85,27 @@ def main() -> None:
                          lambda: export_onnx(copy, plan, out / "model.onnx", log))
         run_torch(wrapper, recipe, [largest])
 
-    variants = {"one after the other": sequential, "exporter beside the forwards": beside}
+    parameters = sum(p.numel() for p in loaded.module.parameters())
+
+    def pieces(out: Path) -> None:  # as the export stage runs them
+        cases, _, _ = build_cases(plan, loaded)
+        besides = beside_cases(cases, parameters)
+        left = [c for c in cases if all(c is not b for b in besides)]
+        split = RowPieces.of(left[0], recipe, parameters) if len(left) == 1 else None
+        copy = copy_sharing_weights(wrapper)
+        assert copy is not None
+        reference_beside(wrapper, recipe, besides,
+                         lambda: export_onnx(copy, plan, out / "model.onnx", log), split)
+        if left and split is None:
+            run_torch(wrapper, recipe, left)
+
+    variants = {"one after the other": sequential, "largest after": beside,
+                "largest in row pieces": pieces}
+    unknown = set(args.variant) - set(variants)
+    if unknown:
+        sys.exit(f"error: no variant {sorted(unknown)}; the variants: {list(variants)}")
+    if args.variant:
+        variants = {name: variants[name] for name in args.variant}
     rows: list[dict[str, Any]] = []
     threads = torch.get_num_threads()
     for index in range(args.rounds):
