@@ -52,7 +52,8 @@ def main() -> None:
     from trtpack.pytorch.footprint import unfuse_attention
     from trtpack.pytorch.models import load_model
     from trtpack.runtimes.onnxruntime import cpu_session
-    from trtpack.stages.export import build_cases, copy_sharing_weights, output_selector, run_torch
+    from trtpack.stages.export import build_cases, output_selector
+    from trtpack.stages.reference_pass import copy_sharing_weights, run_torch
     from trtpack.stages.torch_export import export_onnx
     from trtpack.verify.compare import run_onnxruntime
 

@@ -1,5 +1,5 @@
 """The export stage's PyTorch reference pass and ONNX export one after the other, and the
-exporter with the forwards beside it (``stages.export.reference_beside``, issue 47), in
+exporter with the forwards beside it (``stages.reference_pass.reference_beside``, issue 47), in
 rotation in one process on one loaded model: wall and CPU seconds of each.
 
     python benchmarks/export_beside.py [--recipe bert-large] \
@@ -52,12 +52,11 @@ def main() -> None:
 
     from trtpack.api import BuildRequest, resolve_options
     from trtpack.pytorch.models import load_model
-    from trtpack.stages.export import (
-        build_cases,
-        copy_sharing_weights,
-        output_selector,
+    from trtpack.stages.export import build_cases, output_selector
+    from trtpack.stages.reference_pass import (
         RowPieces,
         beside_cases,
+        copy_sharing_weights,
         reference_beside,
         run_torch,
     )

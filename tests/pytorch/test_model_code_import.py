@@ -27,7 +27,8 @@ print("scipy imported:", "scipy.optimize" in sys.modules)
 assert transformers.utils.is_scipy_available is original
 from trtpack.api import BuildRequest, resolve_options
 from trtpack.pytorch.models import load_model
-from trtpack.stages.export import build_cases, output_selector, run_torch
+from trtpack.stages.export import build_cases, output_selector
+from trtpack.stages.reference_pass import run_torch
 plan, _ = resolve_options(BuildRequest("tiny-bert", target="cpu", profiles=["1x4:2x8:4x16"]))
 loaded = load_model(plan.recipe, random_weights=True, seed=plan.seed)
 cases, _, _ = build_cases(plan, loaded)

@@ -28,7 +28,7 @@ def tiny():  # type: ignore[no-untyped-def]
 
 
 def test_the_copy_shares_every_tensor_and_no_module(tiny) -> None:  # type: ignore[no-untyped-def]
-    from trtpack.stages.export import copy_sharing_weights
+    from trtpack.stages.reference_pass import copy_sharing_weights
 
     _, _, wrapper = tiny
     copy = copy_sharing_weights(wrapper)
@@ -47,7 +47,8 @@ def test_the_copy_shares_every_tensor_and_no_module(tiny) -> None:  # type: igno
 
 
 def test_the_forwards_beside_the_exporter_give_their_own_outputs(tiny) -> None:  # type: ignore[no-untyped-def]
-    from trtpack.stages.export import build_cases, copy_sharing_weights, reference_beside, run_torch
+    from trtpack.stages.export import build_cases
+    from trtpack.stages.reference_pass import copy_sharing_weights, reference_beside, run_torch
 
     plan, loaded, wrapper = tiny
     alone, _, _ = build_cases(plan, loaded)
@@ -74,7 +75,8 @@ def test_the_forwards_beside_the_exporter_give_their_own_outputs(tiny) -> None: 
 
 
 def test_a_failing_forward_is_the_error_shown_even_when_the_exporter_fails(tiny) -> None:  # type: ignore[no-untyped-def]
-    from trtpack.stages.export import build_cases, reference_beside
+    from trtpack.stages.export import build_cases
+    from trtpack.stages.reference_pass import reference_beside
 
     plan, loaded, wrapper = tiny
     cases, _, _ = build_cases(plan, loaded)
@@ -94,7 +96,8 @@ def test_a_failing_forward_is_the_error_shown_even_when_the_exporter_fails(tiny)
 
 
 def test_a_small_largest_corner_runs_beside_a_large_one_after(tiny) -> None:  # type: ignore[no-untyped-def]
-    from trtpack.stages.export import LARGEST_BESIDE_WORK, beside_cases, build_cases
+    from trtpack.stages.export import build_cases
+    from trtpack.stages.reference_pass import LARGEST_BESIDE_WORK, beside_cases
 
     plan, loaded, _ = tiny
     cases, _, _ = build_cases(plan, loaded)
@@ -107,7 +110,8 @@ def test_a_small_largest_corner_runs_beside_a_large_one_after(tiny) -> None:  # 
 
 
 def test_a_batch_in_row_pieces_joins_in_row_order_to_the_whole(tiny) -> None:  # type: ignore[no-untyped-def]
-    from trtpack.stages.export import RowPieces, build_cases, run_torch
+    from trtpack.stages.export import build_cases
+    from trtpack.stages.reference_pass import RowPieces, run_torch
 
     plan, loaded, wrapper = tiny
     whole, _, _ = build_cases(plan, loaded)
@@ -130,7 +134,8 @@ def test_a_batch_in_row_pieces_joins_in_row_order_to_the_whole(tiny) -> None:  #
 
 
 def test_row_pieces_refuse_what_is_not_per_row(tiny) -> None:  # type: ignore[no-untyped-def]
-    from trtpack.stages.export import PIECE_WORK, RowPieces, build_cases
+    from trtpack.stages.export import build_cases
+    from trtpack.stages.reference_pass import PIECE_WORK, RowPieces
 
     plan, loaded, _ = tiny
     largest = build_cases(plan, loaded)[0][-1]  # 4x16
@@ -156,7 +161,8 @@ def test_row_pieces_refuse_what_is_not_per_row(tiny) -> None:  # type: ignore[no
 def test_the_largest_corner_in_pieces_beside_the_exporter_and_after_it(tiny) -> None:  # type: ignore[no-untyped-def]
     import threading
 
-    from trtpack.stages.export import RowPieces, build_cases, reference_beside, run_torch
+    from trtpack.stages.export import build_cases
+    from trtpack.stages.reference_pass import RowPieces, reference_beside, run_torch
 
     plan, loaded, wrapper = tiny
     alone, _, _ = build_cases(plan, loaded)
