@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-from tests.conftest import environment_kept
+from tests.conftest import environment_kept, python_path, without_stage_server
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -196,6 +196,30 @@ def test_the_export_beside_script_runs_every_order(tmp_path: Path) -> None:
     assert [r["variant"] for r in rows] == ["one after the other", "largest after",
                                             "largest in row pieces"]
     assert all(r["wall"] > 0 and r["cpu"] > 0 for r in rows)
+
+
+def test_the_cold_build_script_runs_each_variant_cold_then_again(tmp_path: Path) -> None:
+    """``minilm_cold.py``: per variant a cold build on an empty cache, then the rebuild
+    (cached: no export process), the same model.onnx from both, nothing left behind."""
+    import json
+    import subprocess
+
+    out, work = tmp_path / "cold.json", tmp_path / "work"
+    env = without_stage_server({**os.environ, "PYTHONPATH": python_path()})
+    subprocess.run([sys.executable, str(BENCHMARKS / "minilm_cold.py"), "--model",
+                    "tiny-bert", "--pairs", "1", "--variant", "a:", "--variant",
+                    "b:TRTPACK_NO_PRESTART=1", "--work", str(work), "--json", str(out), "--",
+                    "--random-weights", "--precision", "fp32", "--profile", "1x4:2x8:4x16"],
+                   check=True, capture_output=True, timeout=900, env=env)
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["variant"], r["env"]) for r in rows] == [
+        ("a", {}), ("b", {"TRTPACK_NO_PRESTART": "1"})]
+    for row in rows:
+        assert row["cold"]["returncode"] == 0 and row["rebuild"]["returncode"] == 0
+        assert row["cold"]["export_cpu_s"] > 0 and row["cold"]["export_end_s"] > 0
+        assert row["rebuild"]["export_cpu_s"] is None  # every stage from the cache
+    assert rows[0]["model_onnx_sha256"] == rows[1]["model_onnx_sha256"] is not None
+    assert not work.exists() or not any(work.iterdir())
 
 
 def test_modelopt_ranges_compare_counts_ulps_and_missing_ranges(tmp_path: Path) -> None:
