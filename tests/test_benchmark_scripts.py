@@ -222,6 +222,20 @@ def test_the_cold_build_script_runs_each_variant_cold_then_again(tmp_path: Path)
     assert not work.exists() or not any(work.iterdir())
 
 
+def test_the_autogroup_script_runs_both_nice_values(tmp_path: Path) -> None:
+    import json
+    import subprocess
+
+    out = tmp_path / "share.json"
+    env = {**os.environ, "PYTHONPATH": python_path()}
+    subprocess.run([sys.executable, str(BENCHMARKS / "autogroup_share.py"), "--seconds",
+                    "0.3", "--rounds", "2", "--json", str(out)], check=True,
+                   capture_output=True, timeout=300, env=env)
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["nice"] for r in rows] == [0, 10, 10, 0]  # alternating
+    assert all(0 < r["export_share"] <= 1.5 and len(r["warming_cpu_s"]) == 3 for r in rows)
+
+
 def test_modelopt_ranges_compare_counts_ulps_and_missing_ranges(tmp_path: Path) -> None:
     """int8_modelopt_ranges.compare: a served activation scale equal to ONNX Runtime's scale
     of ModelOpt's range, one float32 ulp above it, and one with no ModelOpt range at all."""
