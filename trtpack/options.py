@@ -169,9 +169,10 @@ class BuildRequest:
         "before/after in the report. Default: under --cache-dir.",
         metavar="DIR", kind="path"))
     calibration_method: str | None = field(default=None, metadata=spec(
-        "INT8 activation ranges: max, entropy, percentile (99.99th) or mse (least squared "
-        "error over a histogram, NVIDIA's histogram calibrator's). Default: the "
-        "recipe's (precision_options.int8.calibration_method).",
+        "INT8 activation ranges: max, entropy, percentile (99.99th), mse (least squared "
+        "error over a histogram, NVIDIA's histogram calibrator's) or auto (max or mse, "
+        "whichever model is better on the build's search split; the held-out split is not "
+        "consulted). Default: the recipe's (precision_options.int8.calibration_method).",
         choices=CALIBRATION_METHODS, recipe_key="precision_options.int8.calibration_method"))
     tokenizer: Path | None = field(default=None, metadata=spec(
         "The tokenizer, when it is not beside the model (e.g. an ONNX file from "

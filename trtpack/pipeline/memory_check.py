@@ -137,12 +137,13 @@ def _stages(plan: BuildPlan) -> list[StageMemory]:
 def int8_precision_memory(plan: BuildPlan) -> StageMemory:
     """The INT8 precision stage's model: trtpack's own Q/DQ (with ``mse``'s histograms or
     without), or ModelOpt's worker."""
-    from trtpack.precision.int8.qdq import first_conversion_is_own
+    from trtpack.precision.int8.qdq import HISTOGRAM_METHODS, first_conversion_is_own
 
     if not first_conversion_is_own(plan):
         return PRECISION_INT8_MODELOPT
     method = plan.calibration_method or plan.recipe.precision_options.int8.calibration_method
-    return PRECISION_INT8_MSE if method == "mse" else PRECISION_INT8
+    # auto: the same histogram pass as mse, one judging session at a time (choose_method)
+    return PRECISION_INT8_MSE if method in HISTOGRAM_METHODS else PRECISION_INT8
 
 
 def stage_bytes(model: StageMemory, weights: int, activations: int) -> int:

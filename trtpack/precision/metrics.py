@@ -56,6 +56,16 @@ class SmoothQuantSummary:
 
 
 @dataclass
+class MethodChoice:
+    """``--calibration-method auto``: the method chosen (``max`` or ``mse``) and each
+    method's first model's worst sample on the search split (what chose it; higher is
+    better, a tie keeps ``max``)."""
+
+    chosen: str
+    search_worst: dict[str, float | None]
+
+
+@dataclass
 class CalibrationSummary:
     source: str
     path: str | None
@@ -68,6 +78,7 @@ class CalibrationSummary:
     smoothquant: SmoothQuantSummary | None  # when smoothed
     check_samples: int = 0
     prefix_samples: int = 0  # short prefixes of calibration lines the search decided on
+    choice: MethodChoice | None = None  # --calibration-method auto: how ``method`` was chosen
 
 
 @dataclass

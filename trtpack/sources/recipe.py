@@ -40,7 +40,8 @@ Precision = Literal["fp32", "fp16", "int8"]
 PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 Serve = Literal["tensor", "text"]  # tensor: clients send tensors; text: strings (an ensemble)
 SERVE_MODES: tuple[Serve, ...] = get_args(Serve)
-CalibrationMethod = Literal["max", "entropy", "percentile", "mse"]  # INT8 activation ranges
+CalibrationMethod = Literal["max", "entropy", "percentile", "mse", "auto"]  # INT8 activation ranges
+# auto: max or mse, whichever INT8 model is better on the build's search split
 CALIBRATION_METHODS: tuple[CalibrationMethod, ...] = get_args(CalibrationMethod)
 AUTO_PRECISION = "auto"  # --precision auto: build the candidates, time them, keep the fastest
 InputKind = Literal["token_ids", "attention_mask", "token_type_ids", "image", "generic"]

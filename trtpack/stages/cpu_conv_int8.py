@@ -49,10 +49,10 @@ def serve_conv_int8(ctx: StageContext, work: Path, source: Path, fp32_path: Path
     settings = ctx.plan.recipe.precision_options.int8
     method = ctx.plan.calibration_method or settings.calibration_method
     cal, tokenizer = calibration(ctx)
-    if method == "mse":  # trtpack's own Q/DQ only: ONNX Runtime's quantizer has no MSE
-        method = "max"
-        cal.warnings.append("--calibration-method mse: the CPU's static INT8 form (ONNX "
+    if method in ("mse", "auto"):  # trtpack's own Q/DQ only: ONNX Runtime's has no MSE
+        cal.warnings.append(f"--calibration-method {method}: the CPU's static INT8 form (ONNX "
                             "Runtime's quantizer, which has no MSE calibrator) used max")
+        method = "max"
     out = ctx.stage_dir / "int8" / "model.onnx"
     ctx.progress(f"CPU INT8: static quantization of Conv/MatMul/Gemm ({method} calibration "
                  f"on {cal.samples} samples)")

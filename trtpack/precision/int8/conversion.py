@@ -43,6 +43,7 @@ from trtpack.precision.int8.summary import calibration_summary, check_int8_share
 from trtpack.precision.metrics import (
     FallbackSummary,
     Int8Metrics,
+    MethodChoice,
     SmoothQuantSummary,
     SplitSummary,
 )
@@ -78,10 +79,20 @@ class Int8Conversion(Conversion):
         self.qdq_calibration: tuple[Path, tuple[str, ...], Calibration] | None = None
         self.qdq_results: list[dict[str, object]] = []
         self.quantizer = "trtpack"  # who made the last Q/DQ model: "trtpack" or "ModelOpt"
+        # --calibration-method auto: max or mse, chosen on the search split (choose_method)
+        self.chosen_method: str | None = None
+        self.method_choice: MethodChoice | None = None
+
+    @property
+    def asked_method(self) -> str:
+        """The calibration method asked for (``--calibration-method`` or the recipe's)."""
+        return self.plan.calibration_method or self.settings.calibration_method
 
     @property
     def method(self) -> str:
-        return self.plan.calibration_method or self.settings.calibration_method
+        """The calibration method of the next conversion: the one asked for, or with
+        ``auto`` the one chosen (``auto`` until ``choose_method`` has chosen)."""
+        return self.chosen_method or self.asked_method
 
     def load_calibration(self) -> None:
         self.ctx.progress("loading calibration data")
@@ -102,12 +113,13 @@ class Int8Conversion(Conversion):
         feeds = [f for _, part in parts for f in part]
         op_types = self.op_types_to_quantize()
         if feeds and cal.feeds and self.quantize_source == self.source and own_qdq(
-                op_types, self.method, "fp32"):
-            # one session: the references, and the calibration of trtpack's own Q/DQ
+                op_types, self.asked_method, "fp32"):
+            # one session: the references, and the calibration of trtpack's own Q/DQ (auto:
+            # with mse's histograms, for both of its models)
             from trtpack.precision.int8.qdq import references_and_calibration
 
             refs, measured = references_and_calibration(self.source, parts, op_types,
-                                                        cal.feeds, self.method)
+                                                        cal.feeds, self.asked_method)
             self.qdq_calibration = (self.source, tuple(op_types), measured)
         else:
             refs = run_model(self.source, feeds) if feeds else []
@@ -174,6 +186,8 @@ class Int8Conversion(Conversion):
                 high_precision: str, meanwhile: Callable[[], None] | None = None
                 ) -> Attempt:
         assert self.calibration is not None
+        if self.method == "auto":
+            return self.choose_method(label, op_types, excluded, high_precision, meanwhile)
         method = "entropy" if self.method == "entropy" else "max"
         if own_qdq(op_types, self.method, high_precision):
             self.quantizer = "trtpack"
@@ -193,6 +207,39 @@ class Int8Conversion(Conversion):
         if self.method in ("percentile", "mse"):
             self.percentile_ranges(path)
         return self.judge(label, path, excluded)
+
+    def choose_method(self, label: str, op_types: Sequence[str], excluded: Sequence[str],
+                      high_precision: str, meanwhile: Callable[[], None] | None = None
+                      ) -> Attempt:
+        """``--calibration-method auto``: the model calibrated with ``max`` and the one with
+        ``mse`` (trtpack's own Q/DQ: both from the one calibration run's ranges and
+        histograms), each judged at the profile corners and on the search split; the one
+        whose search-split worst is higher is kept (a tie, or no search split: ``max``)
+        and calibrates every later conversion. One ONNX Runtime session at a time: the
+        loser's is closed and its folder deleted. The held-out and check splits are not
+        consulted."""
+        import shutil
+
+        judged: dict[str, Attempt] = {}
+        for method in ("max", "mse"):
+            if judged:  # the previous model's session is closed while this one is judged
+                judged["max"].session = None
+            self.chosen_method = method
+            judged[method] = self.convert(f"{label}-{method}", op_types, excluded,
+                                          high_precision, meanwhile)
+            meanwhile = None
+        by_max, by_mse = judged["max"].search_worst, judged["mse"].search_worst
+        better = by_mse is not None and (by_max is None or by_mse > by_max)
+        self.chosen_method = "mse" if better else "max"
+        kept, lost = (judged["mse"], judged["max"]) if better else (judged["max"], judged["mse"])
+        lost.session = None
+        shutil.rmtree(lost.path.parent, ignore_errors=True)
+        if kept.session is None:
+            kept.session = self.session(kept.path)
+        self.method_choice = MethodChoice(self.chosen_method, {"max": by_max, "mse": by_mse})
+        self.ctx.log.info("calibration method auto: %s (search-split worst: max %s, mse %s)",
+                          self.chosen_method, by_max, by_mse)
+        return kept
 
     def quantize_own(self, label: str, op_types: Sequence[str], excluded: Sequence[str],
                      meanwhile: Callable[[], None] | None = None) -> Path:
@@ -306,13 +353,18 @@ class Int8Conversion(Conversion):
                                        self.split_text()) if cases else [])
         return found
 
+    def session(self, path: Path) -> CpuSession:
+        """An ONNX Runtime session of the model at ``path`` for judging it (one thread per
+        run when several run at a time)."""
+        from trtpack.runtimes.onnxruntime import cpu_session
+
+        return cpu_session(path, threads=1 if self.workers > 1 else None)
+
     def judge(self, label: str, path: Path, excluded: Sequence[str]) -> Attempt:
         """Verified at the profile corners and on the search split (what the search may
         look at); the held-out split is judged once, on the final model (in ``run``).
         The attempt keeps its ONNX Runtime session for that."""
-        from trtpack.runtimes.onnxruntime import cpu_session
-
-        session = cpu_session(path, threads=1 if self.workers > 1 else None)
+        session = self.session(path)
         attempt = Attempt(label, path, list(excluded), self.verify(path, session, self.workers))
         (search_rows,) = self.split_rows(session, ("int8-search", self.search))
         attempt.search_worst = worst_metric(search_rows)
@@ -364,7 +416,7 @@ class Int8Conversion(Conversion):
             excluded_nodes=final.excluded, excluded_by_fallback=added,
             excluded_node_hints=self.hints(added), low_precision=stats,
             before=first.summary(), after=final.summary(), fallback=search,
-            calibration=calibration_summary(cal, self.method, smoothed),
+            calibration=calibration_summary(cal, self.method, smoothed, self.method_choice),
             splits={"calibration": SplitSummary.of(calibration_rows),
                     "check": SplitSummary.of(check_rows),
                     "search": SplitSummary.of(final.split_rows), "holdout": held},
@@ -374,7 +426,7 @@ class Int8Conversion(Conversion):
         message = int8_message(stats, self.method, cal, final.worst, held, final is not first,
                                first.worst, search.check_consultations,
                                [self.display(n) for n in added], s.high_precision,
-                               final.threshold)
+                               final.threshold, self.method_choice)
         rows = list(final.rows)
         if auto:
             rows += held_out_rows  # the held-out split gates the build

@@ -59,7 +59,8 @@ if TYPE_CHECKING:
 INT8_SYMMETRIC_RANGE = 254.0  # qmax - qmin of symmetric INT8 (-127..127)
 QDQ_OP_TYPES = frozenset(COMPUTE_OP_TYPES)  # any other op type goes to ModelOpt
 
-OWN_METHODS = ("max", "mse", "percentile")  # calibration methods of trtpack's own Q/DQ
+OWN_METHODS = ("max", "mse", "percentile", "auto")  # calibration methods of trtpack's own Q/DQ
+HISTOGRAM_METHODS = ("mse", "auto")  # their calibration run counts histograms (auto: for mse)
 QUANTIZER_VARIABLE = "TRTPACK_INT8_QUANTIZER"
 """Set to ``modelopt``, every INT8 Q/DQ conversion goes through ModelOpt's ``quantize`` (the
 path before trtpack's own Q/DQ): for comparisons (``benchmarks/scaling.py`` run with it set)."""
@@ -67,8 +68,8 @@ path before trtpack's own Q/DQ): for comparisons (``benchmarks/scaling.py`` run 
 
 def own_qdq(op_types: Iterable[str], method: str, high_precision: str) -> bool:
     """Whether trtpack's own Q/DQ builds this conversion (else ModelOpt does): MatMul, Gemm
-    and Conv only, ``max`` or ``mse`` calibration (``percentile`` rescales a max model
-    afterwards), FP32 kept in high precision, and ``QUANTIZER_VARIABLE`` not asking for
+    and Conv only, ``max``, ``mse`` or ``auto`` (both) calibration (``percentile`` rescales
+    a max model afterwards), FP32 kept in high precision, and ``QUANTIZER_VARIABLE`` not asking for
     ModelOpt."""
     types = set(op_types)
     return os.environ.get(QUANTIZER_VARIABLE) != "modelopt" and bool(types) \
@@ -182,7 +183,7 @@ def calibrate(source: Path, placement: Placement, feeds: Iterable[Mapping[str, n
     histograms)."""
     if not placement.activations and not placement.shaped:
         return Calibration()  # nothing to measure
-    run = CalibrationRun(source, placement, histograms=method == "mse")
+    run = CalibrationRun(source, placement, histograms=method in HISTOGRAM_METHODS)
     try:
         for feed in feeds:
             run.run(feed)
@@ -201,14 +202,15 @@ def references_and_calibration(source: Path,
     ``calibration`` batches, the measurements of every candidate of ``op_types`` (no
     exclusion: a superset for any later conversion), in one session a batch at a time.
     A part that is ``calibration`` itself is measured in its references' runs; else the
-    calibration batches run once more, for their measurements only. ``mse``: the
-    calibration batches' histograms too."""
+    calibration batches run once more, for their measurements only. ``mse`` (and ``auto``,
+    which may choose mse): the calibration batches' histograms too."""
     import onnx
 
     graph = onnx.load(str(source), load_external_data=False).graph
     placement = place(graph, op_types, [], [])
     del graph
-    run = CalibrationRun(source, placement, keep_outputs=True, histograms=method == "mse")
+    run = CalibrationRun(source, placement, keep_outputs=True,
+                      histograms=method in HISTOGRAM_METHODS)
     try:
         refs = [run.run(feed, calibrate=part is calibration) for _, part in parts
                 for feed in part]
