@@ -247,6 +247,8 @@ def test_the_int8_precision_stage_estimate_follows_the_quantizer() -> None:
     mse = estimate_corners(plan("bert-base", "int8", calibration_method="mse"))
     assert max(e.stages["precision"] for e in mse) == stage_bytes(
         PRECISION_INT8_MSE, corner.weights, runtime) > corner.stages["precision"]
+    auto = estimate_corners(plan("bert-base", "int8", calibration_method="auto"))
+    assert max(e.stages["precision"] for e in auto) == max(e.stages["precision"] for e in mse)
     fp16 = estimate_corners(plan("bert-base", "fp16"))
     assert all("precision" not in e.stages for e in fp16)  # FP16's is not modelled
     check_build_memory(plan("bert-large", "int8"), AvailableMemory(12 * 2**30, "a laptop"))

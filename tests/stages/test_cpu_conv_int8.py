@@ -122,15 +122,18 @@ def test_a_conv_model_gets_integer_convs_or_says_why_not(tmp_path: Path,
     assert candidate["passed"], candidate  # a 2-layer model: INT8 within 0.05 everywhere
 
 
-def test_mse_calibration_on_the_cpu_uses_max_and_says_so(tmp_path: Path,
-                                                         cache_dir: Path) -> None:
-    """``--calibration-method mse`` is trtpack's own Q/DQ's: the CPU's static INT8 form
-    (ONNX Runtime's quantizer, no MSE calibrator) calibrates with max, and a warning says
-    so rather than serving a model labelled mse."""
+@pytest.mark.parametrize("method", ["mse", "auto"])
+def test_mse_calibration_on_the_cpu_uses_max_and_says_so(tmp_path: Path, cache_dir: Path,
+                                                         method: str) -> None:
+    """``--calibration-method mse`` (and ``auto``, which chooses between max and mse) is
+    trtpack's own Q/DQ's: the CPU's static INT8 form (ONNX Runtime's quantizer, no MSE
+    calibrator) calibrates with max, and a warning says so rather than serving a model
+    labelled mse or auto."""
     model = conv_onnx(tmp_path / "conv.onnx", channels=(32, 64))
     report = _build(model, tmp_path, cache_dir, "--profile", "1x64x64:2x96x96:4x128x128",
-                    "--calibration-method", "mse")
+                    "--calibration-method", method)
     assert _check_outcome(report, tmp_path)["integer_convs"] == 2
+    assert f"--calibration-method {method}: the CPU's static INT8 form" in json.dumps(report)
     assert "no MSE calibrator) used max" in json.dumps(report)
 
 
