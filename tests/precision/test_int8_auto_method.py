@@ -22,8 +22,10 @@ from tests.precision_fixtures import (
     tiny_npz,
 )
 from trtpack.precision.conversion import Attempt
+from trtpack.precision.int8 import method_choice
 from trtpack.precision.int8.activation_ranges import activation_quantizers
 from trtpack.precision.int8.conversion import Int8Conversion
+from trtpack.precision.metrics import MethodChoice
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +43,7 @@ class Recorder:
         self.attempts: dict[str, Attempt] = {}
         self.scales: dict[str, dict[str, float]] = {}  # each judged model's activation scales
         judge, split_rows, choose = (Int8Conversion.judge, Int8Conversion.split_rows,
-                                     Int8Conversion.choose_method)
+                                     method_choice.choose_method)
         recorder = self
 
         def judged(self: Int8Conversion, label: str, path: Path, excluded: Sequence[str]
@@ -59,14 +61,14 @@ class Recorder:
             recorder.events.append(("split_rows", tuple(name for name, _ in splits)))
             return split_rows(self, session, *splits)
 
-        def chosen(self: Int8Conversion, *args: Any, **kwargs: Any) -> Attempt:
-            attempt = choose(self, *args, **kwargs)
-            recorder.events.append(("chosen", self.chosen_method))
-            return attempt
+        def chosen(*args: Any, **kwargs: Any) -> tuple[Attempt, MethodChoice]:
+            kept, choice = choose(*args, **kwargs)
+            recorder.events.append(("chosen", choice.chosen))
+            return kept, choice
 
         monkeypatch.setattr(Int8Conversion, "judge", judged)
         monkeypatch.setattr(Int8Conversion, "split_rows", rows)
-        monkeypatch.setattr(Int8Conversion, "choose_method", chosen)
+        monkeypatch.setattr(method_choice, "choose_method", chosen)
 
     def before_choice(self) -> list[tuple[str, Any]]:
         return self.events[:self.events.index(("chosen", self.chosen()))]
@@ -147,7 +149,7 @@ def test_auto_compares_the_search_worsts_and_keeps_max_on_a_tie(
                                         max_samples=64, seed=0)
     save_feeds(work / "calibration.npz", conv.calibration.feeds)
     kept = conv.convert("quantize", ["MatMul", "Gemm", "Conv"], [], "fp32",
-                        conv.while_quantizing)
+                        conv.split_references)
     assert conv.chosen_method == conv.method == expected == recorder.chosen()
     assert kept is recorder.attempts[f"quantize-{expected}"]
     assert kept.session is not None  # the kept model's session, open for what follows

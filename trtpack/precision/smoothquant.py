@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -132,3 +133,19 @@ def smooth_model(model: onnx.ModelProto, feeds: Sequence[Mapping[str, np.ndarray
     for index, node in sorted(inserts, key=lambda p: p[0], reverse=True):
         model.graph.node.insert(index, node)
     return done
+
+
+def smooth_source(source: Path, feeds: Sequence[Mapping[str, np.ndarray]], alpha: float,
+                  producer_ops: Sequence[str] | None, folder: Path
+                  ) -> tuple[onnx.ModelProto, Path, list[str]]:
+    """The FP32 model at ``source`` smoothed (``smooth_model``) and saved as
+    ``<folder>/model.onnx``: (the smoothed model, its path, the activations smoothed)."""
+    import onnx
+
+    from trtpack.onnx_tools.files import save_model
+
+    model = onnx.load(str(source))
+    smoothed = smooth_model(model, feeds, alpha, producer_ops)
+    folder.mkdir()
+    save_model(model, folder / "model.onnx")
+    return model, folder / "model.onnx", smoothed

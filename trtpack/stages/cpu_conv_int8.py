@@ -45,11 +45,12 @@ def serve_conv_int8(ctx: StageContext, work: Path, source: Path, fp32_path: Path
         quantize_static_int8,
         weight_layers,
     )
+    from trtpack.precision.int8.qdq import HISTOGRAM_METHODS
 
     settings = ctx.plan.recipe.precision_options.int8
     method = ctx.plan.calibration_method or settings.calibration_method
     cal, tokenizer = calibration(ctx)
-    if method in ("mse", "auto"):  # trtpack's own Q/DQ only: ONNX Runtime's has no MSE
+    if method in HISTOGRAM_METHODS:  # trtpack's own Q/DQ only: ONNX Runtime's has no MSE
         cal.warnings.append(f"--calibration-method {method}: the CPU's static INT8 form (ONNX "
                             "Runtime's quantizer, which has no MSE calibrator) used max")
         method = "max"

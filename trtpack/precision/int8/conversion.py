@@ -79,19 +79,12 @@ class Int8Conversion(Conversion):
         self.qdq_calibration: tuple[Path, tuple[str, ...], Calibration] | None = None
         self.qdq_results: list[dict[str, object]] = []
         self.quantizer = "trtpack"  # who made the last Q/DQ model: "trtpack" or "ModelOpt"
-        # --calibration-method auto: max or mse, chosen on the search split (choose_method)
-        self.chosen_method: str | None = None
+        self.asked_method = self.plan.calibration_method or self.settings.calibration_method
+        self.chosen_method: str | None = None  # auto: max or mse (method_choice)
         self.method_choice: MethodChoice | None = None
 
     @property
-    def asked_method(self) -> str:
-        """The calibration method asked for (``--calibration-method`` or the recipe's)."""
-        return self.plan.calibration_method or self.settings.calibration_method
-
-    @property
-    def method(self) -> str:
-        """The calibration method of the next conversion: the one asked for, or with
-        ``auto`` the one chosen (``auto`` until ``choose_method`` has chosen)."""
+    def method(self) -> str:  # of the next conversion (auto: until one is chosen)
         return self.chosen_method or self.asked_method
 
     def load_calibration(self) -> None:
@@ -104,7 +97,8 @@ class Int8Conversion(Conversion):
     def split_references(self) -> None:
         """The FP32 outputs of the splits (one ONNX Runtime session). The calibration split
         is judged on its tight batches (``CalibrationData.judged_calibration``); with
-        trtpack's own Q/DQ, the calibration batches are measured in the same session."""
+        trtpack's own Q/DQ, the calibration batches are measured in the same session (first,
+        or while ModelOpt works)."""
         cal = self.calibration
         assert cal is not None
         judged, judged_texts = cal.judged_calibration()
@@ -114,8 +108,7 @@ class Int8Conversion(Conversion):
         op_types = self.op_types_to_quantize()
         if feeds and cal.feeds and self.quantize_source == self.source and own_qdq(
                 op_types, self.asked_method, "fp32"):
-            # one session: the references, and the calibration of trtpack's own Q/DQ (auto:
-            # with mse's histograms, for both of its models)
+            # one session: the references, the calibration of trtpack's own Q/DQ (auto: both's)
             from trtpack.precision.int8.qdq import references_and_calibration
 
             refs, measured = references_and_calibration(self.source, parts, op_types,
@@ -156,11 +149,6 @@ class Int8Conversion(Conversion):
         return [c for c, out in zip(self.check_cases, outputs, strict=True)
                 if not score_outputs(self.recipe, "int8", [c], [out]).passed]
 
-    def while_quantizing(self) -> None:
-        """What needs no quantized model (done while ModelOpt works, or first): the splits'
-        FP32 references (with trtpack's own Q/DQ: and its calibration)."""
-        self.split_references()
-
     def fp32(self) -> onnx.ModelProto:
         """The FP32 model quantized, with its weights (the search's kept nodes come from it):
         loaded when the search needs it, not for a first model that passes."""
@@ -186,7 +174,7 @@ class Int8Conversion(Conversion):
                 high_precision: str, meanwhile: Callable[[], None] | None = None
                 ) -> Attempt:
         assert self.calibration is not None
-        if self.method == "auto":
+        if self.method == "auto":  # max or mse: the better model on the search split
             return self.choose_method(label, op_types, excluded, high_precision, meanwhile)
         method = "entropy" if self.method == "entropy" else "max"
         if own_qdq(op_types, self.method, high_precision):
@@ -209,36 +197,20 @@ class Int8Conversion(Conversion):
         return self.judge(label, path, excluded)
 
     def choose_method(self, label: str, op_types: Sequence[str], excluded: Sequence[str],
-                      high_precision: str, meanwhile: Callable[[], None] | None = None
-                      ) -> Attempt:
-        """``--calibration-method auto``: the model calibrated with ``max`` and the one with
-        ``mse`` (trtpack's own Q/DQ: both from the one calibration run's ranges and
-        histograms), each judged at the profile corners and on the search split; the one
-        whose search-split worst is higher is kept (a tie, or no search split: ``max``)
-        and calibrates every later conversion. One ONNX Runtime session at a time: the
-        loser's is closed and its folder deleted. The held-out and check splits are not
-        consulted."""
-        import shutil
+                      high_precision: str, meanwhile: Callable[[], None] | None) -> Attempt:
+        """``auto``: ``method_choice.choose_method`` on this conversion's models (``meanwhile``
+        before the first); the method kept calibrates every later conversion."""
+        from trtpack.precision.int8.method_choice import AUTO_METHODS, choose_method
+        from trtpack.runtimes.onnxruntime import cpu_session
 
-        judged: dict[str, Attempt] = {}
-        for method in ("max", "mse"):
-            if judged:  # the previous model's session is closed while this one is judged
-                judged["max"].session = None
+        def convert(method: str) -> Attempt:
             self.chosen_method = method
-            judged[method] = self.convert(f"{label}-{method}", op_types, excluded,
-                                          high_precision, meanwhile)
-            meanwhile = None
-        by_max, by_mse = judged["max"].search_worst, judged["mse"].search_worst
-        better = by_mse is not None and (by_max is None or by_mse > by_max)
-        self.chosen_method = "mse" if better else "max"
-        kept, lost = (judged["mse"], judged["max"]) if better else (judged["max"], judged["mse"])
-        lost.session = None
-        shutil.rmtree(lost.path.parent, ignore_errors=True)
-        if kept.session is None:
-            kept.session = self.session(kept.path)
-        self.method_choice = MethodChoice(self.chosen_method, {"max": by_max, "mse": by_mse})
-        self.ctx.log.info("calibration method auto: %s (search-split worst: max %s, mse %s)",
-                          self.chosen_method, by_max, by_mse)
+            return self.convert(f"{label}-{method}", op_types, excluded, high_precision,
+                                meanwhile if method == AUTO_METHODS[0] else None)
+
+        reopen = partial(cpu_session, threads=1 if self.workers > 1 else None)
+        kept, self.method_choice = choose_method(convert, reopen)
+        self.chosen_method = self.method_choice.chosen
         return kept
 
     def quantize_own(self, label: str, op_types: Sequence[str], excluded: Sequence[str],
@@ -309,21 +281,13 @@ class Int8Conversion(Conversion):
     def smooth(self) -> SmoothQuantSummary:
         """SmoothQuant (``trtpack.precision.smoothquant``): ModelOpt quantizes a smoothed
         copy of the FP32 model; the references stay the original's."""
-        import onnx
-
-        from trtpack.onnx_tools.files import save_model
-        from trtpack.precision.smoothquant import smooth_model
+        from trtpack.precision.smoothquant import smooth_source
 
         assert self.calibration is not None and self.settings.smoothquant is not None
         self.ctx.progress(f"SmoothQuant (alpha {self.settings.smoothquant})")
-        model = onnx.load(str(self.source))
-        smoothed = smooth_model(model, self.calibration.feeds, self.settings.smoothquant,
-                                self.settings.smoothquant_producers or None)
-        folder = self.work / "smoothed"
-        folder.mkdir()
-        save_model(model, folder / "model.onnx")
-        self.quantize_source = folder / "model.onnx"
-        self.fp32_model = model
+        self.fp32_model, self.quantize_source, smoothed = smooth_source(
+            self.source, self.calibration.feeds, self.settings.smoothquant,
+            self.settings.smoothquant_producers or None, self.work / "smoothed")
         self.ctx.log.info("SmoothQuant: %d activations smoothed: %s", len(smoothed),
                           ", ".join(smoothed))
         return SmoothQuantSummary(self.settings.smoothquant, len(smoothed))
@@ -353,18 +317,13 @@ class Int8Conversion(Conversion):
                                        self.split_text()) if cases else [])
         return found
 
-    def session(self, path: Path) -> CpuSession:
-        """An ONNX Runtime session of the model at ``path`` for judging it (one thread per
-        run when several run at a time)."""
-        from trtpack.runtimes.onnxruntime import cpu_session
-
-        return cpu_session(path, threads=1 if self.workers > 1 else None)
-
     def judge(self, label: str, path: Path, excluded: Sequence[str]) -> Attempt:
         """Verified at the profile corners and on the search split (what the search may
         look at); the held-out split is judged once, on the final model (in ``run``).
         The attempt keeps its ONNX Runtime session for that."""
-        session = self.session(path)
+        from trtpack.runtimes.onnxruntime import cpu_session
+
+        session = cpu_session(path, threads=1 if self.workers > 1 else None)
         attempt = Attempt(label, path, list(excluded), self.verify(path, session, self.workers))
         (search_rows,) = self.split_rows(session, ("int8-search", self.search))
         attempt.search_worst = worst_metric(search_rows)
@@ -384,7 +343,7 @@ class Int8Conversion(Conversion):
         auto = self.plan.fallback == "auto"
         op_types = self.op_types_to_quantize()
         first = self.convert("quantize", op_types, user_excluded,
-                             "fp32" if auto else s.high_precision, self.while_quantizing)
+                             "fp32" if auto else s.high_precision, self.split_references)
         final, search = self.searched(first, user_excluded, op_types) if auto \
             else (first, FallbackSummary(self.plan.fallback, 0))
         added = [n for n in final.excluded if n not in user_excluded]
