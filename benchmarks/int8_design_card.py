@@ -51,6 +51,9 @@ def figures(report: dict[str, Any]) -> dict[str, Any]:
             "quantizer": metrics.get("quantizer"),
             "matmul_gemm_int8": [low["matmul_gemm_low_precision"], low["matmul_gemm_nodes"]],
             "held_out_worst": held["worst"], "held_out_worst_text": held.get("worst_text"),
+            # what calibrated it (the recipe's auto: max or mse, chosen on the search split)
+            "calibration_method": metrics["calibration"].get("method"),
+            "calibration_choice": metrics["calibration"].get("choice"),
             "stages": {n: [round(s["seconds"], 1), round(s["peak_memory_mb"] or 0)]
                        for n, s in stages.items() if s["status"] != "skipped"}}
 

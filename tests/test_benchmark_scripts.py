@@ -330,6 +330,29 @@ def test_calibration_methods_show_decision_splits_only() -> None:
     assert methods.figures(report, True)["decision_worst_error"] == found["decision_worst_error"]
 
 
+def test_the_int8_design_card_reads_its_lines_and_the_calibration_choice() -> None:
+    """int8_design_card.figures/checks (issue 49): the held-out worst, the INT8 share and
+    the peaks against the issue's bounds, and which calibration the build used (the
+    bert-large recipe's auto: max or mse, chosen on the search split)."""
+    card = load("int8_design_card")
+    choice = {"chosen": "mse", "search_worst": {"max": 0.99867, "mse": 0.99886}}
+    precision = {"name": "precision", "status": "ok", "seconds": 240.0,
+                 "peak_memory_mb": 5898.0, "metrics": {
+                     "low_precision": {"matmul_gemm_low_precision": 192,
+                                       "matmul_gemm_nodes": 192},
+                     "splits": {"holdout": {"worst": 0.998901, "worst_text": "Hello?"}},
+                     "calibration": {"method": "mse", "choice": choice}}}
+    report = {"status": "ok", "total_seconds": 400.0, "peak_memory_mb": 5898.0,
+              "stages": [precision]}
+    found = card.figures(report)
+    assert (found["calibration_method"], found["calibration_choice"]) == ("mse", choice)
+    assert found["matmul_gemm_int8"] == [192, 192]
+    assert all(card.checks(0, 400.0, found).values())
+    assert not card.checks(0, 400.0, {**found, "held_out_worst": 0.99871})[
+        "held-out worst >= 0.9988"]
+    assert not card.checks(0, 400.0, {**found, "peak_mb": 6200})["whole build <= 6 GB"]
+
+
 def test_the_attention_export_script_runs_both_graphs(tmp_path: Path) -> None:
     """benchmarks/export_attention.py (issue 47): tiny-bert exported from SDPA and from eager
     attention; what ONNX Runtime runs of each (the SDPA graph's NaN guard, none in the eager
