@@ -183,7 +183,7 @@ def test_a_process_excluded_while_the_meter_samples_does_not_stop_the_meter(
 
 REUSED_HEAP_PROBE = """
 import ctypes, json, resource
-from trtpack.resources import reused_heap
+from trtpack.resources import reused_heap, trim_heap
 
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
@@ -215,8 +215,17 @@ with reused_heap() as applies:
     inside = faults_per_block()
     rss_inside = rss()
 after = faults_per_block()
+rss_after = rss()
+with reused_heap():  # a block freed inside, kept, until trim_heap gives it back
+    block = libc.malloc(SIZE)
+    ctypes.memset(block, 1, SIZE)
+    libc.free(block)
+    held = rss()
+    trim_heap()
+    trimmed = rss()
 print(json.dumps({"applies": applies, "before": before, "inside": inside, "after": after,
-                  "rss_inside": rss_inside, "rss_after": rss()}))
+                  "rss_inside": rss_inside, "rss_after": rss_after, "held": held,
+                  "trimmed": trimmed}))
 """
 
 
@@ -238,3 +247,5 @@ def test_a_reused_heap_faults_a_large_block_in_once_and_gives_it_back_on_exit() 
     # on exit the defaults are back (a fresh mapping again) and the free pages went back
     assert min(found["after"]) > pages // 2, found
     assert found["rss_after"] < found["rss_inside"] - (32 << 20), found
+    # trim_heap gives a freed block back inside too
+    assert found["trimmed"] < found["held"] - (32 << 20), found

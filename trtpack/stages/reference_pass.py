@@ -12,7 +12,7 @@ import numpy as np
 
 from trtpack.cases import Case
 from trtpack.errors import UserInputError, first_line
-from trtpack.resources import reused_heap
+from trtpack.resources import reused_heap, trim_heap
 from trtpack.sources.recipe import Recipe
 from trtpack.stages.torch_export import Exported
 
@@ -226,6 +226,9 @@ def reference_beside(wrapper: torch.nn.Module, recipe: Recipe, cases: list[Case]
                 pieces.put(*taken)
             running.result()
             if pieces is not None:
+                # what the exporter and the forwards' thread freed (its own heap, with the
+                # small corners' activations) goes back before the largest forward's peak
+                trim_heap()
                 rest = pieces.take(pieces.total)
                 if rest is not None:
                     run_torch(wrapper, recipe, [rest[1]], None, every)
