@@ -54,6 +54,13 @@ def run_measured(cmd: list[str], *, env: dict[str, str | None] | None = None,
     return Measured(seconds, peak, proc.returncode, stdout, stderr, round(cpu, 2))
 
 
+def self_usage() -> tuple[float, float]:
+    """This process's CPU seconds (user + system) and a wall clock (``time.perf_counter``):
+    the difference of two readings is what a step in between cost."""
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime, time.perf_counter()
+
+
 def machine() -> dict[str, Any]:
     return {
         "cpu": platform.processor() or platform.machine(),

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import resource
 import shutil
 import sys
 import tempfile
@@ -28,12 +27,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _measure import machine
-
-
-def usage() -> tuple[float, float]:
-    u = resource.getrusage(resource.RUSAGE_SELF)
-    return u.ru_utime + u.ru_stime, time.perf_counter()
+from _measure import machine, self_usage
 
 
 def main() -> None:
@@ -88,9 +82,9 @@ def main() -> None:
     outputs: dict[str, list[dict[str, Any]]] = {}
     for index in range(args.rounds):
         for name, path in graphs.items():
-            before = usage()
+            before = self_usage()
             outputs[name] = run_onnxruntime(path, cases)
-            after = usage()
+            after = self_usage()
             row = {"round": index, "graph": name, "wall": round(after[1] - before[1], 2),
                    "cpu": round(after[0] - before[0], 2)}
             rows.append(row)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import resource
 import shutil
 import sys
 import tempfile
@@ -29,12 +28,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _measure import machine
-
-
-def usage() -> tuple[float, float]:
-    u = resource.getrusage(resource.RUSAGE_SELF)
-    return u.ru_utime + u.ru_stime, time.perf_counter()
+from _measure import machine, self_usage
 
 
 def main() -> None:
@@ -111,9 +105,9 @@ def main() -> None:
         for name, variant in variants.items():
             out = work / f"{index}-{len(rows)}"
             out.mkdir(parents=True)
-            before = usage()
+            before = self_usage()
             variant(out)
-            after = usage()
+            after = self_usage()
             assert torch.get_num_threads() == threads  # the forwards' thread kept its own
             shutil.rmtree(out)
             row = {"round": index, "variant": name, "wall": round(after[1] - before[1], 2),
