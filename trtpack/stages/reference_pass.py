@@ -192,16 +192,23 @@ def reference_beside(wrapper: torch.nn.Module, recipe: Recipe, cases: list[Case]
     every = torch.get_num_threads()  # this thread's, before the forwards' thread sets its own
     exported_event = threading.Event()
 
+    def one_piece(rows_left: RowPieces) -> Case | None:
+        """The next piece of ``rows_left`` computed at one intra-op thread and put back
+        (None: every row is taken)."""
+        taken = rows_left.take()
+        if taken is not None:
+            run_torch(wrapper, recipe, [taken[1]], None, 1)
+            rows_left.put(*taken)
+        return None if taken is None else taken[1]
+
     def forwards() -> None:
         run_torch(wrapper, recipe, cases, None, 1)
         while pieces is not None and not exported_event.is_set():
-            taken = pieces.take()
-            if taken is None:
+            piece = one_piece(pieces)
+            if piece is None:
                 return
-            run_torch(wrapper, recipe, [taken[1]], None, 1)
-            pieces.put(*taken)
             if not exported_event.is_set():
-                pieces.beside += len(next(iter(taken[1].inputs.values())))
+                pieces.beside += len(next(iter(piece.inputs.values())))
 
     interval = sys.getswitchinterval()
     sys.setswitchinterval(min(interval, 0.0005))
@@ -218,12 +225,8 @@ def reference_beside(wrapper: torch.nn.Module, recipe: Recipe, cases: list[Case]
                     raise failed from None
                 raise
             exported_event.set()
-            while pieces is not None and not running.done():
-                taken = pieces.take()
-                if taken is None:
-                    break
-                run_torch(wrapper, recipe, [taken[1]], None, 1)
-                pieces.put(*taken)
+            while pieces is not None and not running.done() and one_piece(pieces) is not None:
+                pass
             running.result()
             if pieces is not None:
                 # what the exporter and the forwards' thread freed (its own heap, with the
