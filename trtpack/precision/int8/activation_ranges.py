@@ -24,7 +24,7 @@ held. onnx and onnxruntime are imported inside the functions.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -128,29 +128,31 @@ def percentile_ranges(fp32: onnx.ModelProto, tensors: Sequence[str],
                       feeds: Sequence[Mapping[str, np.ndarray]], percentile: float
                       ) -> dict[str, float]:
     """The ``percentile`` of |x| of each tensor over ``feeds``, in the FP32 model."""
+    values: dict[str, list[np.ndarray]] = {t: [] for t in tensors}
+    for outs in activations(fp32, tensors, feeds):
+        for name, value in zip(tensors, outs, strict=True):
+            values[name].append(np.abs(np.asarray(value, dtype=np.float32)).ravel())
+    return {t: float(np.percentile(np.concatenate(v), percentile)) for t, v in values.items()}
+
+
+def activations(fp32: onnx.ModelProto, tensors: Sequence[str],
+                feeds: Iterable[Mapping[str, np.ndarray]]) -> Iterator[list[np.ndarray]]:
+    """The values of ``tensors`` (in their order) for each of ``feeds``, one feed at a time,
+    from one ONNX Runtime session of the FP32 model with those tensors as outputs."""
     from trtpack.runtimes.onnxruntime import cpu_session, with_outputs
 
     session = cpu_session(with_outputs(fp32, tensors))
     inputs = {i.name for i in session.get_inputs()}
-    values: dict[str, list[np.ndarray]] = {t: [] for t in tensors}
     for feed in feeds:
-        outs = session.run(list(tensors), {k: v for k, v in feed.items() if k in inputs})
-        for name, value in zip(tensors, outs, strict=True):
-            values[name].append(np.abs(np.asarray(value, dtype=np.float32)).ravel())
-    return {t: float(np.percentile(np.concatenate(v), percentile)) for t, v in values.items()}
+        yield session.run(list(tensors), {k: v for k, v in feed.items() if k in inputs})
 
 
 def mse_ranges(fp32: onnx.ModelProto, tensors: Sequence[str],
                feeds: Iterable[Mapping[str, np.ndarray]]) -> dict[str, float]:
     """The least-squared-error range of each tensor over ``feeds`` (``mse_amax``), in the
     FP32 model: one feed's activations at a time, counted into histograms."""
-    from trtpack.runtimes.onnxruntime import cpu_session, with_outputs
-
-    session = cpu_session(with_outputs(fp32, tensors))
-    inputs = {i.name for i in session.get_inputs()}
     histograms = {t: ActivationHistogram() for t in tensors}
-    for feed in feeds:
-        outs = session.run(list(tensors), {k: v for k, v in feed.items() if k in inputs})
+    for outs in activations(fp32, tensors, feeds):
         for name in tensors:
             histograms[name].add(outs.pop(0))
         del outs
